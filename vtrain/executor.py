@@ -1,0 +1,307 @@
+"""Runs one step of a :class:`~vtrain.graph.Graph` under a numerics mode.
+
+Trainer: computes each op in FP64, rounds to FP32 and writes the rounding log.
+Auditor: computes each op on its own hardware and applies the trainer's log, which reproduces the
+trainer's FP32 outputs bit for bit (``docs/numerics.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from vtrain.errors import CorruptLog, GraphError, NonFiniteValue, VtrainError
+from vtrain.graph import LOGGING_KINDS, ROUNDING_KINDS, Graph, OpKind, OpNode, bits_f32
+from vtrain.numerics import (
+    TRAINER_BOUND_SLACK,
+    U,
+    AmbiguityResolver,
+    DenseLog,
+    LogViolation,
+    Mode,
+    OpLog,
+    RoundingStats,
+    apply_log,
+    apply_paper,
+    canonical,
+    gamma,
+    round_output,
+    round_paper,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepLog:
+    """The rounding log of one step: sparse entries per op (certified) or dense trits (paper)."""
+
+    mode: Mode
+    sparse: dict[int, OpLog] = field(default_factory=dict)
+    dense: dict[int, DenseLog] = field(default_factory=dict)
+
+    def entries(self, op: int) -> OpLog:
+        return self.sparse.get(op) or OpLog.empty()
+
+    @property
+    def n_entries(self) -> int:
+        return sum(len(v) for v in self.sparse.values())
+
+
+@dataclass
+class StepResult:
+    """What one executed step produced."""
+
+    state: list[torch.Tensor]
+    loss: float
+    log: StepLog
+    stats: RoundingStats
+    trace: list[torch.Tensor] | None = None
+    violations: list[tuple[int, LogViolation]] = field(default_factory=list)
+
+
+ResolverFactory = "callable[[OpNode, list[torch.Tensor]], AmbiguityResolver]"
+
+
+class StepExecutor:
+    """Executes a graph step by step; one instance per (graph, mode)."""
+
+    def __init__(self, graph: Graph, mode: Mode | str = Mode.CERTIFIED) -> None:
+        self.graph = graph
+        self.mode = Mode(mode)
+        self._last_use = self._compute_last_use()
+
+    def _compute_last_use(self) -> list[int]:
+        last = list(range(self.graph.n_ops))
+        for op in self.graph.ops:
+            for i in op.inputs:
+                last[i] = max(last[i], op.id)
+        return last
+
+    def run(
+        self,
+        state: list[torch.Tensor],
+        data: torch.Tensor,
+        log_in: StepLog | None = None,
+        keep_trace: bool = False,
+        resolver_factory=None,
+        check: bool = False,
+        step: int | None = None,
+    ) -> StepResult:
+        """Run one step. With ``log_in`` it replays (auditor); without, it trains and logs (trainer).
+
+        ``check`` makes the replay report every log entry it finds inconsistent (possible abuse)
+        and every unlogged near-tie; ``resolver_factory(op, inputs)`` may settle those exactly.
+        """
+        g = self.graph
+        if len(state) != len(g.slots):
+            raise VtrainError(f"state: expected {len(g.slots)} tensors, got {len(state)}")
+        for i, (t, s) in enumerate(zip(state, g.slots)):
+            if tuple(t.shape) != s.shape or t.dtype != torch.float32:
+                raise VtrainError(f"state slot {i} ({s.name}): expected float32{s.shape}, got {t.dtype}{tuple(t.shape)}")
+        if tuple(data.shape) != g.data_shape:
+            raise VtrainError(f"data: expected shape {g.data_shape}, got {tuple(data.shape)}")
+        replay = log_in is not None
+        if replay and log_in.mode != self.mode:
+            raise VtrainError(f"log mode: expected {self.mode.value}, got {log_in.mode.value}")
+        out_log = StepLog(self.mode)
+        stats = RoundingStats()
+        vals: list[torch.Tensor | None] = [None] * g.n_ops
+        trace: list[torch.Tensor] | None = [] if keep_trace else None
+        violations: list[tuple[int, LogViolation]] = []
+        new_state: list[torch.Tensor | None] = [None] * len(g.slots)
+        where = f"step {step}" if step is not None else "step"
+        for op in g.ops:
+            ins = [vals[i] for i in op.inputs]
+            try:
+                out = self._run_op(op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations)
+            except NonFiniteValue as e:
+                raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}") from None
+            except CorruptLog as e:
+                raise CorruptLog(f"{where}, op {op.id} ({op.kind.name}): {e}") from None
+            vals[op.id] = out
+            if trace is not None:
+                trace.append(out)
+            if op.kind == OpKind.OUTPUT:
+                new_state[op.attrs[0]] = out
+            for i in op.inputs:
+                if self._last_use[i] == op.id and i != g.loss_op and trace is None:
+                    vals[i] = None
+        loss_t = vals[g.loss_op] if vals[g.loss_op] is not None else trace[g.loss_op]  # type: ignore[index]
+        if any(s is None for s in new_state):
+            raise GraphError("graph does not write every state slot")
+        return StepResult(new_state, float(loss_t.reshape(-1)[0]), out_log, stats, trace, violations)  # type: ignore[arg-type]
+
+    # -- one op -----------------------------------------------------------------------------------
+    def _run_op(self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations) -> torch.Tensor:
+        k = op.kind
+        if k == OpKind.INPUT:
+            return state[op.attrs[0]]
+        if k == OpKind.DATA:
+            return canonical(data.to(torch.float32))
+        if k == OpKind.CONST:
+            return torch.from_numpy(self.graph.consts[op.id])
+        if k not in ROUNDING_KINDS:
+            return _move(op, ins)
+        if self.mode == Mode.FP32:
+            return canonical(_compute_fp32(op, ins))
+        v, d = _compute_fp64(op, ins)
+        stats.values += v.numel()
+        what = f"{op.kind.name} op {op.id}"
+        if self.mode == Mode.ROUND_NOLOG:
+            out, _ = round_output(v, None, what)
+            return out
+        if self.mode == Mode.PAPER:
+            if log_in is None:
+                out, dense = round_paper(v)
+                out_log.dense[op.id] = dense
+                stats.logged += int((dense.trits != 0).sum())
+                return out
+            dense_in = log_in.dense.get(op.id)
+            if dense_in is None:
+                raise CorruptLog(f"paper log has no decisions for op {op.id}")
+            return apply_paper(v, dense_in)
+        # certified
+        bound = d if k in LOGGING_KINDS else None
+        if log_in is None:
+            out, entries = round_output(v, bound, what)
+            if len(entries):
+                out_log.sparse[op.id] = entries
+                stats.logged += len(entries)
+                stats.explicit += int((entries.code == 3).sum())
+                stats.per_op[op.id] = len(entries)
+            return out
+        entries = log_in.entries(op.id)
+        viol: list[LogViolation] | None = [] if check else None
+        resolver = resolver_factory(op, ins) if (resolver_factory is not None and bound is not None) else None
+        out = apply_log(v, bound, entries, what, resolver, viol)
+        if viol:
+            violations.extend((op.id, x) for x in viol)
+        return out
+
+
+def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
+    """Exact ops: data movement, max, relu, one-hot, gather (FP32 in, FP32 out, no rounding)."""
+    k = op.kind
+    a = ins[0]
+    if k in (OpKind.OUTPUT, OpKind.RESHAPE):
+        return a.reshape(op.shape)
+    if k == OpKind.PERMUTE:
+        return a.permute(*op.attrs).contiguous()
+    if k == OpKind.SLICE:
+        axis, start = op.attrs
+        return a.narrow(axis, start, op.shape[axis]).contiguous()
+    if k == OpKind.PAD:
+        axis, start = op.attrs
+        out = torch.zeros(op.shape, dtype=torch.float32)
+        out.narrow(axis, start, a.shape[axis]).copy_(a)
+        return out
+    if k == OpKind.EXPAND:
+        return a.expand(op.shape).contiguous()
+    if k == OpKind.MAX:
+        return a.amax(dim=-1, keepdim=True)
+    if k == OpKind.RELU:
+        return torch.where(a > 0, a, torch.zeros((), dtype=torch.float32))
+    if k == OpKind.RELU_GRAD:
+        return torch.where(a > 0, ins[1], torch.zeros((), dtype=torch.float32))
+    if k == OpKind.ONE_HOT:
+        classes = torch.arange(op.attrs[0], dtype=torch.float32)
+        return (a.unsqueeze(-1) == classes).to(torch.float32)
+    if k == OpKind.GATHER:
+        x, idx = ins
+        n = x.shape[-1]
+        valid = (idx >= 0) & (idx < n) & (idx == torch.floor(idx))
+        safe = torch.where(valid, idx, torch.zeros((), dtype=torch.float32)).to(torch.int64)
+        got = x.gather(-1, safe)
+        return torch.where(valid, got, torch.zeros((), dtype=torch.float32))
+    raise GraphError(f"{k.name} is not a data-movement op")
+
+
+def _scalar(op: OpNode) -> float:
+    return bits_f32(op.attrs[0])
+
+
+def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The FP64 value ``v`` of a rounding op and its certified bound ``d`` (None when exact)."""
+    k = op.kind
+    x = [t.double() for t in ins]
+    if k == OpKind.ADD:
+        return x[0] + x[1], None
+    if k == OpKind.SUB:
+        return x[0] - x[1], None
+    if k == OpKind.MUL:
+        return x[0] * x[1], None
+    if k == OpKind.DIV:
+        return x[0] / x[1], None
+    if k == OpKind.ADD_S:
+        return x[0] + _scalar(op), None
+    if k == OpKind.MUL_S:
+        return x[0] * _scalar(op), None
+    if k == OpKind.DIV_S:
+        return x[0] / _scalar(op), None
+    if k == OpKind.RSUB_S:
+        return _scalar(op) - x[0], None
+    if k == OpKind.SQRT:
+        return torch.sqrt(x[0]), None
+    if k in (OpKind.EXP, OpKind.LOG, OpKind.TANH):
+        fn = {OpKind.EXP: torch.exp, OpKind.LOG: torch.log, OpKind.TANH: torch.tanh}[k]
+        v = fn(x[0])
+        return v, 4.0 * U * v.abs()
+    if k == OpKind.MATMUL:
+        v = torch.matmul(x[0], x[1].transpose(-1, -2))
+        s = torch.matmul(ins[0].abs(), ins[1].abs().transpose(-1, -2))
+        n = ins[0].shape[-1]
+        if len(ins) == 3:
+            v = v + x[2]
+            s = s + ins[2].abs()
+            n += 1
+        return v, (TRAINER_BOUND_SLACK * gamma(n)) * s.double()
+    if k in (OpKind.SUM, OpKind.MEAN):
+        n = ins[0].shape[-1]
+        v = x[0].sum(dim=-1, keepdim=True)
+        s = ins[0].abs().sum(dim=-1, keepdim=True).double()
+        if k == OpKind.SUM:
+            return v, (TRAINER_BOUND_SLACK * gamma(n)) * s
+        return v / n, (TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n) * s
+    raise GraphError(f"{k.name} is not a rounding op")
+
+
+def _compute_fp32(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
+    """Plain FP32 evaluation (the uncontrolled control mode)."""
+    k = op.kind
+    x = ins
+    c = _scalar(op) if k in (OpKind.ADD_S, OpKind.MUL_S, OpKind.DIV_S, OpKind.RSUB_S) else 0.0
+    table = {
+        OpKind.ADD: lambda: x[0] + x[1],
+        OpKind.SUB: lambda: x[0] - x[1],
+        OpKind.MUL: lambda: x[0] * x[1],
+        OpKind.DIV: lambda: x[0] / x[1],
+        OpKind.ADD_S: lambda: x[0] + c,
+        OpKind.MUL_S: lambda: x[0] * c,
+        OpKind.DIV_S: lambda: x[0] / c,
+        OpKind.RSUB_S: lambda: c - x[0],
+        OpKind.SQRT: lambda: torch.sqrt(x[0]),
+        OpKind.EXP: lambda: torch.exp(x[0]),
+        OpKind.LOG: lambda: torch.log(x[0]),
+        OpKind.TANH: lambda: torch.tanh(x[0]),
+        OpKind.SUM: lambda: x[0].sum(dim=-1, keepdim=True),
+        OpKind.MEAN: lambda: x[0].mean(dim=-1, keepdim=True),
+    }
+    if k == OpKind.MATMUL:
+        if len(x) == 3:
+            if x[0].dim() == 2:
+                return torch.addmm(x[2], x[0], x[1].t())
+            return torch.matmul(x[0], x[1].transpose(-1, -2)) + x[2]
+        return torch.matmul(x[0], x[1].transpose(-1, -2))
+    out = table[k]()
+    if not bool(torch.isfinite(out).all()):
+        raise NonFiniteValue(f"{k.name} op {op.id}: expected finite values, got NaN/Inf")
+    return out
+
+
+def state_tensors(arrays: list[np.ndarray]) -> list[torch.Tensor]:
+    """Float32 torch views of numpy state arrays (copying, canonical zeros)."""
+    return [canonical(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).clone()) for a in arrays]

@@ -1,0 +1,436 @@
+"""A training step as a static graph of primitive ops, and reverse-mode autodiff over it.
+
+Models, losses and optimizers are written against :class:`GraphBuilder`; the result is a
+:class:`Graph`: a topologically ordered list of :class:`OpNode` (kind, inputs, output shape,
+attributes). The same graph runs every step; it is committed (graph root) and each node can be
+adjudicated on its own. Op kinds and semantics: ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from vtrain.errors import GraphError
+
+
+class OpKind(enum.IntEnum):
+    """Primitive op codes (identical in ``contracts/lib/OpKinds.sol``)."""
+
+    INPUT = 0
+    OUTPUT = 1
+    DATA = 2
+    CONST = 3
+    ADD = 10
+    SUB = 11
+    MUL = 12
+    DIV = 13
+    ADD_S = 14
+    MUL_S = 15
+    DIV_S = 16
+    RSUB_S = 17
+    SQRT = 20
+    EXP = 21
+    LOG = 22
+    TANH = 23
+    MATMUL = 30
+    SUM = 31
+    MEAN = 32
+    MAX = 40
+    RELU = 41
+    RELU_GRAD = 42
+    RESHAPE = 50
+    PERMUTE = 51
+    SLICE = 52
+    PAD = 53
+    EXPAND = 54
+    ONE_HOT = 55
+    GATHER = 56
+
+
+ROUNDING_KINDS = frozenset(
+    {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.ADD_S, OpKind.MUL_S, OpKind.DIV_S, OpKind.RSUB_S,
+     OpKind.SQRT, OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.MATMUL, OpKind.SUM, OpKind.MEAN}
+)
+"""Kinds whose FP64 result is rounded to FP32 (the rest copy FP32 values exactly)."""
+
+LOGGING_KINDS = frozenset({OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.MATMUL, OpKind.SUM, OpKind.MEAN})
+"""Kinds with a non-zero certified bound: the only ones that can have rounding-log entries."""
+
+
+def f32_bits(x: float) -> int:
+    """Bit pattern of the FP32 rounding of ``x`` (how scalar constants are stored in attrs)."""
+    b = struct.unpack("<I", struct.pack("<f", np.float32(x)))[0]
+    return 0 if b == 0x80000000 else b
+
+
+def bits_f32(b: int) -> float:
+    """The FP32 value of a bit pattern, as a Python float."""
+    return struct.unpack("<f", struct.pack("<I", b))[0]
+
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """One primitive op of the step graph; ``id`` is its position (also its trace and log leaf)."""
+
+    id: int
+    kind: OpKind
+    inputs: tuple[int, ...]
+    shape: Shape
+    attrs: tuple[int, ...] = ()
+    name: str = ""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A state component (parameter or optimizer state), in canonical state-root order."""
+
+    name: str
+    shape: Shape
+
+
+@dataclass
+class Graph:
+    """The static step graph: ops in topological order, state slots, constants, data shape."""
+
+    ops: list[OpNode]
+    slots: list[Slot]
+    consts: dict[int, np.ndarray]
+    data_shape: Shape
+    loss_op: int
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops)
+
+    def in_shapes(self, op: OpNode) -> list[Shape]:
+        return [self.ops[i].shape for i in op.inputs]
+
+    def input_op(self, slot: int) -> int:
+        return next(o.id for o in self.ops if o.kind == OpKind.INPUT and o.attrs[0] == slot)
+
+
+@dataclass(frozen=True)
+class T:
+    """A symbolic tensor: the op that produces it and its shape."""
+
+    op: int
+    shape: Shape
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+def _broadcast(a: Shape, b: Shape) -> Shape:
+    if len(a) != len(b):
+        raise GraphError(f"broadcast needs equal ranks: expected {len(a)}, got {len(b)}")
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise GraphError(f"shapes {a} and {b} do not broadcast")
+        out.append(max(x, y))
+    return tuple(out)
+
+
+@dataclass
+class GraphBuilder:
+    """Records primitive ops; every method returns the symbolic output of one new op."""
+
+    ops: list[OpNode] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
+    consts: dict[int, np.ndarray] = field(default_factory=dict)
+    data_shape: Shape = ()
+    no_grad: set[int] = field(default_factory=set)
+
+    def _op(self, kind: OpKind, inputs: Sequence[T], shape: Shape, attrs: Sequence[int] = (), name: str = "") -> T:
+        if any(s <= 0 for s in shape):
+            raise GraphError(f"{kind.name}: empty shape {shape}")
+        node = OpNode(len(self.ops), kind, tuple(t.op for t in inputs), tuple(shape), tuple(attrs), name)
+        self.ops.append(node)
+        return T(node.id, node.shape)
+
+    # -- binds ---------------------------------------------------------------------------------
+    def input(self, name: str, shape: Shape) -> T:
+        self.slots.append(Slot(name, tuple(shape)))
+        return self._op(OpKind.INPUT, [], shape, [len(self.slots) - 1], name)
+
+    def output(self, x: T, slot: int) -> T:
+        if self.slots[slot].shape != x.shape:
+            raise GraphError(f"output slot {slot}: expected shape {self.slots[slot].shape}, got {x.shape}")
+        return self._op(OpKind.OUTPUT, [x], x.shape, [slot], self.slots[slot].name)
+
+    def data(self, shape: Shape) -> T:
+        self.data_shape = tuple(shape)
+        t = self._op(OpKind.DATA, [], shape, [], "data")
+        self.no_grad.add(t.op)
+        return t
+
+    def const(self, value: np.ndarray, name: str = "const") -> T:
+        arr = np.ascontiguousarray(value, dtype=np.float32) + np.float32(0.0)
+        t = self._op(OpKind.CONST, [], arr.shape, [0], name)  # attrs[0] (the root) is filled in at commit time
+        self.consts[t.op] = arr
+        self.no_grad.add(t.op)
+        return t
+
+    # -- elementwise ---------------------------------------------------------------------------
+    def _binary(self, kind: OpKind, a: T, b: T) -> T:
+        a, b = self._same_rank(a, b)
+        return self._op(kind, [a, b], _broadcast(a.shape, b.shape))
+
+    def _same_rank(self, a: T, b: T) -> tuple[T, T]:
+        if a.rank < b.rank:
+            a = self.reshape(a, (1,) * (b.rank - a.rank) + a.shape)
+        elif b.rank < a.rank:
+            b = self.reshape(b, (1,) * (a.rank - b.rank) + b.shape)
+        return a, b
+
+    def add(self, a: T, b: T) -> T:
+        return self._binary(OpKind.ADD, a, b)
+
+    def sub(self, a: T, b: T) -> T:
+        return self._binary(OpKind.SUB, a, b)
+
+    def mul(self, a: T, b: T) -> T:
+        return self._binary(OpKind.MUL, a, b)
+
+    def div(self, a: T, b: T) -> T:
+        return self._binary(OpKind.DIV, a, b)
+
+    def add_s(self, a: T, c: float) -> T:
+        return self._op(OpKind.ADD_S, [a], a.shape, [f32_bits(c)])
+
+    def mul_s(self, a: T, c: float) -> T:
+        return self._op(OpKind.MUL_S, [a], a.shape, [f32_bits(c)])
+
+    def div_s(self, a: T, c: float) -> T:
+        return self._op(OpKind.DIV_S, [a], a.shape, [f32_bits(c)])
+
+    def rsub_s(self, c: float, a: T) -> T:
+        return self._op(OpKind.RSUB_S, [a], a.shape, [f32_bits(c)])
+
+    def neg(self, a: T) -> T:
+        return self.mul_s(a, -1.0)
+
+    def sqrt(self, a: T) -> T:
+        return self._op(OpKind.SQRT, [a], a.shape)
+
+    def exp(self, a: T) -> T:
+        return self._op(OpKind.EXP, [a], a.shape)
+
+    def log(self, a: T) -> T:
+        return self._op(OpKind.LOG, [a], a.shape)
+
+    def tanh(self, a: T) -> T:
+        return self._op(OpKind.TANH, [a], a.shape)
+
+    def relu(self, a: T) -> T:
+        return self._op(OpKind.RELU, [a], a.shape)
+
+    def relu_grad(self, x: T, g: T) -> T:
+        return self._op(OpKind.RELU_GRAD, [x, g], x.shape)
+
+    # -- reductions ----------------------------------------------------------------------------
+    def matmul(self, a: T, b: T, bias: T | None = None) -> T:
+        """``out[..., i, j] = sum_k a[..., i, k] * b[..., j, k] (+ bias[j])`` (both operands row-contiguous)."""
+        if a.rank < 2 or a.rank != b.rank or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-1]:
+            raise GraphError(f"matmul: expected a[...,M,K] and b[...,N,K], got {a.shape} and {b.shape}")
+        ins = [a, b]
+        if bias is not None:
+            if bias.shape != (b.shape[-2],):
+                raise GraphError(f"matmul bias: expected shape {(b.shape[-2],)}, got {bias.shape}")
+            ins.append(bias)
+        return self._op(OpKind.MATMUL, ins, a.shape[:-1] + (b.shape[-2],))
+
+    def sum(self, a: T) -> T:
+        return self._op(OpKind.SUM, [a], a.shape[:-1] + (1,))
+
+    def mean(self, a: T) -> T:
+        return self._op(OpKind.MEAN, [a], a.shape[:-1] + (1,))
+
+    def max(self, a: T) -> T:
+        """Row maximum; treated as a constant by autodiff (it only ever shifts softmax inputs)."""
+        t = self._op(OpKind.MAX, [a], a.shape[:-1] + (1,))
+        self.no_grad.add(t.op)
+        return t
+
+    # -- data movement -------------------------------------------------------------------------
+    def reshape(self, a: T, shape: Shape) -> T:
+        if math.prod(shape) != math.prod(a.shape):
+            raise GraphError(f"reshape: {a.shape} has {math.prod(a.shape)} elements, {shape} has {math.prod(shape)}")
+        if tuple(shape) == a.shape:
+            return a
+        return self._op(OpKind.RESHAPE, [a], tuple(shape))
+
+    def permute(self, a: T, perm: Sequence[int]) -> T:
+        if sorted(perm) != list(range(a.rank)):
+            raise GraphError(f"permute: {list(perm)} is not a permutation of {a.rank} axes")
+        if list(perm) == list(range(a.rank)):
+            return a
+        return self._op(OpKind.PERMUTE, [a], tuple(a.shape[p] for p in perm), list(perm))
+
+    def transpose(self, a: T) -> T:
+        """Swap the last two axes."""
+        perm = list(range(a.rank))
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+        return self.permute(a, perm)
+
+    def slice(self, a: T, axis: int, start: int, length: int) -> T:
+        if not 0 <= start < start + length <= a.shape[axis]:
+            raise GraphError(f"slice: [{start}, {start + length}) outside axis {axis} of {a.shape}")
+        shape = list(a.shape)
+        shape[axis] = length
+        return self._op(OpKind.SLICE, [a], tuple(shape), [axis, start])
+
+    def pad(self, a: T, axis: int, start: int, size: int) -> T:
+        shape = list(a.shape)
+        shape[axis] = size
+        return self._op(OpKind.PAD, [a], tuple(shape), [axis, start])
+
+    def expand(self, a: T, shape: Shape) -> T:
+        _broadcast(a.shape, tuple(shape))
+        if tuple(shape) == a.shape:
+            return a
+        return self._op(OpKind.EXPAND, [a], tuple(shape))
+
+    def one_hot(self, idx: T, classes: int) -> T:
+        t = self._op(OpKind.ONE_HOT, [idx], idx.shape + (classes,), [classes])
+        self.no_grad.add(t.op)
+        return t
+
+    def gather(self, x: T, idx: T) -> T:
+        if idx.shape != x.shape[:-1] + (1,):
+            raise GraphError(f"gather: expected idx shape {x.shape[:-1] + (1,)}, got {idx.shape}")
+        return self._op(OpKind.GATHER, [x, idx], idx.shape)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def reduce_to(self, g: T, shape: Shape) -> T:
+        """Sum ``g`` over the axes where ``shape`` broadcasts (size 1), giving ``shape``."""
+        if g.shape == tuple(shape):
+            return g
+        if len(shape) != g.rank:
+            raise GraphError(f"reduce_to: expected rank {g.rank}, got {shape}")
+        red = [i for i in range(g.rank) if shape[i] == 1 and g.shape[i] != 1]
+        keep = [i for i in range(g.rank) if i not in red]
+        p = self.permute(g, keep + red)
+        kept_shape = tuple(g.shape[i] for i in keep)
+        r = self.reshape(p, kept_shape + (math.prod(g.shape[i] for i in red),))
+        return self.reshape(self.sum(r), tuple(shape))
+
+    def build(self, loss: T) -> Graph:
+        return Graph(list(self.ops), list(self.slots), dict(self.consts), self.data_shape, loss.op)
+
+    # -- autodiff ------------------------------------------------------------------------------
+    def grad(self, loss: T, wrt: Sequence[T]) -> list[T]:
+        """Reverse-mode gradients of a single-element ``loss`` w.r.t. ``wrt``, as new primitive ops."""
+        if math.prod(loss.shape) != 1:
+            raise GraphError(f"grad: loss must have one element, got shape {loss.shape}")
+        adj: dict[int, T] = {loss.op: self.const(np.ones(loss.shape, np.float32), "dloss")}
+        needed = self._needed(loss.op, {t.op for t in wrt})
+        for node in reversed(self.ops[: loss.op + 1]):
+            g = adj.pop(node.id, None)
+            if g is None or node.id not in needed:
+                continue
+            if node.id in {t.op for t in wrt}:
+                adj[node.id] = g  # keep for the caller
+                continue
+            for inp, gi in self._vjp(node, g):
+                if inp in self.no_grad or inp not in needed:
+                    continue
+                adj[inp] = gi if inp not in adj else self.add(adj[inp], gi)
+        missing = [t.op for t in wrt if t.op not in adj]
+        if missing:
+            raise GraphError(f"grad: ops {missing} do not influence the loss")
+        return [adj[t.op] for t in wrt]
+
+    def _needed(self, loss: int, leaves: set[int]) -> set[int]:
+        """Ops on some path from a ``wrt`` leaf to the loss (only those get adjoints)."""
+        reach: set[int] = set()
+        for node in self.ops[: loss + 1]:
+            if node.id in leaves or any(i in reach for i in node.inputs):
+                if node.id not in self.no_grad:
+                    reach.add(node.id)
+        return reach
+
+    def _vjp(self, n: OpNode, g: T) -> list[tuple[int, T]]:
+        ins = [T(i, self.ops[i].shape) for i in n.inputs]
+        out = T(n.id, n.shape)
+        k = n.kind
+        K = OpKind
+        if k == K.ADD:
+            return [(ins[0].op, self.reduce_to(g, ins[0].shape)), (ins[1].op, self.reduce_to(g, ins[1].shape))]
+        if k == K.SUB:
+            return [(ins[0].op, self.reduce_to(g, ins[0].shape)), (ins[1].op, self.reduce_to(self.neg(g), ins[1].shape))]
+        if k == K.MUL:
+            a, b = ins
+            return [(a.op, self.reduce_to(self.mul(g, b), a.shape)), (b.op, self.reduce_to(self.mul(g, a), b.shape))]
+        if k == K.DIV:
+            a, b = ins
+            ga = self.div(g, b)
+            gb = self.neg(self.div(self.mul(g, out), b))
+            return [(a.op, self.reduce_to(ga, a.shape)), (b.op, self.reduce_to(gb, b.shape))]
+        c = bits_f32(n.attrs[0]) if k in (K.ADD_S, K.MUL_S, K.DIV_S, K.RSUB_S) else 0.0
+        if k == K.ADD_S:
+            return [(ins[0].op, g)]
+        if k == K.MUL_S:
+            return [(ins[0].op, self.mul_s(g, c))]
+        if k == K.DIV_S:
+            return [(ins[0].op, self.div_s(g, c))]
+        if k == K.RSUB_S:
+            return [(ins[0].op, self.neg(g))]
+        if k == K.SQRT:
+            return [(ins[0].op, self.div(g, self.mul_s(out, 2.0)))]
+        if k == K.EXP:
+            return [(ins[0].op, self.mul(g, out))]
+        if k == K.LOG:
+            return [(ins[0].op, self.div(g, ins[0]))]
+        if k == K.TANH:
+            return [(ins[0].op, self.mul(g, self.rsub_s(1.0, self.mul(out, out))))]
+        if k == K.RELU:
+            return [(ins[0].op, self.relu_grad(ins[0], g))]
+        if k == K.MATMUL:
+            a, b = ins[0], ins[1]
+            res = [
+                (a.op, self.matmul(g, self.transpose(b))),  # [...,M,K] = g[...,M,N] . b^T
+                (b.op, self.matmul(self.transpose(g), self.transpose(a))),  # [...,N,K]
+            ]
+            if len(ins) == 3:
+                flat = self.reshape(g, (math.prod(g.shape[:-1]), g.shape[-1]))
+                res.append((ins[2].op, self.reshape(self.sum(self.transpose(flat)), ins[2].shape)))
+            return res
+        if k == K.SUM:
+            return [(ins[0].op, self.expand(g, ins[0].shape))]
+        if k == K.MEAN:
+            return [(ins[0].op, self.expand(self.div_s(g, float(ins[0].shape[-1])), ins[0].shape))]
+        if k in (K.RESHAPE, K.OUTPUT):
+            return [(ins[0].op, self.reshape(g, ins[0].shape))]
+        if k == K.PERMUTE:
+            inv = [0] * len(n.attrs)
+            for i, p in enumerate(n.attrs):
+                inv[p] = i
+            return [(ins[0].op, self.permute(g, inv))]
+        if k == K.SLICE:
+            axis, start = n.attrs
+            return [(ins[0].op, self.pad(g, axis, start, ins[0].shape[axis]))]
+        if k == K.PAD:
+            axis, start = n.attrs
+            return [(ins[0].op, self.slice(g, axis, start, ins[0].shape[axis]))]
+        if k == K.EXPAND:
+            return [(ins[0].op, self.reduce_to(g, ins[0].shape))]
+        if k == K.GATHER:
+            x, idx = ins
+            oh = self.one_hot(self.reshape(idx, idx.shape[:-1]), x.shape[-1])
+            return [(x.op, self.mul(oh, g))]
+        raise GraphError(f"no gradient rule for {k.name} (op {n.id})")

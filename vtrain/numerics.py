@@ -1,0 +1,294 @@
+"""The numerics policy: FP64 compute, FP32 rounding, certified error bounds and the rounding log.
+
+Everything a training step computes goes through :func:`round_output` (trainer) or
+:func:`apply_log` (auditor). The rule is documented in ``docs/numerics.md``; the contract applies
+the same rule to one element (``contracts/Adjudicator.sol``, ``vtrain/exact.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from vtrain.errors import NonFiniteValue, VtrainError
+
+log = logging.getLogger(__name__)
+
+U = 2.0**-53
+"""Unit roundoff of IEEE binary64."""
+
+TRAINER_BOUND_SLACK = 1.01
+"""The trainer evaluates ``sum|t_k|`` in FP32 and scales it by this factor (see docs/numerics.md)."""
+
+_CMP_SLACK = 1.0 + 2.0**-40
+"""Slack on FP64 comparisons so every decision stays on the safe side of the proof."""
+
+
+class Mode(str, enum.Enum):
+    """How a run rounds and logs. ``certified`` is the default and the only replayable-by-proof mode."""
+
+    CERTIFIED = "certified"
+    PAPER = "paper"
+    ROUND_NOLOG = "round-nolog"
+    FP32 = "fp32"
+
+
+class Code(enum.IntEnum):
+    """Rounding-log entry codes (the same numbers are committed in log leaves)."""
+
+    NONE = 0
+    DOWN = 1
+    UP = 2
+    EXPLICIT = 3
+
+
+def gamma(n: int) -> float:
+    """``g(n) = n*u / (1 - n*u)``, the classic bound on the relative error of an n-term sum."""
+    nu = n * U
+    if nu >= 0.5:
+        raise VtrainError(f"reduction too long for the certified bound: expected n < 2^52, got {n}")
+    return nu / (1.0 - nu)
+
+
+@dataclass
+class OpLog:
+    """Sparse rounding-log entries of one op: flat indices, codes and FP32 values (explicit only)."""
+
+    index: np.ndarray  # int64, sorted
+    code: np.ndarray  # uint8
+    value: np.ndarray  # float32 (0 unless code == EXPLICIT)
+
+    def __post_init__(self) -> None:
+        if not (len(self.index) == len(self.code) == len(self.value)):
+            raise VtrainError(
+                f"rounding log arrays differ in length: {len(self.index)}, {len(self.code)}, {len(self.value)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @staticmethod
+    def empty() -> OpLog:
+        return OpLog(np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.float32))
+
+
+@dataclass
+class DenseLog:
+    """The paper's baseline log for one op: one ternary decision per element (0 none, 1 down, 2 up)."""
+
+    trits: np.ndarray  # uint8, one per element
+
+
+@dataclass
+class RoundingStats:
+    """Counters for benchmarks: how many values were rounded and how many needed a log entry."""
+
+    values: int = 0
+    logged: int = 0
+    explicit: int = 0
+    ambiguous_resolved: int = 0
+    per_op: dict[int, int] = field(default_factory=dict)
+
+
+def _neighbours(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    inf = torch.full_like(r, float("inf"))
+    return torch.nextafter(r, -inf), torch.nextafter(r, inf)
+
+
+def _check_finite(x: torch.Tensor, what: str) -> None:
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).nonzero()[0][0]) if x.dim() == 1 else -1
+        raise NonFiniteValue(f"{what}: expected finite values, got NaN/Inf (first flat index {bad})")
+
+
+def canonical(x: torch.Tensor) -> torch.Tensor:
+    """Map -0.0 to +0.0 (adding +0.0 does exactly that under round-to-nearest)."""
+    return x + 0.0
+
+
+def round_output(
+    v: torch.Tensor, d: torch.Tensor | None, what: str
+) -> tuple[torch.Tensor, OpLog]:
+    """Trainer side: round FP64 ``v`` (bound ``d``, ``None`` for exact ops) to FP32 and log per the rule.
+
+    Returns the FP32 output (always ``RN32(v)``, zero canonicalised) and the sparse entries.
+    """
+    r = v.to(torch.float32)
+    _check_finite(r.reshape(-1), what)
+    if d is None:
+        return canonical(r), OpLog.empty()
+    vf, df, rf = v.reshape(-1), d.reshape(-1), r.reshape(-1)
+    lo_n, hi_n = _neighbours(rf)
+    r64 = rf.double()
+    m_hi = (r64 + hi_n.double()) * 0.5
+    m_lo = (r64 + lo_n.double()) * 0.5
+    reach = 2.0 * df * _CMP_SLACK
+    near_hi = (m_hi - vf) <= reach
+    near_lo = (vf - m_lo) <= reach
+    flagged = (near_hi | near_lo).nonzero().reshape(-1)
+    if flagged.numel() == 0:
+        return canonical(r), OpLog.empty()
+    nh, nl = near_hi[flagged], near_lo[flagged]
+    spacing = torch.where(nh, hi_n[flagged].double() - r64[flagged], r64[flagged] - lo_n[flagged].double())
+    single = nh ^ nl
+    directed = single & (16.0 * df[flagged] * _CMP_SLACK <= spacing)
+    code = torch.where(
+        directed,
+        torch.where(nh, torch.tensor(int(Code.DOWN)), torch.tensor(int(Code.UP))),
+        torch.tensor(int(Code.EXPLICIT)),
+    ).to(torch.uint8)
+    value = torch.where(code == int(Code.EXPLICIT), canonical(rf[flagged]), torch.zeros((), dtype=torch.float32))
+    return canonical(r), OpLog(flagged.numpy().astype(np.int64), code.numpy(), value.numpy().astype(np.float32))
+
+
+AmbiguityResolver = Callable[[np.ndarray], np.ndarray]
+"""Given flat element indices of the current op, return their exact FP32 outputs (the auditor's
+fallback to exact arithmetic, see docs/numerics.md)."""
+
+
+@dataclass
+class LogViolation:
+    """An entry the replayer found inconsistent with its own value (possible log abuse)."""
+
+    index: int
+    code: int
+    detail: str
+
+
+def apply_log(
+    v: torch.Tensor,
+    d: torch.Tensor | None,
+    entries: OpLog,
+    what: str,
+    resolver: AmbiguityResolver | None = None,
+    violations: list[LogViolation] | None = None,
+) -> torch.Tensor:
+    """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to the trainer.
+
+    ``resolver`` (optional) settles elements the rule alone cannot: an unlogged element whose value
+    sits within ``2d`` of a midpoint, or an entry that looks abusive; those are also reported in
+    ``violations`` so the caller can check them exactly before it disputes anything.
+    """
+    r = v.to(torch.float32)
+    _check_finite(r.reshape(-1), what)
+    if d is None:
+        if len(entries):
+            _note(violations, entries, "entry on an exact op")
+        return canonical(r)
+    out = r.reshape(-1).clone()
+    vf, df = v.reshape(-1), d.reshape(-1)
+    if len(entries):
+        idx = torch.from_numpy(entries.index)
+        if int(idx.max()) >= out.numel() or int(idx.min()) < 0:
+            raise VtrainError(f"{what}: log index out of range for {out.numel()} elements")
+        codes = torch.from_numpy(entries.code.astype(np.int64))
+        vi, di, ri = vf[idx], df[idx], out[idx]
+        lo_n, hi_n = _neighbours(ri)
+        r64 = ri.double()
+        m_hi = (r64 + hi_n.double()) * 0.5
+        m_lo = (r64 + lo_n.double()) * 0.5
+        take_hi = (m_hi - vi) <= (vi - m_lo)
+        m = torch.where(take_hi, m_hi, m_lo)
+        # FP32 values just below and above the chosen midpoint.
+        below = torch.where(take_hi, ri, lo_n)
+        above = torch.where(take_hi, hi_n, ri)
+        directed = torch.where(codes == int(Code.DOWN), below, above)
+        explicit = torch.from_numpy(entries.value)
+        res = torch.where(codes == int(Code.EXPLICIT), explicit, directed)
+        bad_code = (codes < 1) | (codes > 3)
+        if bool(bad_code.any()):
+            raise VtrainError(f"{what}: invalid rounding-log code {int(codes[bad_code][0])}")
+        out[idx] = res
+        if violations is not None:
+            far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > 3.0 * di)
+            wild = (codes == int(Code.EXPLICIT)) & ((explicit.double() - vi).abs() > 6.0 * di + (r64.abs() * 2.0**-23))
+            for k in (far | wild).nonzero().reshape(-1).tolist():
+                violations.append(LogViolation(int(entries.index[k]), int(entries.code[k]), "entry far from the replayed value"))
+    if resolver is not None or violations is not None:
+        rf = r.reshape(-1)
+        lo_n, hi_n = _neighbours(rf)
+        r64 = rf.double()
+        reach = 2.0 * df * _CMP_SLACK
+        amb = (((r64 + hi_n.double()) * 0.5 - vf) <= reach) | ((vf - (r64 + lo_n.double()) * 0.5) <= reach)
+        if len(entries):
+            amb[torch.from_numpy(entries.index)] = False
+        amb_idx = amb.nonzero().reshape(-1).numpy()
+        if len(amb_idx):
+            if violations is not None:
+                for k in amb_idx.tolist():
+                    violations.append(LogViolation(int(k), 0, "unlogged element near a midpoint"))
+            if resolver is not None:
+                out[torch.from_numpy(amb_idx)] = torch.from_numpy(resolver(amb_idx).astype(np.float32))
+    return canonical(out.reshape(r.shape))
+
+
+def _note(violations: list[LogViolation] | None, entries: OpLog, detail: str) -> None:
+    if violations is not None:
+        for i, c in zip(entries.index.tolist(), entries.code.tolist()):
+            violations.append(LogViolation(int(i), int(c), detail))
+
+
+# --- the paper's baseline: dense ternary log with a per-op threshold ------------------------------
+
+PAPER_PIVOT = 1e-2
+"""The paper's threshold as a fraction of the FP32 spacing at each value (tuned per layer there;
+here one pivot for every op, scaled by the op's own spacing, which is what the per-layer pivot
+amounts to for FP32 outputs)."""
+
+
+def round_paper(v: torch.Tensor, pivot: float = PAPER_PIVOT) -> tuple[torch.Tensor, DenseLog]:
+    """Trainer side of the paper's scheme: a ternary decision for every element (dense)."""
+    r = v.to(torch.float32)
+    _check_finite(r.reshape(-1), "paper rounding")
+    rf, vf = r.reshape(-1), v.reshape(-1)
+    lo_n, hi_n = _neighbours(rf)
+    r64 = rf.double()
+    m_hi = (r64 + hi_n.double()) * 0.5
+    m_lo = (r64 + lo_n.double()) * 0.5
+    tau = pivot * (hi_n.double() - lo_n.double()) * 0.5
+    trits = torch.zeros(rf.numel(), dtype=torch.uint8)
+    trits[(m_hi - vf) < tau] = 1  # just below the upper midpoint: rounded down
+    trits[(vf - m_lo) < tau] = 2  # just above the lower midpoint: rounded up
+    return canonical(r), DenseLog(trits.numpy())
+
+
+def apply_paper(v: torch.Tensor, dense: DenseLog) -> torch.Tensor:
+    """Auditor side of the paper's scheme: round toward the logged side of the nearest midpoint."""
+    r = v.to(torch.float32)
+    rf, vf = r.reshape(-1).clone(), v.reshape(-1)
+    trits = torch.from_numpy(dense.trits)
+    if trits.numel() != rf.numel():
+        raise VtrainError(f"paper log: expected {rf.numel()} decisions, got {trits.numel()}")
+    sel = (trits != 0).nonzero().reshape(-1)
+    if sel.numel():
+        ri, vi = rf[sel], vf[sel]
+        lo_n, hi_n = _neighbours(ri)
+        r64 = ri.double()
+        take_hi = ((r64 + hi_n.double()) * 0.5 - vi) <= (vi - (r64 + lo_n.double()) * 0.5)
+        below = torch.where(take_hi, ri, lo_n)
+        above = torch.where(take_hi, hi_n, ri)
+        rf[sel] = torch.where(trits[sel] == 1, below, above)
+    return canonical(rf.reshape(r.shape))
+
+
+def pack_trits(trits: np.ndarray) -> bytes:
+    """Pack ternary decisions five to a byte (3^5 = 243 <= 256), as the paper's log does."""
+    n = len(trits)
+    pad = (-n) % 5
+    t = np.concatenate([trits.astype(np.uint16), np.zeros(pad, np.uint16)]).reshape(-1, 5)
+    packed = t[:, 0] + 3 * t[:, 1] + 9 * t[:, 2] + 27 * t[:, 3] + 81 * t[:, 4]
+    return packed.astype(np.uint8).tobytes()
+
+
+def unpack_trits(data: bytes, n: int) -> np.ndarray:
+    """Inverse of :func:`pack_trits`."""
+    p = np.frombuffer(data, np.uint8).astype(np.uint16)
+    if len(p) * 5 < n:
+        raise VtrainError(f"paper log truncated: expected {(n + 4) // 5} bytes, got {len(p)}")
+    out = np.stack([(p // 3**k) % 3 for k in range(5)], axis=1).reshape(-1)[:n]
+    return out.astype(np.uint8)

@@ -1,0 +1,91 @@
+"""Optimizers as primitive ops. Every update is a chain of single IEEE ops (no FMA, no lerp), so
+optimizer steps never need a rounding-log entry and replay identically everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vtrain.graph import GraphBuilder, T
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    """SGD with (heavy-ball) momentum and optional decoupled weight decay."""
+
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    name: str = "sgd"
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    """AdamW (Loshchilov & Hutter) with bias correction kept as state scalars ``beta^t``."""
+
+    lr: float = 3e-3
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    name: str = "adamw"
+
+
+OptimConfig = SGDConfig | AdamWConfig
+
+
+def optimizer_slots(cfg: OptimConfig, params: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...], np.ndarray]]:
+    """State slots (name, shape, initial value) the optimizer adds after the parameters."""
+    if isinstance(cfg, SGDConfig):
+        return [(f"{n}.momentum", s, np.zeros(s, np.float32)) for n, s in params]
+    out = [(f"{n}.m", s, np.zeros(s, np.float32)) for n, s in params]
+    out += [(f"{n}.v", s, np.zeros(s, np.float32)) for n, s in params]
+    out += [("adam.beta1_pow", (1,), np.ones(1, np.float32)), ("adam.beta2_pow", (1,), np.ones(1, np.float32))]
+    return out
+
+
+def sgd_update(g: GraphBuilder, cfg: SGDConfig, p: T, grad: T, buf: T) -> tuple[T, T]:
+    if cfg.weight_decay:
+        grad = g.add(grad, g.mul_s(p, cfg.weight_decay))
+    new_buf = g.add(g.mul_s(buf, cfg.momentum), grad)
+    new_p = g.sub(p, g.mul_s(new_buf, cfg.lr))
+    return new_p, new_buf
+
+
+def adamw_update(
+    g: GraphBuilder, cfg: AdamWConfig, p: T, grad: T, m: T, v: T, bc1: T, bc2: T
+) -> tuple[T, T, T]:
+    """One AdamW update; ``bc1 = 1 - beta1^t`` and ``bc2 = 1 - beta2^t`` (shape (1,))."""
+    new_m = g.add(g.mul_s(m, cfg.beta1), g.mul_s(grad, 1.0 - cfg.beta1))
+    new_v = g.add(g.mul_s(v, cfg.beta2), g.mul_s(g.mul(grad, grad), 1.0 - cfg.beta2))
+    m_hat = g.div(new_m, bc1)
+    v_hat = g.div(new_v, bc2)
+    step = g.div(m_hat, g.add_s(g.sqrt(v_hat), cfg.eps))
+    step = g.add(step, g.mul_s(p, cfg.weight_decay))
+    new_p = g.sub(p, g.mul_s(step, cfg.lr))
+    return new_p, new_m, new_v
+
+
+def apply_optimizer(
+    g: GraphBuilder, cfg: OptimConfig, params: list[T], grads: list[T], state: list[T]
+) -> tuple[list[T], list[T]]:
+    """New parameters and new optimizer state, in slot order."""
+    if isinstance(cfg, SGDConfig):
+        new_p, new_s = [], []
+        for p, gr, b in zip(params, grads, state):
+            a, c = sgd_update(g, cfg, p, gr, b)
+            new_p.append(a)
+            new_s.append(c)
+        return new_p, new_s
+    n = len(params)
+    ms, vs, b1p, b2p = state[:n], state[n : 2 * n], state[2 * n], state[2 * n + 1]
+    new_b1p, new_b2p = g.mul_s(b1p, cfg.beta1), g.mul_s(b2p, cfg.beta2)
+    bc1, bc2 = g.rsub_s(1.0, new_b1p), g.rsub_s(1.0, new_b2p)
+    new_p, new_m, new_v = [], [], []
+    for p, gr, m, v in zip(params, grads, ms, vs):
+        a, b, c = adamw_update(g, cfg, p, gr, m, v, bc1, bc2)
+        new_p.append(a)
+        new_m.append(b)
+        new_v.append(c)
+    return new_p, new_m + new_v + [new_b1p, new_b2p]

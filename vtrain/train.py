@@ -1,0 +1,128 @@
+"""The training loop and the replay loop, top to bottom.
+
+``train_steps`` is what a trainer runs; ``replay_steps`` is what an auditor runs with the
+trainer's logs. Both yield one :class:`StepOutcome` per step with the state root that goes into
+the step leaf, so the two sides can be compared step by step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from vtrain.commit import batch_indices, state_root, tensor_root, op_log_root, step_log_root
+from vtrain.executor import StepExecutor, StepLog, StepResult, state_tensors
+from vtrain.graph import Graph
+from vtrain.numerics import Mode
+from vtrain.spec import Job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepOutcome:
+    """One executed step: the new state, its commitments and the rounding log."""
+
+    step: int
+    loss: float
+    state: list[torch.Tensor]
+    component_roots: list[bytes]
+    state_root: bytes
+    log: StepLog
+    log_root: bytes
+    result: StepResult
+
+
+def batch_for(job: Job, step: int) -> torch.Tensor:
+    """The batch of ``step`` (1-based), fixed by the data-order seed (see docs/protocol.md)."""
+    idx = batch_indices(job.spec.data_seed, step, job.spec.batch_size, job.dataset.n)
+    return torch.from_numpy(job.dataset.samples[np.asarray(idx, dtype=np.int64)])
+
+
+def component_roots(state: list[torch.Tensor]) -> list[bytes]:
+    return [tensor_root(t.detach().numpy()) for t in state]
+
+
+def step_log_root_of(log_: StepLog, graph: Graph) -> bytes:
+    """logRoot_s: one leaf per op, each the root of that op's sparse log (empty for most ops)."""
+    from vtrain.commit import EMPTY_OP_LOG_ROOT, LogEntry
+
+    roots = []
+    for op in graph.ops:
+        e = log_.sparse.get(op.id)
+        if e is None or len(e) == 0:
+            roots.append(EMPTY_OP_LOG_ROOT)
+        else:
+            roots.append(op_log_root(log_entries(e)))
+    return step_log_root(roots)
+
+
+def log_entries(e) -> list:
+    """The committed form of one op's entries (value bits only for explicit entries)."""
+    from vtrain.commit import LogEntry
+
+    bits = e.value.view(np.uint32)
+    return [
+        LogEntry(int(i), int(c), int(b) if c == 3 else 0)
+        for i, c, b in zip(e.index.tolist(), e.code.tolist(), bits.tolist())
+    ]
+
+
+def initial_commitment(job: Job) -> tuple[list[bytes], bytes]:
+    roots = component_roots(state_tensors(job.initial_state))
+    return roots, state_root(roots)
+
+
+def _outcome(step: int, res: StepResult, graph: Graph) -> StepOutcome:
+    roots = component_roots(res.state)
+    lr = step_log_root_of(res.log, graph) if res.log.mode == Mode.CERTIFIED else b"\x00" * 32
+    return StepOutcome(step, res.loss, res.state, roots, state_root(roots), res.log, lr, res)
+
+
+def train_steps(
+    job: Job,
+    state: list[torch.Tensor],
+    first: int,
+    last: int,
+    mode: Mode | str | None = None,
+    tamper: Callable[[int, StepResult], None] | None = None,
+) -> Iterator[StepOutcome]:
+    """Train steps ``first..last`` (inclusive, 1-based) from ``state`` (the state after ``first-1``).
+
+    ``tamper(step, result)`` lets tests and demos play a cheating trainer (it may edit the result).
+    """
+    ex = StepExecutor(job.graph, mode or job.spec.mode)
+    for s in range(first, last + 1):
+        res = ex.run(state, batch_for(job, s), step=s)
+        if tamper is not None:
+            tamper(s, res)
+        out = _outcome(s, res, job.graph)
+        log.debug("step %d loss %.6f logged %d", s, res.loss, res.log.n_entries)
+        yield out
+        state = out.state
+
+
+def replay_steps(
+    job: Job,
+    state: list[torch.Tensor],
+    first: int,
+    last: int,
+    logs: Callable[[int], StepLog],
+    mode: Mode | str | None = None,
+    check: bool = False,
+    resolver_factory=None,
+) -> Iterator[StepOutcome]:
+    """Replay steps ``first..last`` with the trainer's logs; bit-identical to an honest trainer."""
+    ex = StepExecutor(job.graph, mode or job.spec.mode)
+    for s in range(first, last + 1):
+        log_in = logs(s) if ex.mode in (Mode.CERTIFIED, Mode.PAPER) else StepLog(ex.mode)
+        res = ex.run(state, batch_for(job, s), log_in=log_in if ex.mode in (Mode.CERTIFIED, Mode.PAPER) else None,
+                     check=check, resolver_factory=resolver_factory, step=s)
+        if ex.mode in (Mode.CERTIFIED, Mode.PAPER):
+            res.log = log_in
+        yield _outcome(s, res, job.graph)
+        state = res.state
