@@ -45,7 +45,7 @@ SOLC_SETTINGS: dict[str, Any] = {
     "evmVersion": "cancun",
 }
 _OUTPUTS = ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"]
-_MANIFEST = BUILD_DIR / ".manifest.json"
+_MANIFEST_NAME = ".manifest.json"  # in BUILD_DIR: the build key and the contract names
 
 
 class BuildError(Exception):
@@ -115,19 +115,24 @@ def compile_contracts(force: bool = False) -> dict[str, ContractArtifact]:
     if not sources:
         raise BuildError(f"no .sol files under {CONTRACTS_DIR}")
     key = _build_key(sources)
+    memo_key = f"{BUILD_DIR}:{key}"
     if not force:
-        if _memo is not None and _memo[0] == key:
+        if _memo is not None and _memo[0] == memo_key:
             return _memo[1]
         cached = _read_cached(key)
         if cached is not None:
-            _memo = (key, cached)
+            _memo = (memo_key, cached)
             return cached
     t0 = time.perf_counter()
     artifacts = _compile(sources)
     _write(key, artifacts)
-    log.info("compiled %d files (%d contracts) in %.1f s", len(sources), len(artifacts),
-             time.perf_counter() - t0)
-    _memo = (key, artifacts)
+    log.info(
+        "compiled %d files (%d contracts) in %.1f s",
+        len(sources),
+        len(artifacts),
+        time.perf_counter() - t0,
+    )
+    _memo = (memo_key, artifacts)
     return artifacts
 
 
@@ -137,12 +142,14 @@ def load_artifact(name: str) -> ContractArtifact:
     try:
         return artifacts[name]
     except KeyError:
-        raise BuildError(f"no contract named {name!r}; known: {', '.join(sorted(artifacts))}") from None
+        raise BuildError(
+            f"no contract named {name!r}; known: {', '.join(sorted(artifacts))}"
+        ) from None
 
 
 def _read_cached(key: str) -> dict[str, ContractArtifact] | None:
     try:
-        manifest = json.loads(_MANIFEST.read_text())
+        manifest = json.loads((BUILD_DIR / _MANIFEST_NAME).read_text())
         if manifest.get("key") != key:
             return None
         return {
@@ -203,7 +210,7 @@ def _compile(sources: dict[str, str]) -> dict[str, ContractArtifact]:
     return artifacts
 
 
-def _format_errors(errors: list[dict[str, Any]]) -> str:
+def _format_errors(errors: Any) -> str:  # solc's "errors" list (py-solc-x types it a dict)
     lines = []
     for err in errors:
         if err.get("severity") != "error":
@@ -229,4 +236,4 @@ def _write(key: str, artifacts: dict[str, ContractArtifact]) -> None:
             old.unlink()
     for name, art in artifacts.items():
         _atomic_write(BUILD_DIR / f"{name}.json", art.to_json())
-    _atomic_write(_MANIFEST, {"key": key, "contracts": sorted(artifacts)})
+    _atomic_write(BUILD_DIR / _MANIFEST_NAME, {"key": key, "contracts": sorted(artifacts)})

@@ -1,0 +1,31 @@
+"""Shared fixtures: the three chains. Helpers live in tests/nodes.py (on sys.path via pytest's
+`pythonpath` setting)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from web3 import Web3
+
+import nodes
+
+
+@pytest.fixture
+def eth_tester_w3() -> Web3:
+    """A fresh in-process chain (eth-tester on py-evm), the embedded default. Pass `gas`."""
+    return nodes.eth_tester_w3()
+
+
+@pytest.fixture(scope="session")
+def hardhat_w3() -> Iterator[Web3]:
+    """Web3 on a `hardhat node` started for this session (stopped even if tests fail)."""
+    with nodes.start_hardhat() as node:
+        yield nodes.http_w3(node.url)
+
+
+@pytest.fixture(scope="session")
+def anvil_w3() -> Iterator[Web3]:
+    """Web3 on an `anvil` started for this session (stopped even if tests fail)."""
+    with nodes.start_anvil() as node:
+        yield nodes.http_w3(node.url)

@@ -1,0 +1,240 @@
+"""Test helpers: local chains for tests (embedded py-evm, `hardhat node`, `anvil`).
+
+Real nodes come from `node_modules` (npm ci), listen on a free 127.0.0.1 port, are declared ready
+once `eth_chainId` answers, and are stopped by killing their whole process group (the hardhat
+launcher leaves children behind), also at interpreter exit if a test run is interrupted.
+
+Every transaction must carry an explicit `gas` <= TX_GAS_CAP: hardhat and anvil enforce the
+Osaka per-transaction cap, and on py-evm estimating gas costs about 11x the execution.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from web3 import EthereumTesterProvider, Web3
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NODE_MODULES = REPO_ROOT / "node_modules"
+
+#: Per-transaction gas cap of current EVMs (EIP-7825, 2**24); hardhat and anvil reject more.
+TX_GAS_CAP = 16_777_216
+
+
+class NodeError(RuntimeError):
+    """Raised when a local node cannot be found, started, or does not answer JSON-RPC."""
+
+
+@dataclass
+class RunningNode:
+    """A node process started by this module; `stop()` is idempotent."""
+
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    _stopped: bool = field(default=False, repr=False)
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "<no log>"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Kill the node's whole process group (SIGTERM, then SIGKILL)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        _running.discard(self)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)  # start_new_session: pgid == pid
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=timeout)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.proc.wait()
+        self.log_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> RunningNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+_running: set[RunningNode] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for node in list(_running):
+        node.stop()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rpc(url: str, method: str, params: list[Any] | None = None, timeout: float = 2.0) -> Any:
+    """One JSON-RPC call over HTTP; returns `result` or raises NodeError."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []})
+    req = urllib.request.Request(
+        url, data=body.encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        reply = json.loads(resp.read())
+    if "error" in reply:
+        raise NodeError(f"{method} on {url}: {reply['error']}")
+    return reply["result"]
+
+
+def hardhat_command() -> list[str]:
+    """`hardhat` from node_modules (run directly, not through npx)."""
+    exe = NODE_MODULES / ".bin" / "hardhat"
+    if not exe.exists():
+        raise NodeError(f"hardhat not found at {exe}: run `npm ci` in {REPO_ROOT}")
+    return [str(exe)]
+
+
+def anvil_command() -> list[str]:
+    """The native anvil binary shipped by npm `@foundry-rs/anvil-<os>-<arch>`.
+
+    Falls back to the npm launcher script, then to an `anvil` on PATH.
+    """
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        platform.machine().lower(), platform.machine().lower()
+    )
+    native = NODE_MODULES / "@foundry-rs" / f"anvil-{sys.platform}-{arch}" / "bin" / "anvil"
+    if native.is_file() and os.access(native, os.X_OK):
+        return [str(native)]
+    launcher = NODE_MODULES / ".bin" / "anvil"
+    if launcher.exists():
+        return [str(launcher)]
+    from shutil import which
+
+    on_path = which("anvil")
+    if on_path:
+        return [on_path]
+    raise NodeError(f"anvil not found (looked for {native}): run `npm ci` in {REPO_ROOT}")
+
+
+def start_node(name: str, argv: list[str], port: int, timeout: float) -> RunningNode:
+    """Start `argv` in its own process group and wait until it answers `eth_chainId`."""
+    fd, log_name = tempfile.mkstemp(prefix=f"{name}-{port}-", suffix=".log")
+    env = {**os.environ, "HARDHAT_DISABLE_TELEMETRY_PROMPT": "true", "NO_COLOR": "1"}
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+    except OSError as e:
+        raise NodeError(f"cannot start {name} ({argv[0]}): {e}") from e
+    finally:
+        os.close(fd)  # the child holds its own copy
+    node = RunningNode(name, f"http://127.0.0.1:{port}", proc, Path(log_name))
+    _running.add(node)
+    try:
+        wait_ready(node, timeout)
+    except BaseException:
+        node.stop()
+        raise
+    return node
+
+
+def wait_ready(node: RunningNode, timeout: float) -> None:
+    """Poll `eth_chainId` until it answers; NodeError (with the node's log) on exit or timeout."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if node.proc.poll() is not None:
+            raise NodeError(
+                f"{node.name} exited with code {node.proc.returncode} before answering on "
+                f"{node.url}; its log:\n{node.log_tail()}"
+            )
+        try:
+            rpc(node.url, "eth_chainId", timeout=1.0)
+            return
+        except (OSError, urllib.error.URLError, ValueError) as e:
+            last = e
+            time.sleep(0.1)
+    raise NodeError(
+        f"{node.name} did not answer eth_chainId on {node.url} within {timeout:.0f} s "
+        f"(last error: {last}); its log:\n{node.log_tail()}"
+    )
+
+
+def _start_on_port(
+    name: str, argv_for: Callable[[int], list[str]], port: int | None, timeout: float
+) -> RunningNode:
+    if port is not None:
+        return start_node(name, argv_for(port), port, timeout)
+    try:
+        port = free_port()
+        return start_node(name, argv_for(port), port, timeout)
+    except NodeError:  # the free port may have been taken in between: one more try
+        port = free_port()
+        return start_node(name, argv_for(port), port, timeout)
+
+
+def start_hardhat(port: int | None = None, timeout: float = 60.0) -> RunningNode:
+    """`hardhat node` on 127.0.0.1 (chain id 31337, 20 unlocked funded accounts)."""
+    cmd = hardhat_command()
+    return _start_on_port(
+        "hardhat",
+        lambda p: cmd + ["node", "--hostname", "127.0.0.1", "--port", str(p)],
+        port,
+        timeout,
+    )
+
+
+def start_anvil(port: int | None = None, timeout: float = 30.0) -> RunningNode:
+    """`anvil` on 127.0.0.1 (chain id 31337, 10 unlocked funded accounts)."""
+    cmd = anvil_command()
+    return _start_on_port(
+        "anvil", lambda p: cmd + ["--host", "127.0.0.1", "--port", str(p)], port, timeout
+    )
+
+
+def http_w3(url: str) -> Web3:
+    """Web3 on a JSON-RPC URL with `default_account` set to the node's first account."""
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
+    w3.eth.default_account = w3.eth.accounts[0]
+    return w3
+
+
+def eth_tester_w3() -> Web3:
+    """A fresh in-process chain (eth-tester on py-evm) with `default_account` set."""
+    w3 = Web3(EthereumTesterProvider())
+    w3.eth.default_account = w3.eth.accounts[0]
+    return w3
