@@ -138,39 +138,46 @@ def _hash_full_chunks(u8: np.ndarray, size: int) -> list[bytes]:
         buf = np.empty((hi - lo, rec), dtype=np.uint8)
         buf[:, 0] = LEAF_PREFIX[0]
         buf[:, 1:] = u8[lo * size : hi * size].reshape(hi - lo, size)
-        mv = memoryview(buf).cast("B")
+        mv = buf.data.cast("B")
         out += [sha(mv[i : i + rec]).digest() for i in range(0, (hi - lo) * rec, rec)]
     return out
 
 
-def hash_chunks(buf: bytes | bytearray | memoryview | np.ndarray, chunk_size: int) -> list[Digest]:
-    """Leaf hashes of ``buf`` cut into ``chunk_size``-byte chunks (the last one may be short)."""
+def _check_chunk_size(chunk_size: int) -> None:
     if not _is_int(chunk_size) or chunk_size <= 0:
         raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
-    u8 = _as_u8(buf)
+
+
+def _chunk_hashes(u8: np.ndarray, chunk_size: int) -> list[bytes]:
     full = len(u8) // chunk_size
     hashes = _hash_full_chunks(u8[: full * chunk_size], chunk_size)
     if len(u8) > full * chunk_size:
         hashes.append(_sha256(LEAF_PREFIX + u8[full * chunk_size :].tobytes()).digest())
-    return hashes  # type: ignore[return-value]
+    return hashes
+
+
+def hash_chunks(buf: bytes | bytearray | memoryview | np.ndarray, chunk_size: int) -> list[Digest]:
+    """Leaf hashes of ``buf`` cut into ``chunk_size``-byte chunks (the last one may be short)."""
+    _check_chunk_size(chunk_size)
+    return [Digest(h) for h in _chunk_hashes(_as_u8(buf), chunk_size)]
 
 
 def chunked_root(buf: bytes | bytearray | memoryview | np.ndarray, chunk_size: int) -> Root:
     """Root of the tree whose leaves are ``buf`` cut into ``chunk_size``-byte chunks.
 
-    Same result as ``MerkleTree.from_chunks(buf, chunk_size).root`` but keeps only one block of
+    Same result as ``MerkleTree.from_chunks(buf, chunk_size).root`` but holds only one block of
     leaf hashes at a time: blocks of ``2^14`` leaves are aligned subtrees, so their roots are the
     nodes of level 14 and the rest of the tree is built on top of them.
     """
-    if not _is_int(chunk_size) or chunk_size <= 0:
-        raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
+    _check_chunk_size(chunk_size)
     u8 = _as_u8(buf)
-    n_leaves = -(-len(u8) // chunk_size)
-    if n_leaves <= _BLOCK_LEAVES:
-        return Root(_fold(hash_chunks(u8, chunk_size)))  # type: ignore[arg-type]
     step = _BLOCK_LEAVES * chunk_size
-    block_roots = [_fold(hash_chunks(u8[lo : lo + step], chunk_size)) for lo in range(0, len(u8), step)]  # type: ignore[arg-type]
-    return Root(_fold(block_roots))
+    if len(u8) <= step:
+        return Root(_fold(_chunk_hashes(u8, chunk_size)))
+    blocks = [
+        _fold(_chunk_hashes(u8[lo : lo + step], chunk_size)) for lo in range(0, len(u8), step)
+    ]
+    return Root(_fold(blocks))
 
 
 def root_of_leaf_hashes(hashes: Sequence[bytes]) -> Root:
@@ -224,9 +231,12 @@ class MerkleTree:
         return cls(hashes)
 
     @classmethod
-    def from_chunks(cls, buf: bytes | bytearray | memoryview | np.ndarray, chunk_size: int) -> MerkleTree:
+    def from_chunks(
+        cls, buf: bytes | bytearray | memoryview | np.ndarray, chunk_size: int
+    ) -> MerkleTree:
         """Build from ``buf`` cut into ``chunk_size``-byte leaves (the last one may be short)."""
-        return cls(hash_chunks(buf, chunk_size))
+        _check_chunk_size(chunk_size)
+        return cls(_chunk_hashes(_as_u8(buf), chunk_size))
 
     @property
     def size(self) -> int:
@@ -267,7 +277,9 @@ class MerkleTree:
     def range_root(self, start: int, end: int) -> Digest:
         """``MTH(D[start:end])``, the RFC 9162 root of the leaves ``[start, end)``."""
         if not (_is_int(start) and _is_int(end) and 0 <= start < end <= self._size):
-            raise ValueError(f"range: expected 0 <= start < end <= {self._size}, got [{start}, {end})")
+            raise ValueError(
+                f"range: expected 0 <= start < end <= {self._size}, got [{start}, {end})"
+            )
         width = end - start
         j = (width - 1).bit_length()  # smallest j with 2^j >= width
         # INVARIANT: node i of level j covers [i * 2^j, min((i+1) * 2^j, n)) and is its MTH.
@@ -383,14 +395,19 @@ class InclusionProof:
         return root_from_path(leaf, self.index, self.size, self.path)
 
     def verify(self, root: bytes, leaf: bytes) -> None:
-        """Raises InvalidProof unless leaf hash ``leaf`` sits at ``(index, size)`` under ``root``."""
+        """Raises InvalidProof unless leaf hash ``leaf`` sits at ``(index, size)`` of ``root``."""
         verify_inclusion(root, leaf, self)
 
 
 def verify_inclusion(
-    root: bytes, leaf: bytes, proof: InclusionProof, *, index: int | None = None, size: int | None = None
+    root: bytes,
+    leaf: bytes,
+    proof: InclusionProof,
+    *,
+    index: int | None = None,
+    size: int | None = None,
 ) -> None:
-    """Check that leaf hash ``leaf`` sits at ``proof.index`` of the ``proof.size``-leaf tree ``root``.
+    """Check that leaf hash ``leaf`` sits at ``proof.index`` of the ``proof.size``-leaf ``root``.
 
     Pass ``index``/``size`` to also pin the position and tree size the caller expects.
     Raises InvalidProof otherwise (digests are compared in constant time).
@@ -411,7 +428,7 @@ def verify_inclusion(
 
 @dataclass(frozen=True)
 class ConsistencyProof:
-    """RFC 9162 consistency proof: the ``prior_size``-leaf tree is a prefix of the ``size``-leaf one."""
+    """RFC 9162 consistency proof: the ``prior_size``-leaf tree is a prefix of the ``size`` one."""
 
     prior_size: int
     size: int
@@ -419,7 +436,11 @@ class ConsistencyProof:
 
     def to_json(self) -> dict[str, Any]:
         """``{"prior_size": int, "size": int, "path": ["0x...", ...]}``."""
-        return {"prior_size": self.prior_size, "size": self.size, "path": [_hex(p) for p in self.path]}
+        return {
+            "prior_size": self.prior_size,
+            "size": self.size,
+            "path": [_hex(p) for p in self.path],
+        }
 
     @classmethod
     def from_json(cls, obj: Any) -> ConsistencyProof:
