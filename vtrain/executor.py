@@ -167,7 +167,8 @@ class StepExecutor:
         # certified
         bound = d if k in LOGGING_KINDS else None
         if log_in is None:
-            out, entries = round_output(v, bound, what)
+            tight = bound_is_tight(op, d) if bound is not None else None
+            out, entries = round_output(v, bound, what, directed_ok=tight)
             if len(entries):
                 out_log.sparse[op.id] = entries
                 stats.logged += len(entries)
@@ -196,28 +197,40 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
         return a.narrow(axis, start, op.shape[axis]).contiguous()
     if k == OpKind.PAD:
         axis, start = op.attrs
-        out = torch.zeros(op.shape, dtype=torch.float32)
+        out = torch.zeros(op.shape, dtype=a.dtype)
         out.narrow(axis, start, a.shape[axis]).copy_(a)
         return out
     if k == OpKind.EXPAND:
         return a.expand(op.shape).contiguous()
     if k == OpKind.MAX:
         return a.amax(dim=-1, keepdim=True)
+    zero = torch.zeros((), dtype=a.dtype)
     if k == OpKind.RELU:
-        return torch.where(a > 0, a, torch.zeros((), dtype=torch.float32))
+        return torch.where(a > 0, a, zero)
     if k == OpKind.RELU_GRAD:
-        return torch.where(a > 0, ins[1], torch.zeros((), dtype=torch.float32))
+        return torch.where(a > 0, ins[1], torch.zeros((), dtype=ins[1].dtype))
     if k == OpKind.ONE_HOT:
-        classes = torch.arange(op.attrs[0], dtype=torch.float32)
-        return (a.unsqueeze(-1) == classes).to(torch.float32)
+        classes = torch.arange(op.attrs[0], dtype=a.dtype)
+        return (a.unsqueeze(-1) == classes).to(a.dtype)
     if k == OpKind.GATHER:
         x, idx = ins
         n = x.shape[-1]
         valid = (idx >= 0) & (idx < n) & (idx == torch.floor(idx))
-        safe = torch.where(valid, idx, torch.zeros((), dtype=torch.float32)).to(torch.int64)
+        safe = torch.where(valid, idx, torch.zeros((), dtype=idx.dtype)).to(torch.int64)
         got = x.gather(-1, safe)
-        return torch.where(valid, got, torch.zeros((), dtype=torch.float32))
+        return torch.where(valid, got, torch.zeros((), dtype=x.dtype))
     raise GraphError(f"{k.name} is not a data-movement op")
+
+
+_SUBNORMAL = 2.0**-149
+_TIGHT_FLOOR = 2.0**-100
+
+
+def bound_is_tight(op: OpNode, d: torch.Tensor) -> torch.Tensor | None:
+    """Elements whose trainer bound stays within 1.25x of the contract's (None: all of them)."""
+    if op.kind != OpKind.MATMUL:
+        return None
+    return d > _TIGHT_FLOOR * gamma(2)
 
 
 def _scalar(op: OpNode) -> float:
@@ -225,7 +238,12 @@ def _scalar(op: OpNode) -> float:
 
 
 def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The FP64 value ``v`` of a rounding op and its certified bound ``d`` (None when exact)."""
+    """The FP64 value ``v`` of a rounding op and its certified bound ``d`` (None when exact).
+
+    For MATMUL the FP32 evaluation of ``|A|@|B|`` may underflow; ``n * 2^-149`` covers that, and
+    where it is not negligible the bound is no longer within 1.25x of the contract's, so those
+    elements are marked by :func:`bound_is_tight` and never get a directed (down/up) entry.
+    """
     k = op.kind
     x = [t.double() for t in ins]
     if k == OpKind.ADD:
@@ -258,7 +276,7 @@ def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, to
             v = v + x[2]
             s = s + ins[2].abs()
             n += 1
-        return v, (TRAINER_BOUND_SLACK * gamma(n)) * s.double()
+        return v, (TRAINER_BOUND_SLACK * gamma(n)) * (s.double() + n * _SUBNORMAL)
     if k in (OpKind.SUM, OpKind.MEAN):
         n = ins[0].shape[-1]
         v = x[0].sum(dim=-1, keepdim=True)

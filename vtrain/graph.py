@@ -110,6 +110,8 @@ class Graph:
     consts: dict[int, np.ndarray]
     data_shape: Shape
     loss_op: int
+    grad_ops: dict[int, int] = field(default_factory=dict)
+    """Slot of a parameter -> op computing its gradient (for tests and debugging)."""
 
     @property
     def n_ops(self) -> int:
@@ -329,8 +331,8 @@ class GraphBuilder:
         r = self.reshape(p, kept_shape + (math.prod(g.shape[i] for i in red),))
         return self.reshape(self.sum(r), tuple(shape))
 
-    def build(self, loss: T) -> Graph:
-        return Graph(list(self.ops), list(self.slots), dict(self.consts), self.data_shape, loss.op)
+    def build(self, loss: T, grad_ops: dict[int, int] | None = None) -> Graph:
+        return Graph(list(self.ops), list(self.slots), dict(self.consts), self.data_shape, loss.op, dict(grad_ops or {}))
 
     # -- autodiff ------------------------------------------------------------------------------
     def grad(self, loss: T, wrt: Sequence[T]) -> list[T]:

@@ -112,11 +112,13 @@ def canonical(x: torch.Tensor) -> torch.Tensor:
 
 
 def round_output(
-    v: torch.Tensor, d: torch.Tensor | None, what: str
+    v: torch.Tensor, d: torch.Tensor | None, what: str, directed_ok: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, OpLog]:
     """Trainer side: round FP64 ``v`` (bound ``d``, ``None`` for exact ops) to FP32 and log per the rule.
 
     Returns the FP32 output (always ``RN32(v)``, zero canonicalised) and the sparse entries.
+    ``directed_ok`` (optional mask) marks elements whose bound is tight enough for a down/up entry;
+    the others get an explicit entry when a midpoint is in reach (always accepted on-chain).
     """
     r = v.to(torch.float32)
     _check_finite(r.reshape(-1), what)
@@ -137,6 +139,8 @@ def round_output(
     spacing = torch.where(nh, hi_n[flagged].double() - r64[flagged], r64[flagged] - lo_n[flagged].double())
     single = nh ^ nl
     directed = single & (16.0 * df[flagged] * _CMP_SLACK <= spacing)
+    if directed_ok is not None:
+        directed = directed & directed_ok.reshape(-1)[flagged]
     code = torch.where(
         directed,
         torch.where(nh, torch.tensor(int(Code.DOWN)), torch.tensor(int(Code.UP))),

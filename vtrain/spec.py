@@ -120,6 +120,6 @@ def build_job(spec: TrainSpec) -> Job:
     new_params, new_state = apply_optimizer(g, spec.optimizer, params, grads, opt_state)
     for slot, t in enumerate(new_params + new_state):
         g.output(t, slot)
-    graph = g.build(loss)
+    graph = g.build(loss, {i: gr.op for i, gr in enumerate(grads)})
     init = init_params(pspec, spec.seed) + [v for _, _, v in opt_slots]
     return Job(spec, ds, graph, init)
