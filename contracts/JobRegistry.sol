@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: MIT
+pragma solidity 0.8.28;
+
+import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
+import "contracts/lib/GameTypes.sol";
+
+/// @title JobRegistry
+/// @notice Job registry and escrow of verifiable training; the DisputeGame settles through it.
+/// @dev Holds every wei of the protocol: client payments, trainer stakes and challenger bonds.
+///      The game contract holds none. Thin contract: access checks, state, credits and events.
+contract JobRegistry is IJobRegistry {
+    /// @notice Address allowed to bind the dispute game once.
+    address public immutable deployer;
+
+    /// @inheritdoc IJobRegistry
+    address public disputeGame;
+
+    /// @inheritdoc IJobRegistry
+    uint64 public jobCount;
+
+    /// @inheritdoc IJobRegistry
+    uint256 public totalOwed;
+
+    /// @inheritdoc IJobRegistry
+    mapping(address account => uint256 amount) public owed;
+
+    mapping(JobId job => Job record) internal _jobs;
+    mapping(JobId job => mapping(uint64 index => Interval interval)) internal _intervals;
+
+    constructor() {
+        deployer = msg.sender;
+    }
+
+    modifier onlyGame() {
+        // INVARIANT: only the bound game moves bonds and declares winners.
+        if (msg.sender != disputeGame || msg.sender == address(0)) revert Unauthorized(msg.sender, disputeGame);
+        _;
+    }
+
+    // ------------------------------------------------------------ client and trainer
+
+    /// @inheritdoc IJobRegistry
+    function createJob(JobParams calldata params) external payable returns (JobId job) {
+        _validate(params);
+        job = JobId.wrap(++jobCount);
+        Job storage j = _jobs[job];
+        j.params = params;
+        j.client = msg.sender;
+        // SAFETY: msg.value fits in uint128 (total ETH supply is far below 2^128 wei).
+        j.payment = uint128(msg.value);
+        j.status = JobStatus.Open;
+        emit JobCreated(job, msg.sender, params.trainer, params, msg.value);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function cancelJob(JobId job) external {
+        Job storage j = _job(job);
+        // INVARIANT: only the payer takes its payment back, and only before the trainer staked.
+        if (msg.sender != j.client) revert Unauthorized(msg.sender, j.client);
+        _expectStatus(job, j.status, JobStatus.Open);
+        j.status = JobStatus.Cancelled;
+        uint256 refund = j.payment;
+        _credit(j.client, job, refund);
+        emit JobCancelled(job, refund);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function acceptJob(JobId job) external payable {
+        Job storage j = _job(job);
+        // INVARIANT: the client named the trainer; nobody else can stake in its place.
+        if (msg.sender != j.params.trainer) revert Unauthorized(msg.sender, j.params.trainer);
+        _expectStatus(job, j.status, JobStatus.Open);
+        // INVARIANT: escrow of an Active job is exactly payment + stake (+ bonds).
+        if (msg.value != j.params.trainerStake) revert WrongValue(msg.value, j.params.trainerStake);
+        j.status = JobStatus.Active;
+        j.acceptedAt = uint64(block.timestamp);
+        emit JobAccepted(job, msg.sender, msg.value);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function postInterval(JobId job, uint64 index, bytes32 root) external {
+        Job storage j = _job(job);
+        if (msg.sender != j.params.trainer) revert Unauthorized(msg.sender, j.params.trainer);
+        _expectStatus(job, j.status, JobStatus.Active);
+        uint64 n = _nIntervals(j.params);
+        // INVARIANT: in order, no gaps, no overwrite, nothing past the last interval.
+        if (index != j.nextInterval || index >= n) revert WrongInterval(index, j.nextInterval, n);
+        // SAFETY: a zero root would read as "not posted".
+        if (root == bytes32(0)) revert ZeroRoot();
+        _intervals[job][index] = Interval({root: root, postedAt: uint64(block.timestamp)});
+        j.nextInterval = index + 1;
+        (uint64 firstStep, uint64 size) = _span(j.params, index);
+        emit IntervalPosted(job, index, root, firstStep, size, block.timestamp + j.params.challengeWindow);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function finalize(JobId job) external {
+        Job storage j = _job(job);
+        _expectStatus(job, j.status, JobStatus.Active);
+        uint64 n = _nIntervals(j.params);
+        if (j.nextInterval != n) revert IntervalsMissing(job, j.nextInterval, n);
+        // INVARIANT: windows close in posting order, so the last interval's window closes last.
+        uint256 end = uint256(_intervals[job][n - 1].postedAt) + j.params.challengeWindow;
+        if (block.timestamp <= end) revert WindowStillOpen(job, end, block.timestamp);
+        // INVARIANT: a game still running could yet prove fraud.
+        if (j.openGames != 0) revert GamesOpen(job, j.openGames);
+        j.status = JobStatus.Finalized;
+        uint256 payout = uint256(j.payment) + j.params.trainerStake;
+        _credit(j.params.trainer, job, payout);
+        emit JobFinalized(job, payout);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function withdraw() external {
+        uint256 amount = owed[msg.sender];
+        if (amount == 0) revert NothingOwed(msg.sender);
+        // SAFETY: effects before the interaction; a reentrant withdraw finds nothing owed.
+        owed[msg.sender] = 0;
+        totalOwed -= amount;
+        emit Withdrawn(msg.sender, amount);
+        (bool ok,) = msg.sender.call{value: amount}("");
+        // SAFETY: a failed transfer reverts everything, so the credit is kept.
+        if (!ok) revert TransferFailed(msg.sender, amount);
+    }
+
+    // ------------------------------------------------------------ dispute game hooks
+
+    /// @inheritdoc IJobRegistry
+    function setDisputeGame(address game) external {
+        if (msg.sender != deployer) revert Unauthorized(msg.sender, deployer);
+        // INVARIANT: the game is bound once; a swapped game could settle games it never ran.
+        if (disputeGame != address(0) || game == address(0)) revert GameAlreadySet(disputeGame);
+        disputeGame = game;
+        emit DisputeGameSet(game);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function lockBond(JobId job, uint64 index, address challenger)
+        external
+        payable
+        onlyGame
+        returns (address trainer, bytes32 root, uint64 firstStep, uint64 size, uint64 clock)
+    {
+        Job storage j = _job(job);
+        _expectStatus(job, j.status, JobStatus.Active);
+        // INVARIANT: only posted intervals can be disputed.
+        if (index >= j.nextInterval) revert IntervalNotPosted(job, index, j.nextInterval);
+        Interval storage iv = _intervals[job][index];
+        uint256 end = uint256(iv.postedAt) + j.params.challengeWindow;
+        // INVARIANT: the window includes its last second, as the clocks do.
+        if (block.timestamp > end) revert WindowClosed(job, index, end, block.timestamp);
+        if (msg.value != j.params.challengerBond) revert WrongValue(msg.value, j.params.challengerBond);
+        // INVARIANT: finalize waits for this game (openGames != 0).
+        j.openGames += 1;
+        (firstStep, size) = _span(j.params, index);
+        emit BondLocked(job, challenger, index, msg.value);
+        return (j.params.trainer, iv.root, firstStep, size, j.params.clock);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function settleGame(JobId job, address challenger, bool trainerWon) external onlyGame {
+        Job storage j = _job(job);
+        _expectStatus(job, j.status, JobStatus.Active);
+        j.openGames -= 1;
+        uint256 bond = j.params.challengerBond;
+        if (trainerWon) {
+            _credit(j.params.trainer, job, bond);
+        } else {
+            // INVARIANT: the first won game (job still Active) takes the stake and refunds the
+            // client; later games find the job Fraudulent and are closed with their bond back.
+            j.status = JobStatus.Fraudulent;
+            uint256 reward = bond + j.params.trainerStake;
+            _credit(challenger, job, reward);
+            _credit(j.client, job, j.payment);
+            emit JobFraudulent(job, challenger, reward, j.payment);
+        }
+        emit GameSettled(job, challenger, trainerWon, false);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function refundGame(JobId job, address challenger) external onlyGame {
+        Job storage j = _job(job);
+        _expectStatus(job, j.status, JobStatus.Fraudulent);
+        j.openGames -= 1;
+        _credit(challenger, job, j.params.challengerBond);
+        emit GameSettled(job, challenger, false, true);
+    }
+
+    // ------------------------------------------------------------ views
+
+    /// @inheritdoc IJobRegistry
+    function getJob(JobId job) external view returns (Job memory) {
+        return _job(job);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function jobParams(JobId job) external view returns (JobParams memory) {
+        return _job(job).params;
+    }
+
+    /// @inheritdoc IJobRegistry
+    function jobStatus(JobId job) external view returns (JobStatus) {
+        return _jobs[job].status;
+    }
+
+    /// @inheritdoc IJobRegistry
+    function nIntervals(JobId job) external view returns (uint64) {
+        return _nIntervals(_job(job).params);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function intervalSpan(JobId job, uint64 index) external view returns (uint64 firstStep, uint64 size) {
+        JobParams storage p = _job(job).params;
+        uint64 n = _nIntervals(p);
+        if (index >= n) revert WrongInterval(index, index, n);
+        return _span(p, index);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function getInterval(JobId job, uint64 index) external view returns (Interval memory) {
+        return _intervals[job][index];
+    }
+
+    /// @inheritdoc IJobRegistry
+    function windowEnd(JobId job, uint64 index) external view returns (uint256) {
+        Interval storage iv = _intervals[job][index];
+        if (iv.root == bytes32(0)) return 0;
+        return uint256(iv.postedAt) + _jobs[job].params.challengeWindow;
+    }
+
+    /// @inheritdoc IJobRegistry
+    function escrowOf(JobId job) external view returns (uint256) {
+        Job storage j = _jobs[job];
+        uint256 bonds = uint256(j.openGames) * j.params.challengerBond;
+        if (j.status == JobStatus.Open) return j.payment;
+        if (j.status == JobStatus.Active) return uint256(j.payment) + j.params.trainerStake + bonds;
+        if (j.status == JobStatus.Fraudulent) return bonds;
+        return 0;
+    }
+
+    // ------------------------------------------------------------ internals
+
+    function _job(JobId job) internal view returns (Job storage j) {
+        j = _jobs[job];
+        if (j.status == JobStatus.None) revert UnknownJob(job);
+    }
+
+    function _expectStatus(JobId job, JobStatus status, JobStatus expected) internal pure {
+        if (status != expected) revert WrongJobStatus(job, status, expected);
+    }
+
+    function _credit(address account, JobId job, uint256 amount) internal {
+        if (amount == 0) return;
+        owed[account] += amount;
+        totalOwed += amount;
+        emit Credited(account, job, amount);
+    }
+
+    function _nIntervals(JobParams storage p) internal view returns (uint64) {
+        return (p.nSteps + p.intervalLength - 1) / p.intervalLength;
+    }
+
+    function _span(JobParams storage p, uint64 index) internal view returns (uint64 firstStep, uint64 size) {
+        uint64 start = index * p.intervalLength;
+        firstStep = start + 1;
+        uint64 left = p.nSteps - start;
+        size = left < p.intervalLength ? left : p.intervalLength;
+    }
+
+    function _validate(JobParams calldata p) internal pure {
+        if (p.trainer == address(0)) revert InvalidJobParam("trainer", 0);
+        if (p.nOps == 0) revert InvalidJobParam("nOps", 0);
+        if (p.nSlots == 0 || p.nSlots > MAX_SLOTS) revert InvalidJobParam("nSlots", p.nSlots);
+        if (p.nSteps == 0) revert InvalidJobParam("nSteps", 0);
+        if (p.intervalLength == 0) revert InvalidJobParam("intervalLength", 0);
+        if (p.nSamples == 0) revert InvalidJobParam("nSamples", 0);
+        if (p.challengeWindow == 0) revert InvalidJobParam("challengeWindow", 0);
+        if (p.clock == 0) revert InvalidJobParam("clock", 0);
+        // SAFETY: nSteps + K - 1 in _nIntervals must not overflow uint64.
+        if (p.nSteps > type(uint64).max - p.intervalLength) revert InvalidJobParam("nSteps", p.nSteps);
+        if (p.initialStateRoot == bytes32(0)) revert InvalidJobParam("initialStateRoot", 0);
+        if (p.graphRoot == bytes32(0)) revert InvalidJobParam("graphRoot", 0);
+    }
+}

@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: MIT
+pragma solidity 0.8.28;
+
+import {IAdjudicator} from "contracts/interfaces/IAdjudicator.sol";
+import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
+import {GameId, JobId, OpOpening, Party, Phase, GameStatus, Ruling} from "contracts/lib/GameTypes.sol";
+
+/// @title IDisputeGame
+/// @notice Bisection game between a job's trainer and one challenger over one posted interval
+///         (docs/protocol.md, "The game"). Levels, each an RFC 9162 descent (trainer reveals the two
+///         children of the disputed node, challenger chooses one; a node of one leaf skips to the
+///         open move):
+///         1. Steps: the interval tree down to one step leaf s; the trainer `openStep`s it.
+///         2. Trace: the trainer `commitTrace`s traceRoot_s; descent over its nOps leaves to op j;
+///            the trainer `openOp`s it. INPUT, OUTPUT and CONST ops are ruled there (trainer wins
+///            if it proves the bind; if it cannot, it cannot move and loses on time).
+///         3. Element: descent over op j's output tensor tree (64-element chunks) to one chunk; the
+///            trainer `openChunk`s it; the challenger `pickElement`s one element.
+///         4. One step: either party calls `oneStep`; the adjudicator rules on the element.
+///         Each party has a chess clock of the job's `clock` seconds; only the side to move burns
+///         time; a move at the deadline second is valid; from the next second anyone may
+///         `claimTimeout` and the other side wins. The game holds no ETH: bonds sit in the registry.
+interface IDisputeGame {
+    /// @notice A public snapshot of a game.
+    /// @param toMove Side whose move it is (None once the game is over).
+    /// @param deadline Last second at which `toMove` may move (0 once over).
+    /// @param trainerTime Seconds left on the trainer's clock at this block.
+    /// @param challengerTime Seconds left on the challenger's clock at this block.
+    /// @param root Hash of the disputed node of the current descent.
+    /// @param lo First leaf of the disputed node.
+    /// @param size Leaves under the disputed node.
+    /// @param left Revealed left child (0 until revealed).
+    /// @param right Revealed right child (0 until revealed).
+    struct GameView {
+        JobId job;
+        uint64 interval;
+        address trainer;
+        address challenger;
+        Phase phase;
+        GameStatus status;
+        Party toMove;
+        uint256 deadline;
+        uint64 trainerTime;
+        uint64 challengerTime;
+        bytes32 root;
+        uint64 lo;
+        uint64 size;
+        bytes32 left;
+        bytes32 right;
+        uint64 step;
+        bytes32 prevStateRoot;
+        bytes32 stateRoot;
+        bytes32 logRoot;
+        bytes32 traceRoot;
+        uint32 op;
+        bytes32 opLogRoot;
+        uint64 numel;
+        uint64 index;
+        uint32 claimed;
+    }
+
+    /// @notice Emitted when a game starts. The first move is the trainer's.
+    /// @param root Interval root (the disputed node).
+    /// @param firstStep Step of the interval's leaf 0.
+    /// @param size Number of step leaves in the interval.
+    event GameCreated(
+        GameId indexed game,
+        JobId indexed job,
+        uint64 indexed interval,
+        address trainer,
+        address challenger,
+        bytes32 root,
+        uint64 firstStep,
+        uint64 size
+    );
+    /// @notice Emitted when the trainer reveals the children of node (lo, size) in `phase`.
+    event ChildrenRevealed(GameId indexed game, Phase phase, uint64 lo, uint64 size, bytes32 left, bytes32 right);
+    /// @notice Emitted when the challenger chooses a child; (lo, size, root) is the new disputed node.
+    event ChildChosen(GameId indexed game, Phase phase, bool right, uint64 lo, uint64 size, bytes32 root);
+    /// @notice Emitted when the trainer opens step leaf `step` with both full states.
+    event StepOpened(
+        GameId indexed game,
+        uint64 step,
+        bytes32 prevStateRoot,
+        bytes32 stateRoot,
+        bytes32 logRoot,
+        bytes32[] prevComponents,
+        bytes32[] components
+    );
+    /// @notice Emitted when the trainer commits the trace root of the disputed step.
+    event TraceCommitted(GameId indexed game, bytes32 traceRoot, uint32 nOps);
+    /// @notice Emitted when the trainer opens op `op`. `nChunks` is 0 when the op was ruled as a bind.
+    event OpOpened(
+        GameId indexed game,
+        uint32 op,
+        uint8 kind,
+        bytes32 outRoot,
+        bytes32 opLogRoot,
+        bytes descriptor,
+        bytes32[] inputRoots,
+        uint64 numel,
+        uint64 nChunks
+    );
+    /// @notice Emitted when the trainer opens chunk `chunk` of the op's output (4 LE bytes per element).
+    event ChunkOpened(GameId indexed game, uint64 chunk, bytes data);
+    /// @notice Emitted when the challenger names the element at flat index `index`, claimed FP32 bits `claimed`.
+    event ElementPicked(GameId indexed game, uint64 index, uint32 claimed);
+    /// @notice Emitted when a game ends with a winner.
+    event GameResolved(GameId indexed game, JobId indexed job, Party winner, Ruling ruling);
+    /// @notice Emitted when a game is closed because its job was proven fraudulent in another game.
+    event GameClosed(GameId indexed game, JobId indexed job);
+
+    /// @notice Opens a game on posted interval `interval` of `job`, sending exactly the job's
+    ///         challengerBond; the caller is the challenger. Allowed while the job is Active and
+    ///         the interval's challenge window is open (its last second included).
+    /// @return game The new game's id (ids start at 1).
+    function challenge(JobId job, uint64 interval) external payable returns (GameId game);
+
+    /// @notice Trainer: reveals the two children of the disputed node (Steps, Trace or Element);
+    ///         nodeHash(left, right) must equal the node's hash.
+    function reveal(GameId game, bytes32 left, bytes32 right) external;
+
+    /// @notice Challenger: descends into the revealed left (`right == false`) or right child.
+    function choose(GameId game, bool right) external;
+
+    /// @notice Trainer, at step leaf s (Steps phase, node of one leaf): opens the step.
+    /// @dev Checks rootOf(prevComponents) = stateRoot_{s-1}: equal to the job's initialStateRoot
+    ///      when s == 1, otherwise bound by step leaf s-1 = leafHash(uint64be(s-1) || stateRoot_{s-1}
+    ///      || prevLogRoot) at index (s-2) % K of the interval holding step s-1, proven by prevProof.
+    ///      Checks leafHash(uint64be(s) || rootOf(components) || logRoot) equals the disputed leaf.
+    /// @param prevComponents The nSlots component roots of stateRoot_{s-1}.
+    /// @param components The nSlots component roots of stateRoot_s.
+    /// @param logRoot logRoot_s.
+    /// @param prevLogRoot logRoot_{s-1} (ignored when s == 1).
+    /// @param prevProof Inclusion path of step leaf s-1 (ignored when s == 1).
+    function openStep(
+        GameId game,
+        bytes32[] calldata prevComponents,
+        bytes32[] calldata components,
+        bytes32 logRoot,
+        bytes32 prevLogRoot,
+        bytes32[] calldata prevProof
+    ) external;
+
+    /// @notice Trainer: commits traceRoot_s, the RFC 9162 root over the nOps output roots of step s.
+    function commitTrace(GameId game, bytes32 traceRoot) external;
+
+    /// @notice Trainer, at trace leaf j (Trace phase, node of one leaf): opens op j (see `OpOpening`).
+    /// @dev Checks leafHash(outRoot) is the disputed leaf, the descriptor against the graph root
+    ///      at j, opLogRoot against logRoot_s at j, every input (ids < j) against traceRoot. INPUT
+    ///      (0): outRoot is component attrs[0] of stateRoot_{s-1}; CONST (3): outRoot ==
+    ///      bytes32(attrs[0]); OUTPUT (1): outRoot == inputRoots[0] and is component attrs[0] of
+    ///      stateRoot_s. Those, and an op with an empty output whose root is sha256(""), end the
+    ///      game: the trainer wins. Any other op starts the Element descent over its output tree
+    ///      (ceil(numel / 64) chunks).
+    function openOp(GameId game, OpOpening calldata opening) external;
+
+    /// @notice Trainer, at chunk leaf c (Element phase, node of one leaf): reveals the chunk's bytes,
+    ///         4 * min(64, numel - 64c) bytes, FP32 little-endian.
+    function openChunk(GameId game, bytes calldata chunk) external;
+
+    /// @notice Challenger: names element `offset` of the opened chunk (passing the chunk bytes
+    ///         again); the claimed value is the little-endian uint32 at 4 * offset.
+    function pickElement(GameId game, bytes calldata chunk, uint256 offset) external;
+
+    /// @notice Either party: asks the adjudicator to rule on the picked element, giving the
+    ///         descriptor and input roots opened by `openOp` and the adjudicator's proof. True ->
+    ///         the trainer wins, false -> the challenger wins; a revert leaves the game unchanged.
+    ///         The trainer's clock runs in this phase: if nobody gets a ruling in time, the trainer loses.
+    function oneStep(GameId game, bytes calldata descriptor, bytes32[] calldata inputRoots, bytes calldata proof)
+        external;
+
+    /// @notice Anyone: ends the game when the side to move has run out of time; the other side wins.
+    function claimTimeout(GameId game) external;
+
+    /// @notice Anyone: closes a game whose job became Fraudulent in another game; the challenger's
+    ///         bond is refunded. Moves on such a game revert.
+    function closeGame(GameId game) external;
+
+    /// @notice The registry holding jobs and bonds.
+    function registry() external view returns (IJobRegistry);
+
+    /// @notice The one-step adjudicator.
+    function adjudicator() external view returns (IAdjudicator);
+
+    /// @notice Number of games created; ids run from 1 to gameCount().
+    function gameCount() external view returns (uint64);
+
+    /// @notice A snapshot of a game at the current block (reverts with `UnknownGame`).
+    function getGame(GameId game) external view returns (GameView memory);
+
+    /// @notice Side whose move it is (None once the game is over).
+    function toMove(GameId game) external view returns (Party);
+}

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: MIT
+pragma solidity 0.8.28;
+
+import {Interval, Job, JobId, JobParams, JobStatus} from "contracts/lib/GameTypes.sol";
+
+/// @title IJobRegistry
+/// @notice Jobs and escrow of verifiable training. A client creates a job and pays for it, the
+///         named trainer accepts it with a stake and posts one Merkle root per interval of K steps;
+///         each interval can be challenged in the DisputeGame during its challenge window. After the
+///         last window, with no game open and no fraud proven, the trainer is paid payment + stake.
+///         A challenger that wins a game makes the job Fraudulent: it gets its bond back plus the
+///         trainer's stake, and the client is refunded.
+///         Every payout is a credit (`owed`) collected with `withdraw` (pull payments).
+/// @dev Solvency invariant: the registry's balance equals `totalOwed()` plus `escrowOf(job)`
+///      summed over all jobs, where escrowOf is payment (Open), payment + stake + open bonds
+///      (Active), open bonds (Fraudulent), 0 (Cancelled, Finalized).
+interface IJobRegistry {
+    /// @notice Emitted when a client creates a job.
+    event JobCreated(JobId indexed job, address indexed client, address indexed trainer, JobParams params, uint256 payment);
+    /// @notice Emitted when the trainer accepts a job with its stake.
+    event JobAccepted(JobId indexed job, address indexed trainer, uint256 stake);
+    /// @notice Emitted when the client cancels a job that was not accepted.
+    event JobCancelled(JobId indexed job, uint256 refund);
+    /// @notice Emitted when the trainer posts interval `index` covering steps firstStep..firstStep+size-1.
+    /// @param windowEnd Last second at which the interval can be challenged.
+    event IntervalPosted(
+        JobId indexed job, uint64 indexed index, bytes32 root, uint64 firstStep, uint64 size, uint256 windowEnd
+    );
+    /// @notice Emitted when a job is finalized and the trainer credited.
+    event JobFinalized(JobId indexed job, uint256 payout);
+    /// @notice Emitted when a challenger wins the first game of a job.
+    /// @param reward Credited to the challenger (its bond + the trainer's stake).
+    /// @param refund Credited to the client (its payment).
+    event JobFraudulent(JobId indexed job, address indexed challenger, uint256 reward, uint256 refund);
+    /// @notice Emitted when the dispute game locks a challenger's bond for a new game.
+    event BondLocked(JobId indexed job, address indexed challenger, uint64 indexed interval, uint256 bond);
+    /// @notice Emitted when a game on the job ends (won by either side, or closed with a refund).
+    event GameSettled(JobId indexed job, address indexed challenger, bool trainerWon, bool refunded);
+    /// @notice Emitted on every credit to an account's pull-payment balance.
+    event Credited(address indexed account, JobId indexed job, uint256 amount);
+    /// @notice Emitted when an account withdraws what it is owed.
+    event Withdrawn(address indexed account, uint256 amount);
+    /// @notice Emitted once, when the deployer binds the dispute game.
+    event DisputeGameSet(address game);
+
+    // ------------------------------------------------------------ client and trainer
+
+    /// @notice Creates a job; `msg.value` is the payment held in escrow.
+    /// @dev Reverts with `InvalidJobParam` when trainer is zero, nOps/nSteps/intervalLength/
+    ///      nSamples/challengeWindow/clock is zero, or nSlots is not in 1..1024.
+    /// @param params The job's immutable parameters.
+    /// @return job The new job's id (ids start at 1).
+    function createJob(JobParams calldata params) external payable returns (JobId job);
+
+    /// @notice The client takes its payment back (credited) while the trainer has not accepted.
+    /// @param job The job to cancel; must be Open and called by its client.
+    function cancelJob(JobId job) external;
+
+    /// @notice The job's trainer accepts it, sending exactly `trainerStake`; the job becomes Active.
+    /// @param job The job to accept; must be Open.
+    function acceptJob(JobId job) external payable;
+
+    /// @notice The trainer posts the root of interval `index` (steps index*K+1 .. min(index*K+K, nSteps)).
+    /// @dev Intervals are posted in order without gaps; posted roots cannot be changed. Its
+    ///      challenge window starts now. Reverts with `WrongInterval`, `ZeroRoot`, `Unauthorized`,
+    ///      `WrongJobStatus` (only while Active).
+    /// @param job The job.
+    /// @param index Must equal the number of intervals posted so far and be < nIntervals.
+    /// @param root RFC 9162 root over the interval's step leaves.
+    function postInterval(JobId job, uint64 index, bytes32 root) external;
+
+    /// @notice Anyone finalizes an Active job whose intervals are all posted, whose last challenge
+    ///         window has passed and that has no open game: the trainer is credited payment + stake.
+    /// @param job The job.
+    function finalize(JobId job) external;
+
+    /// @notice Sends the caller everything it is owed.
+    /// @dev Checks-effects-interactions: the credit is zeroed before the transfer; reverts with
+    ///      `NothingOwed` on a zero credit and `TransferFailed` (credit kept) if the call fails.
+    function withdraw() external;
+
+    // ------------------------------------------------------------ dispute game hooks
+
+    /// @notice Binds the dispute game (once, by the deployer); only it may call the hooks below.
+    /// @param game The DisputeGame contract.
+    function setDisputeGame(address game) external;
+
+    /// @notice Locks a challenger's bond (`msg.value` == challengerBond) for a new game on `index`.
+    /// @dev Only the dispute game. Requires the job Active, the interval posted and its window open.
+    /// @param job The job.
+    /// @param index The challenged interval.
+    /// @param challenger The challenger (for events and settlement).
+    /// @return trainer The job's trainer.
+    /// @return root The interval root.
+    /// @return firstStep Step of the interval's leaf 0.
+    /// @return size Number of step leaves in the interval.
+    /// @return clock Seconds on each party's clock.
+    function lockBond(JobId job, uint64 index, address challenger)
+        external
+        payable
+        returns (address trainer, bytes32 root, uint64 firstStep, uint64 size, uint64 clock);
+
+    /// @notice Settles a finished game: trainer won -> the bond is credited to the trainer; challenger
+    ///         won -> the job becomes Fraudulent, the challenger is credited bond + stake and the client
+    ///         its payment.
+    /// @dev Only the dispute game; the job must be Active.
+    /// @param job The job.
+    /// @param challenger The game's challenger.
+    /// @param trainerWon The winner.
+    function settleGame(JobId job, address challenger, bool trainerWon) external;
+
+    /// @notice Refunds the bond of a game closed because the job became Fraudulent in another game.
+    /// @dev Only the dispute game; the job must be Fraudulent.
+    /// @param job The job.
+    /// @param challenger The game's challenger.
+    function refundGame(JobId job, address challenger) external;
+
+    // ------------------------------------------------------------ views
+
+    /// @notice The dispute game bound to this registry (zero before `setDisputeGame`).
+    function disputeGame() external view returns (address);
+
+    /// @notice Number of jobs created; ids run from 1 to jobCount().
+    function jobCount() external view returns (uint64);
+
+    /// @notice The job's full record (reverts with `UnknownJob`).
+    function getJob(JobId job) external view returns (Job memory);
+
+    /// @notice The job's parameters (reverts with `UnknownJob`).
+    function jobParams(JobId job) external view returns (JobParams memory);
+
+    /// @notice The job's status (None for an unknown id).
+    function jobStatus(JobId job) external view returns (JobStatus);
+
+    /// @notice ceil(nSteps / intervalLength).
+    function nIntervals(JobId job) external view returns (uint64);
+
+    /// @notice Steps of interval `index`: the first step and the number of steps.
+    function intervalSpan(JobId job, uint64 index) external view returns (uint64 firstStep, uint64 size);
+
+    /// @notice A posted interval's root and posting time (zeros when not posted).
+    function getInterval(JobId job, uint64 index) external view returns (Interval memory);
+
+    /// @notice Last second at which interval `index` can be challenged (0 when not posted).
+    function windowEnd(JobId job, uint64 index) external view returns (uint256);
+
+    /// @notice Wei held for the job (see the solvency invariant).
+    function escrowOf(JobId job) external view returns (uint256);
+
+    /// @notice Wei credited to `account` and not yet withdrawn.
+    function owed(address account) external view returns (uint256);
+
+    /// @notice Sum of `owed` over all accounts.
+    function totalOwed() external view returns (uint256);
+}
