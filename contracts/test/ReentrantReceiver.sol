@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: MIT
+pragma solidity 0.8.28;
+
+import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
+
+/// @title ReentrantReceiver
+/// @notice Test actor that plays any role (client, trainer, challenger) through `exec` and, when
+///         paid, tries to re-enter `JobRegistry.withdraw` once, recording what happened.
+contract ReentrantReceiver {
+    /// @notice The registry to re-enter.
+    IJobRegistry public immutable registry;
+    /// @notice Wei received so far.
+    uint256 public received;
+    /// @notice Number of re-entry attempts made (at most one per payment).
+    uint256 public reentryAttempts;
+    /// @notice True if a re-entrant withdraw ever succeeded (must stay false).
+    bool public reentrySucceeded;
+    /// @notice Revert data of the last failed re-entry.
+    bytes public lastReentryError;
+    /// @notice When true, `receive` reverts (a receiver that refuses payments).
+    bool public rejectPayments;
+
+    constructor(IJobRegistry registry_) {
+        registry = registry_;
+    }
+
+    /// @notice Makes this contract refuse (true) or accept (false) payments.
+    function setRejectPayments(bool reject) external {
+        rejectPayments = reject;
+    }
+
+    /// @notice Calls `target` with `data` and the value sent, bubbling up a revert.
+    function exec(address target, bytes calldata data) external payable returns (bytes memory result) {
+        bool ok;
+        (ok, result) = target.call{value: msg.value}(data);
+        if (!ok) {
+            assembly {
+                revert(add(result, 32), mload(result))
+            }
+        }
+    }
+
+    receive() external payable {
+        if (rejectPayments) revert("ReentrantReceiver: rejected");
+        received += msg.value;
+        reentryAttempts += 1;
+        try registry.withdraw() {
+            reentrySucceeded = true;
+        } catch (bytes memory err) {
+            lastReentryError = err;
+        }
+    }
+}
