@@ -90,11 +90,14 @@ class StepExecutor:
         resolver_factory=None,
         check: bool = False,
         step: int | None = None,
+        op_hook=None,
     ) -> StepResult:
         """Run one step. With ``log_in`` it replays (auditor); without, it trains and logs (trainer).
 
         ``check`` makes the replay report every log entry it finds inconsistent (possible abuse)
         and every unlogged near-tie; ``resolver_factory(op, inputs)`` may settle those exactly.
+        ``op_hook(op, out, log)`` (trainer only) may edit an op's output and the step's log: it is
+        how tests and demos play a cheating trainer, never used by the honest path.
         """
         g = self.graph
         if len(state) != len(g.slots):
@@ -122,6 +125,8 @@ class StepExecutor:
                 raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}") from None
             except CorruptLog as e:
                 raise CorruptLog(f"{where}, op {op.id} ({op.kind.name}): {e}") from None
+            if op_hook is not None:
+                out = op_hook(op, out, out_log)
             vals[op.id] = out
             if trace is not None:
                 trace.append(out)
@@ -177,7 +182,7 @@ class StepExecutor:
             return out
         entries = log_in.entries(op.id)
         viol: list[LogViolation] | None = [] if check else None
-        resolver = resolver_factory(op, ins) if (resolver_factory is not None and bound is not None) else None
+        resolver = resolver_factory(op, ins) if resolver_factory is not None else None
         out = apply_log(v, bound, entries, what, resolver, viol)
         if viol:
             violations.extend((op.id, x) for x in viol)

@@ -150,14 +150,15 @@ def round_output(
     return canonical(r), OpLog(flagged.numpy().astype(np.int64), code.numpy(), value.numpy().astype(np.float32))
 
 
-AmbiguityResolver = Callable[[np.ndarray], np.ndarray]
-"""Given flat element indices of the current op, return their exact FP32 outputs (the auditor's
-fallback to exact arithmetic, see docs/numerics.md)."""
+AmbiguityResolver = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+"""``resolver(indices, proposed, codes)``: for flat element indices of the current op, the values
+the replay proposes (FP32) and the trainer's codes there (0 = no entry), return the values the
+contract would uphold: the auditor's fallback to exact arithmetic (``vtrain.exact``)."""
 
 
 @dataclass
 class LogViolation:
-    """An entry the replayer found inconsistent with its own value (possible log abuse)."""
+    """An element the replayer could not settle by the rule alone (possible log abuse or near-tie)."""
 
     index: int
     code: int
@@ -172,25 +173,27 @@ def apply_log(
     resolver: AmbiguityResolver | None = None,
     violations: list[LogViolation] | None = None,
 ) -> torch.Tensor:
-    """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to the trainer.
+    """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to an honest trainer.
 
-    ``resolver`` (optional) settles elements the rule alone cannot: an unlogged element whose value
-    sits within ``2d`` of a midpoint, or an entry that looks abusive; those are also reported in
-    ``violations`` so the caller can check them exactly before it disputes anything.
+    With ``violations`` (a list to fill) or ``resolver``, it also looks for elements the rule alone
+    cannot settle: an entry far from the replayed value (log abuse), an entry on an exact op, or an
+    unlogged element within ``2d`` of a midpoint. Those are reported and, given a resolver, replaced
+    by the value exact arithmetic upholds.
     """
     r = v.to(torch.float32)
     _check_finite(r.reshape(-1), what)
-    if d is None:
-        if len(entries):
-            _note(violations, entries, "entry on an exact op")
-        return canonical(r)
     out = r.reshape(-1).clone()
-    vf, df = v.reshape(-1), d.reshape(-1)
+    suspect: dict[int, tuple[int, str]] = {}
+    exact_op = d is None
+    vf = v.reshape(-1)
+    df = torch.zeros_like(vf) if d is None else d.reshape(-1)
     if len(entries):
         idx = torch.from_numpy(entries.index)
         if int(idx.max()) >= out.numel() or int(idx.min()) < 0:
             raise VtrainError(f"{what}: log index out of range for {out.numel()} elements")
         codes = torch.from_numpy(entries.code.astype(np.int64))
+        if bool(((codes < 1) | (codes > 3)).any()):
+            raise VtrainError(f"{what}: invalid rounding-log code")
         vi, di, ri = vf[idx], df[idx], out[idx]
         lo_n, hi_n = _neighbours(ri)
         r64 = ri.double()
@@ -198,22 +201,19 @@ def apply_log(
         m_lo = (r64 + lo_n.double()) * 0.5
         take_hi = (m_hi - vi) <= (vi - m_lo)
         m = torch.where(take_hi, m_hi, m_lo)
-        # FP32 values just below and above the chosen midpoint.
-        below = torch.where(take_hi, ri, lo_n)
+        below = torch.where(take_hi, ri, lo_n)  # FP32 neighbours of the chosen midpoint
         above = torch.where(take_hi, hi_n, ri)
         directed = torch.where(codes == int(Code.DOWN), below, above)
         explicit = torch.from_numpy(entries.value)
-        res = torch.where(codes == int(Code.EXPLICIT), explicit, directed)
-        bad_code = (codes < 1) | (codes > 3)
-        if bool(bad_code.any()):
-            raise VtrainError(f"{what}: invalid rounding-log code {int(codes[bad_code][0])}")
-        out[idx] = res
-        if violations is not None:
+        out[idx] = torch.where(codes == int(Code.EXPLICIT), explicit, directed)
+        if violations is not None or resolver is not None:
             far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > 3.0 * di)
-            wild = (codes == int(Code.EXPLICIT)) & ((explicit.double() - vi).abs() > 6.0 * di + (r64.abs() * 2.0**-23))
+            wild = (codes == int(Code.EXPLICIT)) & ((explicit.double() - vi).abs() > 6.0 * di)
+            if exact_op:
+                far = far | (codes != int(Code.EXPLICIT))
             for k in (far | wild).nonzero().reshape(-1).tolist():
-                violations.append(LogViolation(int(entries.index[k]), int(entries.code[k]), "entry far from the replayed value"))
-    if resolver is not None or violations is not None:
+                suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
+    if (violations is not None or resolver is not None) and not exact_op:
         rf = r.reshape(-1)
         lo_n, hi_n = _neighbours(rf)
         r64 = rf.double()
@@ -221,20 +221,17 @@ def apply_log(
         amb = (((r64 + hi_n.double()) * 0.5 - vf) <= reach) | ((vf - (r64 + lo_n.double()) * 0.5) <= reach)
         if len(entries):
             amb[torch.from_numpy(entries.index)] = False
-        amb_idx = amb.nonzero().reshape(-1).numpy()
-        if len(amb_idx):
-            if violations is not None:
-                for k in amb_idx.tolist():
-                    violations.append(LogViolation(int(k), 0, "unlogged element near a midpoint"))
-            if resolver is not None:
-                out[torch.from_numpy(amb_idx)] = torch.from_numpy(resolver(amb_idx).astype(np.float32))
+        for k in amb.nonzero().reshape(-1).tolist():
+            suspect[int(k)] = (0, "unlogged element near a midpoint")
+    if suspect:
+        keys = np.array(sorted(suspect), dtype=np.int64)
+        if violations is not None:
+            violations.extend(LogViolation(int(k), suspect[int(k)][0], suspect[int(k)][1]) for k in keys)
+        if resolver is not None:
+            codes_np = np.array([suspect[int(k)][0] for k in keys], dtype=np.uint8)
+            proposed = out[torch.from_numpy(keys)].numpy().copy()
+            out[torch.from_numpy(keys)] = torch.from_numpy(resolver(keys, proposed, codes_np).astype(np.float32))
     return canonical(out.reshape(r.shape))
-
-
-def _note(violations: list[LogViolation] | None, entries: OpLog, detail: str) -> None:
-    if violations is not None:
-        for i, c in zip(entries.index.tolist(), entries.code.tolist()):
-            violations.append(LogViolation(int(i), int(c), detail))
 
 
 # --- the paper's baseline: dense ternary log with a per-op threshold ------------------------------

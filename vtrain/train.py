@@ -37,6 +37,19 @@ class StepOutcome:
     result: StepResult
 
 
+class Cheat:
+    """Hooks of a dishonest trainer. The base class is honest; subclasses override one hook."""
+
+    def data(self, step: int, batch: torch.Tensor) -> torch.Tensor:
+        return batch
+
+    def op_hook(self, step: int):
+        return None
+
+    def after_step(self, step: int, result: StepResult) -> None:
+        return None
+
+
 def batch_for(job: Job, step: int) -> torch.Tensor:
     """The batch of ``step`` (1-based), fixed by the data-order seed (see docs/protocol.md)."""
     idx = batch_indices(job.spec.data_seed, step, job.spec.batch_size, job.dataset.n)
@@ -89,17 +102,23 @@ def train_steps(
     first: int,
     last: int,
     mode: Mode | str | None = None,
-    tamper: Callable[[int, StepResult], None] | None = None,
+    cheat: "Cheat | None" = None,
+    keep_trace: bool = False,
 ) -> Iterator[StepOutcome]:
     """Train steps ``first..last`` (inclusive, 1-based) from ``state`` (the state after ``first-1``).
 
-    ``tamper(step, result)`` lets tests and demos play a cheating trainer (it may edit the result).
+    ``cheat`` lets tests and demos play a dishonest trainer (see :class:`Cheat`).
     """
     ex = StepExecutor(job.graph, mode or job.spec.mode)
     for s in range(first, last + 1):
-        res = ex.run(state, batch_for(job, s), step=s)
-        if tamper is not None:
-            tamper(s, res)
+        data = batch_for(job, s)
+        hook = None
+        if cheat is not None:
+            data = cheat.data(s, data)
+            hook = cheat.op_hook(s)
+        res = ex.run(state, data, step=s, op_hook=hook, keep_trace=keep_trace)
+        if cheat is not None:
+            cheat.after_step(s, res)
         out = _outcome(s, res, job.graph)
         log.debug("step %d loss %.6f logged %d", s, res.loss, res.log.n_entries)
         yield out
