@@ -56,6 +56,22 @@ def test_compile_error_raises_build_error_naming_the_file_and_message(
     assert "ParserError" in str(err.value)
 
 
+def test_compiler_output_over_64_kib_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # solcjs cuts piped output at 64 KiB (console.log, then process.exit); the shim avoids it.
+    # Interfaces give a large ABI without code generation, so this compiles in about a second.
+    funcs = "".join(
+        f"    function someRatherLongFunctionName{i}(uint256 a, bytes32 b) external;\n"
+        for i in range(50)
+    )
+    ifaces = "".join(f"interface IWide{k} {{\n{funcs}}}\n" for k in range(12))
+    _fake_repo(tmp_path, monkeypatch, "pragma solidity 0.8.28;\n" + ifaces)
+    artifacts = build.compile_contracts()
+    size = sum(len(json.dumps(a.abi)) for a in artifacts.values())
+    assert len(artifacts) == 12 and size > 65536
+
+
 def test_missing_node_raises_build_error_before_compiling(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
