@@ -1,0 +1,401 @@
+#!/usr/bin/env python
+"""Write the shared commitment test vectors to ``tests/vectors/*.json``.
+
+The Python tests (tests/test_commit.py) and the Solidity tests read the same files; the schema is
+documented in tests/vectors/README.md. Output is deterministic: running this again gives
+byte-identical files (a test checks it). Merkle trees are cross-checked against pymerkle here.
+
+    .venv/bin/python scripts/gen_vectors.py            # (re)write tests/vectors
+    .venv/bin/python scripts/gen_vectors.py --check    # exit 1 if the files are stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from vtrain import commit as C  # noqa: E402
+from vtrain.merkle import MerkleTree, leaf_hash  # noqa: E402
+
+VECTORS_DIR = ROOT / "tests" / "vectors"
+
+
+def hx(b: bytes) -> str:
+    return "0x" + b.hex()
+
+
+def label(text: str) -> bytes:
+    """A deterministic 32-byte value for placeholders (roots of states, logs, ...)."""
+    return hashlib.sha256(b"vtrain-vectors/" + text.encode()).digest()
+
+
+def check_pymerkle(leaves: list[bytes], tree: MerkleTree) -> None:
+    """Assert that pymerkle (1-based) builds the same root and audit paths."""
+    from pymerkle import InmemoryTree
+
+    ref = InmemoryTree()
+    for d in leaves:
+        ref.append_entry(d)
+    assert ref.get_root() == tree.root, "root differs from pymerkle"
+    for i in range(len(leaves)):
+        assert list(ref.prove_inclusion(i + 1).path[1:]) == list(tree.prove(i).path)
+
+
+def proofs_json(tree: MerkleTree) -> list[dict[str, Any]]:
+    return [tree.prove(i).to_json() for i in range(tree.size)]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def merkle_leaves(n: int) -> list[bytes]:
+    """Leaf ``i``: ``uint32be(i)`` repeated ``i % 3`` times (so lengths 0, 4, 8)."""
+    return [i.to_bytes(4, "big") * (i % 3) for i in range(n)]
+
+
+def merkle_vectors() -> dict[str, Any]:
+    leaves = merkle_leaves(33)
+    trees = []
+    for n in range(1, 34):
+        tree = MerkleTree.from_leaves(leaves[:n])
+        check_pymerkle(leaves[:n], tree)
+        trees.append({"size": n, "root": hx(tree.root), "proofs": proofs_json(tree)})
+    full = MerkleTree.from_leaves(leaves)
+    consistency = []
+    for m, n in [
+        (1, 1),
+        (1, 2),
+        (1, 8),
+        (2, 5),
+        (3, 7),
+        (4, 8),
+        (6, 8),
+        (7, 33),
+        (16, 33),
+        (32, 33),
+    ]:
+        later = full if n == 33 else MerkleTree.from_leaves(leaves[:n])
+        item = later.prove_consistency(m).to_json()
+        item["prior_root"] = hx(MerkleTree.from_leaves(leaves[:m]).root)
+        item["root"] = hx(later.root)
+        consistency.append(item)
+    return {
+        "description": "RFC 9162 trees over leaves[:size] for size 1..33; 0-based audit paths",
+        "leaves": [hx(d) for d in leaves],
+        "leaf_hashes": [hx(leaf_hash(d)) for d in leaves],
+        "empty_root": hx(hashlib.sha256(b"").digest()),
+        "trees": trees,
+        "consistency": consistency,
+    }
+
+
+def tensor_values(n: int) -> np.ndarray:
+    """``((37 i) mod 101 - 50) / 8`` as float32, with the smallest subnormal at 1, FP32 max at 2."""
+    x = np.arange(n, dtype=np.float64)
+    v = (((x * 37) % 101) - 50) / 8
+    if n > 2:
+        v[1] = float(np.float32(1.401298464324817e-45))
+        v[2] = float(np.finfo(np.float32).max)
+    return v.astype(np.float32)
+
+
+def tensor_vectors() -> dict[str, Any]:
+    tensors = []
+    for n in (1, 63, 64, 65, 130):
+        arr = tensor_values(n)
+        tree = C.tensor_tree(arr)
+        chunks = [C.chunk_bytes(arr, c) for c in range(C.n_chunks(n))]
+        check_pymerkle(chunks, tree)
+        assert C.tensor_root(arr) == tree.root
+        tensors.append(
+            {
+                "n": n,
+                "data": hx(arr.astype("<f4").tobytes()),
+                "chunks": [hx(c) for c in chunks],
+                "root": hx(tree.root),
+                "proofs": proofs_json(tree),
+            }
+        )
+    return {
+        "description": "tensor roots: FP32 LE row-major, 64-element chunks per leaf",
+        "chunk_elems": C.CHUNK_ELEMS,
+        "tensors": tensors,
+    }
+
+
+def commit_vectors() -> dict[str, Any]:
+    components = [C.tensor_root(tensor_values(n)) for n in (1, 63, 64, 65, 130)]
+    state = MerkleTree.from_leaves(components)
+    assert C.state_root(components) == state.root
+    steps = []
+    for s in range(1, 7):
+        sr, lr = label(f"state/{s}"), label(f"log/{s}")
+        steps.append(
+            {"s": s, "state_root": hx(sr), "log_root": hx(lr), "leaf": hx(C.step_leaf(s, sr, lr))}
+        )
+    k = 4
+    intervals = []
+    for i in range(2):
+        leaves = [bytes.fromhex(st["leaf"][2:]) for st in steps[i * k : i * k + k]]
+        tree = C.interval_tree(leaves)
+        intervals.append(
+            {
+                "interval": i,
+                "first_step": i * k + 1,
+                "leaves": [hx(x) for x in leaves],
+                "root": hx(tree.root),
+                "proofs": proofs_json(tree),
+            }
+        )
+    outputs = [label(f"op-output/{j}") for j in range(5)]
+    trace = MerkleTree.from_leaves(outputs)
+    return {
+        "description": "state root, step leaves (uint64be(s) || stateRoot || logRoot), "
+        "interval roots (K=4, N=6), trace root",
+        "state": {
+            "components": [hx(r) for r in components],
+            "root": hx(state.root),
+            "proofs": proofs_json(state),
+        },
+        "k": k,
+        "steps": steps,
+        "intervals": intervals,
+        "trace": {
+            "op_output_roots": [hx(r) for r in outputs],
+            "root": hx(C.trace_root(outputs)),
+            "proofs": proofs_json(trace),
+        },
+    }
+
+
+OP_LOGS: dict[str, list[C.LogEntry]] = {
+    "empty": [],
+    "one": [C.LogEntry(7, 1, 0)],
+    "five": [
+        C.LogEntry(0, 2, 0),
+        C.LogEntry(3, 1, 0),
+        C.LogEntry(4, 3, 0x3F800000),
+        C.LogEntry(100, 3, 0xBF000001),
+        C.LogEntry(C.MAX_LOG_INDEX, 2, 0),
+    ],
+}
+OP_LOG_QUERIES: dict[str, list[int]] = {
+    "empty": [0, 1, 1000, C.MAX_LOG_INDEX],
+    "one": [0, 6, 7, 8, C.MAX_LOG_INDEX],
+    "five": [0, 1, 3, 4, 5, 99, 100, 101, C.MAX_LOG_INDEX - 1, C.MAX_LOG_INDEX],
+}
+
+
+def entry_json(e: C.LogEntry) -> dict[str, int]:
+    return {"index": e.index, "code": e.code, "value_bits": e.value_bits}
+
+
+def oplog_vectors() -> dict[str, Any]:
+    logs = []
+    roots = []
+    for name, entries in OP_LOGS.items():
+        leaves = C.op_log_leaves(entries)
+        tree = C.op_log_tree(entries)
+        check_pymerkle(leaves, tree)
+        roots.append(tree.root)
+        queries = []
+        for index in OP_LOG_QUERIES[name]:
+            proof = C.prove_log_entry(entries, index)
+            found = C.verify_log_entry(tree.root, proof, index)
+            # An absent entry reads as code 0 (none) with value 0, as the contract sees it.
+            shown = found if found is not None else C.LogEntry(index, 0, 0)
+            queries.append(
+                {**proof.to_json(), "member": found is not None, "entry": entry_json(shown)}
+            )
+        logs.append(
+            {
+                "name": name,
+                "entries": [entry_json(e) for e in entries],
+                "leaves": [hx(x) for x in leaves],
+                "root": hx(tree.root),
+                "queries": queries,
+            }
+        )
+    step_log = MerkleTree.from_leaves(roots)
+    return {
+        "description": "op rounding logs: leaves [LOW, entries..., HIGH], "
+        "uint32be(index+1) || uint8(code) || uint32be(valueBits); membership proofs have one "
+        "leaf, absence proofs two adjacent leaves",
+        "low_leaf": hx(C.LOW_LEAF),
+        "high_leaf": hx(C.HIGH_LEAF),
+        "empty_op_log_root": hx(C.EMPTY_OP_LOG_ROOT),
+        "logs": logs,
+        "step_log": {
+            "op_log_roots": [hx(r) for r in roots],
+            "root": hx(C.step_log_root(roots)),
+            "proofs": proofs_json(step_log),
+        },
+    }
+
+
+def dataset_vectors() -> dict[str, Any]:
+    samples = (np.arange(15, dtype=np.float32).reshape(5, 3) - 7) / 4
+    tree = C.dataset_tree(samples)
+    assert C.dataset_root(samples) == tree.root
+    queries = []
+    for seed_text, step, row, n in [
+        ("zero", 1, 0, 5),
+        ("zero", 1, 1, 5),
+        ("zero", 2, 0, 5),
+        ("seed-a", 1, 0, 1797),
+        ("seed-a", 12345, 15, 1797),
+        ("seed-a", 2**64 - 1, 2**32 - 1, 1000003),
+    ]:
+        seed = bytes(32) if seed_text == "zero" else label(seed_text)
+        pre = seed + step.to_bytes(8, "big") + row.to_bytes(4, "big")
+        queries.append(
+            {
+                "seed": hx(seed),
+                "step": step,
+                "row": row,
+                "n_samples": n,
+                "digest": hx(hashlib.sha256(pre).digest()),
+                "index": C.sample_index(seed, step, row, n),
+            }
+        )
+    seed = label("seed-a")
+    return {
+        "description": "dataset root (leaf i = FP32 LE bytes of sample i) and data order "
+        "idx = uint256(sha256(seed || uint64be(step) || uint32be(row))) mod n",
+        "n": int(samples.shape[0]),
+        "l": int(samples.shape[1]),
+        "samples": [hx(r.astype("<f4").tobytes()) for r in samples],
+        "root": hx(tree.root),
+        "proofs": proofs_json(tree),
+        "sample_indices": queries,
+        "batch": {
+            "seed": hx(seed),
+            "step": 3,
+            "batch": 8,
+            "n_samples": 1797,
+            "indices": C.batch_indices(seed, 3, 8, 1797),
+        },
+    }
+
+
+def graph_vectors() -> dict[str, Any]:
+    # A tiny graph: y = relu(x @ w^T + b) * 0.5, bound to state slots; a CONST with a root attr.
+    ops: list[tuple[int, list[int], list[int], list[list[int]], list[int]]] = [
+        (2, [], [4, 3], [], []),  # DATA
+        (0, [], [2, 3], [], [0]),  # INPUT slot 0 (w)
+        (0, [], [2], [], [1]),  # INPUT slot 1 (b)
+        (30, [0, 1, 2], [4, 2], [[4, 3], [2, 3], [2]], []),  # MATMUL with bias
+        (41, [3], [4, 2], [[4, 2]], []),  # RELU
+        (15, [4], [4, 2], [[4, 2]], [0x3F000000]),  # MUL_S 0.5
+        (3, [], [2], [], [int.from_bytes(label("const"), "big")]),  # CONST root
+        (1, [1], [2, 3], [[2, 3]], [0]),  # OUTPUT slot 0
+    ]
+    encoded = [C.encode_op_descriptor(*op) for op in ops]
+    tree = C.graph_tree(encoded)
+    check_pymerkle(encoded, tree)
+    return {
+        "description": "op descriptors abi.encode(uint8 kind, uint32[] inputs, uint32[] shape, "
+        "uint32[][] inShapes, uint256[] attrs) (five top-level parameters) and the graph root; "
+        "attrs are decimal strings (uint256)",
+        "ops": [
+            {
+                "kind": k,
+                "inputs": i,
+                "shape": s,
+                "in_shapes": ins,
+                "attrs": [str(a) for a in attrs],
+                "encoded": hx(e),
+            }
+            for (k, i, s, ins, attrs), e in zip(ops, encoded, strict=True)
+        ],
+        "root": hx(tree.root),
+        "proofs": proofs_json(tree),
+    }
+
+
+def spec_vectors() -> dict[str, Any]:
+    spec = {
+        "model": "mlp",
+        "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.0},
+        "batch_size": 16,
+        "steps": 8,
+        "interval": 4,
+        "seed": 0,
+        "mode": "certified",
+        "note": "modèle ✓",
+        "dataset_root": hx(label("dataset")),
+        "graph_root": hx(label("graph")),
+    }
+    canonical = C.canonical_json(spec)
+    return {
+        "description": "spec hash = sha256(canonical JSON: sorted keys, no spaces, UTF-8)",
+        "spec": spec,
+        "canonical_hex": hx(canonical),
+        "hash": hx(C.spec_hash(spec)),
+    }
+
+
+BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
+    "merkle.json": merkle_vectors,
+    "tensor.json": tensor_vectors,
+    "commit.json": commit_vectors,
+    "oplog.json": oplog_vectors,
+    "dataset.json": dataset_vectors,
+    "graph.json": graph_vectors,
+    "spec.json": spec_vectors,
+}
+
+
+def render(obj: Any) -> str:
+    return json.dumps(obj, indent=1, ensure_ascii=False) + "\n"
+
+
+def build_vectors() -> dict[str, str]:
+    """File name -> file text, for every vector file."""
+    return {name: render(build()) for name, build in BUILDERS.items()}
+
+
+def write_vectors(out_dir: Path) -> list[Path]:
+    """Write every vector file into ``out_dir``; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in build_vectors().items():
+        path = out_dir / name
+        path.write_text(text, encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=VECTORS_DIR, help="output folder")
+    ap.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = ap.parse_args(argv)
+    if args.check:
+        stale = [
+            name
+            for name, text in build_vectors().items()
+            if not (args.out / name).exists()
+            or (args.out / name).read_text(encoding="utf-8") != text
+        ]
+        for name in stale:
+            print(f"stale: {args.out / name}")
+        return 1 if stale else 0
+    for path in write_vectors(args.out):
+        print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
