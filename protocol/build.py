@@ -35,9 +35,10 @@ SOLCJS_DIR = REPO_ROOT / "node_modules" / "solc"
 
 SOLC_VERSION = "0.8.28"
 # Keep identical to SOLIDITY_SETTINGS in hardhat.config.js (tests/test_build.py compares bytecode).
-# viaIR (measured, solcjs on 2 cores): +0.6 s on the first contracts, 4.3x slower on a synthetic
-# 600-line game contract (14 s vs 3.3 s), but 18% smaller code (22.5 KB vs 27.3 KB, EIP-170 caps
-# 24 KB) and no "stack too deep". The build cache makes it a once-per-edit cost.
+# viaIR is required: DisputeGame.sol hits "stack too deep" without it. Measured (solcjs, 2 cores):
+# the 11 contracts of 2026-11 (1.9k lines) build in 16-18 s with viaIR; a synthetic 600-line
+# contract took 14 s vs 3.3 s without, but came out 18% smaller (EIP-170 caps code at 24 KB).
+# The build cache makes it a once-per-edit cost.
 # evmVersion: py-evm's newest fork is prague; solc 0.8.28 defaults to cancun, say it explicitly.
 SOLC_SETTINGS: dict[str, Any] = {
     "optimizer": {"enabled": True, "runs": 200},
