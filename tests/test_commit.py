@@ -390,6 +390,9 @@ def test_forged_log_entry_proofs_are_rejected():
     rejects(gap, 21)
     # hiding entry 10 (key 11) behind a non-adjacent pair (positions 2 and 4)
     rejects(C.LogEntryProof(10, (leaves[2], leaves[4]), (tree.prove(2), tree.prove(4))), 10)
+    # hiding entry 10 (key 11) behind the adjacent pair that ends or starts at it
+    rejects(C.LogEntryProof(10, (leaves[2], leaves[3]), (tree.prove(2), tree.prove(3))), 10)
+    rejects(C.LogEntryProof(10, (leaves[3], leaves[4]), (tree.prove(3), tree.prove(4))), 10)
     # adjacent pair that does not bracket the index
     rejects(C.LogEntryProof(20, (leaves[1], leaves[2]), (tree.prove(1), tree.prove(2))), 20)
     # pair given in the wrong order
