@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -94,6 +95,19 @@ def _stop_all() -> None:
         node.stop()
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop_nodes_on_sigterm() -> None:
+    """Make SIGTERM (a CI timeout) unwind normally, so fixtures and atexit stop the nodes."""
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -146,6 +160,7 @@ def anvil_command() -> list[str]:
 
 def start_node(name: str, argv: list[str], port: int, timeout: float) -> RunningNode:
     """Start `argv` in its own process group and wait until it answers `eth_chainId`."""
+    _stop_nodes_on_sigterm()
     fd, log_name = tempfile.mkstemp(prefix=f"{name}-{port}-", suffix=".log")
     env = {**os.environ, "HARDHAT_DISABLE_TELEMETRY_PROMPT": "true", "NO_COLOR": "1"}
     try:
