@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: MIT
+pragma solidity 0.8.28;
+
+import {Float32} from "contracts/lib/Float32.sol";
+
+/// @title RoundingRule
+/// @notice The contract's rule for one output element (docs/numerics.md, "The contract's rule"):
+///         given an enclosure `[lo, hi]` of the exact value `e`, the certified bound `dc` and the
+///         committed log entry, decide whether the claimed FP32 value stands.
+/// @dev Every quantity of an `Enclosure` is an integer in one unit `q = 2^exp / den`, so all checks
+///      are exact integer comparisons: `e` lies in `[lo*q, hi*q]`, `dc = dcNum*q`.
+///      - none:     claimed == RN32(lo) == RN32(hi).
+///      - down/up:  m = midpoint of claimed and its upper (down) / lower (up) neighbour, s the pair's
+///                  spacing; require `lo - 4dc <= m <= hi + 4dc` (some point of the enclosure is
+///                  within 4dc of m) and `16dc <= s`.
+///      - explicit: claimed == the entry's value and RN32(lo - 4dc) <= claimed <= RN32(hi + 4dc)
+///                  (bounds saturate to +-inf, so a window reaching past FLT_MAX stays open).
+///      Ops with `dc = 0` (single IEEE ops, copies) use the same rule: a down/up entry then only
+///      passes at an exact midpoint and an explicit entry only at the exact value.
+///      A claim that is NaN, an infinity or -0 never stands (zero is canonically +0).
+library RoundingRule {
+    uint8 internal constant NONE = 0;
+    uint8 internal constant DOWN = 1;
+    uint8 internal constant UP = 2;
+    uint8 internal constant EXPLICIT = 3;
+
+    /// @notice An enclosure of an exact value and its bound, in the unit `q = 2^exp / den`.
+    /// @param lo Lower end of the enclosure of `e`, in units of q.
+    /// @param hi Upper end (`hi >= lo`; `hi == lo` when `e` is exact).
+    /// @param dc The certified bound `dc`, in units of q (0 for exact ops).
+    /// @param exp Binary exponent of the unit.
+    /// @param den Positive denominator of the unit.
+    struct Enclosure {
+        int256 lo;
+        int256 hi;
+        uint256 dc;
+        int256 exp;
+        uint256 den;
+    }
+
+    /// @notice The exact enclosure of an FP32 value (a copied element), with `dc = 0`.
+    function exactly(uint32 bits) internal pure returns (Enclosure memory x) {
+        Float32.requireFinite(bits);
+        (int256 v, int256 exp) = Float32.signedOf(bits);
+        x = Enclosure(v, v, 0, exp, 1);
+    }
+
+    /// @notice RN32 of `v * 2^exp / den` (saturating at +-inf).
+    function roundAt(int256 v, int256 exp, uint256 den) internal pure returns (uint32) {
+        return v < 0 ? Float32.round(true, uint256(-v), exp, den) : Float32.round(false, uint256(v), exp, den);
+    }
+
+    /// @notice True when `claimed` stands under the rule for enclosure `x`, log `code` and entry `value`.
+    /// @param code The log code (0 none, 1 down, 2 up, 3 explicit); any other code never stands.
+    /// @param value The entry's FP32 bits (explicit entries; ignored otherwise).
+    function judge(Enclosure memory x, uint32 claimed, uint8 code, uint32 value) internal pure returns (bool) {
+        // INVARIANT: outputs are finite and zero is canonical, so these patterns are never right.
+        if (!Float32.isFinite(claimed) || claimed == Float32.SIGN) return false;
+        if (code == NONE) {
+            uint32 r = roundAt(x.lo, x.exp, x.den);
+            return r == claimed && (x.hi == x.lo || roundAt(x.hi, x.exp, x.den) == claimed);
+        }
+        // SAFETY: dc and the ends stay below 2^250 (ExactSum bounds), so 4dc and 16dc cannot overflow.
+        int256 w = 4 * int256(x.dc);
+        if (code == DOWN || code == UP) {
+            (int256 mNum, int256 mExp, uint256 sNum, int256 sExp) = Float32.midpoint(claimed, code == DOWN);
+            // 16dc <= s: the logged midpoint is the only one within reach of an honest replay.
+            if (Float32.compare(4 * w, x.exp, x.den, int256(sNum), sExp) > 0) return false;
+            // lo - 4dc <= m <= hi + 4dc: the midpoint is within 4dc of the exact value.
+            if (Float32.compare(x.lo - w, x.exp, x.den, mNum, mExp) > 0) return false;
+            return Float32.compare(x.hi + w, x.exp, x.den, mNum, mExp) >= 0;
+        }
+        if (code == EXPLICIT) {
+            if (claimed != value) return false;
+            int256 c = Float32.toOrdered(claimed);
+            return Float32.toOrdered(roundAt(x.lo - w, x.exp, x.den)) <= c
+                && c <= Float32.toOrdered(roundAt(x.hi + w, x.exp, x.den));
+        }
+        return false;
+    }
+}
