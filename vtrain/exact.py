@@ -1,0 +1,688 @@
+"""Exact reference of the one-step check (``contracts/Adjudicator.sol``), chain-free.
+
+For one output element of one op (a descriptor, its FP32 input tensors and a flat index):
+
+- :func:`exact_value` -- the exact real value ``e`` (a :class:`~fractions.Fraction`);
+- :func:`contract_bound` -- the certified bound ``dc`` of docs/numerics.md, on the exact ``S``;
+- :func:`enclosure` -- the enclosure ``[lo, hi]`` of ``e`` and the bound the contract actually
+  works with (``contracts/lib/ExactSum.sol``: one int256 accumulator; exact unless terms span more
+  than ~2^72, width <= 2^-19 * dc; its bound uses an upper bound of ``S`` within 2^-19);
+- :func:`judge_element` -- the contract's rule on a claimed value and the committed log entry,
+  bit for bit what ``Adjudicator.adjudicate`` returns for a well-formed proof;
+- :func:`reads` -- the input elements the contract reads, in the order the proof opens them
+  (used by ``protocol/proofs.py``).
+
+Conventions shared with Solidity: an FP32 value is its bit pattern (an int); zero is canonical
+(``+0``: a zero result is bits 0, a claimed ``-0`` never stands); NaN/inf inputs raise
+:class:`~vtrain.errors.NonFiniteValue` where the contract reverts ``NonFinite``; a malformed
+descriptor raises :class:`MalformedOp` where the contract reverts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from vtrain.commit import LogEntry, decode_op_descriptor, encode_op_descriptor, sample_index
+from vtrain.errors import NonFiniteValue, VtrainError
+from vtrain.graph import OpKind
+
+__all__ = [
+    "DATA_INPUT",
+    "DataContext",
+    "Enclosure",
+    "MalformedOp",
+    "OpDesc",
+    "Read",
+    "UnsupportedOp",
+    "bits_of",
+    "contract_bound",
+    "enclosure",
+    "exact_value",
+    "judge",
+    "judge_element",
+    "midpoint",
+    "neighbour",
+    "rn32",
+    "value_of",
+]
+
+SIGN = 0x80000000
+POS_INF = 0x7F800000
+NEG_INF = 0xFF800000
+ONE = 0x3F800000
+TWO53 = 1 << 53
+#: ExactSum: accumulator headroom, guard bits and quantum offset (see contracts/lib/ExactSum.sol).
+MAX_TERMS = 1 << 16
+_GUARD = 72
+_LSB_OFFSET = 372
+#: Log codes (docs/numerics.md).
+NONE, DOWN, UP, EXPLICIT = 0, 1, 2, 3
+#: ``Read.input`` of a DATA op's sample (read against the dataset root, not an input tensor).
+DATA_INPUT = -1
+
+
+class MalformedOp(VtrainError):
+    """Raised when a descriptor does not fit its op kind (the contract reverts)."""
+
+
+class UnsupportedOp(VtrainError):
+    """Raised for op kinds the adjudicator does not rule on (EXP LOG TANH, INPUT, CONST)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# FP32 bits
+
+
+def bits_of(x: Any) -> int:
+    """Bit pattern of a float32 scalar (numpy or Python float, rounded to float32 first)."""
+    return int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+def is_finite(b: int) -> bool:
+    return b & POS_INF != POS_INF
+
+
+def _require_finite(b: int) -> None:
+    if not is_finite(b):
+        raise NonFiniteValue(f"expected a finite FP32 value, got bits {b:#010x}")
+
+
+def decode(b: int) -> tuple[bool, int, int]:
+    """``(neg, mant, exp)`` with value ``(-1)^neg * mant * 2^exp`` (inf patterns decode to 2^128)."""
+    be = (b >> 23) & 0xFF
+    mant = b & 0x7FFFFF
+    if be == 0:
+        return bool(b & SIGN), mant, -149
+    return bool(b & SIGN), mant | 0x800000, be - 150
+
+
+def value_of(b: int) -> Fraction:
+    """The exact value of a finite FP32 bit pattern (also the virtual +-2^128 of the inf patterns)."""
+    neg, mant, exp = decode(b)
+    v = Fraction(mant) * Fraction(2) ** exp
+    return -v if neg else v
+
+
+def to_ordered(b: int) -> int:
+    """Position in the total order of FP32 values (+-0 -> 0, neighbours differ by 1)."""
+    m = b & 0x7FFFFFFF
+    return -m if b & SIGN else m
+
+
+def from_ordered(o: int) -> int:
+    return (-o) | SIGN if o < 0 else o
+
+
+def neighbour(b: int, up: bool) -> int:
+    """The next FP32 value above (``up``) or below ``b`` (from +-FLT_MAX: the +-inf pattern)."""
+    return from_ordered(to_ordered(b) + (1 if up else -1))
+
+
+def midpoint(c: int, above: bool) -> tuple[Fraction, Fraction]:
+    """``(m, s)``: the midpoint between ``c`` and its upper (``above``) or lower neighbour, and the
+    spacing of that pair (next to FLT_MAX the neighbour is the virtual 2^128)."""
+    n = neighbour(c, above)
+    lo, hi = (c, n) if above else (n, c)
+    vl, vh = value_of(lo), value_of(hi)
+    return (vl + vh) / 2, vh - vl
+
+
+def _pow2(e: int) -> Fraction:
+    return Fraction(1 << e) if e >= 0 else Fraction(1, 1 << -e)
+
+
+def rn32(x: Fraction, saturate: bool = False) -> int:
+    """RN32(x): round to nearest FP32, ties to even, with subnormals; a zero result is +0.
+
+    Overflow (``|x| >= FLT_MAX + ulp/2``) raises :class:`NonFiniteValue`, or returns the +-inf
+    pattern with ``saturate`` (how the contract evaluates window bounds).
+    """
+    x = Fraction(x)
+    if x == 0:
+        return 0
+    neg = x < 0
+    a = -x if neg else x
+    n, d = a.numerator, a.denominator
+    top = n.bit_length() - d.bit_length()  # floor(log2 a) is top or top - 1
+    if _pow2(top) > a:
+        top -= 1
+    lsb = max(top - 23, -149)
+    q = a / _pow2(lsb)
+    mant = q.numerator // q.denominator
+    rest = q - mant
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and mant & 1):
+        mant += 1
+    if mant == 0:
+        return 0
+    bits = ((lsb + 149) << 23) + mant
+    if bits >= POS_INF:
+        if not saturate:
+            raise NonFiniteValue(f"RN32 overflows: {float(x):.6g} is beyond FLT_MAX + ulp/2")
+        return NEG_INF if neg else POS_INF
+    return bits | SIGN if neg else bits
+
+
+# ---------------------------------------------------------------------------------------------
+# Descriptors and reads
+
+
+@dataclass(frozen=True)
+class OpDesc:
+    """An op descriptor: ``(kind, inputs, shape, in_shapes, attrs)`` as in the graph leaf."""
+
+    kind: int
+    inputs: tuple[int, ...]
+    shape: tuple[int, ...]
+    in_shapes: tuple[tuple[int, ...], ...]
+    attrs: tuple[int, ...]
+
+    @classmethod
+    def of(cls, desc: Any) -> OpDesc:
+        """From encoded bytes, an ``OpDesc`` or a 5-sequence ``(kind, inputs, shape, in_shapes, attrs)``."""
+        if isinstance(desc, OpDesc):
+            return desc
+        if isinstance(desc, bytes):
+            desc = decode_op_descriptor(desc)
+        kind, inputs, shape, in_shapes, attrs = desc
+        return cls(
+            int(kind),
+            tuple(int(i) for i in inputs),
+            tuple(int(s) for s in shape),
+            tuple(tuple(int(s) for s in sh) for sh in in_shapes),
+            tuple(int(a) for a in attrs),
+        )
+
+    def encode(self) -> bytes:
+        """The ABI encoding (the graph leaf and ``ElementClaim.descriptor``)."""
+        return encode_op_descriptor(self.kind, self.inputs, self.shape, self.in_shapes, self.attrs)
+
+
+@dataclass(frozen=True)
+class DataContext:
+    """What a DATA op reads: the dataset ``[nSamples, L]`` and the job's seed and the step."""
+
+    dataset: np.ndarray
+    seed: bytes
+    step: int
+
+
+@dataclass(frozen=True)
+class Read:
+    """One opening of the proof: elements ``[start, start + length)`` of input ``input``
+    (``DATA_INPUT``: sample ``start`` of the dataset, ``length`` its elements)."""
+
+    input: int
+    start: int
+    length: int
+
+
+@dataclass(frozen=True)
+class _Sem:
+    """One element's exact semantics: the reads and what is computed from them."""
+
+    reads: tuple[Read, ...]
+    op: str  # copy | sum | mul | div | sqrt | dot | mean | undefined
+    bits: tuple[int, ...] = ()  # operands (FP32 bits); dot: a0, b0, a1, b1, ... (+ bias)
+    negate: tuple[bool, ...] = ()  # sum (dc = 0): negate operand i
+    n: int = 0  # reductions: the bound's term count
+    bias: bool = False
+    bound: bool = False  # dot/sum/mean with the certified bound (else dc = 0)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    if len(shape) > 6:
+        raise MalformedOp(f"rank: expected at most 6, got {len(shape)}")
+    return math.prod(shape)
+
+
+def _unravel(flat: int, shape: Sequence[int]) -> list[int]:
+    idx = [0] * len(shape)
+    for i in range(len(shape) - 1, -1, -1):
+        flat, idx[i] = divmod(flat, shape[i])
+    return idx
+
+
+def _ravel_b(idx: Sequence[int], shape: Sequence[int]) -> int:
+    flat = 0
+    for i, d in enumerate(shape):
+        flat = flat * d + (0 if d == 1 else idx[i])
+    return flat
+
+
+def _broadcasts(s: Sequence[int], out: Sequence[int]) -> bool:
+    return len(s) == len(out) and all(a == b or a == 1 for a, b in zip(s, out, strict=True))
+
+
+def _same_except(a: Sequence[int], b: Sequence[int], skip: int = -1) -> bool:
+    return len(a) == len(b) and all(i == skip or x == y for i, (x, y) in enumerate(zip(a, b, strict=True)))
+
+
+def _positive(b: int) -> bool:
+    return not b & SIGN and b != 0
+
+
+def _as_index(b: int) -> int | None:
+    """The non-negative integer < 2^32 that FP32 ``b`` equals, or None."""
+    neg, m, e = decode(b)
+    if m == 0:
+        return 0
+    if neg:
+        return None
+    if e >= 0:
+        return m << e if e < 9 else None
+    if -e >= 24 or m & ((1 << -e) - 1):
+        return None
+    return m >> -e
+
+
+class _Reader:
+    """Reads input elements in the contract's order and records each opening."""
+
+    def __init__(self, desc: OpDesc, tensors: Sequence[np.ndarray]):
+        self.desc = desc
+        self.flat = [np.ascontiguousarray(t, dtype=np.float32).reshape(-1).view(np.uint32) for t in tensors]
+        if len(self.flat) != len(desc.in_shapes):
+            raise MalformedOp(f"tensors: expected {len(desc.in_shapes)}, got {len(self.flat)}")
+        for i, (t, s) in enumerate(zip(self.flat, desc.in_shapes, strict=True)):
+            if t.size != _numel(s):
+                raise MalformedOp(f"input {i}: expected {_numel(s)} elements for shape {s}, got {t.size}")
+        self.reads: list[Read] = []
+
+    def row(self, i: int, start: int, length: int) -> list[int]:
+        self.reads.append(Read(i, start, length))
+        vals = [int(v) for v in self.flat[i][start : start + length]]
+        for v in vals:
+            _require_finite(v)
+        return vals
+
+    def one(self, i: int, flat: int) -> int:
+        return self.row(i, flat, 1)[0]
+
+
+def _semantics(desc: OpDesc, tensors: Sequence[np.ndarray], index: int, data: DataContext | None) -> _Sem:
+    k, shape, ins, attrs = desc.kind, desc.shape, desc.in_shapes, desc.attrs
+    if len(desc.inputs) != len(ins):
+        raise MalformedOp(f"in_shapes: expected one per input ({len(desc.inputs)}), got {len(ins)}")
+    n_out = _numel(shape)
+    if not 0 <= index < n_out:
+        raise MalformedOp(f"index: expected 0 <= index < {n_out}, got {index}")
+    rd = _Reader(desc, tensors)
+
+    def need(n: int) -> None:
+        if len(ins) != n:
+            raise MalformedOp(f"{OpKind(k).name}: expected {n} inputs, got {len(ins)}")
+
+    def done(op: str, *bits: int, **kw: Any) -> _Sem:
+        return _Sem(tuple(rd.reads), op, tuple(bits), **kw)
+
+    def arith(op: int, a: int, b: int) -> _Sem:
+        if op == OpKind.DIV:
+            return done("div", a, b)
+        if op == OpKind.MUL:
+            return done("mul", a, b)
+        return done("sum", a, b, negate=(False, op == OpKind.SUB))
+
+    if k in (OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.RELU_GRAD):
+        need(2)
+        idx = _unravel(index, shape)
+        for i in (0, 1):
+            if not _broadcasts(ins[i], shape):
+                raise MalformedOp(f"input {i}: shape {ins[i]} does not broadcast to {shape}")
+        a = rd.one(0, _ravel_b(idx, ins[0]))
+        if k == OpKind.RELU_GRAD:
+            return done("copy", rd.one(1, _ravel_b(idx, ins[1])) if _positive(a) else 0)
+        return arith(k, a, rd.one(1, _ravel_b(idx, ins[1])))
+    if OpKind.ADD_S <= k <= OpKind.RSUB_S:
+        need(1)
+        if not _same_except(ins[0], shape):
+            raise MalformedOp(f"input 0: expected shape {shape}, got {ins[0]}")
+        if len(attrs) != 1 or attrs[0] > 0xFFFFFFFF or not is_finite(attrs[0]):
+            raise MalformedOp(f"attrs: expected one finite FP32 constant, got {attrs}")
+        c = attrs[0]
+        a = rd.one(0, index)
+        op = {OpKind.ADD_S: OpKind.ADD, OpKind.MUL_S: OpKind.MUL, OpKind.DIV_S: OpKind.DIV}.get(k)
+        return arith(op, a, c) if op is not None else arith(OpKind.SUB, c, a)
+    if k in (OpKind.SQRT, OpKind.RELU):
+        need(1)
+        if not _same_except(ins[0], shape):
+            raise MalformedOp(f"input 0: expected shape {shape}, got {ins[0]}")
+        a = rd.one(0, index)
+        if k == OpKind.SQRT:
+            return done("sqrt", a)
+        return done("copy", a if _positive(a) else 0)
+    if k == OpKind.MATMUL:
+        if len(ins) not in (2, 3):
+            raise MalformedOp(f"MATMUL: expected 2 or 3 inputs, got {len(ins)}")
+        r = len(shape)
+        sa, sb = ins[0], ins[1]
+        if r < 2 or len(sa) != r or len(sb) != r or sa[:-2] != shape[:-2] or sb[:-2] != shape[:-2]:
+            raise MalformedOp(f"MATMUL: shapes {sa}, {sb} do not fit {shape}")
+        m, n_cols, kk = shape[-2], shape[-1], sa[-1]
+        if sa[-2] != m or kk == 0 or sb[-2] != n_cols or sb[-1] != kk:
+            raise MalformedOp(f"MATMUL: shapes {sa}, {sb} do not fit {shape}")
+        bias = len(ins) == 3
+        if bias and tuple(ins[2]) != (n_cols,):
+            raise MalformedOp(f"MATMUL: bias shape {ins[2]}, expected ({n_cols},)")
+        j = index % n_cols
+        row = index // n_cols
+        batch = row // m
+        a = rd.row(0, row * kk, kk)
+        b = rd.row(1, (batch * n_cols + j) * kk, kk)
+        ops = [x for pair in zip(a, b, strict=True) for x in pair]
+        if bias:
+            ops.append(rd.one(2, j))
+        return done("dot", *ops, n=kk + bias, bias=bias, bound=True)
+    if k in (OpKind.SUM, OpKind.MEAN, OpKind.MAX):
+        need(1)
+        if not shape or not _same_except(ins[0], shape, len(shape) - 1) or shape[-1] != 1 or ins[0][-1] == 0:
+            raise MalformedOp(f"{OpKind(k).name}: shape {ins[0]} does not reduce to {shape}")
+        n = ins[0][-1]
+        vals = rd.row(0, index * n, n)
+        if k == OpKind.MAX:
+            return done("copy", max(vals, key=to_ordered))
+        return done("mean" if k == OpKind.MEAN else "sum", *vals, n=n, bound=True)
+    if k in (OpKind.OUTPUT, OpKind.RESHAPE, OpKind.PERMUTE, OpKind.SLICE, OpKind.PAD, OpKind.EXPAND):
+        need(1)
+        si = ins[0]
+        if k in (OpKind.OUTPUT, OpKind.RESHAPE):
+            if _numel(si) != n_out:
+                raise MalformedOp(f"{OpKind(k).name}: {si} and {shape} differ in size")
+            return done("copy", rd.one(0, index))
+        idx = _unravel(index, shape)
+        if k == OpKind.EXPAND:
+            if not _broadcasts(si, shape):
+                raise MalformedOp(f"EXPAND: {si} does not broadcast to {shape}")
+            return done("copy", rd.one(0, _ravel_b(idx, si)))
+        r = len(shape)
+        if k == OpKind.PERMUTE:
+            if len(si) != r or sorted(attrs) != list(range(r)):
+                raise MalformedOp(f"PERMUTE: {attrs} is not a permutation of {r} axes")
+            if any(si[p] != shape[d] for d, p in enumerate(attrs)):
+                raise MalformedOp(f"PERMUTE: {si} permuted by {attrs} is not {shape}")
+            in_idx = [0] * r
+            for d, p in enumerate(attrs):
+                in_idx[p] = idx[d]
+            return done("copy", rd.one(0, _ravel_b(in_idx, si)))
+        if len(attrs) != 2 or attrs[0] >= r:
+            raise MalformedOp(f"{OpKind(k).name}: expected attrs [axis, start], got {attrs}")
+        axis, start = attrs
+        if not _same_except(si, shape, axis):
+            raise MalformedOp(f"{OpKind(k).name}: {si} and {shape} differ off axis {axis}")
+        if k == OpKind.SLICE:
+            if start + shape[axis] > si[axis]:
+                raise MalformedOp(f"SLICE: [{start}, {start + shape[axis]}) beyond {si[axis]}")
+            idx[axis] += start
+        else:
+            if start + si[axis] > shape[axis]:
+                raise MalformedOp(f"PAD: [{start}, {start + si[axis]}) beyond {shape[axis]}")
+            t = idx[axis]
+            if not start <= t < start + si[axis]:
+                return done("copy", 0)
+            idx[axis] = t - start
+        return done("copy", rd.one(0, _ravel_b(idx, si)))
+    if k == OpKind.ONE_HOT:
+        need(1)
+        if len(attrs) != 1 or not shape or attrs[0] != shape[-1] or attrs[0] == 0:
+            raise MalformedOp(f"ONE_HOT: attrs {attrs} do not fit {shape}")
+        if tuple(ins[0]) != tuple(shape[:-1]):
+            raise MalformedOp(f"ONE_HOT: input {ins[0]} does not fit {shape}")
+        classes = attrs[0]
+        got = _as_index(rd.one(0, index // classes))
+        return done("copy", ONE if got == index % classes else 0)
+    if k == OpKind.GATHER:
+        need(2)
+        sx = ins[0]
+        if not shape or not _same_except(sx, shape, len(shape) - 1) or sx[-1] == 0:
+            raise MalformedOp(f"GATHER: x {sx} does not fit {shape}")
+        if not _same_except(ins[1], shape) or shape[-1] != 1:
+            raise MalformedOp(f"GATHER: idx {ins[1]} does not fit {shape}")
+        n = sx[-1]
+        got = _as_index(rd.one(1, index))
+        if got is None or got >= n:
+            return done("copy", 0)
+        return done("copy", rd.one(0, index * n + got))
+    if k == OpKind.DATA:
+        need(0)
+        if len(shape) != 2:
+            raise MalformedOp(f"DATA: expected shape [B, L], got {shape}")
+        if data is None:
+            raise MalformedOp("DATA: expected a DataContext (dataset, seed, step)")
+        ds = np.ascontiguousarray(data.dataset, dtype=np.float32)
+        length = shape[1]
+        if ds.ndim != 2 or ds.shape[1] != length:
+            raise MalformedOp(f"DATA: dataset shape {ds.shape} does not fit samples of {length}")
+        j, col = divmod(index, length)
+        s = sample_index(data.seed, data.step, j, ds.shape[0])
+        rd.reads.append(Read(DATA_INPUT, s, length))
+        v = int(ds[s].view(np.uint32)[col])
+        _require_finite(v)
+        return done("copy", v)
+    raise UnsupportedOp(f"op kind {k} is not ruled by the adjudicator")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact value and bound (independent of the accumulator)
+
+
+def _dc(n: int, s: Fraction, mean: bool) -> Fraction:
+    g = Fraction(n, TWO53 - n)
+    return (g + Fraction(2, TWO53)) * s / n if mean else g * s
+
+
+def _terms(sem: _Sem) -> list[Fraction]:
+    v = [value_of(b) for b in sem.bits]
+    if sem.op == "dot":
+        ts = [v[2 * i] * v[2 * i + 1] for i in range(len(v) // 2)]
+        return ts + ([v[-1]] if sem.bias else [])
+    return v
+
+
+def _exact(sem: _Sem) -> Fraction | None:
+    """The exact value, or None where it is undefined (division by zero, sqrt of a negative)."""
+    v = [value_of(b) for b in sem.bits]
+    if sem.op == "copy":
+        return v[0]
+    if sem.op == "sum" and not sem.bound:
+        return sum((-x if neg else x for x, neg in zip(v, sem.negate, strict=True)), Fraction(0))
+    if sem.op == "mul":
+        return v[0] * v[1]
+    if sem.op == "div":
+        return None if v[1] == 0 else v[0] / v[1]
+    if sem.op == "sqrt":
+        if v[0] < 0:
+            return None
+        neg, m, e = decode(sem.bits[0])
+        s = 200 + (e & 1)
+        return Fraction(math.isqrt(m << s)) * _pow2((e - s) // 2)  # exact when a square
+    total = sum(_terms(sem), Fraction(0))
+    return total / sem.n if sem.op == "mean" else total
+
+
+def exact_value(
+    desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None
+) -> Fraction:
+    """The exact real value ``e`` of output element ``index`` (docs/protocol.md op semantics).
+
+    For SQRT of a non-square the value is irrational: this returns ``sqrt`` truncated to about
+    2^-100 relative (:func:`enclosure` brackets it rigorously). Raises NonFiniteValue where ``e``
+    is undefined (division by zero, square root of a negative number) or an input is NaN/inf.
+    """
+    sem = _semantics(OpDesc.of(desc), tensors, index, data)
+    e = _exact(sem)
+    if e is None:
+        raise NonFiniteValue(f"op {OpKind(OpDesc.of(desc).kind).name}: element {index} has no finite value")
+    return e
+
+
+def contract_bound(
+    desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None
+) -> Fraction:
+    """The certified bound ``dc`` on the exact ``S = sum|t_k|`` (0 for exact ops and copies):
+    MATMUL/SUM ``g(n) S``, MEAN ``(g(n) + 2u) S / n``, ``g(n) = n u / (1 - n u)``, ``u = 2^-53``,
+    ``n`` the number of terms (MATMUL: ``K``, plus 1 with a bias)."""
+    sem = _semantics(OpDesc.of(desc), tensors, index, data)
+    if not sem.bound:
+        return Fraction(0)
+    return _dc(sem.n, sum((abs(t) for t in _terms(sem)), Fraction(0)), sem.op == "mean")
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract's enclosure (mirror of ExactSum / Adjudicator)
+
+
+@dataclass(frozen=True)
+class Enclosure:
+    """``e`` in ``[lo, hi]``, bound ``dc``, all as integers in the unit ``2^exp / den``."""
+
+    lo: int
+    hi: int
+    dc: int
+    exp: int
+    den: int
+
+    def value(self, v: int) -> Fraction:
+        return Fraction(v) * _pow2(self.exp) / self.den
+
+    @property
+    def bounds(self) -> tuple[Fraction, Fraction, Fraction]:
+        """``(lo, hi, dc)`` as exact rationals."""
+        return self.value(self.lo), self.value(self.hi), self.value(self.dc)
+
+
+def _product(a: int, b: int) -> tuple[bool, int, int]:
+    """ExactSum.product: ``(neg, M, est)``; M = 0 for a zero product."""
+    ea, eb = (a >> 23) & 0xFF, (b >> 23) & 0xFF
+    ma, mb = a & 0x7FFFFF, b & 0x7FFFFF
+    ma, ea = (ma, 1) if ea == 0 else (ma | 0x800000, ea)
+    mb, eb = (mb, 1) if eb == 0 else (mb | 0x800000, eb)
+    return bool((a ^ b) & SIGN), ma * mb, ea + eb
+
+
+def _accumulate(terms: Sequence[tuple[bool, int, int]]) -> tuple[int, int, int, int]:
+    """ExactSum.accumulate: ``(sum, absSum, inexact, lsbExp)``."""
+    if len(terms) > MAX_TERMS:
+        raise MalformedOp(f"reduction: expected at most {MAX_TERMS} terms, got {len(terms)}")
+    top = max((est for _, m, est in terms if m), default=0)
+    if top == 0:
+        return 0, 0, 0, 0
+    total = abs_sum = inexact = 0
+    for neg, m, est in terms:
+        if not m:
+            continue
+        d = est + _GUARD - top
+        if d >= 0:
+            q, lost = m << d, 0
+        else:
+            q = m >> -d
+            lost = int(q << -d != m)
+        abs_sum += q
+        inexact += lost
+        total += -(q + lost) if neg else q
+    return total, abs_sum, inexact, top - _LSB_OFFSET
+
+
+def _enclose(sem: _Sem) -> Enclosure | None:
+    if sem.op == "copy":
+        neg, m, e = decode(sem.bits[0])
+        return Enclosure(-m if neg else m, -m if neg else m, 0, e, 1)
+    if sem.op == "div":
+        na, ma, xa = decode(sem.bits[0])
+        nb, mb, xb = decode(sem.bits[1])
+        if mb == 0:
+            return None
+        v = -ma if na != nb else ma
+        return Enclosure(v, v, 0, xa - xb, mb)
+    if sem.op == "sqrt":
+        neg, m, e = decode(sem.bits[0])
+        if m == 0:
+            return Enclosure(0, 0, 0, -149, 1)
+        if neg:
+            return None
+        s = 200 + (e & 1)
+        big = m << s
+        r = math.isqrt(big)
+        return Enclosure(r, r if r * r == big else r + 1, 0, (e - s) // 2, 1)
+    if sem.op == "mul":
+        terms = [_product(*sem.bits)]
+    elif sem.op == "dot":
+        b = sem.bits
+        terms = [_product(b[2 * i], b[2 * i + 1]) for i in range(len(b) // 2)]
+        if sem.bias:
+            terms.append(_product(b[-1], ONE))
+    else:
+        negs = sem.negate or (False,) * len(sem.bits)
+        terms = []
+        for x, flip in zip(sem.bits, negs, strict=True):
+            neg, m, est = _product(x, ONE)
+            terms.append((neg != flip and m != 0, m, est))
+    total, abs_sum, inexact, lsb = _accumulate(terms)
+    if not sem.bound:
+        return Enclosure(total, total + inexact, 0, lsb, 1)
+    n = sem.n
+    if sem.op == "mean":
+        f = TWO53 * (TWO53 - n)
+        return Enclosure(
+            total * f, (total + inexact) * f, (abs_sum + inexact) * (n * TWO53 + 2 * (TWO53 - n)),
+            lsb - 53, n * (TWO53 - n),
+        )
+    den = TWO53 - n
+    return Enclosure(total * den, (total + inexact) * den, n * (abs_sum + inexact), lsb, den)
+
+
+def enclosure(
+    desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None
+) -> Enclosure | None:
+    """The contract's enclosure of ``e`` and its bound; None where ``e`` is undefined."""
+    return _enclose(_semantics(OpDesc.of(desc), tensors, index, data))
+
+
+def reads(
+    desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None
+) -> list[Read]:
+    """The openings the contract expects, in proof order (see Adjudicator's NatSpec)."""
+    return list(_semantics(OpDesc.of(desc), tensors, index, data).reads)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rule
+
+
+def judge(enc: Enclosure | None, claimed: int, code: int, value: int = 0) -> bool:
+    """The contract's rule (RoundingRule.judge) for an enclosure, a claim and a log entry."""
+    if enc is None or not is_finite(claimed) or claimed == SIGN:
+        return False
+    lo, hi, dc = enc.bounds
+    if code == NONE:
+        return rn32(lo, True) == claimed and rn32(hi, True) == claimed
+    if code in (DOWN, UP):
+        m, s = midpoint(claimed, code == DOWN)
+        return 16 * dc <= s and lo - 4 * dc <= m <= hi + 4 * dc
+    if code == EXPLICIT:
+        c = to_ordered(claimed)
+        return (
+            claimed == value
+            and to_ordered(rn32(lo - 4 * dc, True)) <= c <= to_ordered(rn32(hi + 4 * dc, True))
+        )
+    return False
+
+
+def judge_element(
+    desc: Any,
+    tensors: Sequence[np.ndarray],
+    index: int,
+    claimed_bits: int,
+    entry: LogEntry | None,
+    data: DataContext | None = None,
+) -> bool:
+    """What ``Adjudicator.adjudicate`` returns for element ``index`` with a well-formed proof:
+    True when ``claimed_bits`` stands under the rule with the log ``entry`` (None: no entry)."""
+    if entry is not None and entry.index != index:
+        raise ValueError(f"entry: expected one for element {index}, got {entry.index}")
+    code, value = (entry.code, entry.value_bits) if entry is not None else (NONE, 0)
+    return judge(enclosure(desc, tensors, index, data), claimed_bits, code, value)
