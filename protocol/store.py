@@ -1,0 +1,541 @@
+"""Artifact store: what a trainer publishes for auditors, content-addressed and verified on read.
+
+Layout of one job under the store's root folder (all writes atomic: temp file in the same folder,
+fsync, ``os.replace``; readers ignore ``.tmp-*`` leftovers of a crash)::
+
+    <root>/<job>/objects/<sha256 hex>           blobs: rounding logs, checkpoints
+    <root>/<job>/steps/<s>.json                 StepRecord: s, state_root, log_root, components
+    <root>/<job>/logs/<s>.json                  {"digest": "0x..", "size": n} -> objects/
+    <root>/<job>/checkpoints/<interval>.json    {"digest": "0x..", "size": n} -> objects/
+
+Every read is verified: a blob must hash to its name, a step record's state root must be the tree
+of its components, an index's size must match its blob. :class:`ArtifactStore` reads and writes a
+local folder; :func:`serve_store` serves the same layout read-only over HTTP and
+:class:`HttpArtifactReader` reads it with the same API. Rounding-log bytes are opaque here (their
+format belongs to ``vtrain.logfile``); checkpoints are safetensors bytes made by
+:func:`save_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import http.client
+import http.server
+import json
+import logging
+import os
+import re
+import struct
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vtrain.commit import state_root as _state_root
+from vtrain.commit import step_leaf
+from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
+from vtrain.types import Digest, Root
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ArtifactReader",
+    "ArtifactStore",
+    "ArtifactUnavailable",
+    "BlobRef",
+    "HttpArtifactReader",
+    "StepRecord",
+    "load_checkpoint",
+    "save_checkpoint",
+    "serve_store",
+]
+
+_JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_PATH_RE = re.compile(
+    r"/(?P<job>[A-Za-z0-9][A-Za-z0-9._-]{0,127})/"
+    r"(?P<rel>objects/[0-9a-f]{64}|(?:steps|logs|checkpoints)/(?:0|[1-9][0-9]{0,19})\.json)"
+)
+
+
+class ArtifactUnavailable(VtrainError):
+    """Raised when an artifact server cannot be reached or answers with an error after retries."""
+
+
+def _job(job: str | int) -> str:
+    if isinstance(job, int) and not isinstance(job, bool) and job >= 0:
+        return str(job)
+    if not isinstance(job, str) or not _JOB_RE.fullmatch(job):
+        raise ValueError(
+            f"job: expected a non-negative int or a name matching {_JOB_RE.pattern}, got {job!r}"
+        )
+    return job
+
+
+def _nonneg(x: Any, what: str) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+        raise ValueError(f"{what}: expected a non-negative int, got {x!r}")
+    return x
+
+
+def _digest(x: Any) -> Digest:
+    if not isinstance(x, bytes) or len(x) != 32:
+        raise ValueError(f"digest: expected 32 bytes, got {x!r:.80}")
+    return Digest(x)
+
+
+def _hex(b: bytes) -> str:
+    return "0x" + b.hex()
+
+
+def _unhex32(s: Any, what: str) -> bytes:
+    if not isinstance(s, str) or not re.fullmatch(r"0x[0-9a-f]{64}", s):
+        raise ValueError(f"{what}: expected 0x and 64 lowercase hex digits, got {s!r:.80}")
+    return bytes.fromhex(s[2:])
+
+
+def _dumps(obj: Any) -> bytes:
+    return (json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """The published fields of step leaf ``s`` plus the state components behind its state root.
+
+    Construction checks that ``state_root`` is the tree of ``components``, so a record read back
+    from a store is self-consistent (the leaf itself is checked against the chain by the caller).
+    """
+
+    s: int
+    state_root: Root
+    log_root: Root
+    components: tuple[Root, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.components, tuple) or not self.components:
+            raise ValueError(
+                f"components: expected a non-empty tuple of roots, got {self.components!r:.80}"
+            )
+        step_leaf(self.s, self.state_root, self.log_root)  # validates s >= 1 and both roots
+        computed = _state_root(self.components)
+        if not hmac.compare_digest(computed, self.state_root):
+            raise ValueError(
+                f"state_root: expected the tree of the components {_hex(computed)}, "
+                f"got {_hex(self.state_root)}"
+            )
+
+    def leaf(self) -> bytes:
+        """Step leaf data ``uint64be(s) || state_root || log_root``."""
+        return step_leaf(self.s, self.state_root, self.log_root)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"s", "state_root", "log_root", "components"}`` with 0x-hex roots."""
+        return {
+            "s": self.s,
+            "state_root": _hex(self.state_root),
+            "log_root": _hex(self.log_root),
+            "components": [_hex(c) for c in self.components],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> StepRecord:
+        """Parse :meth:`to_json` output; raises ValueError when malformed or inconsistent."""
+        if not isinstance(obj, dict) or set(obj) != {"s", "state_root", "log_root", "components"}:
+            raise ValueError(
+                f"step record: expected keys s, state_root, log_root, components, got {obj!r:.120}"
+            )
+        comps = obj["components"]
+        if not isinstance(comps, list):
+            raise ValueError(f"components: expected a list, got {type(comps).__name__}")
+        return cls(
+            obj["s"],
+            Root(_unhex32(obj["state_root"], "state_root")),
+            Root(_unhex32(obj["log_root"], "log_root")),
+            tuple(Root(_unhex32(c, f"components[{i}]")) for i, c in enumerate(comps)),
+        )
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """Index entry naming a blob: its sha256 and length."""
+
+    digest: Digest
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"digest": _hex(self.digest), "size": self.size}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> BlobRef:
+        if not isinstance(obj, dict) or set(obj) != {"digest", "size"}:
+            raise ValueError(f"blob index: expected keys digest, size, got {obj!r:.120}")
+        return cls(Digest(_unhex32(obj["digest"], "digest")), _nonneg(obj["size"], "size"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+_CKPT_META_KEY = "vtrain_sha256"
+
+
+def _tensor_dict_digest(tensors: dict[str, np.ndarray]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode() + b"\n")
+        h.update(a.data)
+    return h.hexdigest()
+
+
+def save_checkpoint(tensors: dict[str, np.ndarray]) -> bytes:
+    """safetensors bytes of ``tensors``, with a sha256 of the content in the header metadata.
+
+    Deterministic: the same dict gives the same bytes. :func:`load_checkpoint` checks the digest,
+    so a garbled header or body is caught even outside a content-addressed store.
+    """
+    from safetensors.numpy import save
+
+    if not isinstance(tensors, dict) or not tensors:
+        raise ValueError(
+            f"tensors: expected a non-empty dict of arrays, got {type(tensors).__name__}"
+        )
+    arrays = {}
+    for name, a in tensors.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError(
+                f"tensor name: expected a non-empty str other than __metadata__, got {name!r}"
+            )
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"tensors[{name!r}]: expected a numpy array, got {type(a).__name__}")
+        arrays[name] = np.ascontiguousarray(a)
+    return bytes(save(arrays, metadata={_CKPT_META_KEY: _tensor_dict_digest(arrays)}))
+
+
+def load_checkpoint(data: bytes) -> dict[str, np.ndarray]:
+    """Tensors of a checkpoint made by :func:`save_checkpoint`.
+
+    Raises CorruptArtifact when the bytes are truncated, garbled or lack the content digest.
+    """
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"data: expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    try:
+        if len(data) < 8:
+            raise ValueError(f"expected at least 8 bytes, got {len(data)}")
+        (hlen,) = struct.unpack("<Q", data[:8])
+        if hlen > len(data) - 8:
+            raise ValueError(f"header length {hlen} exceeds the {len(data) - 8} bytes after it")
+        header = json.loads(data[8 : 8 + hlen])
+        meta = header.get("__metadata__") if isinstance(header, dict) else None
+        want = meta.get(_CKPT_META_KEY) if isinstance(meta, dict) else None
+        if not isinstance(want, str):
+            raise ValueError(f"expected a {_CKPT_META_KEY} digest in the header metadata")
+        tensors = load(data)
+    except (SafetensorError, ValueError, UnicodeDecodeError, struct.error) as e:
+        raise CorruptArtifact(
+            f"checkpoint ({len(data)} bytes) is not a valid vtrain checkpoint: {e}"
+        ) from None
+    got = _tensor_dict_digest(tensors)
+    if not hmac.compare_digest(got, want):
+        raise CorruptArtifact(f"checkpoint content digest: expected {want}, got {got}")
+    return tensors
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers
+
+
+class ArtifactReader(ABC):
+    """The read API shared by the local store and the HTTP reader; every read is verified."""
+
+    @abstractmethod
+    def _read(self, job: str, rel: str) -> bytes:
+        """Bytes at ``<job>/<rel>``; raises MissingArtifact when absent."""
+
+    @abstractmethod
+    def _where(self, job: str, rel: str) -> str:
+        """Where ``<job>/<rel>`` lives (a path or a URL), for messages."""
+
+    def get_blob(self, job: str | int, digest: bytes) -> bytes:
+        """The blob named ``digest``; raises MissingArtifact, or CorruptArtifact if it does not
+        hash to its name."""
+        job = _job(job)
+        rel = f"objects/{_digest(digest).hex()}"
+        data = self._read(job, rel)
+        got = hashlib.sha256(data).digest()
+        if not hmac.compare_digest(got, digest):
+            raise CorruptArtifact(
+                f"object {digest.hex()} at {self._where(job, rel)}: content hashes to {got.hex()}"
+            )
+        return data
+
+    def _json(self, job: str, rel: str) -> Any:
+        raw = self._read(job, rel)
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CorruptArtifact(f"{self._where(job, rel)}: expected JSON, got {e}") from None
+
+    def get_step(self, job: str | int, s: int) -> StepRecord:
+        """The step record of step ``s``; raises MissingArtifact or CorruptArtifact."""
+        job, s = _job(job), _nonneg(s, "s")
+        rel = f"steps/{s}.json"
+        try:
+            rec = StepRecord.from_json(self._json(job, rel))
+        except (ValueError, TypeError) as e:
+            raise CorruptArtifact(f"{self._where(job, rel)}: {e}") from None
+        if rec.s != s:
+            raise CorruptArtifact(f"{self._where(job, rel)}: expected step {s}, got {rec.s}")
+        return rec
+
+    def _get_ref(self, job: str, rel: str) -> bytes:
+        try:
+            ref = BlobRef.from_json(self._json(job, rel))
+        except ValueError as e:
+            raise CorruptArtifact(f"{self._where(job, rel)}: {e}") from None
+        data = self.get_blob(job, ref.digest)
+        if len(data) != ref.size:
+            raise CorruptArtifact(
+                f"{self._where(job, rel)}: expected {ref.size} bytes, got {len(data)}"
+            )
+        return data
+
+    def get_log(self, job: str | int, s: int) -> bytes:
+        """The rounding-log bytes of step ``s`` (opaque here), hash-verified."""
+        return self._get_ref(_job(job), f"logs/{_nonneg(s, 's')}.json")
+
+    def get_checkpoint(self, job: str | int, interval: int) -> bytes:
+        """The checkpoint bytes at the start of ``interval`` (see :func:`load_checkpoint`)."""
+        return self._get_ref(_job(job), f"checkpoints/{_nonneg(interval, 'interval')}.json")
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` all or nothing: temp file in the same folder, fsync, replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+class ArtifactStore(ArtifactReader):
+    """A local artifact store rooted at ``path`` (created on first write)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.root = Path(path)
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({str(self.root)!r})"
+
+    def _path(self, job: str, rel: str) -> Path:
+        return self.root / job / rel
+
+    def _where(self, job: str, rel: str) -> str:
+        return str(self._path(job, rel))
+
+    def _read(self, job: str, rel: str) -> bytes:
+        path = self._path(job, rel)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise MissingArtifact(f"job {job}: {rel} not found at {path}") from None
+
+    def put_blob(self, job: str | int, data: bytes) -> Digest:
+        """Store ``data`` under its sha256 and return the digest (idempotent)."""
+        job = _job(job)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"data: expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+        digest = Digest(hashlib.sha256(data).digest())
+        path = self._path(job, f"objects/{digest.hex()}")
+        if path.exists():
+            try:
+                self.get_blob(job, digest)
+                return digest
+            except CorruptArtifact:
+                log.warning("replacing corrupt object %s at %s", digest.hex(), path)
+        _atomic_write(path, data)
+        log.debug("stored object %s (%d bytes) for job %s", digest.hex(), len(data), job)
+        return digest
+
+    def _put_index(self, job: str, rel: str, body: bytes) -> None:
+        path = self._path(job, rel)
+        if path.exists():
+            old = path.read_bytes()
+            if old == body:
+                return
+            try:
+                json.loads(old)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                log.warning("replacing unreadable index %s", path)
+            else:
+                raise ValueError(
+                    f"job {job}: {rel} is already stored with different content at {path}"
+                )
+        _atomic_write(path, body)
+
+    def put_step(self, job: str | int, record: StepRecord) -> None:
+        """Publish a step record (immutable: a different record for the same step is refused)."""
+        if not isinstance(record, StepRecord):
+            raise TypeError(f"record: expected a StepRecord, got {type(record).__name__}")
+        self._put_index(_job(job), f"steps/{record.s}.json", _dumps(record.to_json()))
+
+    def _put_ref(self, job: str | int, rel: str, data: bytes) -> Digest:
+        job = _job(job)
+        digest = self.put_blob(job, data)  # the object first, so no index ever names a missing one
+        self._put_index(job, rel, _dumps(BlobRef(digest, len(data)).to_json()))
+        return digest
+
+    def put_log(self, job: str | int, s: int, data: bytes) -> Digest:
+        """Publish the rounding-log bytes of step ``s``; returns their digest."""
+        return self._put_ref(job, f"logs/{_nonneg(s, 's')}.json", data)
+
+    def put_checkpoint(self, job: str | int, interval: int, data: bytes) -> Digest:
+        """Publish the checkpoint bytes at the start of ``interval``; returns their digest."""
+        return self._put_ref(job, f"checkpoints/{_nonneg(interval, 'interval')}.json", data)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+
+class _StoreHandler(http.server.BaseHTTPRequestHandler):
+    """Read-only GET/HEAD of the store layout; anything else is 404 or 405."""
+
+    server_version = "vtrain-store/1"
+    root: Path  # set on the subclass made by serve_store
+
+    def _send(self, head_only: bool) -> None:
+        m = _PATH_RE.fullmatch(self.path)
+        if m is None:
+            self.send_error(404, "not an artifact path")
+            return
+        path = self.root / m["job"] / m["rel"]
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            self.send_error(404, "no such artifact")
+            return
+        self.send_response(200)
+        ctype = "application/json" if m["rel"].endswith(".json") else "application/octet-stream"
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if not head_only:
+            self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self._send(head_only=False)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._send(head_only=True)
+
+    def _refuse(self) -> None:
+        self.send_error(405, "read-only store")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+def serve_store(
+    path: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0
+) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve the store at ``path`` read-only over HTTP from a daemon thread.
+
+    Returns ``(server, url)``; ``port=0`` picks a free port. Stop it with ``server.shutdown()``
+    then ``server.server_close()``.
+    """
+    handler = type("StoreHandler", (_StoreHandler,), {"root": Path(path)})
+    server = http.server.ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="store-http", daemon=True
+    ).start()
+    bound_port = server.server_address[1]
+    url = f"http://{host}:{bound_port}"
+    log.info("serving artifact store %s at %s", path, url)
+    return server, url
+
+
+class HttpArtifactReader(ArtifactReader):
+    """Reads a store served by :func:`serve_store` (or any static server of the same layout).
+
+    Connection errors, timeouts and 5xx answers are retried ``retries`` times with exponential
+    backoff; then ArtifactUnavailable. A 404 is MissingArtifact at once. Every read is verified
+    exactly as for a local store.
+    """
+
+    def __init__(
+        self, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.2
+    ) -> None:
+        if not isinstance(url, str) or not re.match(r"https?://", url):
+            raise ValueError(f"url: expected an http(s) URL, got {url!r}")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.retries = _nonneg(retries, "retries")
+        self.backoff = backoff
+
+    def __repr__(self) -> str:
+        return f"HttpArtifactReader({self.url!r})"
+
+    def _where(self, job: str, rel: str) -> str:
+        return f"{self.url}/{job}/{rel}"
+
+    def _read(self, job: str, rel: str) -> bytes:
+        url = self._where(job, rel)
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                with urllib.request.urlopen(url, timeout=self.timeout) as resp:
+                    return bytes(resp.read())
+            except urllib.error.HTTPError as e:
+                e.close()
+                if e.code == 404:
+                    raise MissingArtifact(f"job {job}: {rel} not found at {url}") from None
+                if e.code < 500:
+                    raise ArtifactUnavailable(f"{url}: HTTP {e.code} {e.reason}") from None
+                last = e
+            except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+                last = e
+            log.warning(
+                "reading %s failed (attempt %d of %d): %s", url, attempt + 1, self.retries + 1, last
+            )
+        raise ArtifactUnavailable(f"{url}: unavailable after {self.retries + 1} attempts: {last}")
