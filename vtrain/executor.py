@@ -96,7 +96,7 @@ class StepExecutor:
 
         ``check`` makes the replay report every log entry it finds inconsistent (possible abuse)
         and every unlogged near-tie; ``resolver_factory(op, inputs)`` may settle those exactly.
-        ``op_hook(op, out, log)`` (trainer only) may edit an op's output and the step's log: it is
+        ``op_hook(op, inputs, out, log)`` (trainer only) may edit an op's output and the step's log: it is
         how tests and demos play a cheating trainer, never used by the honest path.
         """
         g = self.graph
@@ -126,7 +126,7 @@ class StepExecutor:
             except CorruptLog as e:
                 raise CorruptLog(f"{where}, op {op.id} ({op.kind.name}): {e}") from None
             if op_hook is not None:
-                out = op_hook(op, out, out_log)
+                out = op_hook(op, ins, out, out_log)
             vals[op.id] = out
             if trace is not None:
                 trace.append(out)

@@ -14,11 +14,12 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from vtrain.commit import batch_indices, state_root, tensor_root, op_log_root, step_log_root
-from vtrain.executor import StepExecutor, StepLog, StepResult, state_tensors
+from vtrain.commit import EMPTY_OP_LOG_ROOT, LogEntry, batch_indices, op_log_root_arrays, state_root, step_log_root, tensor_root
+from vtrain.executor import StepLog, StepResult, state_tensors
 from vtrain.graph import Graph
 from vtrain.numerics import Mode
 from vtrain.spec import Job
+from vtrain.torch_ref import executor_for
 
 log = logging.getLogger(__name__)
 
@@ -62,27 +63,25 @@ def component_roots(state: list[torch.Tensor]) -> list[bytes]:
 
 def step_log_root_of(log_: StepLog, graph: Graph) -> bytes:
     """logRoot_s: one leaf per op, each the root of that op's sparse log (empty for most ops)."""
-    from vtrain.commit import EMPTY_OP_LOG_ROOT, LogEntry
-
     roots = []
     for op in graph.ops:
         e = log_.sparse.get(op.id)
         if e is None or len(e) == 0:
             roots.append(EMPTY_OP_LOG_ROOT)
         else:
-            roots.append(op_log_root(log_entries(e)))
+            roots.append(op_log_root_arrays(e.index, e.code, _value_bits(e)))
     return step_log_root(roots)
+
+
+def _value_bits(e) -> np.ndarray:
+    bits = e.value.view(np.uint32).copy()
+    bits[e.code != 3] = 0
+    return bits
 
 
 def log_entries(e) -> list:
     """The committed form of one op's entries (value bits only for explicit entries)."""
-    from vtrain.commit import LogEntry
-
-    bits = e.value.view(np.uint32)
-    return [
-        LogEntry(int(i), int(c), int(b) if c == 3 else 0)
-        for i, c, b in zip(e.index.tolist(), e.code.tolist(), bits.tolist())
-    ]
+    return [LogEntry(int(i), int(c), int(b)) for i, c, b in zip(e.index.tolist(), e.code.tolist(), _value_bits(e).tolist())]
 
 
 def initial_commitment(job: Job) -> tuple[list[bytes], bytes]:
@@ -109,7 +108,7 @@ def train_steps(
 
     ``cheat`` lets tests and demos play a dishonest trainer (see :class:`Cheat`).
     """
-    ex = StepExecutor(job.graph, mode or job.spec.mode)
+    ex = executor_for(job, mode or job.spec.mode)  # fp32: plain torch (TorchReference)
     for s in range(first, last + 1):
         data = batch_for(job, s)
         hook = None
@@ -134,13 +133,14 @@ def replay_steps(
     mode: Mode | str | None = None,
     check: bool = False,
     resolver_factory=None,
+    keep_trace: bool = False,
 ) -> Iterator[StepOutcome]:
     """Replay steps ``first..last`` with the trainer's logs; bit-identical to an honest trainer."""
-    ex = StepExecutor(job.graph, mode or job.spec.mode)
+    ex = executor_for(job, mode or job.spec.mode)  # fp32: plain torch (TorchReference)
     for s in range(first, last + 1):
         log_in = logs(s) if ex.mode in (Mode.CERTIFIED, Mode.PAPER) else StepLog(ex.mode)
         res = ex.run(state, batch_for(job, s), log_in=log_in if ex.mode in (Mode.CERTIFIED, Mode.PAPER) else None,
-                     check=check, resolver_factory=resolver_factory, step=s)
+                     check=check, resolver_factory=resolver_factory, step=s, keep_trace=keep_trace)
         if ex.mode in (Mode.CERTIFIED, Mode.PAPER):
             res.log = log_in
         yield _outcome(s, res, job.graph)

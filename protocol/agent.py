@@ -1,0 +1,93 @@
+"""What both agents share: reading games from the chain, making moves, claiming timeouts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from protocol.chain import Reverted
+from protocol.deploy import Protocol
+from protocol.game import PARTY_CHALLENGER, PARTY_TRAINER, STATUS_IN_PROGRESS, GameView, Move
+from protocol.jobs import JobContext
+from protocol.store import load_checkpoint, save_checkpoint
+from vtrain.errors import CorruptArtifact
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_bytes(ctx: JobContext, state: list[torch.Tensor]) -> bytes:
+    return save_checkpoint({f"{i:04d}:{s.name}": t.detach().numpy() for i, (s, t) in enumerate(zip(ctx.job.graph.slots, state))})
+
+
+def checkpoint_state(ctx: JobContext, data: bytes, what: str) -> list[torch.Tensor]:
+    d = load_checkpoint(data)
+    out = []
+    for i, s in enumerate(ctx.job.graph.slots):
+        a = d.get(f"{i:04d}:{s.name}")
+        if a is None or a.dtype != np.float32 or tuple(a.shape) != s.shape:
+            raise CorruptArtifact(f"{what}: slot {i} ({s.name}) missing or not float32{s.shape}")
+        out.append(torch.from_numpy(a.copy()))
+    if len(d) != len(ctx.job.graph.slots):
+        raise CorruptArtifact(f"{what}: expected {len(ctx.job.graph.slots)} tensors, got {len(d)}")
+    return out
+
+
+@dataclass
+class MoveStats:
+    """Moves and gas one agent spent, per game."""
+
+    moves: dict[int, int] = field(default_factory=dict)
+    gas: dict[int, int] = field(default_factory=dict)
+
+    def add(self, gid: int, gas: int) -> None:
+        self.moves[gid] = self.moves.get(gid, 0) + 1
+        self.gas[gid] = self.gas.get(gid, 0) + gas
+
+
+@dataclass
+class Player:
+    """A party in games of one job: sends the strategy's moves, claims the other side's timeouts."""
+
+    proto: Protocol
+    account: str
+    party: int
+    stats: MoveStats = field(default_factory=MoveStats)
+
+    def view(self, gid: int) -> GameView:
+        return GameView.decode(self.proto.chain.call(self.proto.game.functions.getGame(gid)))
+
+    def send(self, gid: int, move: Move, value: int = 0) -> dict:
+        fn = getattr(self.proto.game.functions, move.fn)(gid, *move.args)
+        r = self.proto.chain.send(fn, self.account, value=value, what=f"game {gid}: {move.fn}")
+        self.stats.add(gid, int(r["gasUsed"]))
+        log.info("game %d: %s (%d gas)", gid, move.fn, r["gasUsed"])
+        return r
+
+    def step(self, gid: int, strategy_move) -> bool:
+        """Make at most one move in game ``gid``; True when something was sent."""
+        v = self.view(gid)
+        if v.status != STATUS_IN_PROGRESS:
+            return False
+        if v.to_move == self.party:
+            move = strategy_move(gid, v)
+            if move is None:
+                return False
+            try:
+                self.send(gid, move)
+            except Reverted as e:
+                log.warning("game %d: %s reverted: %s", gid, move.fn, e)
+                return False
+            return True
+        other = PARTY_CHALLENGER if self.party == PARTY_TRAINER else PARTY_TRAINER
+        if v.to_move == other and self.proto.chain.now() > v.deadline:
+            self.send(gid, Move("claimTimeout", ()))
+            return True
+        return False
+
+    def games_of(self, job_id: int) -> list[int]:
+        ev = self.proto.game.events.GameCreated
+        logs = ev.get_logs(from_block=0, argument_filters={"job": job_id})
+        return sorted(int(e["args"]["game"]) for e in logs)

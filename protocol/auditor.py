@@ -1,0 +1,146 @@
+"""The auditor agent: replays every posted interval with the trainer's logs on its own hardware,
+settles any element the rounding rule alone cannot with exact arithmetic (the same rule the
+contract applies), and challenges the first interval whose root differs from its own."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from protocol.agent import Player
+from protocol.deploy import Protocol
+from protocol.game import PARTY_CHALLENGER, ChallengerStrategy, StepBook
+from protocol.jobs import JobContext, Terms
+from protocol.store import ArtifactReader, StepRecord
+from vtrain.commit import LogEntry, interval_root
+from vtrain.errors import VtrainError
+from vtrain.executor import state_tensors
+from vtrain.graph import OpKind, OpNode
+from vtrain.logfile import decode_step_log
+from vtrain.trace import StepTrace
+from vtrain.train import replay_steps
+
+log = logging.getLogger(__name__)
+
+
+def exact_resolver(ctx: JobContext):
+    """Resolver factory for :func:`vtrain.numerics.apply_log`: keep the trainer's value where the
+    contract would uphold it, else take the exact rounding (``vtrain.exact``)."""
+    from vtrain.exact import UnsupportedOp, exact_value, judge_element, rn32
+
+    descs = ctx.graph.descriptors
+
+    def factory(op: OpNode, ins: list[torch.Tensor]):
+        tensors = [t.detach().numpy() for t in ins]
+
+        def resolve(indices: np.ndarray, proposed: np.ndarray, codes: np.ndarray) -> np.ndarray:
+            out = proposed.copy()
+            bits = proposed.view(np.uint32)
+            for k, (i, c) in enumerate(zip(indices.tolist(), codes.tolist())):
+                entry = LogEntry(int(i), int(c), int(bits[k]) if c == 3 else 0) if c else None
+                try:
+                    if judge_element(descs[op.id], tensors, int(i), int(bits[k]), entry):
+                        continue
+                    out[k] = np.array(rn32(exact_value(descs[op.id], tensors, int(i))), np.uint32).view(np.float32)
+                except UnsupportedOp:
+                    continue  # not adjudicable on-chain yet: follow the log
+            return out
+
+        return resolve
+
+    return factory
+
+
+@dataclass
+class AuditorAgent:
+    proto: Protocol
+    account: str
+    ctx: JobContext
+    reader: ArtifactReader
+    job_id: int
+    honest: bool = True
+    book: StepBook = field(init=False)
+    player: Player = field(init=False)
+    verified: int = 0  # intervals checked so far
+    disputed: list[int] = field(default_factory=list)
+    _states: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.book = StepBook(self.ctx)
+        self.player = Player(self.proto, self.account, PARTY_CHALLENGER)
+        self._states[0] = state_tensors(self.ctx.job.initial_state)
+        self._trace = lru_cache(maxsize=4)(self._regenerate)
+        self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
+
+    def _logs(self, s: int):
+        return decode_step_log(self.reader.get_log(self.job_id, s), s, self.ctx.job.graph)
+
+    def posted(self) -> list[bytes]:
+        n = int(self.proto.chain.call(self.proto.registry.functions.getJob(self.job_id))[4])
+        return [bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0]) for i in range(n)]
+
+    def audit(self) -> int | None:
+        """Replay every newly posted interval; return the first interval whose root differs."""
+        roots = self.posted()
+        while self.verified < len(roots):
+            i = self.verified
+            first, n = self.ctx.interval_span(i)
+            state = self._states[first - 1]
+            for o in replay_steps(self.ctx.job, state, first, first + n - 1, self._logs, check=True,
+                                  resolver_factory=exact_resolver(self.ctx)):
+                self.book.records[o.step] = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
+                state = o.state
+            self._states[first + n - 1] = state
+            mine = interval_root([self.book.records[s].leaf for s in range(first, first + n)])
+            self.verified += 1
+            if mine != roots[i]:
+                log.info("job %d: interval %d differs (posted %s, replayed %s)", self.job_id, i, roots[i].hex()[:16], mine.hex()[:16])
+                return i
+        return None
+
+    def challenge(self, interval: int, terms: Terms) -> int:
+        r = self.proto.chain.send(self.proto.game.functions.challenge(self.job_id, interval), self.account,
+                                  value=terms.challenger_bond, what=f"job {self.job_id}: challenge interval {interval}")
+        ev = self.proto.game.events.GameCreated().process_receipt(r)
+        gid = int(ev[0]["args"]["game"])
+        self.disputed.append(gid)
+        self.player.stats.add(gid, int(r["gasUsed"]))
+        return gid
+
+    def _regenerate(self, s: int) -> StepTrace:
+        i = (s - 1) // self.ctx.spec.interval
+        first, _ = self.ctx.interval_span(i)
+        state = self._states.get(first - 1)
+        if state is None:
+            raise VtrainError(f"auditor has no replayed state before step {first}")
+        if s > first:
+            for o in replay_steps(self.ctx.job, state, first, s - 1, self._logs, resolver_factory=exact_resolver(self.ctx)):
+                state = o.state
+        (o,) = list(replay_steps(self.ctx.job, state, s, s, self._logs, resolver_factory=exact_resolver(self.ctx), keep_trace=True))
+        return StepTrace.of(s, self.ctx.job.graph, o.result)
+
+    def _opened_components(self, gid: int) -> list[bytes] | None:
+        logs = self.proto.game.events.StepOpened.get_logs(from_block=0, argument_filters={"game": gid})
+        return [bytes(c) for c in logs[-1]["args"]["components"]] if logs else None
+
+    def _chunk(self, gid: int) -> bytes | None:
+        logs = self.proto.game.events.ChunkOpened.get_logs(from_block=0, argument_filters={"game": gid})
+        return bytes(logs[-1]["args"]["data"]) if logs else None
+
+    def play(self) -> int:
+        strategy = ChallengerStrategy(self.ctx, self.book, self._trace, self._opened_components, self._chunk, honest=self.honest)
+        sent = 0
+        for gid in self.disputed:
+            sent += self.player.step(gid, strategy.move)
+        return sent
+
+    def withdraw(self) -> int:
+        owed = int(self.proto.chain.call(self.proto.registry.functions.owed(self.account)))
+        if owed:
+            self.proto.chain.send(self.proto.registry.functions.withdraw(), self.account, what="withdraw")
+        return owed
+

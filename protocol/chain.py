@@ -1,0 +1,229 @@
+"""The chain client: web3 on the embedded eth-tester chain (default) or any JSON-RPC node.
+
+Every transaction waits for its receipt; reverts are decoded into the contract's custom error
+(name and arguments); connection failures are retried with backoff and then reported as a
+:class:`ChainError` naming the endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from eth_abi import decode as abi_decode
+from eth_utils import function_signature_to_4byte_selector
+from web3 import Web3
+from web3.contract import Contract
+from web3.exceptions import ContractCustomError, ContractLogicError, TimeExhausted
+
+from protocol.build import load_artifact
+from vtrain.errors import VtrainError
+
+log = logging.getLogger(__name__)
+
+#: Per-transaction gas cap of current EVMs (Osaka); every transaction stays under it.
+TX_GAS_CAP = 16_777_216
+DEFAULT_GAS = 12_000_000
+
+
+class ChainError(VtrainError):
+    """Raised when the node is unreachable, a transaction reverts, or an address holds no contract."""
+
+
+class Reverted(ChainError):
+    """Raised when a transaction or call reverts; ``error`` is the decoded custom error name."""
+
+    def __init__(self, message: str, error: str | None = None, args: tuple = ()) -> None:
+        super().__init__(message)
+        self.error = error
+        self.error_args = args
+
+
+@dataclass
+class Chain:
+    """A connection plus the ABIs of every deployed contract (for decoding errors and events)."""
+
+    w3: Web3
+    url: str | None = None
+    retries: int = 5
+    backoff: float = 0.5
+    _errors: dict[bytes, tuple[str, list[str]]] = field(default_factory=dict)
+
+    # -- connecting -------------------------------------------------------------------------------
+    @staticmethod
+    def connect(rpc: str | None = None, timeout: float = 10.0) -> Chain:
+        """The embedded eth-tester chain when ``rpc`` is None, else the node at ``rpc``."""
+        if rpc is None:
+            from web3 import EthereumTesterProvider
+
+            chain = Chain(Web3(EthereumTesterProvider()), None)
+        else:
+            chain = Chain(Web3(Web3.HTTPProvider(rpc, request_kwargs={"timeout": timeout})), rpc)
+        chain.accounts()  # fails early and clearly when the node is not there
+        return chain
+
+    @property
+    def name(self) -> str:
+        return self.url or "embedded eth-tester"
+
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
+
+    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                return fn()
+            except (ConnectionError, OSError, TimeoutError) as e:
+                if attempt == self.retries:
+                    raise ChainError(f"{what}: node at {self.name} unreachable after {self.retries + 1} tries ({e})") from None
+                log.warning("%s: %s; retrying in %.1fs", what, e, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 8.0)
+            except Exception as e:  # requests wraps connection errors in its own types
+                if "Connection" in type(e).__name__ or "Timeout" in type(e).__name__:
+                    if attempt == self.retries:
+                        raise ChainError(f"{what}: node at {self.name} unreachable after {self.retries + 1} tries ({e})") from None
+                    log.warning("%s: %s; retrying in %.1fs", what, e, delay)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 8.0)
+                else:
+                    raise
+
+    def accounts(self) -> list[str]:
+        accs = self._retry("eth_accounts", lambda: self.w3.eth.accounts)
+        if not accs:
+            raise ChainError(f"node at {self.name} has no unlocked accounts")
+        return list(accs)
+
+    # -- contracts --------------------------------------------------------------------------------
+    def register_errors(self, abi: list[dict]) -> None:
+        for item in abi:
+            if item.get("type") == "error":
+                types = [i["type"] if not i["type"].startswith("tuple") else _tuple_type(i) for i in item["inputs"]]
+                sig = f"{item['name']}({','.join(types)})"
+                self._errors[function_signature_to_4byte_selector(sig)] = (item["name"], types)
+
+    def deploy(self, name: str, *args: Any, sender: str, gas: int = DEFAULT_GAS) -> Contract:
+        art = load_artifact(name)
+        self.register_errors(art.abi)
+        factory = self.w3.eth.contract(abi=art.abi, bytecode=art.bytecode)
+        receipt = self.send(factory.constructor(*args), sender, gas=gas, what=f"deploy {name}")
+        addr = receipt["contractAddress"]
+        log.info("deployed %s at %s (%d gas)", name, addr, receipt["gasUsed"])
+        return self.w3.eth.contract(address=addr, abi=art.abi)
+
+    def at(self, name: str, address: str) -> Contract:
+        """The deployed contract ``name`` at ``address``; fails clearly when no code is there."""
+        if not Web3.is_address(address):
+            raise ChainError(f"{name}: {address!r} is not an address")
+        address = Web3.to_checksum_address(address)
+        code = self._retry("eth_getCode", lambda: self.w3.eth.get_code(address))
+        if len(code) == 0:
+            raise ChainError(f"{name}: no contract at {address} on {self.name} (wrong address or chain?)")
+        art = load_artifact(name)
+        self.register_errors(art.abi)
+        return self.w3.eth.contract(address=address, abi=art.abi)
+
+    # -- transactions -----------------------------------------------------------------------------
+    def send(self, fn: Any, sender: str, value: int = 0, gas: int = DEFAULT_GAS, what: str = "") -> dict:
+        """Send a transaction, wait for its receipt, and raise :class:`Reverted` on failure."""
+        if gas > TX_GAS_CAP:
+            raise ChainError(f"{what}: gas {gas} exceeds the per-transaction cap {TX_GAS_CAP}")
+        label = what or getattr(fn, "fn_name", "transaction")
+        params = {"from": sender, "value": value, "gas": gas}
+        bal = self._retry("eth_getBalance", lambda: self.w3.eth.get_balance(sender))
+        gas_price = self._retry("eth_gasPrice", lambda: self.w3.eth.gas_price)
+        if bal < value + gas * gas_price and bal < value + gas:  # be lenient where the base fee is 0
+            raise ChainError(f"{label}: account {sender} has {bal} wei, needs at least {value} + gas")
+        try:
+            tx = self._retry(label, lambda: fn.transact(params))
+            receipt = self._retry(label, lambda: self.w3.eth.wait_for_transaction_receipt(tx, timeout=120))
+        except (ContractCustomError, ContractLogicError) as e:
+            raise self._decode_revert(label, e) from None
+        except TimeExhausted as e:
+            raise ChainError(f"{label}: no receipt within 120 s ({e})") from None
+        if receipt["status"] != 1:
+            # Re-run as a call to get the reason.
+            try:
+                fn.call({"from": sender, "value": value, "gas": gas}, block_identifier=receipt["blockNumber"] - 1)
+            except (ContractCustomError, ContractLogicError) as e:
+                raise self._decode_revert(label, e) from None
+            raise Reverted(f"{label}: reverted (tx {receipt['transactionHash'].hex()})")
+        return dict(receipt)
+
+    def call(self, fn: Any, sender: str | None = None) -> Any:
+        try:
+            return self._retry(getattr(fn, "fn_name", "call"), lambda: fn.call({"from": sender} if sender else {}))
+        except (ContractCustomError, ContractLogicError) as e:
+            raise self._decode_revert(getattr(fn, "fn_name", "call"), e) from None
+
+    def _decode_revert(self, label: str, e: Exception) -> Reverted:
+        data = getattr(e, "data", None)
+        if isinstance(data, dict):
+            data = data.get("data")
+        if isinstance(data, str) and data.startswith("0x") and len(data) >= 10:
+            raw = bytes.fromhex(data[2:])
+            sel = raw[:4]
+            if sel in self._errors:
+                name, types = self._errors[sel]
+                try:
+                    args = tuple(abi_decode(types, raw[4:]))
+                except Exception:
+                    args = ()
+                shown = ", ".join(_show(a) for a in args)
+                return Reverted(f"{label}: reverted with {name}({shown})", name, args)
+        return Reverted(f"{label}: reverted ({e})")
+
+    # -- time ---------------------------------------------------------------------------------------
+    def now(self) -> int:
+        return int(self._retry("eth_getBlockByNumber", lambda: self.w3.eth.get_block("latest"))["timestamp"])
+
+    def advance_time(self, seconds: int) -> None:
+        """Move the chain's clock forward (test chains only) and mine a block."""
+        if self.embedded:
+            tester = self.w3.provider.ethereum_tester  # type: ignore[attr-defined]
+            tester.time_travel(self.now() + seconds)
+            tester.mine_blocks(1)
+        else:
+            self.w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
+            self.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+
+
+def _tuple_type(item: dict) -> str:
+    inner = ",".join(c["type"] if not c["type"].startswith("tuple") else _tuple_type(c) for c in item["components"])
+    return f"({inner}){item['type'][5:]}"
+
+
+def _show(a: Any) -> str:
+    if isinstance(a, (bytes, bytearray)):
+        return "0x" + bytes(a).hex()
+    return repr(a)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Addresses of one deployment of the protocol's contracts."""
+
+    registry: str
+    game: str
+    adjudicator: str
+    chain_id: int
+
+    def save(self, path: Path) -> None:
+        from vtrain.rundir import atomic_write
+
+        atomic_write(Path(path), json.dumps(self.__dict__, indent=2).encode())
+
+    @staticmethod
+    def load(path: Path) -> Deployment:
+        try:
+            d = json.loads(Path(path).read_text())
+            return Deployment(d["registry"], d["game"], d["adjudicator"], int(d["chain_id"]))
+        except (OSError, json.JSONDecodeError, KeyError, ValueError) as e:
+            raise ChainError(f"deployment file {path}: {e}") from None

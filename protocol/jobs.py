@@ -1,0 +1,99 @@
+"""A job as both agents see it: the spec made concrete plus every commitment the chain holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from vtrain.commit import dataset_root, dataset_tree, spec_hash
+from vtrain.merkle import MerkleTree
+from vtrain.spec import Job, TrainSpec, build_job
+from vtrain.trace import GraphCommitment
+from vtrain.train import initial_commitment
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The economic terms of a job (wei and seconds)."""
+
+    payment: int = 10**18
+    trainer_stake: int = 2 * 10**18
+    challenger_bond: int = 5 * 10**17
+    challenge_window: int = 3600
+    clock: int = 1800
+
+
+@dataclass
+class JobContext:
+    """Spec, dataset, graph and the commitments derived from them (computed once)."""
+
+    spec: TrainSpec
+    job: Job
+
+    @staticmethod
+    def of(spec: TrainSpec) -> JobContext:
+        return JobContext(spec, build_job(spec))
+
+    @cached_property
+    def graph(self) -> GraphCommitment:
+        return GraphCommitment.of(self.job.graph)
+
+    @cached_property
+    def data_tree(self) -> MerkleTree:
+        return dataset_tree(self.job.dataset.samples)
+
+    @cached_property
+    def data_root(self) -> bytes:
+        return dataset_root(self.job.dataset.samples)
+
+    @cached_property
+    def initial(self) -> tuple[list[bytes], bytes]:
+        return initial_commitment(self.job)
+
+    @cached_property
+    def spec_hash(self) -> bytes:
+        return spec_hash(self.spec.to_dict())
+
+    @property
+    def n_intervals(self) -> int:
+        return -(-self.spec.steps // self.spec.interval)
+
+    def interval_span(self, i: int) -> tuple[int, int]:
+        """(first step, number of steps) of interval ``i``."""
+        first = i * self.spec.interval + 1
+        return first, min(self.spec.interval, self.spec.steps - first + 1)
+
+    def params(self, trainer: str, terms: Terms) -> tuple:
+        """The on-chain JobParams struct, in field order."""
+        return (
+            trainer,
+            self.spec_hash,
+            self.data_root,
+            self.spec.data_seed,
+            self.job.dataset.n,
+            self.graph.root,
+            self.job.graph.n_ops,
+            len(self.job.graph.slots),
+            self.initial[1],
+            self.spec.steps,
+            self.spec.interval,
+            terms.trainer_stake,
+            terms.challenger_bond,
+            terms.challenge_window,
+            terms.clock,
+        )
+
+    def check_onchain(self, params: tuple) -> None:
+        """Raise when the chain's job does not commit to this spec (wrong spec file or job id)."""
+        from protocol.chain import ChainError
+
+        mine = self.params(params[0], Terms(0, params[11], params[12], params[13], params[14]))
+        names = ["trainer", "specHash", "dataRoot", "dataSeed", "nSamples", "graphRoot", "nOps", "nSlots",
+                 "initialStateRoot", "nSteps", "intervalLength"]
+        for name, a, b in zip(names, mine, params):
+            if a != b:
+                raise ChainError(f"job commits to a different {name}: chain has {_show(b)}, this spec gives {_show(a)}")
+
+
+def _show(x) -> str:
+    return "0x" + bytes(x).hex() if isinstance(x, (bytes, bytearray)) else str(x)

@@ -1,0 +1,123 @@
+"""The trainer agent: trains with controlled numerics, posts one root per interval, publishes the
+artifacts, and defends its commitments in every game. Restart-safe: progress is read back from
+the chain (next interval) and the artifact store (records, logs, checkpoints)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+import torch
+
+from protocol.agent import Player, checkpoint_bytes, checkpoint_state
+from protocol.deploy import Protocol
+from protocol.game import PARTY_TRAINER, StepBook, TrainerStrategy
+from protocol.jobs import JobContext, Terms
+from protocol.store import ArtifactStore, StepRecord
+from vtrain.commit import interval_root
+from vtrain.executor import state_tensors
+from vtrain.logfile import encode_step_log
+from vtrain.trace import StepTrace
+from vtrain.train import Cheat, train_steps
+
+log = logging.getLogger(__name__)
+
+JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
+
+
+@dataclass
+class TrainerAgent:
+    proto: Protocol
+    account: str
+    ctx: JobContext
+    store: ArtifactStore
+    job_id: int
+    cheat: Cheat | None = None
+    player: Player = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.player = Player(self.proto, self.account, PARTY_TRAINER)
+        self._trace = lru_cache(maxsize=4)(self._regenerate)
+
+    # -- job life cycle -----------------------------------------------------------------------------
+    def accept(self, terms: Terms) -> None:
+        self.proto.chain.send(self.proto.registry.functions.acceptJob(self.job_id), self.account,
+                              value=terms.trainer_stake, what=f"job {self.job_id}: acceptJob")
+
+    def next_interval(self) -> int:
+        return int(self.proto.chain.call(self.proto.registry.functions.getJob(self.job_id))[4])
+
+    def status(self) -> str:
+        return JOB_STATUS[int(self.proto.chain.call(self.proto.registry.functions.jobStatus(self.job_id)))]
+
+    def run_interval(self, on_step: Callable[[int, float], None] | None = None) -> int | None:
+        """Train the next unposted interval, publish its artifacts, post its root. None when done."""
+        i = self.next_interval()
+        if i >= self.ctx.n_intervals:
+            return None
+        first, n = self.ctx.interval_span(i)
+        state = self._state_at(first - 1)
+        self.store.put_checkpoint(self.job_id, i, checkpoint_bytes(self.ctx, state))
+        leaves = []
+        for o in train_steps(self.ctx.job, state, first, first + n - 1, cheat=self.cheat):
+            self.store.put_log(self.job_id, o.step, encode_step_log(o.log, o.step, self.ctx.job.graph))
+            rec = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
+            self.store.put_step(self.job_id, rec)
+            leaves.append(rec.leaf)
+            if on_step:
+                on_step(o.step, o.loss)
+        if first + n - 1 < self.ctx.spec.steps:
+            self.store.put_checkpoint(self.job_id, i + 1, checkpoint_bytes(self.ctx, o.state))
+        root = interval_root(leaves)
+        self.proto.chain.send(self.proto.registry.functions.postInterval(self.job_id, i, root), self.account,
+                              what=f"job {self.job_id}: postInterval {i}")
+        log.info("job %d: posted interval %d root %s", self.job_id, i, root.hex()[:16])
+        return i
+
+    def _state_at(self, step: int) -> list[torch.Tensor]:
+        """State after ``step`` (an interval boundary): initial state or the stored checkpoint."""
+        if step == 0:
+            return state_tensors(self.ctx.job.initial_state)
+        i = step // self.ctx.spec.interval
+        return checkpoint_state(self.ctx, self.store.get_checkpoint(self.job_id, i), f"checkpoint of interval {i}")
+
+    def finalize(self) -> None:
+        self.proto.chain.send(self.proto.registry.functions.finalize(self.job_id), self.account, what=f"job {self.job_id}: finalize")
+
+    def withdraw(self) -> int:
+        owed = int(self.proto.chain.call(self.proto.registry.functions.owed(self.account)))
+        if owed:
+            self.proto.chain.send(self.proto.registry.functions.withdraw(), self.account, what="withdraw")
+        return owed
+
+    # -- games --------------------------------------------------------------------------------------
+    def book(self) -> StepBook:
+        b = StepBook(self.ctx)
+        for s in range(1, self.next_interval_steps() + 1):
+            b.records[s] = self.store.get_step(self.job_id, s)
+        return b
+
+    def next_interval_steps(self) -> int:
+        i = self.next_interval()
+        return min(i * self.ctx.spec.interval, self.ctx.spec.steps)
+
+    def _regenerate(self, s: int) -> StepTrace:
+        """Step ``s``'s trace, re-run from the interval checkpoint (deterministic on this machine)."""
+        i = (s - 1) // self.ctx.spec.interval
+        first, _ = self.ctx.interval_span(i)
+        state = self._state_at(first - 1)
+        if s > first:
+            for o in train_steps(self.ctx.job, state, first, s - 1, cheat=self.cheat):
+                state = o.state
+        (o,) = list(train_steps(self.ctx.job, state, s, s, cheat=self.cheat, keep_trace=True))
+        return StepTrace.of(s, self.ctx.job.graph, o.result)
+
+    def play(self) -> int:
+        """One pass over this job's games: at most one move each. Returns moves sent."""
+        strategy = TrainerStrategy(self.ctx, self.book(), self._trace)
+        sent = 0
+        for gid in self.player.games_of(self.job_id):
+            sent += self.player.step(gid, lambda g, v: strategy.move(v))
+        return sent

@@ -1,0 +1,140 @@
+"""Commitments of a job's graph and on-demand op-level traces of one step.
+
+A trace is regenerated, never stored: replay from the interval checkpoint with the logs up to
+step ``s`` and keep every op output of step ``s``. Its root is the tree over the ops' output
+tensor roots, in op order; INPUT and OUTPUT records bind it to ``stateRoot_{s-1}`` and
+``stateRoot_s`` (see docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from vtrain.commit import (
+    EMPTY_OP_LOG_ROOT,
+    LogEntry,
+    encode_op_descriptor,
+    graph_tree,
+    op_log_root_arrays,
+    roots_tree,
+    tensor_root,
+    tensor_tree,
+)
+from vtrain.executor import StepLog, StepResult
+from vtrain.graph import Graph, OpKind
+from vtrain.merkle import MerkleTree
+
+
+def op_descriptors(graph: Graph) -> list[bytes]:
+    """The committed descriptor of every op; a CONST's attrs[0] is its tensor root."""
+    out = []
+    for op in graph.ops:
+        attrs = list(op.attrs)
+        if op.kind == OpKind.CONST:
+            attrs = [int.from_bytes(tensor_root(graph.consts[op.id]), "big")]
+        out.append(encode_op_descriptor(int(op.kind), list(op.inputs), list(op.shape), [list(s) for s in graph.in_shapes(op)], attrs))
+    return out
+
+
+@dataclass
+class GraphCommitment:
+    """The graph root and the tree behind it (descriptor proofs for the game)."""
+
+    descriptors: list[bytes]
+    tree: MerkleTree
+
+    @staticmethod
+    def of(graph: Graph) -> GraphCommitment:
+        d = op_descriptors(graph)
+        return GraphCommitment(d, graph_tree(d))
+
+    @property
+    def root(self) -> bytes:
+        return self.tree.root
+
+
+def op_log_entries(log: StepLog, op: int) -> list[LogEntry]:
+    e = log.sparse.get(op)
+    if e is None:
+        return []
+    bits = e.value.view(np.uint32)
+    return [LogEntry(int(i), int(c), int(b) if c == 3 else 0) for i, c, b in zip(e.index.tolist(), e.code.tolist(), bits.tolist())]
+
+
+def op_log_roots(log: StepLog, graph: Graph) -> list[bytes]:
+    roots = []
+    for op in graph.ops:
+        e = log.sparse.get(op.id)
+        if e is None or len(e) == 0:
+            roots.append(EMPTY_OP_LOG_ROOT)
+        else:
+            bits = e.value.view(np.uint32).copy()
+            bits[e.code != 3] = 0
+            roots.append(op_log_root_arrays(e.index, e.code, bits))
+    return roots
+
+
+@dataclass
+class StepTrace:
+    """Every op output of one step with its commitments (output roots, trace tree, log tree)."""
+
+    step: int
+    graph: Graph
+    outputs: list[np.ndarray]
+    log: StepLog
+    _tensor_trees: dict[int, MerkleTree] = field(default_factory=dict)
+
+    @staticmethod
+    def of(step: int, graph: Graph, result: StepResult) -> StepTrace:
+        if result.trace is None:
+            raise ValueError("the step was run without keep_trace")
+        outs = [t.detach().reshape(-1).numpy().astype(np.float32, copy=False) for t in result.trace]
+        return StepTrace(step, graph, outs, result.log)
+
+    @cached_property
+    def op_roots(self) -> list[bytes]:
+        return [tensor_root(o) for o in self.outputs]
+
+    @cached_property
+    def tree(self) -> MerkleTree:
+        return roots_tree(self.op_roots, "trace")
+
+    @property
+    def root(self) -> bytes:
+        return self.tree.root
+
+    @cached_property
+    def log_roots(self) -> list[bytes]:
+        return op_log_roots(self.log, self.graph)
+
+    @cached_property
+    def log_tree(self) -> MerkleTree:
+        return roots_tree(self.log_roots, "step log")
+
+    def tensor_tree(self, op: int) -> MerkleTree:
+        if op not in self._tensor_trees:
+            self._tensor_trees[op] = tensor_tree(self.outputs[op])
+        return self._tensor_trees[op]
+
+    def inputs_of(self, op: int) -> list[np.ndarray]:
+        node = self.graph.ops[op]
+        return [self.outputs[i].reshape(self.graph.ops[i].shape) for i in node.inputs]
+
+    def output(self, op: int) -> np.ndarray:
+        return self.outputs[op].reshape(self.graph.ops[op].shape)
+
+
+def first_difference(a: StepTrace, b: StepTrace) -> int | None:
+    """The first op whose output differs between two traces of the same step (None if none)."""
+    for j, (x, y) in enumerate(zip(a.op_roots, b.op_roots)):
+        if x != y:
+            return j
+    return None
+
+
+def as_state(arrays: list[np.ndarray]) -> list[torch.Tensor]:
+    return [torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) for a in arrays]
