@@ -138,16 +138,18 @@ def commit_vectors() -> dict[str, Any]:
     components = [C.tensor_root(tensor_values(n)) for n in (1, 63, 64, 65, 130)]
     state = MerkleTree.from_leaves(components)
     assert C.state_root(components) == state.root
-    steps = []
+    steps: list[dict[str, Any]] = []
+    step_leaves: list[bytes] = []
     for s in range(1, 7):
         sr, lr = label(f"state/{s}"), label(f"log/{s}")
+        step_leaves.append(C.step_leaf(s, sr, lr))
         steps.append(
             {"s": s, "state_root": hx(sr), "log_root": hx(lr), "leaf": hx(C.step_leaf(s, sr, lr))}
         )
     k = 4
     intervals = []
     for i in range(2):
-        leaves = [bytes.fromhex(st["leaf"][2:]) for st in steps[i * k : i * k + k]]
+        leaves = step_leaves[i * k : i * k + k]
         tree = C.interval_tree(leaves)
         intervals.append(
             {
