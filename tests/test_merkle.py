@@ -440,3 +440,14 @@ def test_consistency_of_equal_sizes_needs_equal_roots_and_an_empty_path():
         verify_consistency(EMPTY_ROOT, tree.root, proof)
     with pytest.raises(InvalidProof):
         verify_consistency(tree.root, tree.root, ConsistencyProof(6, 6, (tree.root,)))
+
+
+def test_leaf_data_must_be_bytes_like_not_ints_or_text():
+    assert merkle_root([bytearray(b"ab"), memoryview(b"c")]) == merkle_root([b"ab", b"c"])
+    for bad in (5, "ab", None):
+        with pytest.raises(TypeError):
+            merkle_root([bad])  # type: ignore[list-item]
+        with pytest.raises(TypeError):
+            MerkleTree.from_leaves([b"x", bad])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"leaf_hashes\[1\]: expected 32 bytes"):
+        MerkleTree([bytes(32), bytes(31)])

@@ -62,7 +62,7 @@ _BLOCK_LEAVES = 1 << 14
 
 def leaf_hash(data: bytes | bytearray | memoryview) -> Digest:
     """``sha256(0x00 || data)``: the hash of one leaf's data."""
-    return Digest(_sha256(LEAF_PREFIX + bytes(data)).digest())
+    return Digest(_sha256(LEAF_PREFIX + data).digest())
 
 
 def node_hash(left: bytes, right: bytes) -> Digest:
@@ -188,7 +188,7 @@ def root_of_leaf_hashes(hashes: Sequence[bytes]) -> Root:
 def merkle_root(leaves: Iterable[bytes]) -> Root:
     """Root of the tree whose leaves hold the given data."""
     sha, prefix = _sha256, LEAF_PREFIX
-    return Root(_fold([sha(prefix + bytes(d)).digest() for d in leaves]))
+    return Root(_fold([sha(prefix + d).digest() for d in leaves]))
 
 
 def _split(n: int) -> int:
@@ -212,6 +212,9 @@ class MerkleTree:
         for i, h in enumerate(level):
             if not isinstance(h, bytes) or len(h) != DIGEST_SIZE:
                 raise ValueError(f"leaf_hashes[{i}]: expected {DIGEST_SIZE} bytes, got {h!r:.80}")
+        self._build(level)
+
+    def _build(self, level: list[bytes]) -> None:
         self._size = len(level)
         levels = [b"".join(level)]
         while len(level) > 1:
@@ -220,10 +223,17 @@ class MerkleTree:
         self._levels: tuple[bytes, ...] = tuple(levels)
 
     @classmethod
+    def _of_hashes(cls, hashes: list[bytes]) -> MerkleTree:
+        """Build from leaf hashes this module computed (skips the per-leaf type checks)."""
+        tree = cls.__new__(cls)
+        tree._build(hashes)
+        return tree
+
+    @classmethod
     def from_leaves(cls, leaves: Iterable[bytes]) -> MerkleTree:
         """Build from leaf data (each leaf hashed as ``H(0x00 || data)``)."""
         sha, prefix = _sha256, LEAF_PREFIX
-        return cls([sha(prefix + bytes(d)).digest() for d in leaves])
+        return cls._of_hashes([sha(prefix + d).digest() for d in leaves])
 
     @classmethod
     def from_leaf_hashes(cls, hashes: Sequence[bytes]) -> MerkleTree:
@@ -236,7 +246,7 @@ class MerkleTree:
     ) -> MerkleTree:
         """Build from ``buf`` cut into ``chunk_size``-byte leaves (the last one may be short)."""
         _check_chunk_size(chunk_size)
-        return cls(_chunk_hashes(_as_u8(buf), chunk_size))
+        return cls._of_hashes(_chunk_hashes(_as_u8(buf), chunk_size))
 
     @property
     def size(self) -> int:
