@@ -1,0 +1,352 @@
+"""JobRegistry: job life cycle, interval posting, finalize, cancel, pull payments, reentrancy,
+game hooks. Every test ends with the solvency invariant (fixture `dep`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import game_harness as H
+from game_harness import JobStatus, reverts
+
+CFG = H.JobConfig()  # 6 steps, K = 4: intervals [1..4], [5..6]
+
+
+@pytest.fixture(scope="module")
+def run() -> H.Run:
+    return H.simulate(CFG)
+
+
+@pytest.fixture(scope="module")
+def chain() -> H.Deployment:
+    return H.deploy()
+
+
+@pytest.fixture
+def dep(chain: H.Deployment) -> Iterator[H.Deployment]:
+    """The deployment rewound to a fresh state; the solvency invariant is checked after the test."""
+    d = chain.reset()
+    yield d
+    d.check_solvency()
+
+
+def params_with(run: H.Run, trainer_addr: str, **changes: object) -> tuple:
+    names = [
+        "trainer", "specHash", "dataRoot", "dataSeed", "nSamples", "graphRoot", "nOps", "nSlots",
+        "initialStateRoot", "nSteps", "intervalLength", "trainerStake", "challengerBond",
+        "challengeWindow", "clock",
+    ]
+    p = dict(zip(names, run.job_params(trainer_addr), strict=True))
+    p.update(changes)
+    return tuple(p[n] for n in names)
+
+
+def paid(dep: H.Deployment, receipt) -> int:
+    return receipt.gasUsed * receipt.effectiveGasPrice
+
+
+# ------------------------------------------------------------------ createJob
+
+
+def test_createJob_stores_params_and_escrows_payment(dep, run):
+    job = H.create_job(dep, run)
+    j = dep.job(job)
+    assert job == 1 and dep.call(dep.registry.functions.jobCount()) == 1
+    assert j["status"] == JobStatus.OPEN
+    assert j["client"] == dep.client and j["payment"] == CFG.payment
+    assert j["params"]["graphRoot"] == run.graph.root
+    assert j["params"]["initialStateRoot"] == run.registered_init_root
+    assert j["params"]["nOps"] == run.graph.n_ops
+    assert dep.call(dep.registry.functions.escrowOf(job)) == CFG.payment
+    assert dep.call(dep.registry.functions.nIntervals(job)) == 2
+    assert dep.call(dep.registry.functions.intervalSpan(job, 0)) == [1, 4]
+    assert dep.call(dep.registry.functions.intervalSpan(job, 1)) == [5, 2]
+    (ev,) = dep.events(dep.registry, "JobCreated")
+    assert ev.trainer == dep.trainer and ev.payment == CFG.payment
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("trainer", "0x" + "00" * 20),
+        ("nOps", 0),
+        ("nSlots", 0),
+        ("nSlots", 1025),
+        ("nSteps", 0),
+        ("intervalLength", 0),
+        ("nSamples", 0),
+        ("challengeWindow", 0),
+        ("clock", 0),
+        ("initialStateRoot", b"\x00" * 32),
+        ("graphRoot", b"\x00" * 32),
+    ],
+)
+def test_createJob_with_out_of_range_param_reverts(dep, run, field, value):
+    with reverts("InvalidJobParam", field):
+        dep.tx(dep.registry.functions.createJob(params_with(run, dep.trainer, **{field: value})), dep.client)
+
+
+def test_createJob_with_nSlots_1024_is_accepted(dep, run):
+    dep.tx(dep.registry.functions.createJob(params_with(run, dep.trainer, nSlots=1024)), dep.client)
+
+
+# ------------------------------------------------------------------ cancel
+
+
+def test_cancelJob_by_client_before_accept_refunds_payment(dep, run):
+    job = H.create_job(dep, run)
+    dep.tx(dep.registry.functions.cancelJob(job), dep.client)
+    assert dep.job_status(job) == JobStatus.CANCELLED
+    assert dep.owed(dep.client) == CFG.payment
+    assert dep.call(dep.registry.functions.escrowOf(job)) == 0
+    with reverts("WrongJobStatus", job, JobStatus.CANCELLED, JobStatus.OPEN):
+        dep.tx(dep.registry.functions.cancelJob(job), dep.client)
+    with reverts("WrongJobStatus"):
+        H.accept_job(dep, job, run)
+
+
+def test_cancelJob_by_other_than_client_reverts(dep, run):
+    job = H.create_job(dep, run)
+    with reverts("Unauthorized", dep.trainer, dep.client):
+        dep.tx(dep.registry.functions.cancelJob(job), dep.trainer)
+
+
+def test_cancelJob_after_accept_reverts(dep, run):
+    job = H.create_job(dep, run)
+    H.accept_job(dep, job, run)
+    with reverts("WrongJobStatus", job, JobStatus.ACTIVE, JobStatus.OPEN):
+        dep.tx(dep.registry.functions.cancelJob(job), dep.client)
+
+
+def test_cancelJob_of_unknown_job_reverts(dep):
+    with reverts("UnknownJob", 7):
+        dep.tx(dep.registry.functions.cancelJob(7), dep.client)
+
+
+# ------------------------------------------------------------------ accept
+
+
+def test_acceptJob_with_exact_stake_activates_job(dep, run):
+    job = H.create_job(dep, run)
+    H.accept_job(dep, job, run)
+    j = dep.job(job)
+    assert j["status"] == JobStatus.ACTIVE and j["acceptedAt"] > 0
+    assert dep.call(dep.registry.functions.escrowOf(job)) == CFG.payment + CFG.trainer_stake
+    with reverts("WrongJobStatus", job, JobStatus.ACTIVE, JobStatus.OPEN):
+        H.accept_job(dep, job, run)
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_acceptJob_with_wrong_stake_reverts(dep, run, delta):
+    job = H.create_job(dep, run)
+    with reverts("WrongValue", CFG.trainer_stake + delta, CFG.trainer_stake):
+        dep.tx(dep.registry.functions.acceptJob(job), dep.trainer, value=CFG.trainer_stake + delta)
+
+
+def test_acceptJob_by_other_than_trainer_reverts(dep, run):
+    job = H.create_job(dep, run)
+    with reverts("Unauthorized", dep.challenger, dep.trainer):
+        dep.tx(dep.registry.functions.acceptJob(job), dep.challenger, value=CFG.trainer_stake)
+
+
+# ------------------------------------------------------------------ postInterval
+
+
+def test_postInterval_in_order_records_root_and_window(dep, run):
+    job = H.active_job(dep, run, post=False)
+    t = dep.now()
+    dep.tx(dep.registry.functions.postInterval(job, 0, run.interval_roots[0]), dep.trainer)
+    iv = dep.call(dep.registry.functions.getInterval(job, 0))
+    assert iv == (run.interval_roots[0], t)
+    assert dep.call(dep.registry.functions.windowEnd(job, 0)) == t + CFG.challenge_window
+    assert dep.call(dep.registry.functions.windowEnd(job, 1)) == 0
+    assert dep.job(job)["nextInterval"] == 1
+    (ev,) = dep.events(dep.registry, "IntervalPosted", job=job)
+    assert (ev.index, ev.firstStep, ev.size, ev.windowEnd) == (0, 1, 4, t + CFG.challenge_window)
+
+
+def test_postInterval_with_gap_reverts(dep, run):
+    job = H.active_job(dep, run, post=False)
+    with reverts("WrongInterval", 1, 0, 2):
+        dep.tx(dep.registry.functions.postInterval(job, 1, run.interval_roots[1]), dep.trainer)
+
+
+def test_postInterval_overwrite_reverts(dep, run):
+    job = H.active_job(dep, run, post=False)
+    H.post_intervals(dep, job, run, upto=1)
+    with reverts("WrongInterval", 0, 1, 2):
+        dep.tx(dep.registry.functions.postInterval(job, 0, b"\x11" * 32), dep.trainer)
+    assert dep.call(dep.registry.functions.getInterval(job, 0))[0] == run.interval_roots[0]
+
+
+def test_postInterval_past_last_interval_reverts(dep, run):
+    job = H.active_job(dep, run)
+    with reverts("WrongInterval", 2, 2, 2):
+        dep.tx(dep.registry.functions.postInterval(job, 2, b"\x11" * 32), dep.trainer)
+
+
+def test_postInterval_zero_root_reverts(dep, run):
+    job = H.active_job(dep, run, post=False)
+    with reverts("ZeroRoot"):
+        dep.tx(dep.registry.functions.postInterval(job, 0, b"\x00" * 32), dep.trainer)
+
+
+def test_postInterval_by_other_than_trainer_reverts(dep, run):
+    job = H.active_job(dep, run, post=False)
+    with reverts("Unauthorized", dep.client, dep.trainer):
+        dep.tx(dep.registry.functions.postInterval(job, 0, run.interval_roots[0]), dep.client)
+
+
+def test_postInterval_before_accept_reverts(dep, run):
+    job = H.create_job(dep, run)
+    with reverts("WrongJobStatus", job, JobStatus.OPEN, JobStatus.ACTIVE):
+        dep.tx(dep.registry.functions.postInterval(job, 0, run.interval_roots[0]), dep.trainer)
+
+
+def test_nIntervals_when_K_divides_N_has_full_last_interval(dep):
+    run = H.simulate(H.JobConfig(n_steps=8, interval_length=4))
+    job = H.create_job(dep, run)
+    assert dep.call(dep.registry.functions.nIntervals(job)) == 2
+    assert dep.call(dep.registry.functions.intervalSpan(job, 1)) == [5, 4]
+    with reverts("WrongInterval", 2, 2, 2):
+        dep.call(dep.registry.functions.intervalSpan(job, 2))
+
+
+# ------------------------------------------------------------------ finalize
+
+
+def test_finalize_after_last_window_credits_trainer_payment_and_stake(dep, run):
+    job = H.active_job(dep, run)
+    end = dep.call(dep.registry.functions.windowEnd(job, 1))
+    dep.at(end)
+    with reverts("WindowStillOpen", job, end, end):
+        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+    dep.tx(dep.registry.functions.finalize(job), dep.anyone)  # mined at end + 1
+    assert dep.job_status(job) == JobStatus.FINALIZED
+    assert dep.owed(dep.trainer) == CFG.payment + CFG.trainer_stake
+    assert dep.call(dep.registry.functions.escrowOf(job)) == 0
+    with reverts("WrongJobStatus", job, JobStatus.FINALIZED, JobStatus.ACTIVE):
+        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+
+
+def test_finalize_with_missing_interval_reverts(dep, run):
+    job = H.active_job(dep, run, post=False)
+    H.post_intervals(dep, job, run, upto=1)
+    dep.advance(CFG.challenge_window + 10)
+    with reverts("IntervalsMissing", job, 1, 2):
+        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+
+
+def test_finalize_with_open_game_reverts_until_game_ends(dep, run):
+    job = H.active_job(dep, run)
+    end = dep.call(dep.registry.functions.windowEnd(job, 1))
+    dep.at(end - 10)
+    gid = H.challenge(dep, job, 1)
+    dep.at(end + 1)
+    with reverts("GamesOpen", job, 1):
+        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+    # The trainer reveals; the challenger never answers and the trainer claims the timeout.
+    res = H.play(dep, gid, H.Trainer(dep, run), _Silent(dep, dep.challenger))
+    assert (res.status, res.ruling) == (H.GameStatus.TRAINER_WON, H.Ruling.TIMEOUT)
+    dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+    assert dep.owed(dep.trainer) == CFG.payment + CFG.trainer_stake + CFG.challenger_bond
+
+
+def test_finalize_before_accept_reverts(dep, run):
+    job = H.create_job(dep, run)
+    with reverts("WrongJobStatus", job, JobStatus.OPEN, JobStatus.ACTIVE):
+        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+
+
+class _Silent(H.Challenger):
+    """A challenger that never moves."""
+
+    def move(self, gid, v):
+        return False
+
+
+# ------------------------------------------------------------------ withdraw
+
+
+def test_withdraw_pays_credit_once_and_double_withdraw_reverts(dep, run):
+    job = H.create_job(dep, run)
+    dep.tx(dep.registry.functions.cancelJob(job), dep.client)
+    before = dep.w3.eth.get_balance(dep.client)
+    r = dep.tx(dep.registry.functions.withdraw(), dep.client)
+    assert dep.w3.eth.get_balance(dep.client) == before + CFG.payment - paid(dep, r)
+    assert dep.owed(dep.client) == 0 and dep.call(dep.registry.functions.totalOwed()) == 0
+    (ev,) = dep.events(dep.registry, "Withdrawn")
+    assert ev.amount == CFG.payment
+    with reverts("NothingOwed", dep.client):
+        dep.tx(dep.registry.functions.withdraw(), dep.client)
+
+
+def test_withdraw_with_nothing_owed_reverts(dep):
+    with reverts("NothingOwed", dep.anyone):
+        dep.tx(dep.registry.functions.withdraw(), dep.anyone)
+
+
+def _receiver_client(dep: H.Deployment, run: H.Run):
+    recv = dep.deploy("ReentrantReceiver", dep.registry.address)
+    dep.known.add(recv.address)
+    data = dep.registry.encode_abi("createJob", [run.job_params(dep.trainer)])
+    dep.tx(recv.functions.exec(dep.registry.address, data), dep.client, value=CFG.payment)
+    job = dep.call(dep.registry.functions.jobCount())
+    dep.tx(recv.functions.exec(dep.registry.address, dep.registry.encode_abi("cancelJob", [job])), dep.client)
+    assert dep.owed(recv.address) == CFG.payment
+    return recv
+
+
+def test_withdraw_reentered_by_malicious_receiver_pays_only_once(dep, run):
+    recv = _receiver_client(dep, run)
+    reg_before = dep.w3.eth.get_balance(dep.registry.address)
+    dep.tx(recv.functions.exec(dep.registry.address, dep.registry.encode_abi("withdraw", [])), dep.client)
+    assert dep.call(recv.functions.received()) == CFG.payment
+    assert dep.call(recv.functions.reentryAttempts()) == 1
+    assert dep.call(recv.functions.reentrySucceeded()) is False
+    name, args = H.decode_revert(dep.call(recv.functions.lastReentryError()))
+    assert (name, args) == ("NothingOwed", (recv.address,))
+    assert dep.w3.eth.get_balance(dep.registry.address) == reg_before - CFG.payment
+    assert dep.owed(recv.address) == 0
+
+
+def test_withdraw_to_rejecting_receiver_reverts_and_keeps_credit(dep, run):
+    recv = _receiver_client(dep, run)
+    dep.tx(recv.functions.setRejectPayments(True), dep.client)
+    with reverts("TransferFailed", recv.address, CFG.payment):
+        dep.tx(recv.functions.exec(dep.registry.address, dep.registry.encode_abi("withdraw", [])), dep.client)
+    assert dep.owed(recv.address) == CFG.payment
+    dep.tx(recv.functions.setRejectPayments(False), dep.client)
+    dep.tx(recv.functions.exec(dep.registry.address, dep.registry.encode_abi("withdraw", [])), dep.client)
+    assert dep.owed(recv.address) == 0 and dep.call(recv.functions.received()) == CFG.payment
+
+
+def test_registry_rejects_plain_ether_transfers(dep):
+    h = dep.w3.eth.send_transaction({"from": dep.anyone, "to": dep.registry.address, "value": 1, "gas": 100_000})
+    assert dep.w3.eth.get_transaction_receipt(h).status == 0
+
+
+# ------------------------------------------------------------------ game hooks and binding
+
+
+def test_setDisputeGame_twice_reverts(dep):
+    with reverts("GameAlreadySet", dep.game.address):
+        dep.tx(dep.registry.functions.setDisputeGame(dep.anyone), dep.deployer)
+
+
+def test_setDisputeGame_by_other_than_deployer_reverts(dep):
+    fresh = dep.deploy("JobRegistry")
+    with reverts("Unauthorized", dep.anyone, dep.deployer):
+        dep.tx(fresh.functions.setDisputeGame(dep.anyone), dep.anyone)
+
+
+def test_game_hooks_called_by_other_than_game_revert(dep, run):
+    job = H.active_job(dep, run)
+    reg = dep.registry.functions
+    with reverts("Unauthorized", dep.challenger, dep.game.address):
+        dep.tx(reg.lockBond(job, 0, dep.challenger), dep.challenger, value=CFG.challenger_bond)
+    with reverts("Unauthorized"):
+        dep.tx(reg.settleGame(job, dep.challenger, False), dep.challenger)
+    with reverts("Unauthorized"):
+        dep.tx(reg.refundGame(job, dep.challenger), dep.challenger)
