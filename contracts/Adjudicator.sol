@@ -1,0 +1,460 @@
+// SPDX-License-Identifier: MIT
+pragma solidity 0.8.28;
+
+import {IAdjudicator} from "contracts/interfaces/IAdjudicator.sol";
+import {ExactSum} from "contracts/lib/ExactSum.sol";
+import {Float32} from "contracts/lib/Float32.sol";
+import {OpKinds} from "contracts/lib/OpKinds.sol";
+import {RoundingRule} from "contracts/lib/RoundingRule.sol";
+import {TensorIndex} from "contracts/lib/TensorIndex.sol";
+import {TensorProof} from "contracts/lib/TensorProof.sol";
+
+/// @title Adjudicator
+/// @notice The one-step check: recomputes one output element of one op from Merkle-opened inputs,
+///         exactly (or in a tight enclosure, see ExactSum), and applies the rounding rule of
+///         docs/numerics.md to the claimed value and the committed log entry (RoundingRule).
+///         Supported kinds: ADD SUB MUL DIV ADD_S MUL_S DIV_S RSUB_S SQRT MATMUL SUM MEAN MAX RELU
+///         RELU_GRAD OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND ONE_HOT GATHER DATA. EXP LOG TANH (and
+///         the bind ops INPUT CONST, ruled by the game) revert with `UnsupportedOp`.
+///
+///         One-step proof encoding (also docs/protocol.md, "One-step proof encoding"):
+///         `proof = abi.encode(Opening[] openings, LogOpening log)` with
+///         `Opening = (bytes data, bytes32[] siblings)` and
+///         `LogOpening = (uint256 position, uint256 size, bytes leaves, bytes32[] siblings)`.
+///         - An `Opening` is a TensorProof range opening whose position the contract derives: the
+///           FP32 LE bytes of the whole 64-element chunks that hold the elements read (one element,
+///           or a whole contiguous row for MATMUL/SUM/MEAN/MAX), against the input's tensor root;
+///           for DATA the sample's bytes (one leaf) against `dataRoot` at the sampled index.
+///         - `openings` lists the reads in the order the op makes them, and only those it makes:
+///           elementwise ops: input 0 then input 1; MATMUL: row of a, row of b, then the chunk of
+///           bias[j]; GATHER: idx, then x only when idx is a valid index; RELU_GRAD: x, then g only
+///           when x > 0; PAD: nothing when the element is padding; ONE_HOT: idx; DATA: the sample.
+///         - `log` opens the adjacent log leaves `position, position + 1` (9 bytes each) with
+///           `key_p < index + 1 <= key_{p+1}`: the entry is leaf p+1 when its key is `index + 1`,
+///           otherwise the element has no entry (code none).
+/// @dev Reverts (custom errors) on malformed descriptors, non-verifying openings and non-finite
+///      inputs; returns false for a well-proven claim that the rule rejects, including claims on
+///      elements with no finite value (division by zero, square root of a negative number).
+contract Adjudicator is IAdjudicator {
+    /// @notice One range opening of tensor chunks or of a dataset sample (positions are derived).
+    struct Opening {
+        bytes data;
+        bytes32[] siblings;
+    }
+
+    /// @notice Two adjacent leaves of the op log tree and the range proof of them.
+    struct LogOpening {
+        uint256 position;
+        uint256 size;
+        bytes leaves;
+        bytes32[] siblings;
+    }
+
+    /// @dev What one ruling works on.
+    struct Ctx {
+        uint8 kind;
+        uint256 index;
+        uint32[] shape;
+        uint32[][] inShapes;
+        uint256[] attrs;
+        bytes32[] roots;
+        Opening[] openings;
+        uint256 next;
+    }
+
+    /// @notice Thrown for op kinds this adjudicator does not rule on (EXP LOG TANH, bind ops, unknown codes).
+    error UnsupportedOp(uint8 kind);
+    /// @notice Thrown when the number of input roots or input shapes does not fit the op.
+    error InputCount(uint8 kind, uint256 actual, uint256 expected);
+    /// @notice Thrown when an input's shape does not fit the op and its output shape.
+    error ShapeMismatch(uint8 kind, uint256 input);
+    /// @notice Thrown when an op's attributes are missing or out of range.
+    error BadAttrs(uint8 kind, uint256 position);
+    /// @notice Thrown when the proof carries fewer or more input openings than the element reads.
+    error OpeningCount(uint256 supplied, uint256 needed);
+    /// @notice Thrown when the opened log leaves do not bracket the element's key.
+    error LogBracket(uint256 keyBelow, uint256 keyAbove, uint256 key);
+    /// @notice Thrown when the output index is outside the output tensor or beyond the log's key space.
+    error IndexOutOfRange(uint256 index, uint256 limit);
+    /// @notice Thrown when a DATA op is ruled for a job without samples.
+    error NoSamples();
+
+    uint256 private constant LOG_LEAF = 9;
+    uint256 private constant HIGH_KEY = 0xFFFFFFFF;
+
+    /// @inheritdoc IAdjudicator
+    function adjudicate(ElementClaim calldata claim, bytes calldata proof) external view returns (bool trainerRight) {
+        Ctx memory c;
+        uint32[] memory inputs;
+        (c.kind, inputs, c.shape, c.inShapes, c.attrs) =
+            abi.decode(claim.descriptor, (uint8, uint32[], uint32[], uint32[][], uint256[]));
+        LogOpening memory logOpening;
+        (c.openings, logOpening) = abi.decode(proof, (Opening[], LogOpening));
+        c.index = claim.index;
+        c.roots = claim.inputRoots;
+        // INVARIANT: one agreed root and one shape per descriptor input.
+        if (inputs.length != c.roots.length || c.inShapes.length != c.roots.length) {
+            revert InputCount(c.kind, c.roots.length, inputs.length);
+        }
+        uint256 n = TensorIndex.numel(c.shape);
+        if (c.index >= n) revert IndexOutOfRange(c.index, n);
+        (uint8 code, uint32 value) = _logEntry(claim.opLogRoot, c.index, logOpening);
+
+        (RoundingRule.Enclosure memory x, bool defined) = _exactValue(c, claim);
+        // INVARIANT: every supplied opening was read, so a proof has one canonical form.
+        if (c.next != c.openings.length) revert OpeningCount(c.openings.length, c.next);
+        if (!defined) return false;
+        return RoundingRule.judge(x, claim.claimed, code, value);
+    }
+
+    // ---------------------------------------------------------------------------------------------
+    // Per-kind exact semantics (docs/protocol.md, "Op kinds")
+    // ---------------------------------------------------------------------------------------------
+
+    /// @dev The enclosure of the element's exact value; `defined` is false when it has no finite value.
+    function _exactValue(Ctx memory c, ElementClaim calldata claim)
+        private
+        view
+        returns (RoundingRule.Enclosure memory x, bool defined)
+    {
+        uint8 k = c.kind;
+        defined = true;
+        if (k == OpKinds.ADD || k == OpKinds.SUB || k == OpKinds.MUL || k == OpKinds.DIV || k == OpKinds.RELU_GRAD)
+        {
+            return _binary(c);
+        }
+        if (k >= OpKinds.ADD_S && k <= OpKinds.RSUB_S) return _scalar(c);
+        if (k == OpKinds.SQRT) {
+            _inputs(c, 1);
+            _sameShape(c, 0);
+            return _sqrt(_read(c, 0, c.index));
+        }
+        if (k == OpKinds.MATMUL) return (_matmul(c), true);
+        if (k == OpKinds.SUM || k == OpKinds.MEAN || k == OpKinds.MAX) return (_reduce(c), true);
+        if (k == OpKinds.DATA) return (_data(c, claim), true);
+        if (k == OpKinds.ONE_HOT) return (_oneHot(c), true);
+        if (k == OpKinds.GATHER) return (_gather(c), true);
+        if (k == OpKinds.RELU) {
+            _inputs(c, 1);
+            _sameShape(c, 0);
+            uint32 a = _read(c, 0, c.index);
+            return (RoundingRule.exactly(_positive(a) ? a : 0), true);
+        }
+        if (k == OpKinds.OUTPUT || (k >= OpKinds.RESHAPE && k <= OpKinds.EXPAND)) return (_move(c), true);
+        revert UnsupportedOp(k);
+    }
+
+    /// @dev ADD SUB MUL DIV RELU_GRAD with broadcasting.
+    function _binary(Ctx memory c) private view returns (RoundingRule.Enclosure memory, bool) {
+        _inputs(c, 2);
+        uint256[] memory idx = TensorIndex.unravel(c.index, c.shape);
+        for (uint256 i = 0; i < 2; ++i) {
+            if (!TensorIndex.broadcastsTo(c.inShapes[i], c.shape)) revert ShapeMismatch(c.kind, i);
+        }
+        uint32 a = _read(c, 0, TensorIndex.ravelBroadcast(idx, c.inShapes[0]));
+        if (c.kind == OpKinds.RELU_GRAD) {
+            if (!_positive(a)) return (RoundingRule.exactly(0), true);
+            return (RoundingRule.exactly(_read(c, 1, TensorIndex.ravelBroadcast(idx, c.inShapes[1]))), true);
+        }
+        uint32 b = _read(c, 1, TensorIndex.ravelBroadcast(idx, c.inShapes[1]));
+        return _arith(c.kind, a, b);
+    }
+
+    /// @dev ADD_S MUL_S DIV_S RSUB_S: `a op c` with the FP32 constant `attrs[0]`.
+    function _scalar(Ctx memory c) private view returns (RoundingRule.Enclosure memory, bool) {
+        _inputs(c, 1);
+        _sameShape(c, 0);
+        if (c.attrs.length != 1 || c.attrs[0] > type(uint32).max) revert BadAttrs(c.kind, 0);
+        uint32 s = uint32(c.attrs[0]);
+        if (!Float32.isFinite(s)) revert BadAttrs(c.kind, 0);
+        uint32 a = _read(c, 0, c.index);
+        if (c.kind == OpKinds.ADD_S) return _arith(OpKinds.ADD, a, s);
+        if (c.kind == OpKinds.MUL_S) return _arith(OpKinds.MUL, a, s);
+        if (c.kind == OpKinds.DIV_S) return _arith(OpKinds.DIV, a, s);
+        return _arith(OpKinds.SUB, s, a);
+    }
+
+    /// @dev The exact value of one IEEE op on finite FP32 operands (`dc = 0`).
+    function _arith(uint8 op, uint32 a, uint32 b) private pure returns (RoundingRule.Enclosure memory x, bool) {
+        if (op == OpKinds.DIV) return _div(a, b);
+        uint256[] memory terms;
+        if (op == OpKinds.MUL) {
+            terms = new uint256[](1);
+            terms[0] = ExactSum.product(a, b);
+        } else {
+            terms = new uint256[](2);
+            terms[0] = ExactSum.value(a);
+            terms[1] = op == OpKinds.SUB ? ExactSum.negated(ExactSum.value(b)) : ExactSum.value(b);
+        }
+        return (ExactSum.exactEnclosure(ExactSum.accumulate(terms)), true);
+    }
+
+    /// @dev a / b as the rational `ma * 2^(xa - xb) / mb`; undefined for b = 0.
+    function _div(uint32 a, uint32 b) private pure returns (RoundingRule.Enclosure memory x, bool) {
+        Float32.requireFinite(a);
+        Float32.requireFinite(b);
+        (bool na, uint256 ma, int256 xa) = Float32.decode(a);
+        (bool nb, uint256 mb, int256 xb) = Float32.decode(b);
+        if (mb == 0) return (x, false);
+        int256 v = na != nb ? -int256(ma) : int256(ma);
+        return (RoundingRule.Enclosure(v, v, 0, xa - xb, mb), true);
+    }
+
+    /// @dev sqrt(a) enclosed in [r, r + 1) * 2^((x - s) / 2), r = isqrt(m << s), s >= 200 (exact
+    ///      when r^2 = m << s); undefined for a < 0.
+    function _sqrt(uint32 a) private pure returns (RoundingRule.Enclosure memory x, bool) {
+        Float32.requireFinite(a);
+        (bool neg, uint256 m, int256 e) = Float32.decode(a);
+        if (m == 0) return (RoundingRule.exactly(0), true);
+        if (neg) return (x, false);
+        uint256 s = e & 1 == 0 ? 200 : 201;
+        uint256 big = m << s;
+        uint256 r = Float32.isqrt(big);
+        int256 lo = int256(r);
+        return (RoundingRule.Enclosure(lo, r * r == big ? lo : lo + 1, 0, (e - int256(s)) / 2, 1), true);
+    }
+
+    /// @dev out[..., i, j] = sum_k a[..., i, k] * b[..., j, k] (+ bias[j]); n = K (+1).
+    function _matmul(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
+        bool hasBias = c.roots.length == 3;
+        if (c.roots.length != 2 && !hasBias) revert InputCount(c.kind, c.roots.length, 2);
+        uint256 r = c.shape.length;
+        uint32[] memory sa = c.inShapes[0];
+        uint32[] memory sb = c.inShapes[1];
+        if (r < 2 || sa.length != r) revert ShapeMismatch(c.kind, 0);
+        if (sb.length != r) revert ShapeMismatch(c.kind, 1);
+        uint256 m = c.shape[r - 2];
+        uint256 nOut = c.shape[r - 1];
+        uint256 kk = sa[r - 1];
+        for (uint256 i = 0; i + 2 < r; ++i) {
+            if (sa[i] != c.shape[i]) revert ShapeMismatch(c.kind, 0);
+            if (sb[i] != c.shape[i]) revert ShapeMismatch(c.kind, 1);
+        }
+        if (sa[r - 2] != m || kk == 0) revert ShapeMismatch(c.kind, 0);
+        if (sb[r - 2] != nOut || sb[r - 1] != kk) revert ShapeMismatch(c.kind, 1);
+        if (hasBias && (c.inShapes[2].length != 1 || c.inShapes[2][0] != nOut)) revert ShapeMismatch(c.kind, 2);
+
+        uint256 j = c.index % nOut;
+        uint256 row = c.index / nOut; // batch * M + i
+        uint256 batch = row / m;
+        (bytes memory aData, uint256 aOff) = _readRow(c, 0, row * kk, kk);
+        (bytes memory bData, uint256 bOff) = _readRow(c, 1, (batch * nOut + j) * kk, kk);
+        uint256 n = hasBias ? kk + 1 : kk;
+        uint256[] memory terms = new uint256[](n);
+        for (uint256 t = 0; t < kk; ++t) {
+            terms[t] = ExactSum.product(TensorProof.f32At(aData, aOff + t), TensorProof.f32At(bData, bOff + t));
+        }
+        if (hasBias) terms[kk] = ExactSum.value(_read(c, 2, j));
+        return ExactSum.sumEnclosure(ExactSum.accumulate(terms), n);
+    }
+
+    /// @dev SUM MEAN MAX over the last axis of a [..., n]; out [..., 1].
+    function _reduce(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
+        _inputs(c, 1);
+        uint32[] memory sa = c.inShapes[0];
+        if (c.shape.length == 0) revert ShapeMismatch(c.kind, 0);
+        uint256 last = c.shape.length - 1;
+        if (!TensorIndex.sameExcept(sa, c.shape, last) || c.shape[last] != 1 || sa[last] == 0) {
+            revert ShapeMismatch(c.kind, 0);
+        }
+        uint256 n = sa[last];
+        // The output's last dim is 1, so its flat index is the row number.
+        (bytes memory data, uint256 off) = _readRow(c, 0, c.index * n, n);
+        if (c.kind == OpKinds.MAX) {
+            uint32 best = TensorProof.f32At(data, off);
+            Float32.requireFinite(best);
+            for (uint256 t = 1; t < n; ++t) {
+                uint32 v = TensorProof.f32At(data, off + t);
+                Float32.requireFinite(v);
+                if (Float32.toOrdered(v) > Float32.toOrdered(best)) best = v;
+            }
+            return RoundingRule.exactly(best);
+        }
+        uint256[] memory terms = new uint256[](n);
+        for (uint256 t = 0; t < n; ++t) {
+            terms[t] = ExactSum.value(TensorProof.f32At(data, off + t));
+        }
+        ExactSum.Accumulation memory acc = ExactSum.accumulate(terms);
+        return c.kind == OpKinds.SUM ? ExactSum.sumEnclosure(acc, n) : ExactSum.meanEnclosure(acc, n);
+    }
+
+    /// @dev OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND: a copy of one input element (or a PAD zero).
+    function _move(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
+        _inputs(c, 1);
+        uint8 k = c.kind;
+        uint32[] memory si = c.inShapes[0];
+        if (k == OpKinds.OUTPUT || k == OpKinds.RESHAPE) {
+            if (TensorIndex.numel(si) != TensorIndex.numel(c.shape)) revert ShapeMismatch(k, 0);
+            return RoundingRule.exactly(_read(c, 0, c.index));
+        }
+        uint256[] memory idx = TensorIndex.unravel(c.index, c.shape);
+        if (k == OpKinds.EXPAND) {
+            if (!TensorIndex.broadcastsTo(si, c.shape)) revert ShapeMismatch(k, 0);
+            return RoundingRule.exactly(_read(c, 0, TensorIndex.ravelBroadcast(idx, si)));
+        }
+        uint256 r = c.shape.length;
+        if (k == OpKinds.PERMUTE) {
+            if (si.length != r) revert ShapeMismatch(k, 0);
+            if (c.attrs.length != r) revert BadAttrs(k, c.attrs.length);
+            uint256[] memory inIdx = new uint256[](r);
+            uint256 seen;
+            for (uint256 d = 0; d < r; ++d) {
+                uint256 p = c.attrs[d];
+                if (p >= r || seen & (1 << p) != 0) revert BadAttrs(k, d);
+                seen |= 1 << p;
+                if (si[p] != c.shape[d]) revert ShapeMismatch(k, 0);
+                inIdx[p] = idx[d];
+            }
+            return RoundingRule.exactly(_read(c, 0, TensorIndex.ravelBroadcast(inIdx, si)));
+        }
+        // SLICE and PAD: attrs [axis, start]; shapes agree except on `axis`.
+        if (c.attrs.length != 2 || c.attrs[0] >= r) revert BadAttrs(k, 0);
+        uint256 axis = c.attrs[0];
+        uint256 start = c.attrs[1];
+        if (!TensorIndex.sameExcept(si, c.shape, axis)) revert ShapeMismatch(k, 0);
+        if (k == OpKinds.SLICE) {
+            if (start > si[axis] || c.shape[axis] > si[axis] - start) revert BadAttrs(k, 1);
+            idx[axis] += start;
+        } else {
+            if (start > c.shape[axis] || si[axis] > c.shape[axis] - start) revert BadAttrs(k, 1);
+            uint256 t = idx[axis];
+            if (t < start || t - start >= si[axis]) return RoundingRule.exactly(0);
+            idx[axis] = t - start;
+        }
+        return RoundingRule.exactly(_read(c, 0, TensorIndex.ravelBroadcast(idx, si)));
+    }
+
+    /// @dev out[..., c] = 1.0 if idx[...] == c else 0 (exact float compare); attrs [C].
+    function _oneHot(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
+        _inputs(c, 1);
+        uint256 r = c.shape.length;
+        if (c.attrs.length != 1 || r == 0 || c.attrs[0] != c.shape[r - 1] || c.attrs[0] == 0) {
+            revert BadAttrs(c.kind, 0);
+        }
+        uint32[] memory si = c.inShapes[0];
+        if (si.length + 1 != r) revert ShapeMismatch(c.kind, 0);
+        for (uint256 i = 0; i < si.length; ++i) {
+            if (si[i] != c.shape[i]) revert ShapeMismatch(c.kind, 0);
+        }
+        uint256 classes = c.attrs[0];
+        uint32 v = _read(c, 0, c.index / classes);
+        (bool ok, uint256 k) = _asIndex(v);
+        return RoundingRule.exactly(ok && k == c.index % classes ? Float32.ONE : 0);
+    }
+
+    /// @dev out[..., 0] = x[..., idx[...]], +0 when idx is not an integer in [0, n); x [..., n], idx [..., 1].
+    function _gather(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
+        _inputs(c, 2);
+        uint32[] memory sx = c.inShapes[0];
+        uint256 r = c.shape.length;
+        if (r == 0 || !TensorIndex.sameExcept(sx, c.shape, r - 1) || sx[r - 1] == 0) revert ShapeMismatch(c.kind, 0);
+        if (!TensorIndex.sameExcept(c.inShapes[1], c.shape, type(uint256).max) || c.shape[r - 1] != 1) {
+            revert ShapeMismatch(c.kind, 1);
+        }
+        uint256 n = sx[r - 1];
+        (bool ok, uint256 k) = _asIndex(_read(c, 1, c.index));
+        if (!ok || k >= n) return RoundingRule.exactly(0);
+        return RoundingRule.exactly(_read(c, 0, c.index * n + k));
+    }
+
+    /// @dev out[j, k] = sample(idx)[k], idx = sha256(seed || uint64be(step) || uint32be(j)) mod nSamples.
+    function _data(Ctx memory c, ElementClaim calldata claim) private view returns (RoundingRule.Enclosure memory) {
+        _inputs(c, 0);
+        if (c.shape.length != 2) revert ShapeMismatch(c.kind, 0);
+        if (claim.nSamples == 0) revert NoSamples();
+        uint256 len = c.shape[1];
+        uint256 j = c.index / len;
+        // SAFETY: j < shape[0] < 2^32, so the uint32 cast is exact.
+        uint256 sample =
+            uint256(sha256(abi.encodePacked(claim.dataSeed, claim.step, uint32(j)))) % claim.nSamples;
+        Opening memory o = _nextOpening(c);
+        if (o.data.length != len * 4) revert TensorProof.OpeningLength(o.data.length, len * 4);
+        TensorProof.verifyRange(claim.dataRoot, sample, claim.nSamples, o.data, len * 4, o.siblings);
+        uint32 v = TensorProof.f32At(o.data, c.index % len);
+        return RoundingRule.exactly(v);
+    }
+
+    // ---------------------------------------------------------------------------------------------
+    // Openings and the log entry
+    // ---------------------------------------------------------------------------------------------
+
+    /// @dev The log entry of `index` from two adjacent leaves of the op log tree.
+    function _logEntry(bytes32 root, uint256 index, LogOpening memory o) private view returns (uint8 code, uint32 value) {
+        uint256 key = index + 1;
+        if (key >= HIGH_KEY) revert IndexOutOfRange(index, HIGH_KEY - 1);
+        if (o.leaves.length != 2 * LOG_LEAF) revert TensorProof.OpeningLength(o.leaves.length, 2 * LOG_LEAF);
+        TensorProof.verifyRange(root, o.position, o.size, o.leaves, LOG_LEAF, o.siblings);
+        bytes memory l = o.leaves;
+        uint256 below = _be(l, 0, 4);
+        uint256 above = _be(l, LOG_LEAF, 4);
+        // INVARIANT: the leaves are adjacent (positions are bound by the range opening), so in a
+        // sorted log they are the unique pair around the key.
+        if (!(below < key && key <= above)) revert LogBracket(below, above, key);
+        if (above == key) {
+            code = uint8(_be(l, LOG_LEAF + 4, 1));
+            value = uint32(_be(l, LOG_LEAF + 5, 4));
+        }
+    }
+
+    /// @dev The verified, finite FP32 element `flat` of input `input` (one chunk opening).
+    function _read(Ctx memory c, uint256 input, uint256 flat) private view returns (uint32 v) {
+        (bytes memory data, uint256 off) = _readRow(c, input, flat, 1);
+        v = TensorProof.f32At(data, off);
+        Float32.requireFinite(v);
+    }
+
+    /// @dev Verifies the chunks of elements [start, start + len) of input `input`; returns the
+    ///      opened bytes and the position of element `start` in them.
+    function _readRow(Ctx memory c, uint256 input, uint256 start, uint256 len)
+        private
+        view
+        returns (bytes memory data, uint256 off)
+    {
+        Opening memory o = _nextOpening(c);
+        uint256 base = TensorProof.verifyElements(
+            c.roots[input], TensorIndex.numel(c.inShapes[input]), start, len, o.data, o.siblings
+        );
+        return (o.data, start - base);
+    }
+
+    function _nextOpening(Ctx memory c) private pure returns (Opening memory o) {
+        if (c.next >= c.openings.length) revert OpeningCount(c.openings.length, c.next + 1);
+        o = c.openings[c.next];
+        ++c.next;
+    }
+
+    // ---------------------------------------------------------------------------------------------
+    // Small helpers
+    // ---------------------------------------------------------------------------------------------
+
+    function _inputs(Ctx memory c, uint256 expected) private pure {
+        if (c.roots.length != expected) revert InputCount(c.kind, c.roots.length, expected);
+    }
+
+    function _sameShape(Ctx memory c, uint256 input) private pure {
+        if (!TensorIndex.sameExcept(c.inShapes[input], c.shape, type(uint256).max)) revert ShapeMismatch(c.kind, input);
+    }
+
+    /// @dev True for FP32 values > 0 (sign clear and not zero).
+    function _positive(uint32 v) private pure returns (bool) {
+        return v & Float32.SIGN == 0 && v != 0;
+    }
+
+    /// @dev `(true, k)` when the finite FP32 `v` is the non-negative integer k < 2^32.
+    function _asIndex(uint32 v) private pure returns (bool, uint256) {
+        (bool neg, uint256 m, int256 e) = Float32.decode(v);
+        if (m == 0) return (true, 0);
+        if (neg) return (false, 0);
+        if (e >= 0) return e < 9 ? (true, m << uint256(e)) : (false, 0);
+        uint256 sh = uint256(-e);
+        if (sh >= 24 || (m & ((1 << sh) - 1)) != 0) return (false, 0);
+        return (true, m >> sh);
+    }
+
+    /// @dev Big-endian unsigned integer of `len` bytes at `off` in `b` (bounds checked by the caller).
+    function _be(bytes memory b, uint256 off, uint256 len) private pure returns (uint256 r) {
+        assembly ("memory-safe") {
+            r := shr(sub(256, shl(3, len)), mload(add(add(b, 32), off)))
+        }
+    }
+}
