@@ -10,6 +10,7 @@ from functools import lru_cache
 
 import numpy as np
 import torch
+from web3.logs import DISCARD
 
 from protocol.agent import Player
 from protocol.deploy import Protocol
@@ -19,7 +20,7 @@ from protocol.store import ArtifactReader, StepRecord
 from vtrain.commit import LogEntry, interval_root
 from vtrain.errors import VtrainError
 from vtrain.executor import state_tensors
-from vtrain.graph import OpKind, OpNode
+from vtrain.graph import OpNode
 from vtrain.logfile import decode_step_log
 from vtrain.trace import StepTrace
 from vtrain.train import replay_steps
@@ -27,9 +28,10 @@ from vtrain.train import replay_steps
 log = logging.getLogger(__name__)
 
 
-def exact_resolver(ctx: JobContext):
+def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = None):
     """Resolver factory for :func:`vtrain.numerics.apply_log`: keep the trainer's value where the
-    contract would uphold it, else take the exact rounding (``vtrain.exact``)."""
+    contract would uphold it, else take the exact rounding (``vtrain.exact``). Every overruled
+    element (op, index) is appended to ``overruled``."""
     from vtrain.exact import UnsupportedOp, exact_value, judge_element, rn32
 
     descs = ctx.graph.descriptors
@@ -46,6 +48,8 @@ def exact_resolver(ctx: JobContext):
                     if judge_element(descs[op.id], tensors, int(i), int(bits[k]), entry):
                         continue
                     out[k] = np.array(rn32(exact_value(descs[op.id], tensors, int(i))), np.uint32).view(np.float32)
+                    if overruled is not None:
+                        overruled.append((op.id, int(i)))
                 except UnsupportedOp:
                     continue  # not adjudicable on-chain yet: follow the log
             return out
@@ -67,6 +71,9 @@ class AuditorAgent:
     player: Player = field(init=False)
     verified: int = 0  # intervals checked so far
     disputed: list[int] = field(default_factory=list)
+    overruled_steps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """Steps where the trainer's log claimed a value the contract would not uphold (log abuse),
+    even if the difference was absorbed before the state: still a provable lie in the trace."""
     _states: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,22 +97,30 @@ class AuditorAgent:
             i = self.verified
             first, n = self.ctx.interval_span(i)
             state = self._states[first - 1]
+            overruled: list[tuple[int, int]] = []
             for o in replay_steps(self.ctx.job, state, first, first + n - 1, self._logs, check=True,
-                                  resolver_factory=exact_resolver(self.ctx)):
+                                  resolver_factory=exact_resolver(self.ctx, overruled)):
                 self.book.records[o.step] = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
                 state = o.state
+                if overruled:
+                    self.overruled_steps[o.step] = list(overruled)
+                    log.info("job %d: step %d: trainer's log claims values exact arithmetic overrules: %s",
+                             self.job_id, o.step, overruled[:4])
+                    overruled.clear()
             self._states[first + n - 1] = state
-            mine = interval_root([self.book.records[s].leaf for s in range(first, first + n)])
+            mine = interval_root([self.book.records[s].leaf() for s in range(first, first + n)])
             self.verified += 1
             if mine != roots[i]:
                 log.info("job %d: interval %d differs (posted %s, replayed %s)", self.job_id, i, roots[i].hex()[:16], mine.hex()[:16])
+                return i
+            if any(first <= s < first + n for s in self.overruled_steps):
                 return i
         return None
 
     def challenge(self, interval: int, terms: Terms) -> int:
         r = self.proto.chain.send(self.proto.game.functions.challenge(self.job_id, interval), self.account,
                                   value=terms.challenger_bond, what=f"job {self.job_id}: challenge interval {interval}")
-        ev = self.proto.game.events.GameCreated().process_receipt(r)
+        ev = self.proto.game.events.GameCreated().process_receipt(r, errors=DISCARD)
         gid = int(ev[0]["args"]["game"])
         self.disputed.append(gid)
         self.player.stats.add(gid, int(r["gasUsed"]))
@@ -131,8 +146,13 @@ class AuditorAgent:
         logs = self.proto.game.events.ChunkOpened.get_logs(from_block=0, argument_filters={"game": gid})
         return bytes(logs[-1]["args"]["data"]) if logs else None
 
+    def _target_step(self, interval: int) -> int | None:
+        first, n = self.ctx.interval_span(interval)
+        return next((s for s in sorted(self.overruled_steps) if first <= s < first + n), None)
+
     def play(self) -> int:
-        strategy = ChallengerStrategy(self.ctx, self.book, self._trace, self._opened_components, self._chunk, honest=self.honest)
+        strategy = ChallengerStrategy(self.ctx, self.book, self._trace, self._opened_components, self._chunk,
+                                      honest=self.honest, target_step=self._target_step)
         sent = 0
         for gid in self.disputed:
             sent += self.player.step(gid, strategy.move)

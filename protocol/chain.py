@@ -7,12 +7,14 @@ Every transaction waits for its receipt; reverts are decoded into the contract's
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from eth_abi import decode as abi_decode
 from eth_utils import function_signature_to_4byte_selector
@@ -146,13 +148,17 @@ class Chain:
             receipt = self._retry(label, lambda: self.w3.eth.wait_for_transaction_receipt(tx, timeout=120))
         except (ContractCustomError, ContractLogicError) as e:
             raise self._decode_revert(label, e) from None
+        except Exception as e:
+            if type(e).__name__ != "TransactionFailed":
+                raise
+            raise self._decode_revert(label, e) from None
         except TimeExhausted as e:
             raise ChainError(f"{label}: no receipt within 120 s ({e})") from None
         if receipt["status"] != 1:
             # Re-run as a call to get the reason.
             try:
                 fn.call({"from": sender, "value": value, "gas": gas}, block_identifier=receipt["blockNumber"] - 1)
-            except (ContractCustomError, ContractLogicError) as e:
+            except Exception as e:  # web3's ContractLogicError, eth-tester's TransactionFailed
                 raise self._decode_revert(label, e) from None
             raise Reverted(f"{label}: reverted (tx {receipt['transactionHash'].hex()})")
         return dict(receipt)
@@ -162,13 +168,14 @@ class Chain:
             return self._retry(getattr(fn, "fn_name", "call"), lambda: fn.call({"from": sender} if sender else {}))
         except (ContractCustomError, ContractLogicError) as e:
             raise self._decode_revert(getattr(fn, "fn_name", "call"), e) from None
+        except Exception as e:
+            if type(e).__name__ != "TransactionFailed":
+                raise
+            raise self._decode_revert(getattr(fn, "fn_name", "call"), e) from None
 
     def _decode_revert(self, label: str, e: Exception) -> Reverted:
-        data = getattr(e, "data", None)
-        if isinstance(data, dict):
-            data = data.get("data")
-        if isinstance(data, str) and data.startswith("0x") and len(data) >= 10:
-            raw = bytes.fromhex(data[2:])
+        raw = _revert_bytes(e)
+        if raw is not None and len(raw) >= 4:
             sel = raw[:4]
             if sel in self._errors:
                 name, types = self._errors[sel]
@@ -193,6 +200,25 @@ class Chain:
         else:
             self.w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
             self.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+
+
+def _revert_bytes(e: Exception) -> bytes | None:
+    """Revert data of a failed call, from web3 (``e.data``) or eth-tester (``b'...'`` in the message)."""
+    data = getattr(e, "data", None)
+    if isinstance(data, dict):
+        data = data.get("data")
+    if isinstance(data, str) and data.startswith("0x"):
+        return bytes.fromhex(data[2:])
+    msg = str(e.args[0]) if e.args else ""
+    marker = "execution reverted: "
+    if marker in msg:
+        tail = msg.split(marker, 1)[1]
+        if tail.startswith(("b'", 'b"')):
+            try:
+                return ast.literal_eval(tail)
+            except (ValueError, SyntaxError):
+                return None
+    return None
 
 
 def _tuple_type(item: dict) -> str:

@@ -7,21 +7,19 @@ Heavy imports (web3, the compiler driver) happen inside the commands so `vtrain 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import time
+from pathlib import Path
 
 import click
+
+from vtrain.cli import COMMANDS as VTRAIN_COMMANDS
+
+CHEAT_NAMES = ("tamper-weight", "poison-sample", "skip-step", "wrong-lr", "abuse-log", "forge-explicit")
 from rich.console import Console
 from rich.logging import RichHandler
 
-if TYPE_CHECKING:
-    from web3 import Web3
-
 log = logging.getLogger("vtrain")
-console = Console()
-
-#: Explicit gas for the demo deployment (py-evm estimation is ~11x slower; cap is 2**24).
-DEPLOY_GAS = 1_000_000
-
+console = Console(width=None if Console().is_terminal else 120)
 
 @click.group()
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
@@ -35,47 +33,56 @@ def main(verbose: int) -> None:
     )
 
 
-def connect(rpc: str | None) -> Web3:
-    """Web3 on `rpc`, or on a fresh in-process eth-tester chain; default account = first account."""
-    from web3 import EthereumTesterProvider, Web3
+@click.command()
+@click.option("--rpc", metavar="URL", default=None, help="JSON-RPC node (default: the embedded eth-tester chain).")
+@click.option("--model", type=click.Choice(["mlp"]), default="mlp", show_default=True,
+              help="Model of the demo jobs (the GPT becomes adjudicable with the transcendental-ops issue).")
+@click.option("--cheat", type=click.Choice(sorted(CHEAT_NAMES)), default="abuse-log", show_default=True,
+              help="How the cheating trainer cheats.")
+def demo(rpc: str | None, model: str, cheat: str) -> None:
+    """Deploy the contracts, then run three jobs: honest (finalizes), cheating (auditor wins),
+    and a false challenge (trainer wins)."""
+    from rich.table import Table
 
-    w3 = Web3(Web3.HTTPProvider(rpc)) if rpc else Web3(EthereumTesterProvider())
+    from protocol.demo import run_demo
+    from vtrain.errors import VtrainError
+
+    t0 = time.perf_counter()
     try:
-        accounts = w3.eth.accounts
-    except Exception as e:  # connection refused, bad URL, not JSON-RPC
-        raise click.ClickException(f"cannot reach JSON-RPC node at {rpc}: {e}") from e
-    if not accounts:
-        raise click.ClickException(f"node at {rpc} has no unlocked accounts to deploy from")
-    w3.eth.default_account = accounts[0]
-    return w3
+        results = run_demo(rpc, console.print, model=model, cheat=cheat)
+    except VtrainError as e:
+        raise click.ClickException(str(e)) from None
+    table = Table(title=f"vtrain demo on {rpc or 'the embedded eth-tester chain'} ({time.perf_counter() - t0:.0f} s)")
+    for col in ("job", "scenario", "verdict", "ruling", "game moves", "game gas", "ETH moved", "job status"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(str(r.job), r.name, r.verdict, r.ruling, str(r.moves), f"{r.gas:,}", r.bonds, r.final_status)
+    console.print(table)
 
 
 @click.command()
-@click.option(
-    "--rpc", metavar="URL", default=None, help="JSON-RPC node (default: in-process eth-tester)."
-)
-def demo(rpc: str | None) -> None:
-    """Placeholder demo: compile the contracts and deploy SmokeCounter."""
-    from protocol.build import BuildError, load_artifact
+@click.option("--rpc", metavar="URL", default=None, help="JSON-RPC node (default: the embedded eth-tester chain).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("deployment.json"), show_default=True)
+def deploy(rpc: str | None, out: Path) -> None:
+    """Deploy JobRegistry, Adjudicator and DisputeGame and write their addresses to OUT."""
+    from protocol.chain import Chain
+    from protocol.deploy import deploy as deploy_all
+    from vtrain.errors import VtrainError
 
     try:
-        with console.status("compiling contracts"):
-            art = load_artifact("SmokeCounter")
-    except BuildError as e:
-        raise click.ClickException(str(e)) from e
-    w3 = connect(rpc)
-    factory = w3.eth.contract(abi=art.abi, bytecode=art.bytecode)
-    tx = factory.constructor().transact({"gas": DEPLOY_GAS})
-    receipt = w3.eth.wait_for_transaction_receipt(tx)
-    if receipt["status"] != 1:
-        raise click.ClickException(f"deployment reverted (tx {tx.hex()})")
-    chain = rpc or "embedded eth-tester"
-    log.info("deployed with %d gas", receipt["gasUsed"])
-    console.print(f"SmokeCounter deployed on {chain} (chain id {w3.eth.chain_id}) at")
-    console.print(receipt["contractAddress"], style="bold green", highlight=False)
+        chain = Chain.connect(rpc)
+        proto = deploy_all(chain, chain.accounts()[0])
+        proto.deployment.save(out)
+    except VtrainError as e:
+        raise click.ClickException(str(e)) from None
+    console.print(f"deployed on {chain.name}: registry {proto.registry.address}, game {proto.game.address}, "
+                  f"adjudicator {proto.adjudicator.address} -> {out}")
 
 
 main.add_command(demo)
+main.add_command(deploy)
+for _cmd in VTRAIN_COMMANDS:
+    main.add_command(_cmd)
 
 
 if __name__ == "__main__":

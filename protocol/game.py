@@ -5,8 +5,9 @@ artifacts), so an agent that restarts mid-game simply asks again."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,7 @@ class StepBook:
 
     def interval_tree(self, i: int) -> MerkleTree:
         first, n = self.ctx.interval_span(i)
-        return interval_tree([self.records[s].leaf for s in range(first, first + n)])
+        return interval_tree([self.records[s].leaf() for s in range(first, first + n)])
 
     def has_interval(self, i: int) -> bool:
         first, n = self.ctx.interval_span(i)
@@ -203,8 +204,8 @@ class ChallengerStrategy:
     trace: TraceSource
     opened_components: Callable[[int], list[bytes] | None]  # game -> the trainer's stateRoot_s components
     chunk_of: Callable[[int], bytes | None]  # game -> the opened chunk bytes
-    trainer_trace_log: Callable[[int], Any] | None = None  # step -> the trainer's StepLog (for oneStep)
     honest: bool = True
+    target_step: Callable[[int], int | None] | None = None  # interval -> a step with an overruled log entry
 
     def move(self, gid: int, v: GameView) -> Move | None:
         if v.status != STATUS_IN_PROGRESS or v.to_move != PARTY_CHALLENGER:
@@ -239,6 +240,12 @@ class ChallengerStrategy:
             return False
         if v.right != mine.range_root(v.lo + k, v.lo + v.size):
             return True
+        if v.phase == PHASE_STEPS and self.target_step is not None:
+            # Same step leaves, but one step's trace holds a value the log cannot justify.
+            s = self.target_step(v.interval)
+            if s is not None:
+                first, _ = self.ctx.interval_span(v.interval)
+                return s - first >= v.lo + k
         if v.phase == PHASE_TRACE:
             # The trainer's trace equals ours, so its state root is what is wrong: head for the
             # OUTPUT op of the first state slot whose component differs.

@@ -5,9 +5,9 @@ the chain (next interval) and the artifact store (records, logs, checkpoints).""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable
 
 import torch
 
@@ -65,7 +65,7 @@ class TrainerAgent:
             self.store.put_log(self.job_id, o.step, encode_step_log(o.log, o.step, self.ctx.job.graph))
             rec = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
             self.store.put_step(self.job_id, rec)
-            leaves.append(rec.leaf)
+            leaves.append(rec.leaf())
             if on_step:
                 on_step(o.step, o.loss)
         if first + n - 1 < self.ctx.spec.steps:

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import click
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

@@ -17,13 +17,12 @@ from vtrain.errors import CorruptLog, GraphError, NonFiniteValue, VtrainError
 from vtrain.graph import LOGGING_KINDS, ROUNDING_KINDS, Graph, OpKind, OpNode, bits_f32
 from vtrain.numerics import (
     TRAINER_BOUND_SLACK,
-    U,
-    AmbiguityResolver,
     DenseLog,
     LogViolation,
     Mode,
     OpLog,
     RoundingStats,
+    U,
     apply_log,
     apply_paper,
     canonical,

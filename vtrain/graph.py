@@ -11,8 +11,8 @@ from __future__ import annotations
 import enum
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -13,7 +13,15 @@ import numpy as np
 from vtrain.data import Dataset, digits_dataset, load_text_file, synthetic_corpus, text_dataset
 from vtrain.errors import VtrainError
 from vtrain.graph import Graph, GraphBuilder
-from vtrain.nn import GPTConfig, MLPConfig, gpt_forward, gpt_params, init_params, mlp_forward, mlp_params
+from vtrain.nn import (
+    GPTConfig,
+    MLPConfig,
+    gpt_forward,
+    gpt_params,
+    init_params,
+    mlp_forward,
+    mlp_params,
+)
 from vtrain.numerics import Mode
 from vtrain.optim import AdamWConfig, SGDConfig, apply_optimizer, optimizer_slots
 

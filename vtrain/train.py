@@ -8,13 +8,21 @@ the step leaf, so the two sides can be compared step by step.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-from vtrain.commit import EMPTY_OP_LOG_ROOT, LogEntry, batch_indices, op_log_root_arrays, state_root, step_log_root, tensor_root
+from vtrain.commit import (
+    EMPTY_OP_LOG_ROOT,
+    LogEntry,
+    batch_indices,
+    op_log_root_arrays,
+    state_root,
+    step_log_root,
+    tensor_root,
+)
 from vtrain.executor import StepLog, StepResult, state_tensors
 from vtrain.graph import Graph
 from vtrain.numerics import Mode
@@ -101,7 +109,7 @@ def train_steps(
     first: int,
     last: int,
     mode: Mode | str | None = None,
-    cheat: "Cheat | None" = None,
+    cheat: Cheat | None = None,
     keep_trace: bool = False,
 ) -> Iterator[StepOutcome]:
     """Train steps ``first..last`` (inclusive, 1-based) from ``state`` (the state after ``first-1``).

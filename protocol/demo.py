@@ -1,0 +1,161 @@
+"""The end-to-end demo: an honest job that finalizes, a cheating trainer the auditor beats, and a
+false challenger the trainer beats, each a real game on a real EVM with real Merkle proofs."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from web3.logs import DISCARD
+
+from protocol.auditor import AuditorAgent
+from protocol.chain import Chain
+from protocol.cheats import CHEATS
+from protocol.deploy import Protocol, deploy
+from protocol.game import (
+    PHASE_ELEMENT,
+    PHASE_NAMES,
+    PHASE_TRACE,
+    STATUS_CHALLENGER_WON,
+    STATUS_IN_PROGRESS,
+    STATUS_TRAINER_WON,
+)
+from protocol.jobs import JobContext, Terms
+from protocol.store import ArtifactStore
+from protocol.trainer import TrainerAgent
+from vtrain.spec import TrainSpec
+
+log = logging.getLogger(__name__)
+
+MAX_ROUNDS = 400
+RULINGS = ["none", "timeout", "bind", "adjudicated", "job fraudulent"]
+
+
+@dataclass
+class ScenarioResult:
+    """One row of the demo's final table."""
+
+    name: str
+    job: int
+    verdict: str
+    ruling: str
+    moves: int
+    gas: int
+    bonds: str
+    final_status: str
+
+
+Narrate = Callable[[str], None]
+
+
+def create_job(proto: Protocol, client: str, trainer: str, ctx: JobContext, terms: Terms) -> int:
+    r = proto.chain.send(proto.registry.functions.createJob(ctx.params(trainer, terms)), client, value=terms.payment, what="createJob")
+    ev = proto.registry.events.JobCreated().process_receipt(r, errors=DISCARD)
+    return int(ev[0]["args"]["job"])
+
+
+def run_scenario(proto: Protocol, spec: TrainSpec, terms: Terms, store: ArtifactStore, accounts: dict[str, str],
+                 name: str, cheat: str | None, false_challenge: bool, say: Narrate) -> ScenarioResult:
+    chain = proto.chain
+    ctx = JobContext.of(spec)
+    job = create_job(proto, accounts["client"], accounts["trainer"], ctx, terms)
+    say(f"[bold]{name}[/]: job {job} ({spec.model}, {spec.steps} steps, K={spec.interval}, {ctx.job.graph.n_ops} ops/step)")
+    cheat_obj = CHEATS[cheat](spec, spec.interval + 2) if cheat else None
+    trainer = TrainerAgent(proto, accounts["trainer"], ctx, store, job, cheat=cheat_obj)
+    trainer.accept(terms)
+    challenger_acct = accounts["false_challenger" if false_challenge else "auditor"]
+    auditor = AuditorAgent(proto, challenger_acct, ctx, store, job, honest=not false_challenge)
+    balances0 = {k: chain.w3.eth.get_balance(a) for k, a in accounts.items()}
+    gid = None
+    while (i := trainer.run_interval()) is not None:
+        say(f"  trainer posted interval {i}" + (" (with a cheat inside)" if cheat and i == 1 else ""))
+        bad = auditor.audit()
+        if false_challenge and gid is None:
+            bad = i  # a false challenger disputes an interval that replays fine
+        if bad is not None and gid is None:
+            gid = auditor.challenge(bad, terms)
+            say(f"  {'false challenger' if false_challenge else 'auditor'} challenged interval {bad}: game {gid}")
+            break
+    moves = gas = 0
+    if gid is not None:
+        last = auditor.player.view(gid)
+        for _ in range(MAX_ROUNDS):
+            sent = trainer.play() + auditor.play()
+            v = auditor.player.view(gid)
+            if v.status != STATUS_IN_PROGRESS:
+                break
+            last = v
+            if not sent:  # nobody could move: let the clock run so the timeout can be claimed
+                chain.advance_time(terms.clock + 1)
+        v = auditor.player.view(gid)
+        winner = {STATUS_TRAINER_WON: "trainer", STATUS_CHALLENGER_WON: "challenger"}.get(v.status, "unresolved")
+        resolved = proto.game.events.GameResolved.get_logs(from_block=0, argument_filters={"game": gid})
+        ruling = RULINGS[int(resolved[-1]["args"]["ruling"])] if resolved else "-"
+        moves = trainer.player.stats.moves.get(gid, 0) + auditor.player.stats.moves.get(gid, 0)
+        gas = trainer.player.stats.gas.get(gid, 0) + auditor.player.stats.gas.get(gid, 0)
+        op = last.op if last.phase >= PHASE_ELEMENT else last.lo
+        where = f"step {last.step}, op {op} ({ctx.job.graph.ops[op].kind.name})" if last.phase >= PHASE_TRACE else f"phase {PHASE_NAMES[last.phase]}"
+        say(f"  game {gid}: {winner} won by {ruling} after {moves} moves ({gas:,} gas); dispute narrowed to {where}")
+        verdict = f"{winner} won"
+        # the honest trainer goes on with the remaining intervals
+        if winner == "trainer":
+            while (i := trainer.run_interval()) is not None:
+                say(f"  trainer posted interval {i}")
+    else:
+        verdict, ruling = "no dispute", "-"
+    if trainer.status() == "active":
+        chain.advance_time(terms.challenge_window + 1)
+        trainer.finalize()
+        say(f"  challenge window passed: job {job} finalized")
+    for role in ("trainer", "auditor", "false_challenger", "client"):
+        acct = accounts[role]
+        owed = int(chain.call(proto.registry.functions.owed(acct)))
+        if owed:
+            chain.send(proto.registry.functions.withdraw(), acct, what=f"{role} withdraw")
+    delta = {k: chain.w3.eth.get_balance(a) - balances0[k] for k, a in accounts.items()}
+    moved = ", ".join(f"{k} {v / 1e18:+.2f}" for k, v in delta.items() if abs(v) > 10**16)
+    return ScenarioResult(name, job, verdict, ruling, moves, gas, moved, trainer.status())
+
+
+SCENARIOS = [
+    ("honest trainer", None, False),
+    ("cheating trainer", "tamper-weight", False),
+    ("false challenger", None, True),
+]
+
+
+def default_spec(model: str = "mlp") -> TrainSpec:
+    if model == "gpt":
+        from vtrain.nn import GPTConfig
+
+        return TrainSpec(model="gpt", batch_size=4, steps=8, interval=4, gpt=GPTConfig(vocab=32, context=8, n_layer=1, n_head=2, d_model=16))
+    return TrainSpec(model="mlp", batch_size=16, steps=8, interval=4)
+
+
+def run_demo(rpc: str | None, say: Narrate, model: str = "mlp", cheat: str = "tamper-weight",
+             store_dir: Path | None = None) -> list[ScenarioResult]:
+    chain = Chain.connect(rpc)
+    accts = chain.accounts()
+    if len(accts) < 5:
+        from protocol.chain import ChainError
+
+        raise ChainError(f"the demo needs 5 unlocked accounts, node {chain.name} has {len(accts)}")
+    accounts = {"client": accts[1], "trainer": accts[2], "auditor": accts[3], "false_challenger": accts[4]}
+    say(f"chain: {chain.name} (chain id {chain.w3.eth.chain_id})")
+    proto = deploy(chain, accts[0])
+    say(f"deployed JobRegistry {proto.registry.address}, DisputeGame {proto.game.address}, Adjudicator {proto.adjudicator.address}")
+    tmp = tempfile.TemporaryDirectory() if store_dir is None else None
+    store = ArtifactStore(store_dir or tmp.name)  # type: ignore[union-attr]
+    terms = Terms()
+    results = []
+    try:
+        for name, ch, false in SCENARIOS:
+            results.append(run_scenario(proto, default_spec(model), terms, store, accounts, name,
+                                        cheat if ch else None, false, say))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return results
