@@ -1,0 +1,202 @@
+"""Gas benchmarks on the embedded py-evm chain (cancun rules).
+
+Adjudicator part: the gas of one `adjudicate()` transaction per op kind (total receipt gas:
+21k intrinsic + calldata + execution), and MATMUL at 64 / 768 / 4096 terms; every figure must
+stay under the 16,777,216 per-transaction cap.
+
+    .venv/bin/python scripts/bench_gas.py            # all tables
+    .venv/bin/python scripts/bench_gas.py adjudicator
+
+Each table is a function returning rows, so other parts (game figures) can be added beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from protocol.build import load_artifact  # noqa: E402
+from protocol.proofs import build_element_proof  # noqa: E402
+from vtrain import exact  # noqa: E402
+from vtrain.commit import LogEntry, dataset_root, op_log_root, tensor_root  # noqa: E402
+from vtrain.graph import OpKind as K  # noqa: E402
+
+TX_GAS_CAP = 16_777_216
+SEED = hashlib.sha256(b"bench seed").digest()
+STEP = 3
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One element to adjudicate: an op, its inputs, the element and (DATA) the dataset."""
+
+    name: str
+    desc: exact.OpDesc
+    inputs: tuple[np.ndarray, ...]
+    index: int
+    dataset: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class GasRow:
+    name: str
+    gas: int
+    calldata: int
+    seconds: float
+    stands: bool
+
+
+def chain():
+    """A fresh embedded chain with the Adjudicator deployed: ``(w3, contract)``."""
+    from web3 import EthereumTesterProvider, Web3
+
+    w3 = Web3(EthereumTesterProvider())
+    w3.eth.default_account = w3.eth.accounts[0]
+    art = load_artifact("Adjudicator")
+    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 8_000_000})
+    addr = w3.eth.get_transaction_receipt(tx)["contractAddress"]
+    return w3, w3.eth.contract(address=addr, abi=art.abi)
+
+
+def _claim(case: BenchCase) -> tuple[int, list[LogEntry]]:
+    """A standing claim for the element: RN32 of the enclosure, logged explicitly if it must be."""
+    data = exact.DataContext(case.dataset, SEED, STEP) if case.dataset is not None else None
+    enc = exact.enclosure(case.desc, case.inputs, case.index, data)
+    lo, hi, dc = enc.bounds
+    c = exact.rn32(lo, saturate=True)
+    if exact.judge(enc, c, exact.NONE):
+        return c, []
+    return c, [LogEntry(case.index, exact.EXPLICIT, c)]
+
+
+def measure(w3, adj, case: BenchCase) -> GasRow:
+    """Send one adjudicate() transaction and read its receipt."""
+    claimed, entries = _claim(case)
+    proof = build_element_proof(
+        case.desc.encode(), list(case.inputs), case.index, entries, case.dataset, SEED, STEP
+    )
+    claim = (
+        case.desc.encode(),
+        [tensor_root(x) for x in case.inputs],
+        case.index,
+        claimed,
+        op_log_root(entries),
+        STEP,
+        dataset_root(case.dataset) if case.dataset is not None else b"\0" * 32,
+        SEED,
+        0 if case.dataset is None else case.dataset.shape[0],
+    )
+    fn = adj.functions.adjudicate(claim, proof)
+    stands = fn.call({"gas": TX_GAS_CAP})
+    t0 = time.perf_counter()
+    tx = fn.transact({"gas": TX_GAS_CAP})
+    receipt = w3.eth.get_transaction_receipt(tx)
+    seconds = time.perf_counter() - t0
+    assert receipt["status"] == 1, f"{case.name}: transaction failed"
+    calldata = len(fn._encode_transaction_data()) // 2 - 1
+    return GasRow(case.name, receipt["gasUsed"], calldata, seconds, stands)
+
+
+def _f32(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return (rng.standard_normal(shape) * 0.5).astype(np.float32) + np.float32(0)
+
+
+def op_cases() -> list[BenchCase]:
+    """One element of each supported op kind on realistic tensor sizes (256x256 inputs: a
+    1024-chunk tree, so every opening carries a 10-level proof), then MATMUL rows."""
+    rng = np.random.default_rng(0)
+    D = exact.OpDesc
+    s = (256, 256)
+    x, y = _f32(rng, s), _f32(rng, s)
+    pos = np.abs(x)
+    idx = rng.integers(0, 256, (256, 1)).astype(np.float32)
+    mid = 256 * 100 + 37
+    cases = [
+        BenchCase("ADD", D(K.ADD, (0, 1), s, (s, s), ()), (x, y), mid),
+        BenchCase("SUB", D(K.SUB, (0, 1), s, (s, s), ()), (x, y), mid),
+        BenchCase("MUL", D(K.MUL, (0, 1), s, (s, s), ()), (x, y), mid),
+        BenchCase("DIV", D(K.DIV, (0, 1), s, (s, s), ()), (x, y), mid),
+        BenchCase("ADD_S", D(K.ADD_S, (0,), s, (s,), (exact.bits_of(0.1),)), (x,), mid),
+        BenchCase("MUL_S", D(K.MUL_S, (0,), s, (s,), (exact.bits_of(0.1),)), (x,), mid),
+        BenchCase("DIV_S", D(K.DIV_S, (0,), s, (s,), (exact.bits_of(3.0),)), (x,), mid),
+        BenchCase("RSUB_S", D(K.RSUB_S, (0,), s, (s,), (exact.bits_of(1.0),)), (x,), mid),
+        BenchCase("SQRT", D(K.SQRT, (0,), s, (s,), ()), (pos,), mid),
+        BenchCase("SUM (n=256)", D(K.SUM, (0,), (256, 1), (s,), ()), (x,), 100),
+        BenchCase("MEAN (n=256)", D(K.MEAN, (0,), (256, 1), (s,), ()), (x,), 100),
+        BenchCase("MAX (n=256)", D(K.MAX, (0,), (256, 1), (s,), ()), (x,), 100),
+        BenchCase("RELU", D(K.RELU, (0,), s, (s,), ()), (x,), mid),
+        BenchCase("RELU_GRAD", D(K.RELU_GRAD, (0, 1), s, (s, s), ()), (pos, y), mid),
+        BenchCase("OUTPUT", D(K.OUTPUT, (0,), s, (s,), (0,)), (x,), mid),
+        BenchCase("RESHAPE", D(K.RESHAPE, (0,), (65536,), (s,), ()), (x,), mid),
+        BenchCase("PERMUTE", D(K.PERMUTE, (0,), s, (s,), (1, 0)), (x,), mid),
+        BenchCase("SLICE", D(K.SLICE, (0,), (256, 128), (s,), (1, 64)), (x,), 128 * 100 + 37),
+        BenchCase("PAD", D(K.PAD, (0,), (256, 320), (s,), (1, 32)), (x,), 320 * 100 + 77),
+        BenchCase("EXPAND", D(K.EXPAND, (0,), s, ((1, 256),), ()), (x[:1],), mid),
+        BenchCase("ONE_HOT (C=256)", D(K.ONE_HOT, (0,), (256, 256), ((256,),), (256,)), (idx[:, 0],), mid),
+        BenchCase("GATHER (n=256)", D(K.GATHER, (0, 1), (256, 1), (s, (256, 1)), ()), (x, idx), 100),
+        BenchCase(
+            "DATA (L=784, 60000 samples)",
+            D(K.DATA, (), (32, 784), (), ()),
+            (),
+            784 * 5 + 300,
+            _f32(rng, (60000, 784)),
+        ),
+    ]
+    return cases + matmul_cases()
+
+
+def matmul_cases(sizes: tuple[int, ...] = (64, 768, 4096)) -> list[BenchCase]:
+    """MATMUL with bias at K terms per element: a [16, K], b [16, K] (NT form), bias [16]."""
+    rng = np.random.default_rng(1)
+    out = []
+    for k in sizes:
+        a, b, bias = _f32(rng, (16, k)), _f32(rng, (16, k)), _f32(rng, (16,))
+        desc = exact.OpDesc(K.MATMUL, (0, 1, 2), (16, 16), ((16, k), (16, k), (16,)), ())
+        out.append(BenchCase(f"MATMUL K={k} (+bias)", desc, (a, b, bias), 16 * 7 + 9))
+    return out
+
+
+def adjudicator_table(cases: list[BenchCase] | None = None) -> list[GasRow]:
+    """Gas of adjudicate() per case (a fresh chain)."""
+    w3, adj = chain()
+    return [measure(w3, adj, c) for c in (cases if cases is not None else op_cases())]
+
+
+def print_rows(title: str, rows: list[GasRow]) -> None:
+    print(f"\n{title}")
+    print(f"| {'case':<30} | {'gas (tx total)':>14} | {'calldata B':>10} | {'% of cap':>8} | stands |")
+    print(f"|{'-' * 32}|{'-' * 16}:|{'-' * 11}:|{'-' * 9}:|--------|")
+    for r in rows:
+        print(
+            f"| {r.name:<30} | {r.gas:>14,} | {r.calldata:>10,} | {100 * r.gas / TX_GAS_CAP:>7.1f}% |"
+            f" {'yes' if r.stands else 'no':<6} |"
+        )
+    worst = max(r.gas for r in rows)
+    assert worst < TX_GAS_CAP, f"a case exceeds the per-transaction cap: {worst}"
+
+
+TABLES: dict[str, Callable[[], None]] = {
+    "adjudicator": lambda: print_rows("adjudicate() per op kind (py-evm, cancun)", adjudicator_table()),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tables", nargs="*", choices=[*TABLES, []], help="tables to print (default: all)")
+    args = ap.parse_args(argv)
+    for name in args.tables or TABLES:
+        TABLES[name]()
+
+
+if __name__ == "__main__":
+    main()
