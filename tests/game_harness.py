@@ -240,6 +240,15 @@ class Deployment:
         self.receipts.append(r)
         return r
 
+    def dry(self, fn: Any, sender: str, value: int = 0) -> Any:
+        """Runs ``fn`` as ``sender`` on top of the pending block (the exact time and state the
+        next transaction would see) without mining it; returns its result, raises
+        :class:`Reverted`. Cheaper than a failing :meth:`tx` for revert checks."""
+        try:
+            return fn.call({"from": sender, "value": value, "gas": TX_GAS}, block_identifier="pending")
+        except TransactionFailed as e:
+            raise _reverted(e) from None
+
     def call(self, fn: Any, sender: str | None = None) -> Any:
         """Calls a view; raises :class:`Reverted`."""
         try:
@@ -705,9 +714,10 @@ class Actor:
 class Trainer(Actor):
     """Plays from its run; honest when the run is."""
 
-    def __init__(self, dep: Deployment, run: Run, addr: str | None = None) -> None:
+    def __init__(self, dep: Deployment, run: Run, addr: str | None = None, one_step: bool = True) -> None:
         super().__init__(dep, addr or dep.trainer)
         self.run = run
+        self.one_step = one_step  # False: never asks for the ruling (a cheater that knows it loses)
 
     def step_of(self, v: dict[str, Any]) -> StepRecord:
         return self.run.steps[v["step"]]
@@ -733,6 +743,9 @@ class Trainer(Actor):
                     return self.send(g.reveal(gid, *children(C.tensor_tree(out), lo, size)))
                 return self.send(g.openChunk(gid, C.chunk_bytes(out, lo)))
             if phase == Phase.ONE_STEP:
+                if not self.one_step:
+                    self.last_error = Reverted("TrainerDeclinesOneStep", (), b"")
+                    return False
                 desc, roots = self.op_inputs(v["step"], v["op"])
                 return self.send(g.oneStep(gid, desc, roots, b""))
         except (IndexError, ValueError) as e:  # its own record does not even fit the node
@@ -782,6 +795,15 @@ class Trainer(Actor):
 class Challenger(Actor):
     """Base challenger: subclasses decide which child to take and which element to pick."""
 
+    #: Whether it asks for the ruling itself when the trainer does not.
+    asks_ruling = False
+
+    def one_step(self, gid: int) -> bool:
+        """Asks the adjudicator, with the descriptor and input roots from the OpOpened event."""
+        ev = self.dep.events(self.dep.game, "OpOpened", game=gid)[-1]
+        roots = [bytes(r) for r in ev.inputRoots]
+        return self.send(self.dep.game.functions.oneStep(gid, bytes(ev.descriptor), roots, b""))
+
     def side(self, gid: int, v: dict[str, Any]) -> bool:
         raise NotImplementedError
 
@@ -822,6 +844,8 @@ class FalseChallenger(Challenger):
 
 class HonestChallenger(Challenger):
     """Replays honestly and descends to the first thing the trainer cannot defend."""
+
+    asks_ruling = True
 
     def __init__(self, dep: Deployment, honest: Run, addr: str | None = None):
         super().__init__(dep, addr or dep.challenger)
@@ -939,6 +963,8 @@ def play(
             oracle.register(gid)
         mover, other = (trainer, challenger) if v["toMove"] == Party.TRAINER else (challenger, trainer)
         if not mover.move(gid, v):
+            if v["phase"] == Phase.ONE_STEP and challenger.asks_ruling and challenger.one_step(gid):
+                continue
             dep.at(max(dep.now(), v["deadline"] + 1))
             other.claim_timeout(gid)
             break
@@ -954,7 +980,13 @@ def play(
 # Gas
 
 
-def gas_per_move(n_slots: int = 2, n_steps: int = 6, interval_length: int = 4, op: str = "update0") -> dict[str, int]:
+def gas_per_move(
+    n_slots: int = 2,
+    n_steps: int = 6,
+    interval_length: int = 4,
+    op: str = "update0",
+    dep: Deployment | None = None,
+) -> dict[str, int]:
     """Gas used by each move type in one full game, plus the job's life cycle.
 
     Plays an honest trainer against a false challenger that descends to the last step of
@@ -962,10 +994,11 @@ def gas_per_move(n_slots: int = 2, n_steps: int = 6, interval_length: int = 4, o
     toy adjudicator, whose own cost is a few thousand gas), then finalizes and withdraws.
     Returns ``{move: max gas used by one transaction of that move}``; keys: createJob,
     acceptJob, postInterval, challenge, reveal, choose, openStep, commitTrace, openOp,
-    openChunk, pickElement, oneStep, finalize, withdraw.
+    openChunk, pickElement, oneStep, finalize, withdraw. ``dep``: a fresh deployment to use
+    (default: a new chain).
     """
     cfg = JobConfig(n_steps=n_steps, interval_length=interval_length, n_slots=n_slots)
-    dep = deploy()
+    dep = dep or deploy()
     run = simulate(cfg)
     dep.gas_log.clear()
     job = active_job(dep, run)

@@ -84,7 +84,7 @@ def test_createJob_stores_params_and_escrows_payment(dep, run):
 )
 def test_createJob_with_out_of_range_param_reverts(dep, run, field, value):
     with reverts("InvalidJobParam", field):
-        dep.tx(dep.registry.functions.createJob(params_with(run, dep.trainer, **{field: value})), dep.client)
+        dep.dry(dep.registry.functions.createJob(params_with(run, dep.trainer, **{field: value})), dep.client)
 
 
 def test_createJob_with_nSlots_1024_is_accepted(dep, run):
@@ -101,7 +101,7 @@ def test_cancelJob_by_client_before_accept_refunds_payment(dep, run):
     assert dep.owed(dep.client) == CFG.payment
     assert dep.call(dep.registry.functions.escrowOf(job)) == 0
     with reverts("WrongJobStatus", job, JobStatus.CANCELLED, JobStatus.OPEN):
-        dep.tx(dep.registry.functions.cancelJob(job), dep.client)
+        dep.dry(dep.registry.functions.cancelJob(job), dep.client)
     with reverts("WrongJobStatus"):
         H.accept_job(dep, job, run)
 
@@ -109,19 +109,19 @@ def test_cancelJob_by_client_before_accept_refunds_payment(dep, run):
 def test_cancelJob_by_other_than_client_reverts(dep, run):
     job = H.create_job(dep, run)
     with reverts("Unauthorized", dep.trainer, dep.client):
-        dep.tx(dep.registry.functions.cancelJob(job), dep.trainer)
+        dep.dry(dep.registry.functions.cancelJob(job), dep.trainer)
 
 
 def test_cancelJob_after_accept_reverts(dep, run):
     job = H.create_job(dep, run)
     H.accept_job(dep, job, run)
     with reverts("WrongJobStatus", job, JobStatus.ACTIVE, JobStatus.OPEN):
-        dep.tx(dep.registry.functions.cancelJob(job), dep.client)
+        dep.dry(dep.registry.functions.cancelJob(job), dep.client)
 
 
 def test_cancelJob_of_unknown_job_reverts(dep):
     with reverts("UnknownJob", 7):
-        dep.tx(dep.registry.functions.cancelJob(7), dep.client)
+        dep.dry(dep.registry.functions.cancelJob(7), dep.client)
 
 
 # ------------------------------------------------------------------ accept
@@ -141,13 +141,13 @@ def test_acceptJob_with_exact_stake_activates_job(dep, run):
 def test_acceptJob_with_wrong_stake_reverts(dep, run, delta):
     job = H.create_job(dep, run)
     with reverts("WrongValue", CFG.trainer_stake + delta, CFG.trainer_stake):
-        dep.tx(dep.registry.functions.acceptJob(job), dep.trainer, value=CFG.trainer_stake + delta)
+        dep.dry(dep.registry.functions.acceptJob(job), dep.trainer, value=CFG.trainer_stake + delta)
 
 
 def test_acceptJob_by_other_than_trainer_reverts(dep, run):
     job = H.create_job(dep, run)
     with reverts("Unauthorized", dep.challenger, dep.trainer):
-        dep.tx(dep.registry.functions.acceptJob(job), dep.challenger, value=CFG.trainer_stake)
+        dep.dry(dep.registry.functions.acceptJob(job), dep.challenger, value=CFG.trainer_stake)
 
 
 # ------------------------------------------------------------------ postInterval
@@ -169,39 +169,39 @@ def test_postInterval_in_order_records_root_and_window(dep, run):
 def test_postInterval_with_gap_reverts(dep, run):
     job = H.active_job(dep, run, post=False)
     with reverts("WrongInterval", 1, 0, 2):
-        dep.tx(dep.registry.functions.postInterval(job, 1, run.interval_roots[1]), dep.trainer)
+        dep.dry(dep.registry.functions.postInterval(job, 1, run.interval_roots[1]), dep.trainer)
 
 
 def test_postInterval_overwrite_reverts(dep, run):
     job = H.active_job(dep, run, post=False)
     H.post_intervals(dep, job, run, upto=1)
     with reverts("WrongInterval", 0, 1, 2):
-        dep.tx(dep.registry.functions.postInterval(job, 0, b"\x11" * 32), dep.trainer)
+        dep.dry(dep.registry.functions.postInterval(job, 0, b"\x11" * 32), dep.trainer)
     assert dep.call(dep.registry.functions.getInterval(job, 0))[0] == run.interval_roots[0]
 
 
 def test_postInterval_past_last_interval_reverts(dep, run):
     job = H.active_job(dep, run)
     with reverts("WrongInterval", 2, 2, 2):
-        dep.tx(dep.registry.functions.postInterval(job, 2, b"\x11" * 32), dep.trainer)
+        dep.dry(dep.registry.functions.postInterval(job, 2, b"\x11" * 32), dep.trainer)
 
 
 def test_postInterval_zero_root_reverts(dep, run):
     job = H.active_job(dep, run, post=False)
     with reverts("ZeroRoot"):
-        dep.tx(dep.registry.functions.postInterval(job, 0, b"\x00" * 32), dep.trainer)
+        dep.dry(dep.registry.functions.postInterval(job, 0, b"\x00" * 32), dep.trainer)
 
 
 def test_postInterval_by_other_than_trainer_reverts(dep, run):
     job = H.active_job(dep, run, post=False)
     with reverts("Unauthorized", dep.client, dep.trainer):
-        dep.tx(dep.registry.functions.postInterval(job, 0, run.interval_roots[0]), dep.client)
+        dep.dry(dep.registry.functions.postInterval(job, 0, run.interval_roots[0]), dep.client)
 
 
 def test_postInterval_before_accept_reverts(dep, run):
     job = H.create_job(dep, run)
     with reverts("WrongJobStatus", job, JobStatus.OPEN, JobStatus.ACTIVE):
-        dep.tx(dep.registry.functions.postInterval(job, 0, run.interval_roots[0]), dep.trainer)
+        dep.dry(dep.registry.functions.postInterval(job, 0, run.interval_roots[0]), dep.trainer)
 
 
 def test_nIntervals_when_K_divides_N_has_full_last_interval(dep):
@@ -221,13 +221,14 @@ def test_finalize_after_last_window_credits_trainer_payment_and_stake(dep, run):
     end = dep.call(dep.registry.functions.windowEnd(job, 1))
     dep.at(end)
     with reverts("WindowStillOpen", job, end, end):
-        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
-    dep.tx(dep.registry.functions.finalize(job), dep.anyone)  # mined at end + 1
+        dep.dry(dep.registry.functions.finalize(job), dep.anyone)
+    dep.at(end + 1)
+    dep.tx(dep.registry.functions.finalize(job), dep.anyone)
     assert dep.job_status(job) == JobStatus.FINALIZED
     assert dep.owed(dep.trainer) == CFG.payment + CFG.trainer_stake
     assert dep.call(dep.registry.functions.escrowOf(job)) == 0
     with reverts("WrongJobStatus", job, JobStatus.FINALIZED, JobStatus.ACTIVE):
-        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+        dep.dry(dep.registry.functions.finalize(job), dep.anyone)
 
 
 def test_finalize_with_missing_interval_reverts(dep, run):
@@ -235,7 +236,7 @@ def test_finalize_with_missing_interval_reverts(dep, run):
     H.post_intervals(dep, job, run, upto=1)
     dep.advance(CFG.challenge_window + 10)
     with reverts("IntervalsMissing", job, 1, 2):
-        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+        dep.dry(dep.registry.functions.finalize(job), dep.anyone)
 
 
 def test_finalize_with_open_game_reverts_until_game_ends(dep, run):
@@ -245,7 +246,7 @@ def test_finalize_with_open_game_reverts_until_game_ends(dep, run):
     gid = H.challenge(dep, job, 1)
     dep.at(end + 1)
     with reverts("GamesOpen", job, 1):
-        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+        dep.dry(dep.registry.functions.finalize(job), dep.anyone)
     # The trainer reveals; the challenger never answers and the trainer claims the timeout.
     res = H.play(dep, gid, H.Trainer(dep, run), _Silent(dep, dep.challenger))
     assert (res.status, res.ruling) == (H.GameStatus.TRAINER_WON, H.Ruling.TIMEOUT)
@@ -256,7 +257,7 @@ def test_finalize_with_open_game_reverts_until_game_ends(dep, run):
 def test_finalize_before_accept_reverts(dep, run):
     job = H.create_job(dep, run)
     with reverts("WrongJobStatus", job, JobStatus.OPEN, JobStatus.ACTIVE):
-        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+        dep.dry(dep.registry.functions.finalize(job), dep.anyone)
 
 
 class _Silent(H.Challenger):
@@ -279,12 +280,12 @@ def test_withdraw_pays_credit_once_and_double_withdraw_reverts(dep, run):
     (ev,) = dep.events(dep.registry, "Withdrawn")
     assert ev.amount == CFG.payment
     with reverts("NothingOwed", dep.client):
-        dep.tx(dep.registry.functions.withdraw(), dep.client)
+        dep.dry(dep.registry.functions.withdraw(), dep.client)
 
 
 def test_withdraw_with_nothing_owed_reverts(dep):
     with reverts("NothingOwed", dep.anyone):
-        dep.tx(dep.registry.functions.withdraw(), dep.anyone)
+        dep.dry(dep.registry.functions.withdraw(), dep.anyone)
 
 
 def _receiver_client(dep: H.Deployment, run: H.Run):
@@ -315,7 +316,7 @@ def test_withdraw_to_rejecting_receiver_reverts_and_keeps_credit(dep, run):
     recv = _receiver_client(dep, run)
     dep.tx(recv.functions.setRejectPayments(True), dep.client)
     with reverts("TransferFailed", recv.address, CFG.payment):
-        dep.tx(recv.functions.exec(dep.registry.address, dep.registry.encode_abi("withdraw", [])), dep.client)
+        dep.dry(recv.functions.exec(dep.registry.address, dep.registry.encode_abi("withdraw", [])), dep.client)
     assert dep.owed(recv.address) == CFG.payment
     dep.tx(recv.functions.setRejectPayments(False), dep.client)
     dep.tx(recv.functions.exec(dep.registry.address, dep.registry.encode_abi("withdraw", [])), dep.client)
@@ -332,21 +333,21 @@ def test_registry_rejects_plain_ether_transfers(dep):
 
 def test_setDisputeGame_twice_reverts(dep):
     with reverts("GameAlreadySet", dep.game.address):
-        dep.tx(dep.registry.functions.setDisputeGame(dep.anyone), dep.deployer)
+        dep.dry(dep.registry.functions.setDisputeGame(dep.anyone), dep.deployer)
 
 
 def test_setDisputeGame_by_other_than_deployer_reverts(dep):
     fresh = dep.deploy("JobRegistry")
     with reverts("Unauthorized", dep.anyone, dep.deployer):
-        dep.tx(fresh.functions.setDisputeGame(dep.anyone), dep.anyone)
+        dep.dry(fresh.functions.setDisputeGame(dep.anyone), dep.anyone)
 
 
 def test_game_hooks_called_by_other_than_game_revert(dep, run):
     job = H.active_job(dep, run)
     reg = dep.registry.functions
     with reverts("Unauthorized", dep.challenger, dep.game.address):
-        dep.tx(reg.lockBond(job, 0, dep.challenger), dep.challenger, value=CFG.challenger_bond)
+        dep.dry(reg.lockBond(job, 0, dep.challenger), dep.challenger, value=CFG.challenger_bond)
     with reverts("Unauthorized"):
-        dep.tx(reg.settleGame(job, dep.challenger, False), dep.challenger)
+        dep.dry(reg.settleGame(job, dep.challenger, False), dep.challenger)
     with reverts("Unauthorized"):
-        dep.tx(reg.refundGame(job, dep.challenger), dep.challenger)
+        dep.dry(reg.refundGame(job, dep.challenger), dep.challenger)
