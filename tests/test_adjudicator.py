@@ -62,6 +62,7 @@ class Case:
     desc: exact.OpDesc
     inputs: tuple[np.ndarray, ...]
     dataset: np.ndarray | None = None
+    index: int | None = None  # the element the case was built around (a near tie), if any
 
     @property
     def data(self) -> exact.DataContext | None:
@@ -154,6 +155,36 @@ def cancel_row(rng, a: np.ndarray, b: np.ndarray | None) -> None:
     a[~np.isfinite(a)] = 1.0
 
 
+def steer_to_midpoint(rng, a: np.ndarray, b: np.ndarray | None, scale: int = 1) -> None:
+    """Make the first row's exact sum (of a, or of a * b[0]) sit within a few FP32-ulp/2^20..2^40
+    of an FP32 midpoint (times ``scale``): the elements the rounding log exists for."""
+    a_row = a.reshape(-1, a.shape[-1])[0]
+    b_row = None if b is None else b.reshape(-1, b.shape[-1])[0]
+    k = len(a_row)
+    if k < 4:
+        return
+    val = exact.value_of
+    if b_row is None:
+        rest = sum((val(exact.bits_of(x)) for x in a_row[:-3]), Fraction(0))
+    else:
+        rest = sum((val(exact.bits_of(x)) * val(exact.bits_of(y)) for x, y in zip(a_row[:-3], b_row[:-3])), Fraction(0))
+    c = exact.rn32(rest / scale, saturate=True)
+    if not exact.is_finite(c) or c == 0:
+        c = exact.bits_of(1.0)
+    m, sp = exact.midpoint(c, True)
+    target = (m + sp * Fraction(int(rng.integers(-8, 9)), 1 << int(rng.integers(20, 40)))) * scale
+    for t in (-3, -2, -1):  # three FP32 terms carry the residual down to ~2^-72 of it
+        with np.errstate(over="ignore"):
+            x = np.float32(float(target - rest))
+        if not np.isfinite(x):
+            return  # out of range: leave the row as it is
+        if b_row is None:
+            a_row[t] = x
+        else:
+            a_row[t], b_row[t] = np.float32(1.0), x
+        rest += val(exact.bits_of(x))
+
+
 def make_case(kind: OpKind, rng: np.random.Generator) -> Case:
     D = exact.OpDesc
     if kind in (K.ADD, K.SUB, K.MUL, K.DIV, K.RELU_GRAD):
@@ -176,20 +207,29 @@ def make_case(kind: OpKind, rng: np.random.Generator) -> Case:
         batch = rand_shape(rng, int(rng.integers(0, 2)), 3)
         m, n, kk = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.choice([1, 2, 5, 33, 64, 70]))
         a, b = f32(rng, batch + (m, kk)), f32(rng, batch + (n, kk))
-        if rng.random() < 0.5:
+        mode = rng.integers(0, 3)
+        if mode == 1:
             cancel_row(rng, a, b)
         ins = [a, b]
         shapes = [a.shape, b.shape]
         if rng.random() < 0.5:
             ins.append(f32(rng, (n,)))
             shapes.append((n,))
-        return Case(D(kind, tuple(range(len(ins))), batch + (m, n), tuple(shapes), ()), tuple(ins))
+        if mode == 2:
+            if len(ins) == 3:
+                ins[2][0] = 0.0
+            steer_to_midpoint(rng, a, b)
+        desc = D(kind, tuple(range(len(ins))), batch + (m, n), tuple(shapes), ())
+        return Case(desc, tuple(ins), index=0 if mode == 2 else None)
     if kind in (K.SUM, K.MEAN, K.MAX):
         s = rand_shape(rng, int(rng.integers(1, 3)), 4) + (int(rng.choice([1, 3, 64, 65, 100])),)
         a = f32(rng, s)
-        if kind != K.MAX and rng.random() < 0.5:
+        mode = rng.integers(0, 3) if kind != K.MAX else 0
+        if mode == 1:
             cancel_row(rng, a, None)
-        return Case(D(kind, (0,), s[:-1] + (1,), (s,), ()), (a,))
+        elif mode == 2:
+            steer_to_midpoint(rng, a, None, s[-1] if kind == K.MEAN else 1)
+        return Case(D(kind, (0,), s[:-1] + (1,), (s,), ()), (a,), index=0 if mode == 2 else None)
     if kind == K.RELU:
         s = rand_shape(rng)
         return Case(D(kind, (0,), s, (s,), ()), (f32(rng, s),))
@@ -289,7 +329,7 @@ def variant(rng, case: Case, index: int, claimed: int, entries: list[LogEntry]) 
 def run_random_elements(adj, kind: OpKind, seed: int, variants: int) -> None:
     rng = np.random.default_rng(seed)
     case = make_case(kind, rng)
-    index = int(rng.integers(0, case.numel))
+    index = case.index if case.index is not None else int(rng.integers(0, case.numel))
     h = honest(case, index)
     if h is not None:
         claimed, entries = h
