@@ -24,8 +24,10 @@ class TamperWeight(Cheat):
     delta: float = 1e-3
 
     def after_step(self, step: int, result: StepResult) -> None:
-        if step == self.step:
-            result.state[self.slot].view(-1)[self.index] += self.delta
+        if step == self.step:  # a new tensor: the trace keeps the honest values it computed
+            t = result.state[self.slot].clone()
+            t.view(-1)[self.index] += self.delta
+            result.state[self.slot] = t
 
 
 @dataclass
