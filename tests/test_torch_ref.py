@@ -73,7 +73,8 @@ def test_matches_controlled_math(model: str, opt: SGDConfig | AdamWConfig) -> No
                 assert float(a) == pytest.approx(float(b), rel=1e-6), name  # beta^t
             else:  # momentum, m, v: relative to the slot's scale
                 tol = 1e-4 * float(b.abs().max()) + 1e-30
-                torch.testing.assert_close(a, b, rtol=1e-3, atol=tol, msg=lambda m, n=name: f"{n}: {m}")
+                torch.testing.assert_close(a, b, rtol=1e-3, atol=tol,
+                                           msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_state_round_trip_keeps_optimizer_state() -> None:
