@@ -1,0 +1,571 @@
+"""The agents as commands, one OS process each, against any JSON-RPC node.
+
+``vtrain client create-job``  the client: posts a job for a spec and pays for it.
+``vtrain trainer``            accepts the job, trains and posts interval by interval, publishes its
+                              artifacts (and serves them read-only over HTTP), defends every game,
+                              finalizes once the challenge window has passed, withdraws, exits.
+``vtrain auditor``            replays every posted interval from the trainer's published artifacts
+                              (over HTTP only), challenges the first one that differs (or, as a
+                              false challenger, interval 0 once), plays its game, withdraws, exits.
+
+Both agents keep no state of their own: everything is read back from the chain (next interval,
+games, whose move it is) and the artifact store, so either can be killed and started again with
+the same arguments at any point. The auditor then replays from the initial state again.
+
+Progress goes to stderr (rich); stdout carries one JSON line, the result, at the end. With
+``--events`` stdout is a JSON-lines stream (``{"event": ...}``), the last line still the result;
+an orchestrator (``protocol.multiproc``) reads it, in particular the ``idle`` events: an agent
+reports ``{"event": "idle", "block": B}`` once it has seen the chain at block ``B`` or later and
+has nothing to do. The agents never move the node's clock.
+
+Exit status: 0 done, 1 error (a clear message), 3 ``--timeout`` reached (the result says so).
+
+Run without the main CLI: ``python -m protocol.agents_cli trainer ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+log = logging.getLogger(__name__)
+
+EXIT_TIMEOUT = 3
+JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
+_DONE = ("finalized", "fraudulent", "cancelled")
+#: protocol.cheats.CHEATS' names (not imported here: that pulls in torch, and `--help` stays quick).
+CHEAT_NAMES = ("abuse-log", "forge-explicit", "poison-sample", "skip-step", "tamper-weight", "wrong-lr")
+
+
+# -- shared plumbing --------------------------------------------------------------------------------
+
+
+class Wei(click.ParamType):
+    """An amount of wei: ``1000``, ``1e18``, ``0.5eth``, ``2 ether``."""
+
+    name = "wei"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        s = str(value).strip().lower().replace("_", "")
+        scale = Decimal(1)
+        for unit in ("ether", "eth"):
+            if s.endswith(unit):
+                s, scale = s[: -len(unit)].strip(), Decimal(10**18)
+                break
+        try:
+            d = Decimal(s) * scale
+        except InvalidOperation:
+            self.fail(f"{value!r} is not an amount of wei (e.g. 1000000, 1e18, 0.5eth)", param, ctx)
+        if d != d.to_integral_value() or d < 0:
+            self.fail(f"{value!r} is not a whole, non-negative number of wei", param, ctx)
+        return int(d)
+
+
+WEI = Wei()
+
+
+@dataclass
+class Out:
+    """Progress to stderr; JSON lines to stdout (events only with ``--events``)."""
+
+    role: str
+    job: int | None
+    events: bool
+    console: Console
+
+    @staticmethod
+    def make(role: str, job: int | None, events: bool) -> Out:
+        return Out(role, job, events, Console(stderr=True, highlight=False))
+
+    def say(self, msg: str) -> None:
+        who = f"{self.role}" + (f" job {self.job}" if self.job is not None else "")
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{who}[/]: {msg}")
+
+    def event(self, name: str, **fields: Any) -> None:
+        if self.events:
+            self._line({"event": name, "role": self.role, **fields})
+
+    def result(self, **fields: Any) -> None:
+        self._line({"event": "result", "role": self.role, "job": self.job, **fields})
+
+    @staticmethod
+    def _line(obj: dict) -> None:
+        sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+        sys.stdout.flush()
+
+
+def rpc_options(f):
+    f = click.option("--rpc-retries", type=click.IntRange(0, 20), default=5, show_default=True,
+                     help="Retries (with backoff) of a failed request before giving up.")(f)
+    f = click.option("--deployment", "deployment_path", required=True,
+                     type=click.Path(dir_okay=False, path_type=Path),
+                     help="deployment.json written by `vtrain deploy` (contract addresses, chain id).")(f)
+    f = click.option("--rpc", required=True, metavar="URL", help="JSON-RPC endpoint of the node.")(f)
+    return f
+
+
+def spec_option(f):
+    return click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+                        help="The training spec (JSON) the job commits to.")(f)
+
+
+def agent_options(f):
+    f = click.option("--events", is_flag=True, help="Stream JSON-line events on stdout (for an orchestrator).")(f)
+    f = click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True,
+                     help="Seconds between passes when there is nothing to do.")(f)
+    f = click.option("--timeout", type=click.FloatRange(min=0), default=3600.0, show_default=True,
+                     help="Give up after this many seconds (0: never); exit status 3.")(f)
+    return f
+
+
+def load_spec(path: Path):
+    from vtrain.errors import VtrainError
+    from vtrain.spec import TrainSpec
+
+    try:
+        return TrainSpec.from_json(path.read_text())
+    except OSError as e:
+        raise click.ClickException(f"spec file {path}: {e.strerror or e}") from None
+    except VtrainError as e:
+        raise click.ClickException(f"spec file {path}: {e}") from None
+
+
+def connect(rpc: str, deployment_path: Path, retries: int):
+    """Chain and attached protocol, or a ClickException saying what is wrong."""
+    from web3 import Web3
+
+    from protocol.chain import Chain, ChainError, Deployment
+    from protocol.deploy import Protocol
+
+    if not rpc.startswith(("http://", "https://")):
+        raise click.ClickException(f"--rpc: expected an http(s):// URL, got {rpc!r}")
+    try:
+        chain = Chain(Web3(Web3.HTTPProvider(rpc, request_kwargs={"timeout": 30})), rpc, retries=retries)
+        chain.accounts()
+    except ChainError as e:
+        raise click.ClickException(f"cannot use the JSON-RPC node at {rpc}: {e}") from None
+    try:
+        d = Deployment.load(deployment_path)
+        proto = Protocol.attach(chain, d)
+    except ChainError as e:
+        raise click.ClickException(f"deployment {deployment_path}: {e}") from None
+    # Code at both addresses is not enough: they must be this deployment's registry and game.
+    try:
+        bound = chain.call(proto.registry.functions.disputeGame())
+    except Exception as e:  # a different contract: revert, or output that does not decode
+        raise click.ClickException(
+            f"deployment {deployment_path}: {d.registry} on {rpc} is not a JobRegistry ({e})") from None
+    if Web3.to_checksum_address(bound) != Web3.to_checksum_address(d.game):
+        raise click.ClickException(f"deployment {deployment_path}: the registry at {d.registry} is bound to the game "
+                                   f"{bound}, not {d.game} (addresses from another deployment?)")
+    return chain, proto
+
+
+def account(chain, index: int, what: str) -> str:
+    accts = chain.accounts()
+    if not 0 <= index < len(accts):
+        raise click.ClickException(f"{what}: the node has {len(accts)} unlocked accounts, no index {index}")
+    return accts[index]
+
+
+def job_status(proto, job: int) -> str:
+    return JOB_STATUS[int(proto.chain.call(proto.registry.functions.jobStatus(job)))]
+
+
+def check_job(proto, job: int, ctx) -> tuple:
+    """The job's on-chain params; ClickException if it does not exist or commits to another spec."""
+    from protocol.chain import ChainError
+
+    if job_status(proto, job) == "none":
+        count = int(proto.chain.call(proto.registry.functions.jobCount()))
+        raise click.ClickException(f"job {job} does not exist on the registry {proto.registry.address} "
+                                   f"(it has jobs 1..{count})" if count else f"job {job} does not exist "
+                                   f"on the registry {proto.registry.address} (it has no jobs)")
+    params = tuple(proto.chain.call(proto.registry.functions.jobParams(job)))
+    try:
+        ctx.check_onchain(params)
+    except ChainError as e:
+        raise click.ClickException(f"job {job} does not match the spec: {e}") from None
+    return params
+
+
+def block_number(chain) -> int:
+    return int(chain._retry("eth_blockNumber", lambda: chain.w3.eth.block_number))
+
+
+def games_json(stats) -> dict[str, dict[str, int]]:
+    return {str(g): {"moves": stats.moves[g], "gas": stats.gas.get(g, 0)} for g in sorted(stats.moves)}
+
+
+class Idle:
+    """Reports ``idle`` once per block seen with nothing to do."""
+
+    def __init__(self, out: Out) -> None:
+        self.out = out
+        self.last: int | None = None
+
+    def __call__(self, block: int) -> None:
+        if block != self.last:
+            self.last = block
+            self.out.event("idle", block=block)
+
+
+def _deadline(timeout: float) -> float:
+    return time.monotonic() + timeout if timeout > 0 else float("inf")
+
+
+# -- client -----------------------------------------------------------------------------------------
+
+
+@click.group()
+def client() -> None:
+    """The client's side of a job."""
+
+
+@client.command("create-job")
+@rpc_options
+@spec_option
+@click.option("--account-index", type=int, default=1, show_default=True, help="The client's unlocked account.")
+@click.option("--trainer-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
+@click.option("--trainer", "trainer_addr", default=None, metavar="ADDRESS",
+              help="The trainer's address (instead of --trainer-index).")
+@click.option("--payment", type=WEI, default=None, help="Payment in wei (e.g. 1e18 or 1eth). [default: 1 ETH]")
+@click.option("--trainer-stake", type=WEI, default=None, help="Trainer's stake in wei. [default: 2 ETH]")
+@click.option("--challenger-bond", type=WEI, default=None, help="Challenger's bond in wei. [default: 0.5 ETH]")
+@click.option("--challenge-window", type=click.IntRange(min=1), default=None,
+              help="Seconds per interval. [default: 3600]")
+@click.option("--clock", type=click.IntRange(min=1), default=None,
+              help="Chess clock per party, seconds. [default: 1800]")
+def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, spec_path: Path, account_index: int,
+                   trainer_index: int, trainer_addr: str | None, **terms_opts: int | None) -> None:
+    """Create (and pay for) a job training SPEC; prints {"job": ID, ...}."""
+    from web3 import Web3
+
+    from protocol.demo import create_job
+    from protocol.jobs import JobContext, Terms
+    from vtrain.errors import VtrainError
+
+    spec = load_spec(spec_path)
+    chain, proto = connect(rpc, deployment_path, rpc_retries)
+    client_acct = account(chain, account_index, "--account-index")
+    if trainer_addr is not None:
+        if not Web3.is_address(trainer_addr):
+            raise click.ClickException(f"--trainer: {trainer_addr!r} is not an address")
+        trainer = Web3.to_checksum_address(trainer_addr)
+    else:
+        trainer = account(chain, trainer_index, "--trainer-index")
+    terms = Terms(**{k: v for k, v in terms_opts.items() if v is not None})
+    try:
+        ctx = JobContext.of(spec)
+        job = create_job(proto, client_acct, trainer, ctx, terms)
+    except VtrainError as e:
+        raise click.ClickException(f"createJob: {e}") from None
+    Out.make("client", job, False).say(f"created job {job} for trainer {trainer} ({spec.steps} steps, "
+                                       f"{ctx.n_intervals} intervals, payment {terms.payment / 1e18:g} ETH)")
+    Out._line({"job": job, "client": client_acct, "trainer": trainer, "registry": proto.registry.address,
+               "payment": terms.payment, "trainer_stake": terms.trainer_stake, "challenger_bond": terms.challenger_bond,
+               "challenge_window": terms.challenge_window, "clock": terms.clock})
+
+
+# -- trainer ----------------------------------------------------------------------------------------
+
+
+@click.command("trainer")
+@rpc_options
+@click.option("--job", "job_id", type=click.IntRange(min=1), required=True)
+@spec_option
+@click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder of the trainer's artifact store (created if missing).")
+@click.option("--cheat", type=click.Choice(CHEAT_NAMES), default=None, help="Cheat once (demo and tests).")
+@click.option("--cheat-step", type=click.IntRange(min=1), default=None, help="Step of the cheat. [default: K+2]")
+@click.option("--account-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
+@click.option("--serve-store", "serve_port", type=click.IntRange(0, 65535), default=None,
+              help="Serve the store read-only over HTTP on 127.0.0.1:PORT (0: any free port).")
+@agent_options
+def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, spec_path: Path, store_dir: Path,
+                cheat: str | None, cheat_step: int | None, account_index: int, serve_port: int | None,
+                timeout: float, poll: float, events: bool) -> None:
+    """Train JOB and post its intervals, defend every game, finalize and withdraw."""
+    from protocol.cheats import CHEATS
+    from protocol.jobs import JobContext
+    from protocol.store import ArtifactStore, serve_store
+    from protocol.trainer import TrainerAgent
+    from vtrain.errors import VtrainError
+
+    out = Out.make("trainer", job_id, events)
+    deadline = _deadline(timeout)
+    spec = load_spec(spec_path)
+    chain, proto = connect(rpc, deployment_path, rpc_retries)
+    me = account(chain, account_index, "--account-index")
+    ctx = JobContext.of(spec)
+    params = check_job(proto, job_id, ctx)
+    if params[0].lower() != me.lower():
+        raise click.ClickException(f"account #{account_index} {me} is not the trainer of job {job_id} ({params[0]})")
+    if cheat_step is not None and cheat is None:
+        raise click.ClickException("--cheat-step needs --cheat")
+    cheat_obj = CHEATS[cheat](spec, cheat_step or spec.interval + 2) if cheat else None
+    try:
+        store = ArtifactStore(store_dir)
+    except (OSError, VtrainError) as e:
+        raise click.ClickException(f"--store {store_dir}: {e}") from None
+    agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj)
+    server = None
+    if serve_port is not None:
+        try:
+            server, url = serve_store(store_dir, port=serve_port)
+        except OSError as e:
+            raise click.ClickException(f"--serve-store {serve_port}: {e.strerror or e}") from None
+        out.say(f"serving the artifact store {store_dir} at {url}")
+        out.event("serving", url=url)
+    out.event("started", account=me, pid=_pid(), block=block_number(chain))
+    try:
+        res = _trainer_loop(agent, params, out, deadline, poll)
+    except VtrainError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    out.result(**res)
+    if not res["ok"]:
+        sys.exit(EXIT_TIMEOUT)
+
+
+def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) -> dict:
+    from protocol.chain import Reverted
+    from protocol.jobs import Terms
+
+    proto, chain, job = agent.proto, agent.proto.chain, agent.job_id
+    n = agent.ctx.n_intervals
+    idle = Idle(out)
+    posted = 0
+    while True:
+        if time.monotonic() > deadline:
+            out.say("[red]timed out[/]")
+            return {"ok": False, "error": "timeout", "status": agent.status(), "posted": posted,
+                    "games": games_json(agent.player.stats), "withdrawn": 0}
+        block = block_number(chain)
+        status = agent.status()
+        sent = False
+        if status == "open":
+            agent.accept(Terms(trainer_stake=int(params[11])))
+            out.say(f"accepted the job (staked {int(params[11]) / 1e18:g} ETH)")
+            out.event("accepted", stake=int(params[11]))
+            sent = True
+        elif status == "active":
+            j = chain.call(proto.registry.functions.getJob(job))
+            nxt, open_games = int(j[4]), int(j[5])
+            if nxt < n:
+                i = agent.run_interval()
+                if i is not None:
+                    posted += 1
+                    out.say(f"posted interval {i} of {n}")
+                    out.event("posted", interval=i)
+                    sent = True
+            if agent.play():
+                sent = True
+            if not sent and nxt == n and open_games == 0:
+                end = int(chain.call(proto.registry.functions.windowEnd(job, n - 1)))
+                if chain.now() > end:
+                    try:
+                        agent.finalize()
+                    except Reverted as e:
+                        log.warning("finalize: %s", e)
+                    else:
+                        out.say("challenge window passed: finalized")
+                        out.event("finalized")
+                        sent = True
+        else:  # finalized, fraudulent or cancelled: collect what is owed and stop
+            owed = agent.withdraw()
+            out.say(f"job {status}; withdrew {owed / 1e18:g} ETH")
+            return {"ok": True, "status": status, "posted": posted, "games": games_json(agent.player.stats),
+                    "withdrawn": owed}
+        if not sent:
+            idle(block)
+            time.sleep(poll)
+
+
+# -- auditor ----------------------------------------------------------------------------------------
+
+
+@click.command("auditor")
+@rpc_options
+@click.option("--job", "job_id", type=click.IntRange(min=1), required=True)
+@spec_option
+@click.option("--store-url", required=True, metavar="URL", help="The trainer's artifact store, served over HTTP.")
+@click.option("--false-challenger", is_flag=True,
+              help="Challenge interval 0 without cause, once, and play blindly (demo).")
+@click.option("--account-index", type=int, default=3, show_default=True, help="The auditor's unlocked account.")
+@agent_options
+def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, spec_path: Path, store_url: str,
+                false_challenger: bool, account_index: int, timeout: float, poll: float, events: bool) -> None:
+    """Audit JOB: replay each posted interval, challenge a mismatch, play the game, withdraw."""
+    from protocol.auditor import AuditorAgent
+    from protocol.jobs import JobContext
+    from protocol.store import HttpArtifactReader
+    from vtrain.errors import VtrainError
+
+    out = Out.make("false challenger" if false_challenger else "auditor", job_id, events)
+    deadline = _deadline(timeout)
+    spec = load_spec(spec_path)
+    try:
+        reader = HttpArtifactReader(store_url)
+    except ValueError as e:
+        raise click.ClickException(f"--store-url: {e}") from None
+    chain, proto = connect(rpc, deployment_path, rpc_retries)
+    me = account(chain, account_index, "--account-index")
+    ctx = JobContext.of(spec)
+    check_job(proto, job_id, ctx)
+    agent = AuditorAgent(proto, me, ctx, reader, job_id, honest=not false_challenger)
+    agent.disputed = my_games(proto, job_id, me)
+    if agent.disputed:
+        out.say(f"resuming: already challenging in game(s) {agent.disputed}")
+    out.event("started", account=me, pid=_pid(), block=block_number(chain), games=agent.disputed)
+    try:
+        res = _auditor_loop(agent, out, deadline, poll)
+    except VtrainError as e:
+        raise click.ClickException(str(e)) from None
+    out.result(**res)
+    if not res["ok"]:
+        sys.exit(EXIT_TIMEOUT)
+
+
+def my_games(proto, job: int, who: str) -> list[int]:
+    """Games on ``job`` this account opened (read back from GameCreated events)."""
+    logs = proto.game.events.GameCreated.get_logs(from_block=0, argument_filters={"job": job})
+    return sorted(int(e["args"]["game"]) for e in logs if e["args"]["challenger"].lower() == who.lower())
+
+
+def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
+    from protocol.chain import Reverted
+    from protocol.game import STATUS_CHALLENGER_WON, STATUS_CLOSED, STATUS_IN_PROGRESS, STATUS_TRAINER_WON, Move
+    from protocol.jobs import Terms
+    from protocol.store import ArtifactUnavailable
+    from vtrain.errors import MissingArtifact
+
+    proto, chain, job = agent.proto, agent.proto.chain, agent.job_id
+    bond = int(chain.call(proto.registry.functions.jobParams(job))[12])
+    terms = Terms(challenger_bond=bond)
+    idle = Idle(out)
+    gave_up: str | None = None
+    outcome = {STATUS_TRAINER_WON: "trainer won", STATUS_CHALLENGER_WON: "challenger won", STATUS_CLOSED: "closed"}
+
+    def result(ok: bool, status: str, withdrawn: int, **extra: Any) -> dict:
+        games = games_json(agent.player.stats)
+        for g in agent.disputed:
+            games.setdefault(str(g), {"moves": 0, "gas": 0})
+            games[str(g)]["outcome"] = outcome.get(agent.player.view(g).status, "in progress")
+        return {"ok": ok, "status": status, "verified": agent.verified, "games": games, "withdrawn": withdrawn,
+                "missed": gave_up, **extra}
+
+    while True:
+        if time.monotonic() > deadline:
+            out.say("[red]timed out[/]")
+            return result(False, job_status(proto, job), 0, error="timeout")
+        block = block_number(chain)
+        status = job_status(proto, job)
+        sent = blocked = False
+        try:
+            if status == "active" and not agent.disputed and gave_up is None:
+                bad = None
+                if not agent.honest:
+                    if int(chain.call(proto.registry.functions.getJob(job))[4]) >= 1:
+                        bad = 0  # a false challenger disputes an interval that replays fine
+                else:
+                    before = agent.verified
+                    bad = agent.audit()
+                    if agent.verified > before:
+                        ok_upto = agent.verified if bad is None else agent.verified - 1
+                        if ok_upto > before:
+                            out.say(f"replayed interval(s) {before}..{ok_upto - 1}: roots match")
+                        out.event("audited", verified=agent.verified, bad=bad)
+                if bad is not None:
+                    why = _why(agent, bad)
+                    try:
+                        gid = agent.challenge(bad, terms)
+                    except Reverted as e:
+                        gave_up = f"interval {bad}: {e}"
+                        out.say(f"[red]could not challenge interval {bad}[/]: {e}")
+                    else:
+                        out.say(f"challenged interval {bad} ({why}): game {gid}")
+                        out.event("challenged", game=gid, interval=bad)
+                    sent = True
+            if agent.disputed:
+                sent = agent.play() > 0 or sent
+        except (ArtifactUnavailable, MissingArtifact) as e:
+            out.say(f"[yellow]trainer's artifacts not readable yet[/]: {e}")
+            blocked = True
+        if status == "fraudulent":  # proven in another game: close ours to get the bond back
+            for g in agent.disputed:
+                if agent.player.view(g).status == STATUS_IN_PROGRESS:
+                    agent.player.send(g, Move("closeGame", ()))
+                    sent = True
+        if agent.disputed:
+            views = {g: agent.player.view(g) for g in agent.disputed}
+            if all(v.status != STATUS_IN_PROGRESS for v in views.values()):
+                owed = agent.withdraw()
+                for g, v in views.items():
+                    out.say(f"game {g}: {outcome.get(v.status, '?')}")
+                out.say(f"job {status}; withdrew {owed / 1e18:g} ETH")
+                return result(True, status, owed)
+        elif status in _DONE:
+            owed = agent.withdraw()
+            out.say(f"job {status} with no dispute of ours; withdrew {owed / 1e18:g} ETH")
+            return result(True, status, owed)
+        if not sent and not blocked:
+            idle(block)
+        if not sent:
+            time.sleep(poll)
+
+
+def _why(agent, interval: int) -> str:
+    if not agent.honest:
+        return "without cause"
+    from vtrain.commit import interval_root
+
+    first, n = agent.ctx.interval_span(interval)
+    posted = bytes(agent.proto.chain.call(agent.proto.registry.functions.getInterval(agent.job_id, interval))[0])
+    if posted != interval_root([agent.book.records[s].leaf() for s in range(first, first + n)]):
+        return "its root differs from the replay"
+    abused = [s for s in sorted(agent.overruled_steps) if first <= s < first + n]
+    return f"step {abused[0]}'s log claims a value exact arithmetic overrules" if abused else "?"
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+AGENT_COMMANDS: list[click.Command] = [client, trainer_cmd, auditor_cmd]
+"""Register with ``for c in AGENT_COMMANDS: main.add_command(c)`` (names: client, trainer, auditor)."""
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def agents_main(verbose: int) -> None:
+    """The protocol's agents (also registered in `vtrain`)."""
+    from rich.logging import RichHandler
+
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(name)s: %(message)s",
+                        handlers=[RichHandler(console=Console(stderr=True), show_path=False)])
+
+
+for _cmd in AGENT_COMMANDS:
+    agents_main.add_command(_cmd)
+
+
+if __name__ == "__main__":
+    agents_main()
