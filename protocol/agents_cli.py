@@ -183,15 +183,18 @@ def job_status(proto, job: int) -> str:
     return JOB_STATUS[int(proto.chain.call(proto.registry.functions.jobStatus(job)))]
 
 
+def check_job_exists(proto, job: int) -> None:
+    if job_status(proto, job) == "none":
+        count = int(proto.chain.call(proto.registry.functions.jobCount()))
+        has = f"it has jobs 1..{count}" if count else "it has no jobs"
+        raise click.ClickException(f"job {job} does not exist on the registry {proto.registry.address} ({has})")
+
+
 def check_job(proto, job: int, ctx) -> tuple:
     """The job's on-chain params; ClickException if it does not exist or commits to another spec."""
     from protocol.chain import ChainError
 
-    if job_status(proto, job) == "none":
-        count = int(proto.chain.call(proto.registry.functions.jobCount()))
-        raise click.ClickException(f"job {job} does not exist on the registry {proto.registry.address} "
-                                   f"(it has jobs 1..{count})" if count else f"job {job} does not exist "
-                                   f"on the registry {proto.registry.address} (it has no jobs)")
+    check_job_exists(proto, job)
     params = tuple(proto.chain.call(proto.registry.functions.jobParams(job)))
     try:
         ctx.check_onchain(params)
@@ -308,10 +311,12 @@ def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
     spec = load_spec(spec_path)
     chain, proto = connect(rpc, deployment_path, rpc_retries)
     me = account(chain, account_index, "--account-index")
+    check_job_exists(proto, job_id)  # before the spec's graph and dataset are built (seconds)
+    trainer = proto.chain.call(proto.registry.functions.jobParams(job_id))[0]
+    if trainer.lower() != me.lower():
+        raise click.ClickException(f"account #{account_index} {me} is not the trainer of job {job_id} ({trainer})")
     ctx = JobContext.of(spec)
     params = check_job(proto, job_id, ctx)
-    if params[0].lower() != me.lower():
-        raise click.ClickException(f"account #{account_index} {me} is not the trainer of job {job_id} ({params[0]})")
     if cheat_step is not None and cheat is None:
         raise click.ClickException("--cheat-step needs --cheat")
     cheat_obj = CHEATS[cheat](spec, cheat_step or spec.interval + 2) if cheat else None
@@ -425,6 +430,7 @@ def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
         raise click.ClickException(f"--store-url: {e}") from None
     chain, proto = connect(rpc, deployment_path, rpc_retries)
     me = account(chain, account_index, "--account-index")
+    check_job_exists(proto, job_id)
     ctx = JobContext.of(spec)
     check_job(proto, job_id, ctx)
     agent = AuditorAgent(proto, me, ctx, reader, job_id, honest=not false_challenger)

@@ -1,0 +1,154 @@
+"""End to end on a real JSON-RPC node (anvil) with the trainer and the auditor as separate OS
+processes (`python -m protocol.agents_cli trainer|auditor`), orchestrated by `protocol.multiproc`:
+the auditor reads the trainer's artifacts only over HTTP, and the orchestrator moves the node's
+clock only when both agents report they are waiting.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import nodes
+from protocol.agents_cli import CHEAT_NAMES, auditor_cmd, client, trainer_cmd
+from protocol.cheats import CHEATS
+from protocol.demo import default_spec
+from protocol.multiproc import ProcessDemo
+from vtrain.spec import TrainSpec
+
+
+class Narration(list):
+    def __call__(self, line: str) -> None:
+        self.append(line)
+        print(line)
+
+
+@pytest.fixture(scope="module")
+def anvil_url():
+    with nodes.start_anvil() as node:
+        yield node.url
+
+
+@pytest.fixture(scope="module")
+def demo(anvil_url: str, tmp_path_factory: pytest.TempPathFactory) -> ProcessDemo:
+    return ProcessDemo.setup(anvil_url, tmp_path_factory.mktemp("multiproc"), Narration())
+
+
+def _cross_check(sc, gid: int) -> None:
+    """The agents' own move/gas accounting (final JSON lines) agrees with the chain's."""
+    assert sc.agent_cost(gid) == sc.game_cost(gid)
+
+
+@pytest.mark.node
+def test_cheating_trainer_loses_to_auditor_process(demo: ProcessDemo) -> None:
+    say = Narration()
+    sc = demo.scenario("cheating trainer", "poison-sample", False, say, timeout=150)
+    res = sc.run()
+    assert (res.verdict, res.ruling, res.final_status) == ("challenger won", "adjudicated", "fraudulent")
+    (gid,) = sc.games()
+    assert res.moves > 10 and res.gas > 0
+    _cross_check(sc, gid)
+    trainer, auditor = sc.current("trainer").result, sc.current("auditor").result
+    assert trainer["ok"] and trainer["status"] == "fraudulent" and trainer["posted"] == 2
+    terms = sc.terms
+    assert auditor["ok"] and auditor["withdrawn"] == terms.challenger_bond + terms.trainer_stake
+    assert auditor["games"][str(gid)]["outcome"] == "challenger won"
+    # the auditor only ever had the trainer's URL, never its folder
+    store = str(demo.work / f"store-{sc.job}")
+    assert any(store in a for a in sc.current("trainer").argv)
+    assert not any(store in a for a in sc.current("auditor").argv)
+    assert sc.advances == []  # nobody timed out: the node's clock was never moved
+    assert "auditor +2.00" in res.bonds and "trainer -2.00" in res.bonds
+
+
+@pytest.mark.node
+@pytest.mark.slow
+def test_auditor_killed_mid_game_and_restarted(demo: ProcessDemo) -> None:
+    say = Narration()
+    sc = demo.scenario("auditor restart", "abuse-log", False, say, timeout=240)
+    sc.create_job()
+    try:
+        sc.start("trainer")
+        sc.start("auditor")
+        sc.wait_until(lambda: bool(sc.games()) and sc.game_cost(sc.games()[0])[0] >= 6, timeout=150)
+        (gid,) = sc.games()
+        sc.kill("auditor")
+        assert sc.view(gid).status == 1  # still in progress, mid-descent
+        moves_at_kill = sc.game_cost(gid)[0]
+        first = sc.runs[1]
+        assert first.role == "auditor" and first.result is None  # killed: no final line
+        sc.start("auditor")
+        res = sc.finish()
+    finally:
+        sc.close()
+    assert (res.verdict, res.final_status) == ("challenger won", "fraudulent")
+    assert res.moves > moves_at_kill
+    assert sc.advances == []  # the restarted auditor moved in time: no chess clock ran out
+    second = sc.current("auditor")
+    assert second is not first and second.result["ok"]
+    assert list(second.result["games"]) == [str(gid)]  # it resumed its game, opened no other
+    assert any("restarted" in line for line in say)
+
+
+@pytest.mark.node
+def test_agent_commands_report_clear_errors(demo: ProcessDemo, tmp_path: Path) -> None:
+    runner = CliRunner()
+    base = ["--rpc", demo.rpc, "--deployment", str(demo.deployment_path), "--spec", str(demo.spec_path)]
+
+    # the client creates a job from the command line
+    r = runner.invoke(client, ["create-job", *base, "--challenge-window", "600", "--clock", "300", "--payment", "1eth"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    job = out["job"]
+    assert out["payment"] == 10**18 and out["challenge_window"] == 600
+
+    trainer = ["--store", str(tmp_path / "store"), "--timeout", "5"]
+    # a job id that does not exist
+    r = runner.invoke(trainer_cmd, [*base, "--job", "999", *trainer])
+    assert r.exit_code == 1 and "job 999 does not exist" in r.output
+    # not the job's trainer
+    r = runner.invoke(trainer_cmd, [*base, "--job", str(job), "--account-index", "5", *trainer])
+    assert r.exit_code == 1 and "is not the trainer of job" in r.output
+    # a spec that does not match the job
+    other = tmp_path / "other.json"
+    other.write_text(TrainSpec(model="mlp", batch_size=16, steps=12, interval=4).to_json())
+    args = ["--rpc", demo.rpc, "--deployment", str(demo.deployment_path), "--spec", str(other)]
+    r = runner.invoke(auditor_cmd, [*args, "--job", str(job), "--store-url", "http://127.0.0.1:9"])
+    assert r.exit_code == 1 and "does not match the spec" in r.output and "specHash" in r.output
+    # a deployment whose addresses hold no contract, or other contracts
+    d = json.loads(demo.deployment_path.read_text())
+    for patch, msg in (({"registry": "0x" + "11" * 20}, "no contract at"),
+                       ({"registry": d["game"], "game": d["registry"]}, "is not a JobRegistry"),
+                       ({"chain_id": 1}, "chain id")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**d, **patch}))
+        r = runner.invoke(trainer_cmd, ["--rpc", demo.rpc, "--deployment", str(bad), "--spec", str(demo.spec_path),
+                                        "--job", str(job), *trainer])
+        assert r.exit_code == 1 and msg in r.output, (patch, r.output)
+
+
+def test_dead_rpc_endpoint_is_a_clear_error(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(default_spec().to_json())
+    dep = tmp_path / "deployment.json"
+    dep.write_text(json.dumps({"registry": "0x" + "11" * 20, "game": "0x" + "22" * 20,
+                               "adjudicator": "0x" + "33" * 20, "chain_id": 31337}))
+    url = f"http://127.0.0.1:{nodes.free_port()}"
+    runner = CliRunner()
+    r = runner.invoke(trainer_cmd, ["--rpc", url, "--rpc-retries", "0", "--deployment", str(dep), "--spec", str(spec),
+                                    "--job", "1", "--store", str(tmp_path / "s")])
+    assert r.exit_code == 1 and f"cannot use the JSON-RPC node at {url}" in r.output and "unreachable" in r.output
+    r = runner.invoke(auditor_cmd, ["--rpc", "localhost:8545", "--deployment", str(dep), "--spec", str(spec),
+                                    "--job", "1", "--store-url", "http://127.0.0.1:1"])
+    assert r.exit_code == 1 and "expected an http(s):// URL" in r.output
+    spec.write_text("{not json")
+    r = runner.invoke(auditor_cmd, ["--rpc", url, "--deployment", str(dep), "--spec", str(spec),
+                                    "--job", "1", "--store-url", "http://127.0.0.1:1"])
+    assert r.exit_code == 1 and "spec file" in r.output
+
+
+def test_cheat_names_match_the_cheats() -> None:
+    assert sorted(CHEAT_NAMES) == sorted(CHEATS)
