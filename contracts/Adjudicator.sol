@@ -241,9 +241,7 @@ contract Adjudicator is IAdjudicator {
         (bytes memory bData, uint256 bOff) = _readRow(c, 1, (batch * nOut + j) * kk, kk);
         uint256 n = hasBias ? kk + 1 : kk;
         uint256[] memory terms = new uint256[](n);
-        for (uint256 t = 0; t < kk; ++t) {
-            terms[t] = ExactSum.product(TensorProof.f32At(aData, aOff + t), TensorProof.f32At(bData, bOff + t));
-        }
+        ExactSum.fill(aData, aOff, bData, bOff, terms, kk);
         if (hasBias) terms[kk] = ExactSum.value(_read(c, 2, j));
         return ExactSum.sumEnclosure(ExactSum.accumulate(terms), n);
     }
@@ -271,9 +269,7 @@ contract Adjudicator is IAdjudicator {
             return RoundingRule.exactly(best);
         }
         uint256[] memory terms = new uint256[](n);
-        for (uint256 t = 0; t < n; ++t) {
-            terms[t] = ExactSum.value(TensorProof.f32At(data, off + t));
-        }
+        ExactSum.fill(data, off, "", 0, terms, n);
         ExactSum.Accumulation memory acc = ExactSum.accumulate(terms);
         return c.kind == OpKinds.SUM ? ExactSum.sumEnclosure(acc, n) : ExactSum.meanEnclosure(acc, n);
     }

@@ -266,6 +266,29 @@ def test_solidity_accumulate_matches_mirror_and_encloses_exact_sum(harness, prod
         assert total * q <= exact_sum <= (total + inexact) * q
 
 
+def test_solidity_fill_packs_like_product_and_rejects_non_finite(harness):
+    rng = random.Random(6)
+    for count in (1, 7, 64, 300):
+        a = [f32_pattern(rng) for _ in range(count)]
+        b = [f32_pattern(rng) for _ in range(count)]
+        le = lambda xs: b"".join(x.to_bytes(4, "little") for x in xs)  # noqa: E731
+        for other in (le(b), b""):
+            filled, packed = call(harness.functions.fillTerms(le(a), other, count))
+            assert filled == packed
+            want = [exact._product(x, y if other else exact.ONE) for x, y in zip(a, b, strict=True)]
+            assert [((t >> 255) == 1, t & ((1 << 64) - 1), (t >> 64) & 0xFFFF) for t in filled] == [
+                (neg and m != 0, m, est if m else 0) for neg, m, est in want
+            ]
+    errors = error_table(harness.abi, load_artifact("Float32").abi)
+    bad = (1.0, float("nan"), 2.0)
+    a = np.array(bad, np.float32).tobytes()
+    got = expect_revert(lambda: call(harness.functions.fillTerms(a, b"", 3)), errors, "NonFinite")
+    assert got == (0x7FC00000,)
+    inf_b = np.array([1.0, 1.0, np.inf], np.float32).tobytes()
+    got = expect_revert(lambda: call(harness.functions.fillTerms(a[:4] * 3, inf_b, 3)), errors, "NonFinite")
+    assert got == (0x7F800000,)
+
+
 def test_solidity_judge_matches_python_on_random_enclosures(harness):
     rng = random.Random(5)
     for _ in range(120):

@@ -73,47 +73,99 @@ library ExactSum {
         return term == 0 ? 0 : term ^ (1 << 255);
     }
 
+    /// @notice Fills `terms[0 .. count)` with the packed products `a[aOff + t] * b[bOff + t]` of
+    ///         FP32 little-endian elements (`b` empty: `a[aOff + t] * 1.0`, the values themselves);
+    ///         reverts `Float32.NonFinite` on a NaN/inf element.
+    /// @dev The hot loop of MATMUL/SUM/MEAN, in assembly: the same packing as `product`.
+    function fill(bytes memory a, uint256 aOff, bytes memory b, uint256 bOff, uint256[] memory terms, uint256 count)
+        internal
+        pure
+    {
+        bool ones = b.length == 0;
+        // SAFETY: the loop reads without bounds checks, so the ranges are checked once here.
+        if ((aOff + count) * 4 > a.length || (!ones && (bOff + count) * 4 > b.length) || count > terms.length) {
+            revert TooManyTerms(count, terms.length);
+        }
+        bytes4 nonFinite = Float32.NonFinite.selector;
+        assembly ("memory-safe") {
+            let pa := add(add(a, 32), shl(2, aOff))
+            let pb := add(add(b, 32), shl(2, bOff))
+            let out := add(terms, 32)
+            for { let i := 0 } lt(i, count) { i := add(i, 1) } {
+                let x := shr(224, mload(add(pa, shl(2, i))))
+                x := or(or(shl(24, and(x, 0xff)), shl(8, and(x, 0xff00))), or(and(shr(8, x), 0xff00), shr(24, x)))
+                let y := 0x3f800000
+                if iszero(ones) {
+                    y := shr(224, mload(add(pb, shl(2, i))))
+                    y := or(or(shl(24, and(y, 0xff)), shl(8, and(y, 0xff00))), or(and(shr(8, y), 0xff00), shr(24, y)))
+                }
+                let ea := and(shr(23, x), 0xff)
+                let eb := and(shr(23, y), 0xff)
+                if or(eq(ea, 0xff), eq(eb, 0xff)) {
+                    mstore(0, nonFinite)
+                    mstore(4, x)
+                    if iszero(eq(ea, 0xff)) { mstore(4, y) }
+                    revert(0, 36)
+                }
+                // Implicit bit for normals; subnormals count as biased exponent 1.
+                let ma := or(and(x, 0x7fffff), shl(23, iszero(iszero(ea))))
+                let mb := or(and(y, 0x7fffff), shl(23, iszero(iszero(eb))))
+                let m := mul(ma, mb)
+                let t := 0
+                if m {
+                    let est := add(add(ea, iszero(ea)), add(eb, iszero(eb)))
+                    t := or(or(m, shl(64, est)), shl(255, shr(31, xor(x, y))))
+                }
+                mstore(add(out, shl(5, i)), t)
+            }
+        }
+    }
+
     /// @notice Accumulates packed terms (two passes: the scale, then the sum).
     function accumulate(uint256[] memory terms) internal pure returns (Accumulation memory acc) {
         uint256 n = terms.length;
         if (n > MAX_TERMS) revert TooManyTerms(n, MAX_TERMS);
         uint256 top;
-        unchecked {
-            for (uint256 i = 0; i < n; ++i) {
-                uint256 t = terms[i];
-                uint256 est = (t >> 64) & 0xFFFF;
+        assembly ("memory-safe") {
+            let p := add(terms, 32)
+            for { let i := 0 } lt(i, n) { i := add(i, 1) } {
                 // A zero term packs to 0 (est 0), so it never raises the scale.
-                if (est > top) top = est;
+                let est := and(shr(64, mload(add(p, shl(5, i)))), 0xffff)
+                if gt(est, top) { top := est }
             }
-            if (top == 0) return acc;
-            int256 sum;
-            uint256 absSum;
-            uint256 inexact;
-            for (uint256 i = 0; i < n; ++i) {
-                uint256 t = terms[i];
-                uint256 m = t & M_MASK;
-                if (m == 0) continue;
-                uint256 est = (t >> 64) & 0xFFFF;
-                uint256 q;
-                uint256 lost;
-                if (est + GUARD >= top) {
-                    q = m << (est + GUARD - top);
-                } else {
-                    uint256 sh = top - est - GUARD;
-                    if (sh < 64) {
-                        q = m >> sh;
-                        lost = (q << sh) != m ? 1 : 0;
-                    } else {
-                        lost = 1;
-                    }
-                }
-                // SAFETY: q < 2^120 and n <= 2^16, so neither sum can overflow.
-                absSum += q;
-                inexact += lost;
-                sum = t >> 255 == 0 ? sum + int256(q) : sum - int256(q + lost);
-            }
-            acc = Accumulation(sum, absSum, inexact, int256(top) - LSB_OFFSET);
         }
+        if (top == 0) return acc;
+        int256 sum;
+        uint256 absSum;
+        uint256 inexact;
+        // SAFETY: q < 2^120 per term and n <= 2^16, so the sums stay below 2^137 (no wrap-around).
+        assembly ("memory-safe") {
+            let p := add(terms, 32)
+            let mask := sub(shl(64, 1), 1)
+            for { let i := 0 } lt(i, n) { i := add(i, 1) } {
+                let t := mload(add(p, shl(5, i)))
+                let m := and(t, mask)
+                if m {
+                    // Quanta of the term: m * 2^(est + GUARD - top); floored when that is negative.
+                    let d := add(and(shr(64, t), 0xffff), GUARD)
+                    let q := 0
+                    let lost := 0
+                    switch lt(d, top)
+                    case 0 { q := shl(sub(d, top), m) }
+                    default {
+                        let sh := sub(top, d)
+                        q := shr(sh, m)
+                        lost := iszero(eq(shl(sh, q), m))
+                    }
+                    absSum := add(absSum, q)
+                    inexact := add(inexact, lost)
+                    switch shr(255, t)
+                    case 0 { sum := add(sum, q) }
+                    default { sum := sub(sum, add(q, lost)) }
+                }
+            }
+        }
+        acc = Accumulation(sum, absSum, inexact, int256(top) - LSB_OFFSET);
     }
 
     /// @notice Enclosure of a sum of `n` terms with `dc = g(n) * S = n * S / (2^53 - n)`

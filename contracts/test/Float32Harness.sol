@@ -68,6 +68,26 @@ contract Float32Harness {
         return (acc.sum, acc.absSum, acc.inexact, acc.lsbExp);
     }
 
+    /// @notice ExactSum.fill over LE byte strings, next to the packing of `product` for the same pairs.
+    function fillTerms(bytes calldata a, bytes calldata b, uint256 count)
+        external
+        pure
+        returns (uint256[] memory filled, uint256[] memory packed)
+    {
+        filled = new uint256[](count);
+        ExactSum.fill(a, 0, b, 0, filled, count);
+        packed = new uint256[](count);
+        for (uint256 i = 0; i < count; ++i) {
+            uint32 x = _le(a, i);
+            packed[i] = b.length == 0 ? ExactSum.value(x) : ExactSum.product(x, _le(b, i));
+        }
+    }
+
+    function _le(bytes calldata d, uint256 i) private pure returns (uint32) {
+        return uint32(uint8(d[4 * i])) | (uint32(uint8(d[4 * i + 1])) << 8) | (uint32(uint8(d[4 * i + 2])) << 16)
+            | (uint32(uint8(d[4 * i + 3])) << 24);
+    }
+
     /// @notice RoundingRule.judge on an explicit enclosure.
     function judge(RoundingRule.Enclosure calldata x, uint32 claimed, uint8 code, uint32 value)
         external
