@@ -4,6 +4,7 @@ contract applies), and challenges the first interval whose root differs from its
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -12,18 +13,18 @@ import numpy as np
 import torch
 from web3.logs import DISCARD
 
-from protocol.agent import Player
+from protocol.agent import Player, checkpoint_state
 from protocol.deploy import Protocol
 from protocol.game import PARTY_CHALLENGER, ChallengerStrategy, StepBook
 from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactReader, StepRecord
-from vtrain.commit import LogEntry, interval_root
-from vtrain.errors import VtrainError
+from vtrain.commit import LogEntry, interval_root, state_root
+from vtrain.errors import CorruptArtifact, VtrainError
 from vtrain.executor import state_tensors
 from vtrain.graph import OpNode
 from vtrain.logfile import decode_step_log
 from vtrain.trace import StepTrace
-from vtrain.train import replay_steps
+from vtrain.train import component_roots, replay_steps
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,13 @@ class AuditorAgent:
     reader: ArtifactReader
     job_id: int
     honest: bool = True
+    sample: float = 1.0
+    """Fraction of intervals to replay (1.0: all). A skipped interval is trusted; the next sampled
+    one starts from the trainer's checkpoint, checked against the trainer's committed step leaf."""
     book: StepBook = field(init=False)
     player: Player = field(init=False)
-    verified: int = 0  # intervals checked so far
+    verified: int = 0  # intervals processed so far (replayed or skipped)
+    skipped: list[int] = field(default_factory=list)
     disputed: list[int] = field(default_factory=list)
     overruled_steps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     """Steps where the trainer's log claimed a value the contract would not uphold (log abuse),
@@ -96,7 +101,13 @@ class AuditorAgent:
         while self.verified < len(roots):
             i = self.verified
             first, n = self.ctx.interval_span(i)
-            state = self._states[first - 1]
+            if not self._sampled(i):
+                self.skipped.append(i)
+                self.verified += 1
+                continue
+            state = self._states.get(first - 1)
+            if state is None:
+                state = self._trainer_checkpoint(i, roots)
             overruled: list[tuple[int, int]] = []
             for o in replay_steps(self.ctx.job, state, first, first + n - 1, self._logs, check=True,
                                   resolver_factory=exact_resolver(self.ctx, overruled)):
@@ -116,6 +127,26 @@ class AuditorAgent:
             if any(first <= s < first + n for s in self.overruled_steps):
                 return i
         return None
+
+    def _sampled(self, i: int) -> bool:
+        if self.sample >= 1.0:
+            return True
+        digest = hashlib.sha256(f"{self.account}:{self.job_id}:{i}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < self.sample
+
+    def _trainer_checkpoint(self, i: int, roots: list[bytes]) -> list[torch.Tensor]:
+        """The trainer's state at the start of interval ``i``, accepted only if it is the state its
+        posted interval ``i-1`` commits to."""
+        first, _ = self.ctx.interval_span(i)
+        state = checkpoint_state(self.ctx, self.reader.get_checkpoint(self.job_id, i), f"checkpoint of interval {i}")
+        pf, pn = self.ctx.interval_span(i - 1)
+        records = [self.reader.get_step(self.job_id, s) for s in range(pf, pf + pn)]
+        if interval_root([r.leaf() for r in records]) != roots[i - 1]:
+            raise CorruptArtifact(f"the trainer's step records of interval {i - 1} do not match its posted root")
+        if state_root(component_roots(state)) != records[-1].state_root:
+            raise CorruptArtifact(f"checkpoint of interval {i} is not the state committed at step {first - 1}")
+        self._states[first - 1] = state
+        return state
 
     def challenge(self, interval: int, terms: Terms) -> int:
         r = self.proto.chain.send(self.proto.game.functions.challenge(self.job_id, interval), self.account,

@@ -1,0 +1,92 @@
+"""Agent behaviour beyond the happy path: sampled auditing, bad artifacts, wrong specs, restarts."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+from protocol.auditor import AuditorAgent
+from protocol.chain import Chain, ChainError
+from protocol.cheats import PoisonSample
+from protocol.demo import create_job, default_spec
+from protocol.deploy import deploy
+from protocol.jobs import JobContext, Terms
+from protocol.store import ArtifactStore
+from protocol.trainer import TrainerAgent
+from vtrain.errors import CorruptArtifact
+
+TERMS = Terms()
+
+
+@pytest.fixture(scope="module")
+def world():
+    chain = Chain.connect(None)
+    a = chain.accounts()
+    proto = deploy(chain, a[0])
+    with tempfile.TemporaryDirectory() as d:
+        yield proto, ArtifactStore(d), a
+
+
+def _job(world, cheat=None):
+    proto, store, a = world
+    ctx = JobContext.of(default_spec("mlp"))
+    job = create_job(proto, a[1], a[2], ctx, TERMS)
+    trainer = TrainerAgent(proto, a[2], ctx, store, job, cheat=cheat)
+    trainer.accept(TERMS)
+    while trainer.run_interval() is not None:
+        pass
+    return ctx, job, trainer
+
+
+def test_sampled_auditor_starts_from_a_checked_checkpoint_and_still_catches_the_cheat(world) -> None:
+    proto, store, a = world
+    ctx, job, _ = _job(world, cheat=PoisonSample(6))
+    auditor = AuditorAgent(proto, a[3], ctx, store, job)
+    auditor._sampled = lambda i: i == 1  # skip interval 0, replay interval 1 only
+    assert auditor.audit() == 1
+    assert auditor.skipped == [0]
+
+
+def test_sampled_auditor_rejects_a_checkpoint_that_is_not_the_committed_state(world, tmp_path) -> None:
+    proto, store, a = world
+    ctx, job, _ = _job(world)
+    # a second store where the checkpoint of interval 1 was swapped for the initial state
+    bad = ArtifactStore(tmp_path)
+    for s in range(1, ctx.spec.steps + 1):
+        bad.put_step(job, store.get_step(job, s))
+        bad.put_log(job, s, store.get_log(job, s))
+    bad.put_checkpoint(job, 0, store.get_checkpoint(job, 0))
+    bad.put_checkpoint(job, 1, store.get_checkpoint(job, 0))
+    auditor = AuditorAgent(proto, a[3], ctx, bad, job)
+    auditor._sampled = lambda i: i == 1
+    with pytest.raises(CorruptArtifact, match="not the state committed at step 4"):
+        auditor.audit()
+
+
+def test_auditor_refuses_a_spec_the_job_does_not_commit_to(world) -> None:
+    proto, store, a = world
+    ctx, job, _ = _job(world)
+    other = JobContext.of(default_spec("mlp").__class__(model="mlp", batch_size=16, steps=8, interval=4, seed=7))
+    with pytest.raises(ChainError, match="different"):
+        AuditorAgent(proto, a[3], other, store, job)
+
+
+def test_a_restarted_auditor_resumes_the_game_from_the_chain(world) -> None:
+    proto, store, a = world
+    ctx, job, trainer = _job(world, cheat=PoisonSample(6))
+    first = AuditorAgent(proto, a[3], ctx, store, job)
+    bad = first.audit()
+    gid = first.challenge(bad, TERMS)
+    for _ in range(6):  # a few moves, then the auditor "crashes"
+        trainer.play()
+        first.play()
+    restarted = AuditorAgent(proto, a[3], ctx, store, job)
+    assert restarted.audit() == bad  # replays from scratch, same verdict
+    restarted.disputed.append(gid)
+    for _ in range(200):
+        trainer.play()
+        restarted.play()
+        if restarted.player.view(gid).status != 1:
+            break
+    assert restarted.player.view(gid).status == 3  # challenger won
