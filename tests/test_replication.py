@@ -48,7 +48,14 @@ BATCH = 8
 
 
 def env_for(extra: dict[str, str]) -> dict[str, str]:
+    """The default environment (no kernel-selecting variable) plus ``extra``.
+
+    ``OMP_WAIT_POLICY=PASSIVE`` (trainer and auditors alike) only changes how idle OpenMP threads
+    wait, never how work is split: it keeps concurrent 2-thread processes on a busy 2-core
+    machine from spinning against each other (a 1000x slowdown of small GEMMs otherwise).
+    """
     env = {k: v for k, v in os.environ.items() if k not in _KERNEL_VARS}
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     env.update(extra)
     return env
@@ -187,6 +194,7 @@ SLOW_CONFIGS = [(m, o, mode) for m in ("mlp", "gpt") for o in ("sgd", "adamw")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_full_matrix(tmp_path) -> None:
     """Both models x both optimizers x {certified, paper, fp32} x envs B, C, 1 thread, 30 steps.
 
