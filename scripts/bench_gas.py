@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -82,9 +81,7 @@ def _claim(case: BenchCase) -> tuple[int, list[LogEntry]]:
 def measure(w3, adj, case: BenchCase) -> GasRow:
     """Send one adjudicate() transaction and read its receipt."""
     claimed, entries = _claim(case)
-    proof = build_element_proof(
-        case.desc.encode(), list(case.inputs), case.index, entries, case.dataset, SEED, STEP
-    )
+    proof = build_element_proof(case.desc.encode(), list(case.inputs), case.index, entries, case.dataset, SEED, STEP)
     claim = (
         case.desc.encode(),
         [tensor_root(x) for x in case.inputs],

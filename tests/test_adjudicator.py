@@ -14,11 +14,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from revert_helpers import error_table, expect_revert
 
 import nodes
 from protocol.build import load_artifact
 from protocol.proofs import build_element_proof, element_openings, encode_proof, log_opening, range_siblings
-from revert_helpers import error_table, expect_revert
 from vtrain import exact
 from vtrain.commit import LogEntry, dataset_root, op_log_leaves, op_log_root, sample_index
 from vtrain.errors import NonFiniteValue
@@ -33,9 +33,30 @@ STEP = 7
 K = OpKind
 
 RULED = [
-    K.ADD, K.SUB, K.MUL, K.DIV, K.ADD_S, K.MUL_S, K.DIV_S, K.RSUB_S, K.SQRT, K.MATMUL, K.SUM,
-    K.MEAN, K.MAX, K.RELU, K.RELU_GRAD, K.OUTPUT, K.RESHAPE, K.PERMUTE, K.SLICE, K.PAD, K.EXPAND,
-    K.ONE_HOT, K.GATHER, K.DATA,
+    K.ADD,
+    K.SUB,
+    K.MUL,
+    K.DIV,
+    K.ADD_S,
+    K.MUL_S,
+    K.DIV_S,
+    K.RSUB_S,
+    K.SQRT,
+    K.MATMUL,
+    K.SUM,
+    K.MEAN,
+    K.MAX,
+    K.RELU,
+    K.RELU_GRAD,
+    K.OUTPUT,
+    K.RESHAPE,
+    K.PERMUTE,
+    K.SLICE,
+    K.PAD,
+    K.EXPAND,
+    K.ONE_HOT,
+    K.GATHER,
+    K.DATA,
 ]
 
 
@@ -130,8 +151,26 @@ def f32(rng: np.random.Generator, shape, style: str | None = None) -> np.ndarray
     elif style == "ints":  # exact ties in + - * / are likely
         x = rng.integers(-(1 << 25), 1 << 25, n) * 2.0 ** rng.integers(-3, 3)
     else:
-        pool = np.array([0.0, 1.0, -1.0, 0.5, 3.0, 2.0**-149, -(2.0**-149), 2.0**-126, 1.5 * 2.0**-140,
-                         2.0**100, -(2.0**100), 3.0e38, 16777217.0, 0.1, -7.0], dtype=np.float64)
+        pool = np.array(
+            [
+                0.0,
+                1.0,
+                -1.0,
+                0.5,
+                3.0,
+                2.0**-149,
+                -(2.0**-149),
+                2.0**-126,
+                1.5 * 2.0**-140,
+                2.0**100,
+                -(2.0**100),
+                3.0e38,
+                16777217.0,
+                0.1,
+                -7.0,
+            ],
+            dtype=np.float64,
+        )
         x = rng.choice(pool, n) * rng.choice([1.0, 1.0, 2.0**-30], n)
     return (x.astype(np.float32) + np.float32(0)).reshape(shape)  # canonical zeros
 
@@ -167,7 +206,8 @@ def steer_to_midpoint(rng, a: np.ndarray, b: np.ndarray | None, scale: int = 1) 
     if b_row is None:
         rest = sum((val(exact.bits_of(x)) for x in a_row[:-3]), Fraction(0))
     else:
-        rest = sum((val(exact.bits_of(x)) * val(exact.bits_of(y)) for x, y in zip(a_row[:-3], b_row[:-3])), Fraction(0))
+        pairs = zip(a_row[:-3], b_row[:-3], strict=True)
+        rest = sum((val(exact.bits_of(x)) * val(exact.bits_of(y)) for x, y in pairs), Fraction(0))
     c = exact.rn32(rest / scale, saturate=True)
     if not exact.is_finite(c) or c == 0:
         c = exact.bits_of(1.0)
@@ -531,8 +571,10 @@ def test_every_element_of_small_batched_and_data_movement_ops(adj):
     D = exact.OpDesc
     x = f32(rng, (2, 3, 4), "normal")
     cases = [
-        Case(D(K.MATMUL, (0, 1, 2), (2, 3, 2), ((2, 3, 4), (2, 2, 4), (2,)), ()),
-             (x, f32(rng, (2, 2, 4), "normal"), f32(rng, (2,), "normal"))),
+        Case(
+            D(K.MATMUL, (0, 1, 2), (2, 3, 2), ((2, 3, 4), (2, 2, 4), (2,)), ()),
+            (x, f32(rng, (2, 2, 4), "normal"), f32(rng, (2,), "normal")),
+        ),
         Case(D(K.PERMUTE, (0,), (4, 2, 3), ((2, 3, 4),), (2, 0, 1)), (x,)),
         Case(D(K.SLICE, (0,), (2, 2, 4), ((2, 3, 4),), (1, 1)), (x,)),
         Case(D(K.PAD, (0,), (2, 3, 6), ((2, 3, 4),), (2, 1)), (x,)),
@@ -629,7 +671,9 @@ def test_forged_openings_revert(adj, errors):
     data = bytearray(openings[0][0])
     data[5] ^= 1
     bad = [(bytes(data), openings[0][1]), openings[1]]
-    root, first, count, size = expect_revert(call_with(adj, case, index, claimed, entries, bad, log), errors, "RangeMismatch")
+    root, first, count, size = expect_revert(
+        call_with(adj, case, index, claimed, entries, bad, log), errors, "RangeMismatch"
+    )
     assert (first, count, size) == (1, 2, 4) and root == root_of(case.inputs[0])  # row 1: elements 70..139
     # a wrong sibling hash
     bad = [openings[0], (openings[1][0], [b"\x11" * 32] + openings[1][1][1:])]
@@ -704,14 +748,14 @@ def test_bad_descriptors_and_inputs_revert(adj, errors):
     assert expect_revert(lambda: on_chain(adj, nan_case, 0, 0, [], nan_proof), errors, "NonFinite") == (0x7FC00000,)
     # shapes that do not fit the op
     bad = replace(case, desc=replace(case.desc, in_shapes=((3, 70), (2, 71))))
-    assert expect_revert(lambda: on_chain(adj, bad, 0, claimed, [], proof_of(case, 0, [])), errors, "ShapeMismatch") == (
+    assert expect_revert(
+        lambda: on_chain(adj, bad, 0, claimed, [], proof_of(case, 0, [])), errors, "ShapeMismatch"
+    ) == (
         30,
         1,
     )
     # a root count that does not fit the descriptor
-    expect_revert(
-        lambda: on_chain(adj, case, 0, claimed, [], roots=[root_of(case.inputs[0])]), errors, "InputCount"
-    )
+    expect_revert(lambda: on_chain(adj, case, 0, claimed, [], roots=[root_of(case.inputs[0])]), errors, "InputCount")
 
 
 def op_leaves_pair() -> bytes:

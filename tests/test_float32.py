@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from revert_helpers import error_table, expect_revert
 from web3 import Web3
 
 import nodes
-from revert_helpers import error_table, expect_revert
 from protocol.build import load_artifact
 from vtrain import exact
 from vtrain.errors import NonFiniteValue
@@ -51,8 +51,19 @@ def np_rn32_bits(x: float) -> int:
 def interesting_doubles(rng: random.Random, n: int) -> list[float]:
     """Doubles over the FP32 range and beyond: random, exact FP32 ties (midpoints) and their
     neighbours, subnormals, the overflow threshold, signed zeros."""
-    out = [0.0, -0.0, 2.0**-149, -(2.0**-149), 2.0**-150, 2.0**-151, 3 * 2.0**-151, 2.0**-126,
-           (2 - 2.0**-23) * 2.0**127, 2.0**128 - 2.0**103, -(2.0**128 - 2.0**103)]
+    out = [
+        0.0,
+        -0.0,
+        2.0**-149,
+        -(2.0**-149),
+        2.0**-150,
+        2.0**-151,
+        3 * 2.0**-151,
+        2.0**-126,
+        (2 - 2.0**-23) * 2.0**127,
+        2.0**128 - 2.0**103,
+        -(2.0**128 - 2.0**103),
+    ]
     out.append(math.nextafter(2.0**128 - 2.0**103, 0.0))
     out.append(math.nextafter(2.0**128 - 2.0**103, math.inf))
     while len(out) < n:
@@ -253,9 +264,7 @@ def test_solidity_accumulate_matches_mirror_and_encloses_exact_sum(harness, prod
         got = tuple(call(harness.functions.accumulate(xs, products)))
         if products:
             terms = [exact._product(xs[2 * i], xs[2 * i + 1]) for i in range(n)]
-            exact_sum = sum(
-                (exact.value_of(xs[2 * i]) * exact.value_of(xs[2 * i + 1]) for i in range(n)), Fraction(0)
-            )
+            exact_sum = sum((exact.value_of(xs[2 * i]) * exact.value_of(xs[2 * i + 1]) for i in range(n)), Fraction(0))
         else:
             terms = [exact._product(x, exact.ONE) for x in xs]
             exact_sum = sum((exact.value_of(x) for x in xs), Fraction(0))

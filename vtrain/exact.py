@@ -346,8 +346,9 @@ def _semantics(desc: OpDesc, tensors: Sequence[np.ndarray], index: int, data: Da
             raise MalformedOp(f"attrs: expected one finite FP32 constant, got {attrs}")
         c = attrs[0]
         a = rd.one(0, index)
-        op = {OpKind.ADD_S: OpKind.ADD, OpKind.MUL_S: OpKind.MUL, OpKind.DIV_S: OpKind.DIV}.get(k)
-        return arith(op, a, c) if op is not None else arith(OpKind.SUB, c, a)
+        if k == OpKind.RSUB_S:
+            return arith(OpKind.SUB, c, a)
+        return arith({OpKind.ADD_S: OpKind.ADD, OpKind.MUL_S: OpKind.MUL}.get(OpKind(k), OpKind.DIV), a, c)
     if k in (OpKind.SQRT, OpKind.RELU):
         need(1)
         if not _same_except(ins[0], shape):
@@ -372,9 +373,9 @@ def _semantics(desc: OpDesc, tensors: Sequence[np.ndarray], index: int, data: Da
         j = index % n_cols
         row = index // n_cols
         batch = row // m
-        a = rd.row(0, row * kk, kk)
-        b = rd.row(1, (batch * n_cols + j) * kk, kk)
-        ops = [x for pair in zip(a, b, strict=True) for x in pair]
+        a_row = rd.row(0, row * kk, kk)
+        b_row = rd.row(1, (batch * n_cols + j) * kk, kk)
+        ops = [x for pair in zip(a_row, b_row, strict=True) for x in pair]
         if bias:
             ops.append(rd.one(2, j))
         return done("dot", *ops, n=kk + bias, bias=bias, bound=True)
@@ -504,9 +505,7 @@ def _exact(sem: _Sem) -> Fraction | None:
     return total / sem.n if sem.op == "mean" else total
 
 
-def exact_value(
-    desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None
-) -> Fraction:
+def exact_value(desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None) -> Fraction:
     """The exact real value ``e`` of output element ``index`` (docs/protocol.md op semantics).
 
     For SQRT of a non-square the value is irrational: this returns ``sqrt`` truncated to about
@@ -520,9 +519,7 @@ def exact_value(
     return e
 
 
-def contract_bound(
-    desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None
-) -> Fraction:
+def contract_bound(desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None) -> Fraction:
     """The certified bound ``dc`` on the exact ``S = sum|t_k|`` (0 for exact ops and copies):
     MATMUL/SUM ``g(n) S``, MEAN ``(g(n) + 2u) S / n``, ``g(n) = n u / (1 - n u)``, ``u = 2^-53``,
     ``n`` the number of terms (MATMUL: ``K``, plus 1 with a bias)."""
@@ -628,8 +625,11 @@ def _enclose(sem: _Sem) -> Enclosure | None:
     if sem.op == "mean":
         f = TWO53 * (TWO53 - n)
         return Enclosure(
-            total * f, (total + inexact) * f, (abs_sum + inexact) * (n * TWO53 + 2 * (TWO53 - n)),
-            lsb - 53, n * (TWO53 - n),
+            total * f,
+            (total + inexact) * f,
+            (abs_sum + inexact) * (n * TWO53 + 2 * (TWO53 - n)),
+            lsb - 53,
+            n * (TWO53 - n),
         )
     den = TWO53 - n
     return Enclosure(total * den, (total + inexact) * den, n * (abs_sum + inexact), lsb, den)
@@ -642,9 +642,7 @@ def enclosure(
     return _enclose(_semantics(OpDesc.of(desc), tensors, index, data))
 
 
-def reads(
-    desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None
-) -> list[Read]:
+def reads(desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None) -> list[Read]:
     """The openings the contract expects, in proof order (see Adjudicator's NatSpec)."""
     return list(_semantics(OpDesc.of(desc), tensors, index, data).reads)
 
@@ -665,10 +663,7 @@ def judge(enc: Enclosure | None, claimed: int, code: int, value: int = 0) -> boo
         return 16 * dc <= s and lo - 4 * dc <= m <= hi + 4 * dc
     if code == EXPLICIT:
         c = to_ordered(claimed)
-        return (
-            claimed == value
-            and to_ordered(rn32(lo - 4 * dc, True)) <= c <= to_ordered(rn32(hi + 4 * dc, True))
-        )
+        return claimed == value and to_ordered(rn32(lo - 4 * dc, True)) <= c <= to_ordered(rn32(hi + 4 * dc, True))
     return False
 
 

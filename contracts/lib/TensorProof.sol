@@ -25,6 +25,8 @@ library TensorProof {
     uint256 internal constant CHUNK = 64;
     /// @notice Bytes per full tensor leaf.
     uint256 internal constant CHUNK_BYTES = 256;
+    /// @notice Largest tree size an opening may claim.
+    uint256 internal constant MAX_SIZE = 1 << 64;
 
     /// @dev Walk state: the range, the leaf hashes and the next unread sibling.
     struct Walk {
@@ -47,7 +49,8 @@ library TensorProof {
         bytes32[] memory siblings
     ) internal view {
         uint256 count = (data.length + leafLen - 1) / leafLen;
-        if (count == 0 || first + count > size) revert BadRange(first, count, size);
+        // SAFETY: trees of up to 2^64 leaves (as Merkle.MAX_DEPTH) bound the walk's recursion depth.
+        if (count == 0 || first + count > size || size > MAX_SIZE) revert BadRange(first, count, size);
         Walk memory w = Walk(first, first + count, 0, new bytes32[](count), siblings);
         for (uint256 i = 0; i < count; ++i) {
             uint256 off = i * leafLen;
