@@ -483,12 +483,11 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
         status = job_status(proto, job)
         sent = blocked = False
         try:
-            if status == "active" and not agent.disputed and gave_up is None:
+            if status == "active":
                 bad = None
-                if not agent.honest:
-                    if int(chain.call(proto.registry.functions.getJob(job))[4]) >= 1:
-                        bad = 0  # a false challenger disputes an interval that replays fine
-                else:
+                if agent.honest:
+                    # Replay every posted interval, also after a restart mid-game: the game's
+                    # moves need the replayed states and step records of the disputed interval.
                     before = agent.verified
                     bad = agent.audit()
                     if agent.verified > before:
@@ -496,7 +495,9 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
                         if ok_upto > before:
                             out.say(f"replayed interval(s) {before}..{ok_upto - 1}: roots match")
                         out.event("audited", verified=agent.verified, bad=bad)
-                if bad is not None:
+                elif not agent.disputed and int(chain.call(proto.registry.functions.getJob(job))[4]) >= 1:
+                    bad = 0  # a false challenger disputes an interval that replays fine
+                if bad is not None and not agent.disputed and gave_up is None:
                     why = _why(agent, bad)
                     try:
                         gid = agent.challenge(bad, terms)
@@ -507,6 +508,8 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
                         out.say(f"challenged interval {bad} ({why}): game {gid}")
                         out.event("challenged", game=gid, interval=bad)
                     sent = True
+                elif bad is not None:
+                    out.say(f"interval {bad} does not replay; in game(s) {agent.disputed} already")
             if agent.disputed:
                 sent = agent.play() > 0 or sent
         except (ArtifactUnavailable, MissingArtifact) as e:
