@@ -418,13 +418,15 @@ contract DisputeGame is IDisputeGame {
 
     /// @dev Product of the shape, bounded so that the chunk count fits a descent.
     function _numel(uint32[] memory shape) internal pure returns (uint256 numel) {
-        // SAFETY: bounds the loop; 16 factors below 2^32 cannot overflow uint256.
+        // SAFETY: bounds the loop.
         if (shape.length > MAX_RANK) revert DescriptorOutOfBounds("rank", shape.length, MAX_RANK);
         numel = 1;
         for (uint256 i = 0; i < shape.length; ++i) {
+            if (shape[i] == 0) return 0;
+            // SAFETY: numel <= 2^63 here and a dim is < 2^32, so the product cannot overflow.
             numel *= shape[i];
+            // SAFETY: numel, the flat index (< numel + 64) and the chunk count are stored as uint64.
+            if (numel > MAX_NUMEL) revert DescriptorOutOfBounds("numel", numel, MAX_NUMEL);
         }
-        // SAFETY: numel, the flat index (< numel + 64) and the chunk count are stored as uint64.
-        if (numel > MAX_NUMEL) revert DescriptorOutOfBounds("numel", numel, MAX_NUMEL);
     }
 }

@@ -468,6 +468,11 @@ def make_graph(n_slots: int) -> Graph:
         ops.append(OpSpec(f"output{k}", KIND_OUTPUT, (2 + n_slots + k,), slot_shape(k), (k,)))
     ops.append(OpSpec("sum", KIND_SUM, (2 + n_slots,), (1,)))
     ops.append(OpSpec("empty", KIND_RESHAPE, (0,), (0, 5)))
+    return graph_of(ops)
+
+
+def graph_of(ops: list[OpSpec]) -> Graph:
+    """The graph (descriptors, tree, name index) of a list of ops."""
     descriptors = [
         C.encode_op_descriptor(op.kind, op.inputs, op.shape, [ops[i].shape for i in op.inputs], op.attrs)
         for op in ops
@@ -592,9 +597,13 @@ def simulate(cfg: JobConfig, cheat: Cheat | None = None, graph: Graph | None = N
 
     steps: dict[int, StepRecord] = {}
     for s in range(1, cfg.n_steps + 1):
-        outs: list[np.ndarray] = []
-        logs: list[bytes] = []
-        for j, op in enumerate(graph.ops):
+        done: dict[int, np.ndarray] = {}
+
+        def output(j: int, s: int = s) -> np.ndarray:
+            # Evaluated in dependency order, so a (malformed) graph reading a later op still runs.
+            if j in done:
+                return done[j]
+            op = graph.ops[j]
             if op.kind == KIND_INPUT:
                 out = state[op.attrs[0]]
                 if at("input_bind", s) and cheat.slot == op.attrs[0]:  # type: ignore[union-attr]
@@ -602,17 +611,22 @@ def simulate(cfg: JobConfig, cheat: Cheat | None = None, graph: Graph | None = N
             elif op.kind == KIND_CONST:
                 out = _bump(CONST_TENSOR) if at("const_bind", s) else CONST_TENSOR
             elif op.kind == KIND_OUTPUT:
-                out = outs[op.inputs[0]]
+                out = output(op.inputs[0])
             else:
-                roots = [C.tensor_root(outs[i]) for i in op.inputs]
+                roots = [C.tensor_root(output(i)) for i in op.inputs]
                 out = synth_output(s, j, roots, op.numel)
                 if at("element", s) and graph.index[cheat.op] == j:  # type: ignore[union-attr]
                     out = _bump(out, cheat.index)  # type: ignore[union-attr]
                 if at("record_length", s) and graph.index[cheat.op] == j:  # type: ignore[union-attr]
                     out = np.append(out, np.float32(0.25)).astype(np.float32)
-            outs.append(out)
-            entries = synth_log(s, j, op.numel) if op.name == "update0" else []
-            logs.append(C.op_log_root(entries))
+            done[j] = out
+            return out
+
+        outs = [output(j) for j in range(graph.n_ops)]
+        logs = [
+            C.op_log_root(synth_log(s, j, op.numel) if op.name == "update0" else [])
+            for j, op in enumerate(graph.ops)
+        ]
         components = [outs[graph.output_op(k)] for k in range(cfg.n_slots)]
         if at("output_bind", s):
             components[cheat.slot] = _bump(components[cheat.slot])  # type: ignore[union-attr]

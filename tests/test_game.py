@@ -493,11 +493,9 @@ def test_gas_per_move_covers_every_move_under_the_tx_cap(chain):
 
 
 @pytest.mark.slow
-def test_openStep_with_1024_slots_fits_one_transaction():
-    cfg = H.JobConfig(n_steps=2, interval_length=2, n_slots=1024)
-    gas = H.gas_per_move(n_slots=1024, n_steps=2, interval_length=2)
+def test_openStep_with_1024_slots_fits_one_transaction(chain):
+    gas = H.gas_per_move(n_slots=1024, n_steps=2, interval_length=2, dep=chain.reset())
     assert gas["openStep"] < 16_777_216, gas
-    assert cfg.n_slots == 1024
 
 
 @pytest.mark.slow
@@ -527,3 +525,18 @@ def test_other_shapes_cheater_loses_and_honest_trainer_wins(chain, cfg):
             res = H.play(dep, gid, H.Trainer(dep, run), ch)
             assert res.status == GameStatus.TRAINER_WON
         dep.check_solvency()
+
+
+def test_openOp_reading_a_later_op_reverts_and_trainer_loses_on_time(dep):
+    # A malformed (non-topological) graph: `sum` reads `empty`, a later op, whose record is not
+    # agreed. The trainer accepted the graph; it cannot open that op and loses on time.
+    graph = H.make_graph(CFG.n_slots)
+    ops = list(graph.ops)
+    j = graph.index["sum"]
+    ops[j] = H.replace(ops[j], inputs=(graph.index["empty"],))
+    run = H.simulate(CFG, graph=H.graph_of(ops))
+    H.active_job(dep, run)
+    gid = H.challenge(dep, 1, 0)
+    res = H.play(dep, gid, H.Trainer(dep, run), H.FalseChallenger(dep, position=0, op=j))
+    assert (res.status, res.ruling) == (GameStatus.CHALLENGER_WON, Ruling.TIMEOUT)
+    assert res.stuck.name == "InputNotBefore" and res.stuck.error_args == (j + 1, j)
