@@ -1,0 +1,431 @@
+#!/usr/bin/env python
+"""Controlled numerics, measured: step time, rounding-log size and cross-environment replication.
+
+    .venv/bin/python scripts/bench_numerics.py                 # defaults: a few minutes on 2 cores
+    .venv/bin/python scripts/bench_numerics.py --long          # + replication over 1000 steps
+    .venv/bin/python scripts/bench_numerics.py --profile       # + where a certified step spends time
+
+Everything is measured in this one run and printed as markdown tables:
+
+(a) step time of each mode against plain torch FP32 (``fp32`` = ``vtrain.torch_ref``), for a
+    small GPT and the MLP; only the step itself is timed (``time.perf_counter`` around the
+    executor's ``run``), after ``--warmup`` untimed steps; the median over ``--steps`` is reported.
+(b) rounding-log bytes per step and the fraction of rounded values that got an entry, certified
+    (sparse) vs paper (dense ternary), on the same trajectory: both modes output ``RN32(v)``, so
+    their states are identical step by step (checked and reported).
+(c) replication verdicts: ``vtrain train`` in this environment, ``vtrain replay`` in emulated
+    other hardware (``/work/shared/notes/nondeterminism.md``), each a separate process, for every
+    mode; matched steps and the first divergent step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import vtrain.executor as vexec  # noqa: E402
+from vtrain.executor import state_tensors  # noqa: E402
+from vtrain.logfile import _HEADER as LOG_HEADER  # noqa: E402
+from vtrain.logfile import encode_step_log  # noqa: E402
+from vtrain.nn import GPTConfig, MLPConfig  # noqa: E402
+from vtrain.numerics import Mode  # noqa: E402
+from vtrain.optim import AdamWConfig, SGDConfig  # noqa: E402
+from vtrain.spec import Job, TrainSpec, build_job  # noqa: E402
+from vtrain.torch_ref import executor_for  # noqa: E402
+from vtrain.train import batch_for, component_roots  # noqa: E402
+
+MODES = ["fp32", "round-nolog", "certified", "paper"]
+
+ENVS: dict[str, tuple[dict[str, str], str]] = {
+    "B": ({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2",
+           "OMP_NUM_THREADS": "1"}, "AVX2 kernels, MKL CNR COMPATIBLE, oneDNN AVX2, 1 thread"),
+    "C": ({"ATEN_CPU_CAPABILITY": "default"}, "ATen without vector kernels"),
+    "threads1": ({"OMP_NUM_THREADS": "1"}, "1 thread instead of the default"),
+    "same": ({}, "the trainer's own environment (control)"),
+}
+_KERNEL_VARS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+                "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def table(head: list[str], rows: list[list[Any]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def fmt_ms(s: float) -> str:
+    return f"{s * 1e3:.1f}" if s < 10 else f"{s * 1e3:.0f}"
+
+
+# --- specs -----------------------------------------------------------------------------------------
+def gpt_spec(a: argparse.Namespace, steps: int = 8, mode: str = "certified") -> TrainSpec:
+    return TrainSpec(model="gpt", optimizer=AdamWConfig() if a.optimizer == "adamw" else SGDConfig(),
+                     batch_size=a.batch, steps=steps, mode=mode,
+                     gpt=GPTConfig(n_layer=a.layers, d_model=a.width, n_head=a.heads,
+                                   context=a.context))
+
+
+def mlp_spec(a: argparse.Namespace) -> TrainSpec:
+    hidden = tuple(int(h) for h in a.mlp_hidden.split(",") if h)
+    return TrainSpec(model="mlp", optimizer=SGDConfig(), batch_size=a.batch, mlp=MLPConfig(hidden=hidden))
+
+
+def describe(spec: TrainSpec, job: Job) -> str:
+    n_params = sum(int(torch.tensor(s.shape).prod()) for s in job.graph.slots)
+    if spec.model == "gpt":
+        g = spec.gpt
+        what = (f"GPT {g.n_layer} layers, d_model {g.d_model}, {g.n_head} heads, context {g.context}, "
+                f"vocab {g.vocab}")
+    else:
+        what = f"MLP 64-{'-'.join(map(str, spec.mlp.hidden))}-10 (digits)"
+    return (f"{what}, batch {spec.batch_size}, {spec.optimizer.name}; {n_params:,} state values, "
+            f"{job.graph.n_ops} ops per step")
+
+
+# --- (a) + (b): step time and log size, in process ------------------------------------------------
+def measure_modes(job: Job, modes: list[str], warmup: int, steps: int) -> dict[str, dict]:
+    """Run ``warmup + steps`` steps in each mode from the initial state; time only ``ex.run``."""
+    out: dict[str, dict] = {}
+    for mode in modes:
+        ex = executor_for(job, mode)
+        state = state_tensors(job.initial_state)
+        times, cpu, log_bytes, raw_bytes, roots = [], [], [], [], []
+        values = logged = explicit = 0
+        for s in range(1, warmup + steps + 1):
+            data = batch_for(job, s)
+            c0, t0 = time.process_time(), time.perf_counter()
+            res = ex.run(state, data, step=s)
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            state = res.state
+            roots.append(component_roots(state))
+            if s <= warmup:
+                continue
+            times.append(dt)
+            cpu.append(dc)
+            values += res.stats.values
+            logged += res.stats.logged
+            explicit += res.stats.explicit
+            if mode in ("certified", "paper"):
+                blob = encode_step_log(res.log, s, job.graph)
+                log_bytes.append(len(blob))
+                raw_bytes.append(len(zlib.decompress(blob[LOG_HEADER.size :])))
+        out[mode] = {"times": times, "median_s": statistics.median(times), "cpu": cpu,
+                     "cpu_median_s": statistics.median(cpu), "values": values,
+                     "logged": logged, "explicit": explicit, "log_bytes": log_bytes,
+                     "raw_bytes": raw_bytes, "roots": roots}
+    return out
+
+
+def ratio(x: float, base: float | None) -> str:
+    if not base:
+        return "-"
+    q = x / base
+    return f"{q:.1f}x" if q < 10 else f"{q:.0f}x"
+
+
+def timing_rows(res: dict[str, dict]) -> list[list[Any]]:
+    base = res.get("fp32", {}).get("median_s")
+    cbase = res.get("fp32", {}).get("cpu_median_s")
+    rows = []
+    for mode, r in res.items():
+        spread = f"{fmt_ms(min(r['times']))}-{fmt_ms(max(r['times']))}"
+        rows.append([mode, fmt_ms(r["median_s"]), spread, ratio(r["median_s"], base),
+                     fmt_ms(r["cpu_median_s"]), ratio(r["cpu_median_s"], cbase)])
+    return rows
+
+
+TIMING_HEAD = ["mode", "wall ms / step (median)", "wall min-max", "wall vs fp32", "CPU ms / step",
+               "CPU vs fp32"]
+
+
+def log_rows(res: dict[str, dict]) -> tuple[list[list[Any]], str]:
+    rows = []
+    for mode in ("certified", "paper"):
+        if mode not in res:
+            continue
+        r = res[mode]
+        n = len(r["log_bytes"])
+        frac = r["logged"] / r["values"] if r["values"] else 0.0
+        what = "entries (sparse)" if mode == "certified" else "non-zero trits (dense: every value)"
+        rows.append([mode, f"{statistics.mean(r['log_bytes']):,.0f}", f"{statistics.mean(r['raw_bytes']):,.0f}",
+                     f"{r['values'] // n:,}", f"{r['logged'] / n:,.0f} {what}", f"{frac:.3%}",
+                     f"{r['explicit'] / n:,.1f}" if mode == "certified" else "-"])
+    note = ""
+    if "certified" in res and "paper" in res:
+        c = statistics.mean(res["certified"]["log_bytes"])
+        p = statistics.mean(res["paper"]["log_bytes"])
+        same = res["certified"]["roots"] == res["paper"]["roots"]
+        nolog = res.get("round-nolog", {}).get("roots")
+        same_nolog = ""
+        if nolog is not None:
+            same_nolog = f"; round-nolog {'identical' if nolog == res['certified']['roots'] else 'DIFFERENT'}"
+        note = (f"paper/certified stored bytes: **{p / c:.1f}x** (target >= 5x). Trajectories: certified "
+                f"and paper states {'identical' if same else 'DIFFERENT'} at every step{same_nolog}.")
+    return rows, note
+
+
+# --- profiling: where a certified step spends its time --------------------------------------------
+_WRAPPED = ("_compute_fp64", "round_output", "round_paper", "apply_log", "_move", "bound_is_tight",
+            "canonical")
+
+
+def profile_by_op_kind(job: Job, mode: str, steps: int) -> tuple[str, str]:
+    """Per (function, op kind) wall time over ``steps`` steps (wrapping executor helpers), and cProfile."""
+    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    originals = {n: getattr(vexec, n) for n in _WRAPPED}
+    kind_of: list[str] = ["?"]
+
+    def wrap(name, fn):
+        def inner(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                e = acc[(name, kind_of[0])]
+                e[0] += time.perf_counter() - t0
+                e[1] += 1
+        return inner
+
+    orig_run_op = vexec.StepExecutor._run_op
+
+    def run_op(self, op, *a, **k):
+        kind_of[0] = op.kind.name
+        t0 = time.perf_counter()
+        try:
+            return orig_run_op(self, op, *a, **k)
+        finally:
+            e = acc[("(op total)", op.kind.name)]
+            e[0] += time.perf_counter() - t0
+            e[1] += 1
+
+    ex = executor_for(job, mode)
+    state = state_tensors(job.initial_state)
+    ex.run(state, batch_for(job, 1), step=1)  # warm-up
+    try:
+        for n, f in originals.items():
+            setattr(vexec, n, wrap(n, f))
+        vexec.StepExecutor._run_op = run_op  # type: ignore[method-assign]
+        t0 = time.perf_counter()
+        for s in range(2, steps + 2):
+            state = ex.run(state, batch_for(job, s), step=s).state
+        total = time.perf_counter() - t0
+    finally:
+        for n, f in originals.items():
+            setattr(vexec, n, f)
+        vexec.StepExecutor._run_op = orig_run_op  # type: ignore[method-assign]
+    kinds = defaultdict(float)
+    for (fn, kind), (t, _) in acc.items():
+        if fn == "(op total)":
+            kinds[kind] += t
+    rows = []
+    for (fn, kind), (t, calls) in sorted(acc.items(), key=lambda kv: -kv[1][0]):
+        if t / total < 0.01:
+            continue
+        rows.append([fn, kind, f"{t / steps * 1e3:.1f}", f"{t / total:.1%}", calls // steps])
+    by_kind = table(["function", "op kind", "ms / step", "share of step", "calls / step"], rows)
+    prof = cProfile.Profile()
+    prof.enable()
+    for s in range(steps + 2, 2 * steps + 2):
+        state = ex.run(state, batch_for(job, s), step=s).state
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
+    return by_kind, "\n".join(lines[-22:])
+
+
+# --- (c): replication across processes ------------------------------------------------------------
+def env_for(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _KERNEL_VARS}
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # numerically neutral; see tests/test_replication.py
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(extra)
+    return env
+
+
+def cli(cmd: str, args: list[str], extra: dict[str, str]) -> tuple[int, str, str, float]:
+    code = f"from vtrain.cli import {cmd}_cmd; {cmd}_cmd()"
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env_for(extra),
+                       capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr, time.perf_counter() - t0
+
+
+def last_json(stdout: str) -> dict | None:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def replication(a: argparse.Namespace, modes: list[str], envs: list[str], steps: int,
+                workdir: Path) -> tuple[dict, dict]:
+    spec = gpt_spec(a)
+    common = ["--model", "gpt", "--optimizer", a.optimizer, "--layers", str(a.layers), "--width",
+              str(a.width), "--heads", str(a.heads), "--context", str(spec.gpt.context),
+              "--batch-size", str(a.batch), "--steps", str(steps), "--interval", str(steps)]
+    workers = max(1, min(a.jobs, len(modes) * max(1, len(envs))))
+    runs = {m: workdir / m for m in modes}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        trained = dict(zip(modes, pool.map(
+            lambda m: cli("train", ["--out", str(runs[m]), "--mode", m, *common], {}), modes), strict=True))
+        info: dict[str, dict] = {}
+        for m, (rc, out, err, dt) in trained.items():
+            if rc != 0:
+                raise SystemExit(f"train {m} failed (rc {rc}):\n{err[-3000:]}")
+            info[m] = {**(last_json(out) or {}), "wall_s": dt}
+        pairs = [(m, e) for m in modes for e in envs]
+        done = pool.map(lambda p: cli("replay", ["--run", str(runs[p[0]])], ENVS[p[1]][0]), pairs)
+        verdicts = {}
+        for (m, e), (rc, out, err, dt) in zip(pairs, done, strict=True):
+            v = last_json(out)
+            verdicts[(m, e)] = {"rc": rc, "verdict": v, "wall_s": dt,
+                                "error": None if v else err.strip().splitlines()[-1:]}
+    return info, verdicts
+
+
+def verdict_cell(r: dict, steps: int) -> str:
+    v = r["verdict"]
+    if v is None:
+        return f"error: {r['error']}"
+    if v["first_divergent_step"] is None and v["matched"] == steps:
+        return f"{steps}/{steps} bit-exact"
+    return f"{v['matched']}/{steps}, diverges at step {v['first_divergent_step']}"
+
+
+# --- main ------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=2, help="small GPT: layers")
+    ap.add_argument("--width", type=int, default=64, help="small GPT: d_model")
+    ap.add_argument("--heads", type=int, default=4, help="small GPT: heads")
+    ap.add_argument("--context", type=int, default=32, help="small GPT: context")
+    ap.add_argument("--batch", type=int, default=8, help="batch size (GPT and MLP)")
+    ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw", help="GPT optimizer")
+    ap.add_argument("--mlp-hidden", default="32", help="MLP hidden sizes (timing rows)")
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per mode")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for the in-process timing (0: torch's default); one thread "
+                         "keeps small-op timings stable on a shared machine")
+    ap.add_argument("--repl-steps", type=int, default=20, help="steps of the replication runs (c)")
+    ap.add_argument("--sweep", default="",
+                    help="extra (a) rows, fp32 vs certified only: WIDTHxCONTEXTxBATCH,... (e.g. "
+                         "128x64x16,256x128x16; layers/heads as set)")
+    ap.add_argument("--long", action="store_true", help="replication over >= 1000 steps")
+    ap.add_argument("--repl-modes", default=",".join(MODES), help="modes for (c), comma-separated")
+    ap.add_argument("--envs", default="B,C,threads1", help=f"auditor envs for (c): {', '.join(ENVS)}")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel processes for (c)")
+    ap.add_argument("--workdir", type=Path, default=None, help="run folders for (c) (default: a temp dir)")
+    ap.add_argument("--profile", action="store_true", help="profile certified steps of the small GPT")
+    ap.add_argument("--profile-steps", type=int, default=2)
+    ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--skip-replication", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="also write the raw figures here")
+    a = ap.parse_args(argv)
+    if a.long:
+        a.repl_steps = max(a.repl_steps, 1000)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    t_start = time.perf_counter()
+    raw: dict[str, Any] = {"args": {k: str(v) for k, v in vars(a).items()}}
+    print(f"# bench_numerics ({platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"load average {os.getloadavg()[0]:.1f})\n")
+
+    if not a.skip_timing:
+        for label, spec in (("small GPT", gpt_spec(a)), ("MLP", mlp_spec(a))):
+            job = build_job(spec)
+            res = measure_modes(job, MODES, a.warmup, a.steps)
+            raw[label] = {m: {k: v for k, v in r.items() if k != "roots"} for m, r in res.items()}
+            print(f"## (a) step time, {label}: {describe(spec, job)}\n")
+            print(f"Median of {a.steps} steps after {a.warmup} warm-up step(s); fp32 = plain torch "
+                  f"(vtrain.torch_ref). Target: certified <= 3x fp32.\n")
+            print(table(TIMING_HEAD, timing_rows(res)))
+            rows, note = log_rows(res)
+            print(f"\n## (b) rounding log, {label} (same steps)\n")
+            print(table(["mode", "stored bytes / step (zlib)", "raw bytes / step", "rounded values / step",
+                         "logged / step", "fraction logged", "explicit / step"], rows))
+            print(f"\n{note}\n")
+            sys.stdout.flush()
+
+    if a.sweep and not a.skip_timing:
+        rows = []
+        for item in a.sweep.split(","):
+            w, c, b = (int(x) for x in item.lower().split("x"))
+            sa = argparse.Namespace(**{**vars(a), "width": w, "context": c, "batch": b})
+            job = build_job(gpt_spec(sa))
+            res = measure_modes(job, ["fp32", "certified"], a.warmup, a.steps)
+            f, cf = res["fp32"], res["certified"]
+            rows.append([f"{a.layers}L d{w} T{c} B{b}", job.graph.n_ops, fmt_ms(f["median_s"]),
+                         fmt_ms(cf["median_s"]), ratio(cf["median_s"], f["median_s"]),
+                         ratio(cf["cpu_median_s"], f["cpu_median_s"])])
+            raw.setdefault("sweep", {})[item] = {m: {k: v for k, v in r.items() if k != "roots"}
+                                                 for m, r in res.items()}
+        print("## (a') certified vs fp32 by GPT size\n")
+        print(table(["GPT", "ops", "fp32 ms", "certified ms", "wall ratio", "CPU ratio"], rows))
+        print()
+        sys.stdout.flush()
+
+    if a.profile:
+        job = build_job(gpt_spec(a))
+        by_kind, prof = profile_by_op_kind(job, "certified", a.profile_steps)
+        print(f"## Profile: certified step of the small GPT ({a.profile_steps} steps)\n")
+        print("Time inside the executor's helpers, by op kind ('(op total)' = the whole op):\n")
+        print(by_kind)
+        print("\ncProfile, top functions by own time:\n\n```\n" + prof + "\n```\n")
+        sys.stdout.flush()
+
+    if not a.skip_replication:
+        modes = [m for m in a.repl_modes.split(",") if m]
+        envs = [e for e in a.envs.split(",") if e]
+        for m in modes:
+            Mode(m)
+        for e in envs:
+            if e not in ENVS:
+                raise SystemExit(f"--envs: unknown env {e!r}; expected one of {', '.join(ENVS)}")
+        spec = gpt_spec(a)
+        with tempfile.TemporaryDirectory(prefix="bench_numerics_") as tmp:
+            workdir = a.workdir or Path(tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
+            info, verdicts = replication(a, modes, envs, a.repl_steps, workdir)
+        print(f"## (c) replication, {a.repl_steps} steps: {describe(spec, build_job(spec))}\n")
+        print("Trainer: this environment (`vtrain train`); auditor: `vtrain replay` in another process "
+              "under each environment. Cell: steps whose state root matched.\n")
+        print(table(["mode", *[f"{e}" for e in envs]],
+                    [[m, *[verdict_cell(verdicts[(m, e)], a.repl_steps) for e in envs]] for m in modes]))
+        print("\nEnvironments: " + "; ".join(
+            f"**{e}** = `{' '.join(f'{k}={v}' for k, v in ENVS[e][0].items()) or '(no change)'}` "
+            f"({ENVS[e][1]})" for e in envs) + ".\n")
+        print(table(["mode", "train wall s", "log bytes (all steps)", "final loss"],
+                    [[m, f"{info[m]['wall_s']:.0f}", f"{info[m].get('log_bytes', 0):,}",
+                      f"{info[m].get('final_loss', float('nan')):.4f}"] for m in modes]))
+        raw["replication"] = {"info": info, "verdicts": {f"{m}/{e}": v for (m, e), v in verdicts.items()}}
+    print(f"\nTotal wall time {time.perf_counter() - t_start:.0f} s; load average at the end "
+          f"{os.getloadavg()[0]:.1f}.")
+    if a.json:
+        a.json.write_text(json.dumps(raw, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
