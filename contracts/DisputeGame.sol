@@ -39,12 +39,12 @@ contract DisputeGame is IDisputeGame {
     // ------------------------------------------------------------ moves
 
     /// @inheritdoc IDisputeGame
-    function challenge(JobId job, uint64 interval) external payable returns (GameId id) {
+    function challenge(JobId job, uint64 interval) external payable returns (GameId game) {
         // SAFETY: the registry checks status, window and bond, and keeps the bond (this holds no ETH).
         (address trainer, bytes32 root, uint64 firstStep, uint64 size, uint64 clock) =
             registry.lockBond{value: msg.value}(job, interval, msg.sender);
-        id = GameId.wrap(++gameCount);
-        Game storage g = _games[id];
+        game = GameId.wrap(++gameCount);
+        Game storage g = _games[game];
         g.job = job;
         g.interval = interval;
         g.phase = Phase.Steps;
@@ -54,41 +54,41 @@ contract DisputeGame is IDisputeGame {
         g.trainerClock = LibClock.wrap(clock, uint64(block.timestamp));
         g.challengerClock = LibClock.wrap(clock, 0);
         g.descent.start(root, size);
-        emit GameCreated(id, job, interval, trainer, msg.sender, root, firstStep, size);
+        emit GameCreated(game, job, interval, trainer, msg.sender, root, firstStep, size);
     }
 
     /// @inheritdoc IDisputeGame
-    function reveal(GameId id, bytes32 left, bytes32 right) external {
-        Game storage g = _enter(id, Party.Trainer);
+    function reveal(GameId game, bytes32 left, bytes32 right) external {
+        Game storage g = _enter(game, Party.Trainer);
         Phase phase = g.phase;
-        _expectBisection(id, phase);
+        _expectBisection(game, phase);
         Descent storage d = g.descent;
         d.reveal(left, right);
-        emit ChildrenRevealed(id, phase, d.lo, d.size, left, right);
+        emit ChildrenRevealed(game, phase, d.lo, d.size, left, right);
         _startClock(g);
     }
 
     /// @inheritdoc IDisputeGame
-    function choose(GameId id, bool right) external {
-        Game storage g = _enter(id, Party.Challenger);
+    function choose(GameId game, bool right) external {
+        Game storage g = _enter(game, Party.Challenger);
         Phase phase = g.phase;
-        _expectBisection(id, phase);
+        _expectBisection(game, phase);
         (bytes32 root, uint64 lo, uint64 size) = g.descent.choose(right);
-        emit ChildChosen(id, phase, right, lo, size, root);
+        emit ChildChosen(game, phase, right, lo, size, root);
         _startClock(g);
     }
 
     /// @inheritdoc IDisputeGame
     function openStep(
-        GameId id,
+        GameId game,
         bytes32[] calldata prevComponents,
         bytes32[] calldata components,
         bytes32 logRoot,
         bytes32 prevLogRoot,
         bytes32[] calldata prevProof
     ) external {
-        Game storage g = _enter(id, Party.Trainer);
-        _expectLeaf(id, g, Phase.Steps);
+        Game storage g = _enter(game, Party.Trainer);
+        _expectLeaf(game, g, Phase.Steps);
         JobParams memory p = registry.jobParams(g.job);
         // INVARIANT: a state root has exactly nSlots components (nSlots <= 1024 bounds rootOf).
         if (prevComponents.length != p.nSlots) revert WrongLength(prevComponents.length, p.nSlots);
@@ -120,27 +120,28 @@ contract DisputeGame is IDisputeGame {
         g.stateRoot = stateRoot;
         g.logRoot = logRoot;
         g.phase = Phase.TraceCommit;
-        emit StepOpened(id, s, prevStateRoot, stateRoot, logRoot, prevComponents, components);
+        emit StepOpened(game, s, prevStateRoot, stateRoot, logRoot, prevComponents, components);
         _startClock(g);
     }
 
     /// @inheritdoc IDisputeGame
-    function commitTrace(GameId id, bytes32 traceRoot) external {
-        Game storage g = _enter(id, Party.Trainer);
-        if (g.phase != Phase.TraceCommit) revert WrongPhase(id, g.phase);
+    function commitTrace(GameId game, bytes32 traceRoot) external {
+        Game storage g = _enter(game, Party.Trainer);
+        if (g.phase != Phase.TraceCommit) revert WrongPhase(game, g.phase);
         // SAFETY: zero is never a root; a zero trace could never be opened anyway.
         if (traceRoot == bytes32(0)) revert ZeroRoot();
         g.traceRoot = traceRoot;
         g.phase = Phase.Trace;
         g.descent.start(traceRoot, g.nOps);
-        emit TraceCommitted(id, traceRoot, g.nOps);
+        emit TraceCommitted(game, traceRoot, g.nOps);
         _startClock(g);
     }
 
     /// @inheritdoc IDisputeGame
-    function openOp(GameId id, OpOpening calldata o) external {
-        Game storage g = _enter(id, Party.Trainer);
-        _expectLeaf(id, g, Phase.Trace);
+    function openOp(GameId game, OpOpening calldata opening) external {
+        OpOpening calldata o = opening;
+        Game storage g = _enter(game, Party.Trainer);
+        _expectLeaf(game, g, Phase.Trace);
         JobParams memory p = registry.jobParams(g.job);
         uint32 j = uint32(g.descent.lo);
         bytes32 outLeaf = Merkle.leafHash(abi.encodePacked(o.outRoot));
@@ -157,8 +158,8 @@ contract DisputeGame is IDisputeGame {
 
         if (kind == KIND_INPUT || kind == KIND_OUTPUT || kind == KIND_CONST) {
             _checkBind(g, kind, o, attrs, p.nSlots);
-            emit OpOpened(id, j, kind, o.outRoot, o.opLogRoot, o.descriptor, o.inputRoots, 0, 0);
-            _resolve(id, g, Party.Trainer, Ruling.Bind);
+            emit OpOpened(game, j, kind, o.outRoot, o.opLogRoot, o.descriptor, o.inputRoots, 0, 0);
+            _resolve(game, g, Party.Trainer, Ruling.Bind);
             return;
         }
         uint256 numel = _numel(shape);
@@ -166,8 +167,8 @@ contract DisputeGame is IDisputeGame {
             // INVARIANT: an empty tensor has exactly one root, the empty tree's; nothing to dispute.
             bytes32 empty = sha256("");
             if (o.outRoot != empty) revert BindMismatch(kind, empty, o.outRoot);
-            emit OpOpened(id, j, kind, o.outRoot, o.opLogRoot, o.descriptor, o.inputRoots, 0, 0);
-            _resolve(id, g, Party.Trainer, Ruling.Bind);
+            emit OpOpened(game, j, kind, o.outRoot, o.opLogRoot, o.descriptor, o.inputRoots, 0, 0);
+            _resolve(game, g, Party.Trainer, Ruling.Bind);
             return;
         }
         uint64 nChunks = uint64((numel + CHUNK_ELEMENTS - 1) / CHUNK_ELEMENTS);
@@ -176,14 +177,14 @@ contract DisputeGame is IDisputeGame {
         g.inputRootsHash = keccak256(abi.encodePacked(o.inputRoots));
         g.phase = Phase.Element;
         g.descent.start(o.outRoot, nChunks);
-        emit OpOpened(id, j, kind, o.outRoot, o.opLogRoot, o.descriptor, o.inputRoots, uint64(numel), nChunks);
+        emit OpOpened(game, j, kind, o.outRoot, o.opLogRoot, o.descriptor, o.inputRoots, uint64(numel), nChunks);
         _startClock(g);
     }
 
     /// @inheritdoc IDisputeGame
-    function openChunk(GameId id, bytes calldata chunk) external {
-        Game storage g = _enter(id, Party.Trainer);
-        _expectLeaf(id, g, Phase.Element);
+    function openChunk(GameId game, bytes calldata chunk) external {
+        Game storage g = _enter(game, Party.Trainer);
+        _expectLeaf(game, g, Phase.Element);
         uint64 c = g.descent.lo;
         uint256 rest = uint256(g.numel) - uint256(c) * CHUNK_ELEMENTS;
         uint256 expected = 4 * (rest < CHUNK_ELEMENTS ? rest : CHUNK_ELEMENTS);
@@ -192,14 +193,14 @@ contract DisputeGame is IDisputeGame {
         bytes32 leaf = Merkle.leafHash(chunk);
         if (leaf != g.descent.root) revert HashMismatch(g.descent.root, leaf);
         g.phase = Phase.Pick;
-        emit ChunkOpened(id, c, chunk);
+        emit ChunkOpened(game, c, chunk);
         _startClock(g);
     }
 
     /// @inheritdoc IDisputeGame
-    function pickElement(GameId id, bytes calldata chunk, uint256 offset) external {
-        Game storage g = _enter(id, Party.Challenger);
-        if (g.phase != Phase.Pick) revert WrongPhase(id, g.phase);
+    function pickElement(GameId game, bytes calldata chunk, uint256 offset) external {
+        Game storage g = _enter(game, Party.Challenger);
+        if (g.phase != Phase.Pick) revert WrongPhase(game, g.phase);
         bytes32 leaf = Merkle.leafHash(chunk);
         // INVARIANT: the element is read from the chunk the trainer opened (its leaf hash).
         if (leaf != g.descent.root) revert HashMismatch(g.descent.root, leaf);
@@ -211,16 +212,16 @@ contract DisputeGame is IDisputeGame {
         g.index = index;
         g.claimed = claimed;
         g.phase = Phase.OneStep;
-        emit ElementPicked(id, index, claimed);
+        emit ElementPicked(game, index, claimed);
         _startClock(g);
     }
 
     /// @inheritdoc IDisputeGame
-    function oneStep(GameId id, bytes calldata descriptor, bytes32[] calldata inputRoots, bytes calldata proof)
+    function oneStep(GameId game, bytes calldata descriptor, bytes32[] calldata inputRoots, bytes calldata proof)
         external
     {
-        Game storage g = _live(id);
-        if (g.phase != Phase.OneStep) revert WrongPhase(id, g.phase);
+        Game storage g = _live(game);
+        if (g.phase != Phase.OneStep) revert WrongPhase(game, g.phase);
         // INVARIANT: only the two parties ask for the ruling (either may: the truth does not
         // depend on who asks); the trainer's clock bounds the phase.
         if (msg.sender != g.trainer && msg.sender != g.challenger) revert Unauthorized(msg.sender, g.trainer);
@@ -245,37 +246,37 @@ contract DisputeGame is IDisputeGame {
         // SAFETY: a view call (STATICCALL), so no reentrancy; a revert (bad proof, out of gas)
         // propagates and leaves the game unchanged.
         bool trainerRight = adjudicator.adjudicate(claim, proof);
-        _resolve(id, g, trainerRight ? Party.Trainer : Party.Challenger, Ruling.Adjudicated);
+        _resolve(game, g, trainerRight ? Party.Trainer : Party.Challenger, Ruling.Adjudicated);
     }
 
     /// @inheritdoc IDisputeGame
-    function claimTimeout(GameId id) external {
-        Game storage g = _live(id);
+    function claimTimeout(GameId game) external {
+        Game storage g = _live(game);
         Party p = _toMove(g);
         Clock c = p == Party.Trainer ? g.trainerClock : g.challengerClock;
         // INVARIANT: the side to move may still move at its deadline second.
         if (!c.expired(block.timestamp)) revert ClockNotExpired(p, c.deadline(), block.timestamp);
-        _resolve(id, g, p == Party.Trainer ? Party.Challenger : Party.Trainer, Ruling.Timeout);
+        _resolve(game, g, p == Party.Trainer ? Party.Challenger : Party.Trainer, Ruling.Timeout);
     }
 
     /// @inheritdoc IDisputeGame
-    function closeGame(GameId id) external {
-        Game storage g = _game(id);
-        if (g.status != GameStatus.InProgress) revert GameOver(id, g.status);
+    function closeGame(GameId game) external {
+        Game storage g = _game(game);
+        if (g.status != GameStatus.InProgress) revert GameOver(game, g.status);
         JobStatus js = registry.jobStatus(g.job);
         // INVARIANT: only a job proven fraudulent elsewhere releases bonds without a winner.
         if (js != JobStatus.Fraudulent) revert JobNotFraudulent(g.job, js);
         g.status = GameStatus.Closed;
         g.phase = Phase.Done;
         registry.refundGame(g.job, g.challenger);
-        emit GameClosed(id, g.job);
+        emit GameClosed(game, g.job);
     }
 
     // ------------------------------------------------------------ views
 
     /// @inheritdoc IDisputeGame
-    function getGame(GameId id) external view returns (GameView memory v) {
-        Game storage g = _game(id);
+    function getGame(GameId game) external view returns (GameView memory v) {
+        Game storage g = _game(game);
         Party p = _toMove(g);
         v.job = g.job;
         v.interval = g.interval;
@@ -306,8 +307,8 @@ contract DisputeGame is IDisputeGame {
     }
 
     /// @inheritdoc IDisputeGame
-    function toMove(GameId id) external view returns (Party) {
-        return _toMove(_game(id));
+    function toMove(GameId game) external view returns (Party) {
+        return _toMove(_game(game));
     }
 
     // ------------------------------------------------------------ internals

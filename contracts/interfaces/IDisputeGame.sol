@@ -113,14 +113,21 @@ interface IDisputeGame {
     /// @notice Opens a game on posted interval `interval` of `job`, sending exactly the job's
     ///         challengerBond; the caller is the challenger. Allowed while the job is Active and
     ///         the interval's challenge window is open (its last second included).
+    /// @param job The job.
+    /// @param interval Index of the posted interval.
     /// @return game The new game's id (ids start at 1).
     function challenge(JobId job, uint64 interval) external payable returns (GameId game);
 
     /// @notice Trainer: reveals the two children of the disputed node (Steps, Trace or Element);
     ///         nodeHash(left, right) must equal the node's hash.
+    /// @param game The game.
+    /// @param left Root of the node's first k leaves (k: the largest power of two below its size).
+    /// @param right Root of the node's remaining leaves.
     function reveal(GameId game, bytes32 left, bytes32 right) external;
 
     /// @notice Challenger: descends into the revealed left (`right == false`) or right child.
+    /// @param game The game.
+    /// @param right True to dispute the right child, false for the left one.
     function choose(GameId game, bool right) external;
 
     /// @notice Trainer, at step leaf s (Steps phase, node of one leaf): opens the step.
@@ -128,6 +135,7 @@ interface IDisputeGame {
     ///      when s == 1, otherwise bound by step leaf s-1 = leafHash(uint64be(s-1) || stateRoot_{s-1}
     ///      || prevLogRoot) at index (s-2) % K of the interval holding step s-1, proven by prevProof.
     ///      Checks leafHash(uint64be(s) || rootOf(components) || logRoot) equals the disputed leaf.
+    /// @param game The game.
     /// @param prevComponents The nSlots component roots of stateRoot_{s-1}.
     /// @param components The nSlots component roots of stateRoot_s.
     /// @param logRoot logRoot_s.
@@ -143,6 +151,8 @@ interface IDisputeGame {
     ) external;
 
     /// @notice Trainer: commits traceRoot_s, the RFC 9162 root over the nOps output roots of step s.
+    /// @param game The game.
+    /// @param traceRoot The trace root.
     function commitTrace(GameId game, bytes32 traceRoot) external;
 
     /// @notice Trainer, at trace leaf j (Trace phase, node of one leaf): opens op j (see `OpOpening`).
@@ -153,28 +163,41 @@ interface IDisputeGame {
     ///      stateRoot_s. Those, and an op with an empty output whose root is sha256(""), end the
     ///      game: the trainer wins. Any other op starts the Element descent over its output tree
     ///      (ceil(numel / 64) chunks).
+    /// @param game The game.
+    /// @param opening Op j's record, descriptor, log root, inputs and their proofs.
     function openOp(GameId game, OpOpening calldata opening) external;
 
     /// @notice Trainer, at chunk leaf c (Element phase, node of one leaf): reveals the chunk's bytes,
     ///         4 * min(64, numel - 64c) bytes, FP32 little-endian.
+    /// @param game The game.
+    /// @param chunk The chunk's leaf data.
     function openChunk(GameId game, bytes calldata chunk) external;
 
     /// @notice Challenger: names element `offset` of the opened chunk (passing the chunk bytes
     ///         again); the claimed value is the little-endian uint32 at 4 * offset.
+    /// @param game The game.
+    /// @param chunk The opened chunk's bytes (checked against the disputed leaf).
+    /// @param offset Element within the chunk; the flat index is 64 * chunk + offset.
     function pickElement(GameId game, bytes calldata chunk, uint256 offset) external;
 
     /// @notice Either party: asks the adjudicator to rule on the picked element, giving the
     ///         descriptor and input roots opened by `openOp` and the adjudicator's proof. True ->
     ///         the trainer wins, false -> the challenger wins; a revert leaves the game unchanged.
     ///         The trainer's clock runs in this phase: if nobody gets a ruling in time, the trainer loses.
+    /// @param game The game.
+    /// @param descriptor The op's descriptor, as opened by `openOp`.
+    /// @param inputRoots The op's input roots, as opened by `openOp`.
+    /// @param proof The adjudicator's proof (input openings and the log entry).
     function oneStep(GameId game, bytes calldata descriptor, bytes32[] calldata inputRoots, bytes calldata proof)
         external;
 
     /// @notice Anyone: ends the game when the side to move has run out of time; the other side wins.
+    /// @param game The game.
     function claimTimeout(GameId game) external;
 
     /// @notice Anyone: closes a game whose job became Fraudulent in another game; the challenger's
     ///         bond is refunded. Moves on such a game revert.
+    /// @param game The game.
     function closeGame(GameId game) external;
 
     /// @notice The registry holding jobs and bonds.
@@ -187,8 +210,10 @@ interface IDisputeGame {
     function gameCount() external view returns (uint64);
 
     /// @notice A snapshot of a game at the current block (reverts with `UnknownGame`).
+    /// @param game The game.
     function getGame(GameId game) external view returns (GameView memory);
 
     /// @notice Side whose move it is (None once the game is over).
+    /// @param game The game.
     function toMove(GameId game) external view returns (Party);
 }

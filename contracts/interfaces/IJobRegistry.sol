@@ -16,7 +16,9 @@ import {Interval, Job, JobId, JobParams, JobStatus} from "contracts/lib/GameType
 ///      (Active), open bonds (Fraudulent), 0 (Cancelled, Finalized).
 interface IJobRegistry {
     /// @notice Emitted when a client creates a job.
-    event JobCreated(JobId indexed job, address indexed client, address indexed trainer, JobParams params, uint256 payment);
+    event JobCreated(
+        JobId indexed job, address indexed client, address indexed trainer, JobParams params, uint256 payment
+    );
     /// @notice Emitted when the trainer accepts a job with its stake.
     event JobAccepted(JobId indexed job, address indexed trainer, uint256 stake);
     /// @notice Emitted when the client cancels a job that was not accepted.
@@ -124,30 +126,44 @@ interface IJobRegistry {
     function jobCount() external view returns (uint64);
 
     /// @notice The job's full record (reverts with `UnknownJob`).
+    /// @param job The job.
     function getJob(JobId job) external view returns (Job memory);
 
     /// @notice The job's parameters (reverts with `UnknownJob`).
+    /// @param job The job.
     function jobParams(JobId job) external view returns (JobParams memory);
 
     /// @notice The job's status (None for an unknown id).
+    /// @param job The job.
     function jobStatus(JobId job) external view returns (JobStatus);
 
     /// @notice ceil(nSteps / intervalLength).
+    /// @param job The job.
     function nIntervals(JobId job) external view returns (uint64);
 
     /// @notice Steps of interval `index`: the first step and the number of steps.
+    /// @param job The job.
+    /// @param index The interval.
+    /// @return firstStep The interval's first step (steps are 1-based).
+    /// @return size Number of steps in the interval.
     function intervalSpan(JobId job, uint64 index) external view returns (uint64 firstStep, uint64 size);
 
     /// @notice A posted interval's root and posting time (zeros when not posted).
+    /// @param job The job.
+    /// @param index The interval.
     function getInterval(JobId job, uint64 index) external view returns (Interval memory);
 
     /// @notice Last second at which interval `index` can be challenged (0 when not posted).
+    /// @param job The job.
+    /// @param index The interval.
     function windowEnd(JobId job, uint64 index) external view returns (uint256);
 
     /// @notice Wei held for the job (see the solvency invariant).
+    /// @param job The job.
     function escrowOf(JobId job) external view returns (uint256);
 
     /// @notice Wei credited to `account` and not yet withdrawn.
+    /// @param account The account.
     function owed(address account) external view returns (uint256);
 
     /// @notice Sum of `owed` over all accounts.
