@@ -157,7 +157,11 @@ def connect(rpc: str, deployment_path: Path, retries: int):
         raise click.ClickException(f"cannot use the JSON-RPC node at {rpc}: {e}") from None
     try:
         d = Deployment.load(deployment_path)
-        proto = Protocol.attach(chain, d)
+        abis = json.loads(deployment_path.read_text()).get("abis")
+        if isinstance(abis, dict) and all(isinstance(abis.get(n), list) for n in _CONTRACTS):
+            proto = attach_with_abis(chain, d, abis)
+        else:
+            proto = Protocol.attach(chain, d)
     except ChainError as e:
         raise click.ClickException(f"deployment {deployment_path}: {e}") from None
     # Code at both addresses is not enough: they must be this deployment's registry and game.
@@ -170,6 +174,41 @@ def connect(rpc: str, deployment_path: Path, retries: int):
         raise click.ClickException(f"deployment {deployment_path}: the registry at {d.registry} is bound to the game "
                                    f"{bound}, not {d.game} (addresses from another deployment?)")
     return chain, proto
+
+
+_CONTRACTS = ("JobRegistry", "DisputeGame", "Adjudicator")
+
+
+def attach_with_abis(chain, d, abis: dict[str, list]):
+    """Like ``Protocol.attach``, with the ABIs the deployer used (``abis`` in the deployment file)
+    instead of the current build: no compiling in every agent process when the sources changed
+    since, and no ABI of sources that are not what was deployed."""
+    from web3 import Web3
+
+    from protocol.chain import ChainError
+    from protocol.deploy import Protocol
+
+    if chain.w3.eth.chain_id != d.chain_id:
+        raise ChainError(f"deployment is for chain id {d.chain_id}, node {chain.name} has {chain.w3.eth.chain_id}")
+    contracts = []
+    for name, address in zip(_CONTRACTS, (d.registry, d.game, d.adjudicator), strict=True):
+        if not Web3.is_address(address):
+            raise ChainError(f"{name}: {address!r} is not an address")
+        address = Web3.to_checksum_address(address)
+        if len(chain._retry("eth_getCode", lambda a=address: chain.w3.eth.get_code(a))) == 0:
+            raise ChainError(f"{name}: no contract at {address} on {chain.name} (wrong address or chain?)")
+        chain.register_errors(abis[name])
+        contracts.append(chain.w3.eth.contract(address=address, abi=abis[name]))
+    return Protocol(chain, *contracts)
+
+
+def save_deployment(proto, path: Path) -> None:
+    """The deployment file with the deployed contracts' ABIs (``attach_with_abis`` reads them)."""
+    from vtrain.rundir import atomic_write
+
+    d = {**proto.deployment.__dict__, "abis": {n: c.abi for n, c in zip(
+        _CONTRACTS, (proto.registry, proto.game, proto.adjudicator), strict=True)}}
+    atomic_write(Path(path), json.dumps(d).encode())
 
 
 def account(chain, index: int, what: str) -> str:

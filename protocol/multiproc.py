@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protocol.agents_cli import save_deployment
 from protocol.chain import Chain, ChainError
 from protocol.demo import RULINGS, SCENARIOS, Narrate, ScenarioResult, create_job, default_spec
 from protocol.deploy import Protocol, deploy
@@ -60,10 +61,16 @@ class AgentProc:
     result: dict | None = None
     idle_block: int = -1
     killed: bool = False
+    abandoned: bool = False  # killed for good: counts as waiting (its chess clock may run out)
 
     @property
     def exited_ok(self) -> bool:
         return self.proc.poll() == 0
+
+    @property
+    def done(self) -> bool:
+        """Exited cleanly, or killed and abandoned: nothing more to expect from this agent."""
+        return self.abandoned or self.exited_ok
 
     def log_tail(self, n: int = 25) -> str:
         try:
@@ -200,11 +207,14 @@ class ProcessScenario:
         runs = [r for r in self.runs if r.role == role]
         return runs[-1] if runs else None
 
-    def kill(self, role: str, sig: int = signal.SIGKILL) -> None:
+    def kill(self, role: str, sig: int = signal.SIGKILL, abandon: bool = False) -> None:
+        """Kill the ``role`` agent. While it is down the clock never moves, unless ``abandon``:
+        then it counts as an agent that stopped for good and its chess clock may run out."""
         run = self.current(role)
         if run is not None and run.proc.poll() is None:
             run.kill(sig)
-            self.say(f"  {self._who(role)} process killed (pid {run.proc.pid})")
+            run.abandoned = abandon
+            self.say(f"  {self._who(role)} process killed (pid {run.proc.pid})" + (", for good" if abandon else ""))
 
     def close(self) -> None:
         for r in self.runs:
@@ -229,7 +239,7 @@ class ProcessScenario:
                 self._drain()
                 raise AgentFailed(f"{self.name}: the {self._who(r.role)} process exited with status {rc}"
                                   f"{self._error_of(r)}; its log ({r.log_path}):\n{r.log_tail()}")
-        if all(r.exited_ok for r in live):  # type: ignore[union-attr]
+        if all(r.done for r in live):  # type: ignore[union-attr]
             for r in live:
                 r.reader.join(timeout=5)  # type: ignore[union-attr]
             self._drain()
@@ -238,7 +248,7 @@ class ProcessScenario:
             raise AgentFailed(f"{self.name}: not finished after {self.timeout:.0f} s; logs:\n" + "\n".join(
                 f"--- {r.role} ({r.log_path}):\n{r.log_tail()}" for r in live if r is not None))
         block = int(self.chain.w3.eth.block_number)
-        stalled = all(r.exited_ok or (r.proc.poll() is None and r.idle_block >= block) for r in live)  # type: ignore[union-attr]
+        stalled = all(r.done or (r.proc.poll() is None and r.idle_block >= block) for r in live)  # type: ignore[union-attr]
         if not stalled:
             self._stall = None
         elif self._stall is None or self._stall[0] != block:
@@ -423,7 +433,7 @@ class ProcessDemo:
             f"Adjudicator {proto.adjudicator.address}")
         work.mkdir(parents=True, exist_ok=True)
         deployment_path = work / "deployment.json"
-        proto.deployment.save(deployment_path)
+        save_deployment(proto, deployment_path)  # with the ABIs: agents need not compile
         spec = default_spec(model)
         spec_path = work / "spec.json"
         spec_path.write_text(spec.to_json())

@@ -66,31 +66,58 @@ def test_cheating_trainer_loses_to_auditor_process(demo: ProcessDemo) -> None:
 
 @pytest.mark.node
 @pytest.mark.slow
-def test_auditor_killed_mid_game_and_restarted(demo: ProcessDemo) -> None:
+@pytest.mark.parametrize("role", ["auditor", "trainer"])
+def test_agent_killed_mid_game_and_restarted(demo: ProcessDemo, role: str) -> None:
+    """Kill one agent (SIGKILL) in the middle of the bisection, start it again with the same
+    arguments: it reads everything back (chain, store; the auditor replays from the initial state)
+    and the game ends as it would have, in time (no chess clock runs out)."""
     say = Narration()
-    sc = demo.scenario("auditor restart", "abuse-log", False, say, timeout=240)
+    sc = demo.scenario(f"{role} restart", "abuse-log", False, say, timeout=240)
     sc.create_job()
     try:
         sc.start("trainer")
         sc.start("auditor")
         sc.wait_until(lambda: bool(sc.games()) and sc.game_cost(sc.games()[0])[0] >= 6, timeout=150)
         (gid,) = sc.games()
-        sc.kill("auditor")
+        first = sc.current(role)
+        sc.kill(role)
         assert sc.view(gid).status == 1  # still in progress, mid-descent
         moves_at_kill = sc.game_cost(gid)[0]
-        first = sc.runs[1]
-        assert first.role == "auditor" and first.result is None  # killed: no final line
-        sc.start("auditor")
+        assert first.result is None  # killed: no final line
+        sc.start(role)
         res = sc.finish()
     finally:
         sc.close()
-    assert (res.verdict, res.final_status) == ("challenger won", "fraudulent")
+    assert (res.verdict, res.ruling, res.final_status) == ("challenger won", "adjudicated", "fraudulent")
     assert res.moves > moves_at_kill
-    assert sc.advances == []  # the restarted auditor moved in time: no chess clock ran out
-    second = sc.current("auditor")
+    assert sc.advances == []  # the restarted agent moved in time: no chess clock ran out
+    second = sc.current(role)
     assert second is not first and second.result["ok"]
-    assert list(second.result["games"]) == [str(gid)]  # it resumed its game, opened no other
+    assert list(second.result["games"]) in ([str(gid)], [])  # resumed its game, opened no other
+    if role == "auditor":
+        assert list(second.result["games"]) == [str(gid)]
     assert any("restarted" in line for line in say)
+
+
+@pytest.mark.node
+@pytest.mark.slow
+def test_trainer_gone_for_good_loses_on_time(demo: ProcessDemo) -> None:
+    """A trainer that stops answering mid-game: once the auditor waits too, the orchestrator moves
+    the node's clock past the trainer's deadline and the auditor claims the timeout."""
+    say = Narration()
+    sc = demo.scenario("trainer gone", "poison-sample", False, say, timeout=180)
+    sc.create_job()
+    try:
+        sc.start("trainer")
+        sc.start("auditor")
+        sc.wait_until(lambda: bool(sc.games()) and sc.game_cost(sc.games()[0])[0] >= 4, timeout=150)
+        sc.kill("trainer", abandon=True)
+        res = sc.finish()
+    finally:
+        sc.close()
+    assert (res.verdict, res.ruling, res.final_status) == ("challenger won", "timeout", "fraudulent")
+    assert [why for why, _ in sc.advances] == ["the trainer's chess clock runs out"]
+    assert sc.current("auditor").result["withdrawn"] == sc.terms.challenger_bond + sc.terms.trainer_stake
 
 
 @pytest.mark.node
