@@ -201,11 +201,11 @@ def test_clocks_charge_only_the_side_to_move(dep, honest, posted):
     "op,interval,position,ruling",
     [
         ("input0", 0, 0, Ruling.BIND),  # s = 1: bound to the registered initial state
-        ("const", 0, 2, Ruling.BIND),
         ("output1", 1, 1, Ruling.BIND),  # s = 6
-        ("empty", 0, 3, Ruling.BIND),  # zero elements: the empty root
         ("data", 0, 1, Ruling.ADJUDICATED),  # DATA element: the adjudicator gets the data context
-        ("update1", 1, 0, Ruling.ADJUDICATED),  # one chunk: no element bisection
+        pytest.param("const", 0, 2, Ruling.BIND, marks=pytest.mark.slow),
+        pytest.param("empty", 0, 3, Ruling.BIND, marks=pytest.mark.slow),  # zero elements: empty root
+        pytest.param("update1", 1, 0, Ruling.ADJUDICATED, marks=pytest.mark.slow),  # one chunk
     ],
 )
 def test_honest_trainer_vs_false_challenger_trainer_wins(dep, honest, posted, op, interval, position, ruling):
