@@ -32,7 +32,6 @@ from enum import IntEnum
 from typing import Any
 
 import numpy as np
-import pytest
 from eth_abi import encode as abi_encode
 from eth_tester.exceptions import TransactionFailed
 from eth_utils import keccak
@@ -41,7 +40,7 @@ from web3.logs import DISCARD
 
 from protocol.build import load_artifact
 from vtrain import commit as C
-from vtrain.merkle import EMPTY_ROOT, MerkleTree
+from vtrain.merkle import MerkleTree
 
 #: Gas limit sent with every transaction (below the 2^24 per-transaction cap).
 TX_GAS = 16_000_000
@@ -137,6 +136,8 @@ def _abi_type(item: dict[str, Any]) -> str:
 def reverts(name: str, *args: Any) -> Iterator[Any]:
     """Asserts that the block raises :class:`Reverted` with custom error ``name`` (and, if
     given, these leading arguments)."""
+    import pytest  # test-only helper; the rest of the module (e.g. gas_per_move) needs no pytest
+
     with pytest.raises(Reverted) as info:
         yield info
     assert info.value.name == name, f"expected {name}, got {info.value}"
@@ -599,7 +600,9 @@ def simulate(cfg: JobConfig, cheat: Cheat | None = None, graph: Graph | None = N
     for s in range(1, cfg.n_steps + 1):
         done: dict[int, np.ndarray] = {}
 
-        def output(j: int, s: int = s) -> np.ndarray:
+        def output(
+            j: int, s: int = s, done: dict[int, np.ndarray] = done, state: list[np.ndarray] = state
+        ) -> np.ndarray:
             # Evaluated in dependency order, so a (malformed) graph reading a later op still runs.
             if j in done:
                 return done[j]
@@ -912,7 +915,9 @@ class HonestChallenger(Challenger):
 # Oracle (the toy adjudicator's truth) and the game loop
 
 
-def claim_key(desc: bytes, input_roots: Sequence[bytes], index: int, op_log_root: bytes, step: int, cfg: JobConfig) -> bytes:
+def claim_key(
+    desc: bytes, input_roots: Sequence[bytes], index: int, op_log_root: bytes, step: int, cfg: JobConfig
+) -> bytes:
     """ToyAdjudicator.keyOf: the claim's context without the claimed value."""
     return keccak(
         abi_encode(

@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import pytest
-
 import game_harness as H
+import pytest
 from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Ruling, reverts
 
 CFG = H.JobConfig()  # 6 steps, K = 4 (intervals [1..4], [5..6]), 2 slots, 10 ops, clock 500 s
@@ -140,7 +139,8 @@ def test_full_game_honest_trainer_vs_false_challenger_at_element_trainer_wins(de
 def test_claimTimeout_at_each_phase_side_to_move_loses_one_second_after_deadline(dep, scenario, label):
     v = at_label(dep, scenario, label)
     party = v["toMove"]
-    assert party == (Party.CHALLENGER if label in ("steps.choose", "trace.choose", "element.choose", "pick") else Party.TRAINER)
+    challenger_moves = ("steps.choose", "trace.choose", "element.choose", "pick")
+    assert party == (Party.CHALLENGER if label in challenger_moves else Party.TRAINER)
     dep.at(v["deadline"])
     with reverts("ClockNotExpired", party, v["deadline"], v["deadline"]):
         dep.dry(dep.game.functions.claimTimeout(scenario.gid), dep.anyone)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import pytest
-
 import game_harness as H
+import pytest
 from game_harness import JobStatus, reverts
 
 CFG = H.JobConfig()  # 6 steps, K = 4: intervals [1..4], [5..6]
