@@ -246,7 +246,7 @@ def block_number(chain) -> int:
     return int(chain._retry("eth_blockNumber", lambda: chain.w3.eth.block_number))
 
 
-def games_json(stats) -> dict[str, dict[str, int]]:
+def games_json(stats) -> dict[str, dict[str, Any]]:
     return {str(g): {"moves": stats.moves[g], "gas": stats.gas.get(g, 0)} for g in sorted(stats.moves)}
 
 
@@ -304,7 +304,7 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, spec_path:
     if trainer_addr is not None:
         if not Web3.is_address(trainer_addr):
             raise click.ClickException(f"--trainer: {trainer_addr!r} is not an address")
-        trainer = Web3.to_checksum_address(trainer_addr)
+        trainer: str = Web3.to_checksum_address(trainer_addr)
     else:
         trainer = account(chain, trainer_index, "--trainer-index")
     terms = Terms(**{k: v for k, v in terms_opts.items() if v is not None})

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hexbytes import HexBytes
+
 from protocol.agents_cli import save_deployment
 from protocol.chain import Chain, ChainError
 from protocol.demo import RULINGS, SCENARIOS, Narrate, ScenarioResult, create_job, default_spec
@@ -140,7 +142,7 @@ class ProcessScenario:
         return self.proto.chain
 
     @property
-    def accounts(self) -> dict[str, str]:
+    def accounts(self) -> dict[str, Any]:  # role -> address (web3 wants ChecksumAddress)
         accts = self.chain.accounts()
         return {role: accts[i] for role, i in ROLE_ACCOUNTS.items()}
 
@@ -357,8 +359,11 @@ class ProcessScenario:
         w3 = self.chain.w3
         logs = w3.eth.get_logs({"address": self.proto.game.address, "fromBlock": self._from_block,
                                 "toBlock": "latest", "topics": [None, "0x" + gid.to_bytes(32, "big").hex()]})
-        txs = {bytes(e["transactionHash"]) for e in logs}
-        return len(txs), sum(int(w3.eth.get_transaction_receipt(t)["gasUsed"]) for t in txs)
+        txs = {HexBytes(e["transactionHash"]) for e in logs}
+        gas = 0
+        for t in txs:
+            gas += int(w3.eth.get_transaction_receipt(t)["gasUsed"])
+        return len(txs), gas
 
     def agent_cost(self, gid: int) -> tuple[int, int]:
         """(moves, gas) of game ``gid`` as the agents' final JSON lines report them (every run)."""
