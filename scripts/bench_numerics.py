@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for the in-process timing (0: torch's default); one thread "
                          "keeps small-op timings stable on a shared machine")
-    ap.add_argument("--repl-steps", type=int, default=20, help="steps of the replication runs (c)")
+    ap.add_argument("--repl-steps", type=int, default=50, help="steps of the replication runs (c)")
     ap.add_argument("--sweep", default="",
                     help="extra (a) rows, fp32 vs certified only: WIDTHxCONTEXTxBATCH,... (e.g. "
                          "128x64x16,256x128x16; layers/heads as set)")
