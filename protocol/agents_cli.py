@@ -263,6 +263,48 @@ class Idle:
             self.out.event("idle", block=block)
 
 
+def guard_moves(agent) -> None:
+    """Make ``agent`` send a move at most once per game state: a move the contract reverted (a
+    cheater that cannot open what it committed to) is not sent again until the game moves on.
+    Every retry would be a mined, failed transaction (gas, and a new block, so the agent would
+    never look idle and nobody's clock would ever run out)."""
+    import dataclasses
+
+    from protocol.agent import Player
+
+    class GuardedPlayer(Player):
+        reverted: set  # (game, its view without the running clocks) where our move reverted
+        _key: Any = None
+
+        def step(self, gid: int, strategy_move) -> bool:
+            v = self.view(gid)
+            key = (gid, dataclasses.replace(v, trainer_time=0, challenger_time=0))
+            if key in self.reverted:
+                return False
+            self._key = key
+            try:
+                return super().step(gid, strategy_move)
+            finally:
+                self._key = None
+
+        def send(self, gid: int, move, value: int = 0) -> dict:
+            from protocol.chain import Reverted
+
+            try:
+                return super().send(gid, move, value)
+            except Reverted:
+                # a timeout claim only fails early: it is worth sending again later
+                if self._key is not None and self._key[0] == gid and move.fn != "claimTimeout":
+                    self.reverted.add(self._key)
+                    log.warning("game %d: %s reverted; not sending it again in this state", gid, move.fn)
+                raise
+
+    old = agent.player
+    new = GuardedPlayer(old.proto, old.account, old.party, old.stats)
+    new.reverted = set()
+    agent.player = new
+
+
 def _deadline(timeout: float) -> float:
     return time.monotonic() + timeout if timeout > 0 else float("inf")
 
@@ -364,6 +406,7 @@ def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
     except (OSError, VtrainError) as e:
         raise click.ClickException(f"--store {store_dir}: {e}") from None
     agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj)
+    guard_moves(agent)
     server = None
     if serve_port is not None:
         try:
@@ -464,7 +507,7 @@ def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
     deadline = _deadline(timeout)
     spec = load_spec(spec_path)
     try:
-        reader = HttpArtifactReader(store_url)
+        reader = caching_reader(HttpArtifactReader(store_url))
     except ValueError as e:
         raise click.ClickException(f"--store-url: {e}") from None
     chain, proto = connect(rpc, deployment_path, rpc_retries)
@@ -473,6 +516,7 @@ def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
     ctx = JobContext.of(spec)
     check_job(proto, job_id, ctx)
     agent = AuditorAgent(proto, me, ctx, reader, job_id, honest=not false_challenger)
+    guard_moves(agent)
     agent.disputed = my_games(proto, job_id, me)
     if agent.disputed:
         out.say(f"resuming: already challenging in game(s) {agent.disputed}")
@@ -549,11 +593,18 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
                     sent = True
                 elif bad is not None:
                     out.say(f"interval {bad} does not replay; in game(s) {agent.disputed} already")
-            if agent.disputed:
-                sent = agent.play() > 0 or sent
         except (ArtifactUnavailable, MissingArtifact) as e:
-            out.say(f"[yellow]trainer's artifacts not readable yet[/]: {e}")
-            blocked = True
+            out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
+            # Not idle while deciding whether to challenge; once in a game, the game decides.
+            blocked = not agent.disputed
+        if agent.disputed:
+            try:
+                moved, waiting = _play(agent)
+                sent = moved or sent
+                blocked = blocked or waiting
+            except (ArtifactUnavailable, MissingArtifact) as e:
+                out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
+                blocked = True
         if status == "fraudulent":  # proven in another game: close ours to get the bond back
             for g in agent.disputed:
                 if agent.player.view(g).status == STATUS_IN_PROGRESS:
@@ -562,6 +613,7 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
         if agent.disputed:
             views = {g: agent.player.view(g) for g in agent.disputed}
             if all(v.status != STATUS_IN_PROGRESS for v in views.values()):
+                status = job_status(proto, job)  # our last move may have changed it
                 owed = agent.withdraw()
                 for g, v in views.items():
                     out.say(f"game {g}: {outcome.get(v.status, '?')}")
@@ -575,6 +627,58 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
             idle(block)
         if not sent:
             time.sleep(poll)
+
+
+def _play(agent) -> tuple[bool, bool]:
+    """One pass over the auditor's games: (a move was sent, it is our move but we cannot make it
+    yet). A game whose interval is not replayed yet (restarted, and the trainer's store is down)
+    gets only its timeout claimed."""
+    from protocol.game import PARTY_CHALLENGER, PARTY_TRAINER, STATUS_IN_PROGRESS, Move
+
+    views = {g: agent.player.view(g) for g in agent.disputed}
+    ready = [g for g, v in views.items() if not agent.honest or agent.verified > v.interval]
+    sent, waiting = False, False
+    everything = agent.disputed
+    agent.disputed = ready
+    try:
+        sent = agent.play() > 0
+    finally:
+        agent.disputed = everything
+    for g, v in views.items():
+        if g in ready or v.status != STATUS_IN_PROGRESS:
+            continue
+        if v.to_move == PARTY_CHALLENGER:
+            waiting = True
+        elif v.to_move == PARTY_TRAINER and agent.proto.chain.now() > v.deadline:
+            agent.player.send(g, Move("claimTimeout", ()))
+            sent = True
+    return sent, waiting
+
+
+def caching_reader(inner):
+    """``inner`` (an ArtifactReader) keeping every artifact it has read, still verified on each
+    use: the auditor plays on with what it audited when the trainer's store goes away. (The class
+    is made here so that importing this module stays light.)"""
+    from protocol.store import ArtifactReader
+
+    class CachingReader(ArtifactReader):
+        def __init__(self, inner: ArtifactReader) -> None:
+            self.inner = inner
+            self.cache: dict[tuple[str, str], bytes] = {}
+
+        def __repr__(self) -> str:
+            return f"CachingReader({self.inner!r})"
+
+        def _where(self, job: str, rel: str) -> str:
+            return self.inner._where(job, rel)
+
+        def _read(self, job: str, rel: str) -> bytes:
+            key = (job, rel)
+            if key not in self.cache:
+                self.cache[key] = self.inner._read(job, rel)
+            return self.cache[key]
+
+    return CachingReader(inner)
 
 
 def _why(agent, interval: int) -> str:

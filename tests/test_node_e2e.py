@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import nodes
-from protocol.agents_cli import CHEAT_NAMES, auditor_cmd, client, trainer_cmd
+from protocol.agents_cli import CHEAT_NAMES, auditor_cmd, caching_reader, client, trainer_cmd
 from protocol.cheats import CHEATS
 from protocol.demo import default_spec
 from protocol.multiproc import ProcessDemo
@@ -121,6 +121,19 @@ def test_trainer_gone_for_good_loses_on_time(demo: ProcessDemo) -> None:
 
 
 @pytest.mark.node
+@pytest.mark.slow
+def test_cheater_that_cannot_open_loses_on_time(demo: ProcessDemo) -> None:
+    """tamper-weight: the trainer's opening reverts (InvalidProof). It must not resend it on every
+    pass (each retry is a mined, failed transaction, so it would never look idle and its clock
+    would never run out): it sends it once, waits, and loses on time."""
+    sc = demo.scenario("cheater stuck", "tamper-weight", False, Narration(), timeout=180)
+    res = sc.run()
+    assert (res.verdict, res.ruling, res.final_status) == ("challenger won", "timeout", "fraudulent")
+    assert [why for why, _ in sc.advances] == ["the trainer's chess clock runs out"]
+    assert sc.current("trainer").log_path.read_text().count("not sending it again") == 1
+
+
+@pytest.mark.node
 def test_agent_commands_report_clear_errors(demo: ProcessDemo, tmp_path: Path) -> None:
     runner = CliRunner()
     base = ["--rpc", demo.rpc, "--deployment", str(demo.deployment_path), "--spec", str(demo.spec_path)]
@@ -175,6 +188,23 @@ def test_dead_rpc_endpoint_is_a_clear_error(tmp_path: Path) -> None:
     r = runner.invoke(auditor_cmd, ["--rpc", url, "--deployment", str(dep), "--spec", str(spec),
                                     "--job", "1", "--store-url", "http://127.0.0.1:1"])
     assert r.exit_code == 1 and "spec file" in r.output
+
+
+def test_auditor_keeps_what_it_read_when_the_store_goes_away(tmp_path: Path) -> None:
+    from protocol.store import ArtifactStore, ArtifactUnavailable, HttpArtifactReader, serve_store
+
+    store = ArtifactStore(tmp_path / "store")
+    store.put_log(7, 3, b"rounding log of step 3")
+    server, url = serve_store(tmp_path / "store")
+    reader = caching_reader(HttpArtifactReader(url, retries=0, timeout=2))
+    try:
+        assert reader.get_log(7, 3) == b"rounding log of step 3"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert reader.get_log(7, 3) == b"rounding log of step 3"  # from memory, verified again
+    with pytest.raises(ArtifactUnavailable):
+        reader.get_log(7, 4)
 
 
 def test_cheat_names_match_the_cheats() -> None:
