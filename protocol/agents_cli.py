@@ -11,6 +11,8 @@
 Both agents keep no state of their own: everything is read back from the chain (next interval,
 games, whose move it is) and the artifact store, so either can be killed and started again with
 the same arguments at any point. The auditor then replays from the initial state again.
+Neither sends a move twice in one game state: a move the contract reverted (a cheater cannot
+open what it committed to) waits for the game to change, or for its clock to run out.
 
 Progress goes to stderr (rich); stdout carries one JSON line, the result, at the end. With
 ``--events`` stdout is a JSON-lines stream (``{"event": ...}``), the last line still the result;
@@ -67,7 +69,7 @@ class Wei(click.ParamType):
             d = Decimal(s) * scale
         except InvalidOperation:
             self.fail(f"{value!r} is not an amount of wei (e.g. 1000000, 1e18, 0.5eth)", param, ctx)
-        if d != d.to_integral_value() or d < 0:
+        if not d.is_finite() or d != d.to_integral_value() or d < 0:
             self.fail(f"{value!r} is not a whole, non-negative number of wei", param, ctx)
         return int(d)
 
