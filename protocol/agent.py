@@ -41,10 +41,12 @@ class MoveStats:
 
     moves: dict[int, int] = field(default_factory=dict)
     gas: dict[int, int] = field(default_factory=dict)
+    max_gas: dict[int, int] = field(default_factory=dict)
 
     def add(self, gid: int, gas: int) -> None:
         self.moves[gid] = self.moves.get(gid, 0) + 1
         self.gas[gid] = self.gas.get(gid, 0) + gas
+        self.max_gas[gid] = max(self.max_gas.get(gid, 0), gas)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from protocol.agents_cli import AGENT_COMMANDS
 from vtrain.cli import COMMANDS as VTRAIN_COMMANDS
 
 CHEAT_NAMES = ("tamper-weight", "poison-sample", "skip-step", "wrong-lr", "abuse-log", "forge-explicit")
@@ -41,7 +42,7 @@ def main(verbose: int) -> None:
               help="How the cheating trainer cheats.")
 def demo(rpc: str | None, model: str, cheat: str) -> None:
     """Deploy the contracts, then run three jobs: honest (finalizes), cheating (auditor wins),
-    and a false challenge (trainer wins)."""
+    and a false challenge (trainer wins). With --rpc the agents run as separate processes."""
     from rich.table import Table
 
     from protocol.demo import run_demo
@@ -49,7 +50,12 @@ def demo(rpc: str | None, model: str, cheat: str) -> None:
 
     t0 = time.perf_counter()
     try:
-        results = run_demo(rpc, console.print, model=model, cheat=cheat)
+        if rpc is None:
+            results = run_demo(rpc, console.print, model=model, cheat=cheat)
+        else:  # a real node: trainer and auditor run as separate OS processes
+            from protocol.multiproc import run_demo_processes
+
+            results = run_demo_processes(rpc, console.print, cheat, model=model)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
     table = Table(title=f"vtrain demo on {rpc or 'the embedded eth-tester chain'} ({time.perf_counter() - t0:.0f} s)")
@@ -65,6 +71,7 @@ def demo(rpc: str | None, model: str, cheat: str) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("deployment.json"), show_default=True)
 def deploy(rpc: str | None, out: Path) -> None:
     """Deploy JobRegistry, Adjudicator and DisputeGame and write their addresses to OUT."""
+    from protocol.agents_cli import save_deployment
     from protocol.chain import Chain
     from protocol.deploy import deploy as deploy_all
     from vtrain.errors import VtrainError
@@ -72,7 +79,7 @@ def deploy(rpc: str | None, out: Path) -> None:
     try:
         chain = Chain.connect(rpc)
         proto = deploy_all(chain, chain.accounts()[0])
-        proto.deployment.save(out)
+        save_deployment(proto, out)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
     console.print(f"deployed on {chain.name}: registry {proto.registry.address}, game {proto.game.address}, "
@@ -81,6 +88,8 @@ def deploy(rpc: str | None, out: Path) -> None:
 
 main.add_command(demo)
 main.add_command(deploy)
+for _cmd in AGENT_COMMANDS:
+    main.add_command(_cmd)
 for _cmd in VTRAIN_COMMANDS:
     main.add_command(_cmd)
 

@@ -46,6 +46,7 @@ class ScenarioResult:
     gas: int
     bonds: str
     final_status: str
+    max_tx_gas: int = 0
 
 
 Narrate = Callable[[str], None]
@@ -61,6 +62,7 @@ def run_scenario(proto: Protocol, spec: TrainSpec, terms: Terms, store: Artifact
                  name: str, cheat: str | None, false_challenge: bool, say: Narrate) -> ScenarioResult:
     chain = proto.chain
     ctx = JobContext.of(spec)
+    balances0 = {k: chain.w3.eth.get_balance(a) for k, a in accounts.items()}
     job = create_job(proto, accounts["client"], accounts["trainer"], ctx, terms)
     say(f"[bold]{name}[/]: job {job} ({spec.model}, {spec.steps} steps, K={spec.interval}, {ctx.job.graph.n_ops} ops/step)")
     cheat_obj = CHEATS[cheat](spec, spec.interval + 2) if cheat else None
@@ -68,7 +70,6 @@ def run_scenario(proto: Protocol, spec: TrainSpec, terms: Terms, store: Artifact
     trainer.accept(terms)
     challenger_acct = accounts["false_challenger" if false_challenge else "auditor"]
     auditor = AuditorAgent(proto, challenger_acct, ctx, store, job, honest=not false_challenge)
-    balances0 = {k: chain.w3.eth.get_balance(a) for k, a in accounts.items()}
     gid = None
     while (i := trainer.run_interval()) is not None:
         say(f"  trainer posted interval {i}" + (" (with a cheat inside)" if cheat and i == 1 else ""))
@@ -96,6 +97,7 @@ def run_scenario(proto: Protocol, spec: TrainSpec, terms: Terms, store: Artifact
         ruling = RULINGS[int(resolved[-1]["args"]["ruling"])] if resolved else "-"
         moves = trainer.player.stats.moves.get(gid, 0) + auditor.player.stats.moves.get(gid, 0)
         gas = trainer.player.stats.gas.get(gid, 0) + auditor.player.stats.gas.get(gid, 0)
+        max_tx = max(trainer.player.stats.max_gas.get(gid, 0), auditor.player.stats.max_gas.get(gid, 0))
         op = last.op if last.phase >= PHASE_ELEMENT else last.lo
         where = f"step {last.step}, op {op} ({ctx.job.graph.ops[op].kind.name})" if last.phase >= PHASE_TRACE else f"phase {PHASE_NAMES[last.phase]}"
         say(f"  game {gid}: {winner} won by {ruling} after {moves} moves ({gas:,} gas); dispute narrowed to {where}")
@@ -105,7 +107,7 @@ def run_scenario(proto: Protocol, spec: TrainSpec, terms: Terms, store: Artifact
             while (i := trainer.run_interval()) is not None:
                 say(f"  trainer posted interval {i}")
     else:
-        verdict, ruling = "no dispute", "-"
+        verdict, ruling, max_tx = "no dispute", "-", 0
     if trainer.status() == "active":
         chain.advance_time(terms.challenge_window + 1)
         trainer.finalize()
@@ -115,9 +117,10 @@ def run_scenario(proto: Protocol, spec: TrainSpec, terms: Terms, store: Artifact
         owed = int(chain.call(proto.registry.functions.owed(acct)))
         if owed:
             chain.send(proto.registry.functions.withdraw(), acct, what=f"{role} withdraw")
+    # what each party gained or lost through the job (transaction fees are zero on the embedded chain)
     delta = {k: chain.w3.eth.get_balance(a) - balances0[k] for k, a in accounts.items()}
     moved = ", ".join(f"{k} {v / 1e18:+.2f}" for k, v in delta.items() if abs(v) > 10**16)
-    return ScenarioResult(name, job, verdict, ruling, moves, gas, moved, trainer.status())
+    return ScenarioResult(name, job, verdict, ruling, moves, gas, moved, trainer.status(), max_tx)
 
 
 SCENARIOS = [

@@ -182,8 +182,48 @@ def print_rows(title: str, rows: list[GasRow]) -> None:
     assert worst < TX_GAS_CAP, f"a case exceeds the per-transaction cap: {worst}"
 
 
+def game_moves() -> None:
+    """Gas of every kind of move in one full game (toy adjudicator, 2 state slots, 10 ops)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from game_harness import gas_per_move
+
+    moves = gas_per_move()
+    print("\n## gas per move (one full game, py-evm)\n")
+    print("| move | gas |\n|---|---:|")
+    for name, gas in moves.items():
+        print(f"| {name} | {gas:,} |")
+    assert max(moves.values()) < TX_GAS_CAP
+
+
+def full_disputes(cheats: tuple[str, ...] = ("abuse-log", "poison-sample", "tamper-weight")) -> None:
+    """Whole disputes on the demo's MLP job (8 steps, K=4, 69 ops/step): moves, total gas, largest tx."""
+    import tempfile
+
+    from protocol.chain import Chain
+    from protocol.demo import default_spec, run_scenario
+    from protocol.deploy import deploy
+    from protocol.jobs import Terms
+    from protocol.store import ArtifactStore
+
+    chain = Chain.connect(None)
+    a = chain.accounts()
+    proto = deploy(chain, a[0])
+    accounts = {"client": a[1], "trainer": a[2], "auditor": a[3], "false_challenger": a[4]}
+    print("\n## full disputes on the MLP job (embedded chain)\n")
+    print("| scenario | winner | ruling | moves | total gas | largest tx |\n|---|---|---|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as d:
+        store = ArtifactStore(d)
+        runs = [(f"cheat: {c}", c, False) for c in cheats] + [("false challenger", None, True)]
+        for name, cheat, false in runs:
+            r = run_scenario(proto, default_spec("mlp"), Terms(), store, accounts, name, cheat, false, lambda _: None)
+            print(f"| {name} | {r.verdict} | {r.ruling} | {r.moves} | {r.gas:,} | {r.max_tx_gas:,} |")
+            assert r.max_tx_gas < TX_GAS_CAP
+
+
 TABLES: dict[str, Callable[[], None]] = {
     "adjudicator": lambda: print_rows("adjudicate() per op kind (py-evm, cancun)", adjudicator_table()),
+    "moves": game_moves,
+    "disputes": full_disputes,
 }
 
 
