@@ -89,55 +89,57 @@ class WrongLearningRate(Cheat):
         return hook
 
 
-@dataclass
-class AbuseLog(Cheat):
-    """Forces one rounding direction far from any midpoint: moves an element of the first matmul
-    by one ulp and logs a down/up entry that 'explains' it."""
+class _LogCheat(Cheat):
+    """Edits one element of the first matmul without log entries at the cheating step, and writes
+    the log entry that is meant to 'explain' the edit (subclasses say how)."""
 
     step: int
-    element: int = 0
+    element: int
+
+    def edit(self, flat: torch.Tensor, log: StepLog, op: int) -> None:
+        raise NotImplementedError
 
     def op_hook(self, step: int):
         if step != self.step:
             return None
-        done = []
+        done: list[int] = []
 
         def hook(op: OpNode, ins, out: torch.Tensor, log: StepLog) -> torch.Tensor:
-            if done or op.kind != OpKind.MATMUL or (log.sparse.get(op.id) is not None and len(log.sparse[op.id])):
+            if done or op.kind != OpKind.MATMUL or len(log.sparse.get(op.id) or ()):
                 return out
             done.append(op.id)
             flat = out.reshape(-1).clone()
-            up = torch.nextafter(flat[self.element], torch.tensor(np.inf, dtype=torch.float32))
-            flat[self.element] = up  # claims the value rounded "up" from the midpoint below `up`
-            log.sparse[op.id] = OpLog(np.array([self.element]), np.array([Code.UP], np.uint8), np.zeros(1, np.float32))
+            self.edit(flat, log, op.id)
             return flat.reshape(out.shape)
 
         return hook
 
 
 @dataclass
-class ForgeExplicit(Cheat):
+class AbuseLog(_LogCheat):
+    """Forces one rounding direction far from any midpoint: moves the element up by one ulp and
+    logs an 'up' entry for it."""
+
+    step: int
+    element: int = 0
+
+    def edit(self, flat: torch.Tensor, log: StepLog, op: int) -> None:
+        flat[self.element] = torch.nextafter(flat[self.element], torch.tensor(np.inf, dtype=torch.float32))
+        log.sparse[op] = OpLog(np.array([self.element]), np.array([Code.UP], np.uint8), np.zeros(1, np.float32))
+
+
+@dataclass
+class ForgeExplicit(_LogCheat):
     """Writes an explicit log entry with a value far outside the certified window."""
 
     step: int
     element: int = 0
     delta: float = 0.25
 
-    def op_hook(self, step: int):
-        if step != self.step:
-            return None
-        done = []
-
-        def hook(op: OpNode, ins, out: torch.Tensor, log: StepLog) -> torch.Tensor:
-            if done or op.kind != OpKind.MATMUL or (log.sparse.get(op.id) is not None and len(log.sparse[op.id])):
-                return out
-            done.append(op.id)
-            flat = out.reshape(-1).clone()
-            flat[self.element] += self.delta
-            log.sparse[op.id] = OpLog(np.array([self.element]), np.array([Code.EXPLICIT], np.uint8), flat[self.element : self.element + 1].numpy().copy())
-            return flat.reshape(out.shape)
-
-        return hook
+    def edit(self, flat: torch.Tensor, log: StepLog, op: int) -> None:
+        flat[self.element] += self.delta
+        value = flat[self.element : self.element + 1].numpy().copy()
+        log.sparse[op] = OpLog(np.array([self.element]), np.array([Code.EXPLICIT], np.uint8), value)
 
 
 CHEATS = {
