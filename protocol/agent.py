@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 
 
 def checkpoint_bytes(ctx: JobContext, state: list[torch.Tensor]) -> bytes:
-    return save_checkpoint({f"{i:04d}:{s.name}": t.detach().numpy() for i, (s, t) in enumerate(zip(ctx.job.graph.slots, state))})
+    return save_checkpoint(
+        {f"{i:04d}:{s.name}": t.detach().numpy() for i, (s, t) in enumerate(zip(ctx.job.graph.slots, state))}
+    )
 
 
 def checkpoint_state(ctx: JobContext, data: bytes, what: str) -> list[torch.Tensor]:

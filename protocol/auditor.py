@@ -43,7 +43,7 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
         def resolve(indices: np.ndarray, proposed: np.ndarray, codes: np.ndarray) -> np.ndarray:
             out = proposed.copy()
             bits = proposed.view(np.uint32)
-            for k, (i, c) in enumerate(zip(indices.tolist(), codes.tolist())):
+            for k, (i, c) in enumerate(zip(indices.tolist(), codes.tolist(), strict=False)):
                 entry = LogEntry(int(i), int(c), int(bits[k]) if c == 3 else 0) if c else None
                 try:
                     if judge_element(descs[op.id], tensors, int(i), int(bits[k]), entry):
@@ -93,7 +93,9 @@ class AuditorAgent:
 
     def posted(self) -> list[bytes]:
         n = int(self.proto.chain.call(self.proto.registry.functions.getJob(self.job_id))[4])
-        return [bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0]) for i in range(n)]
+        return [
+            bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0]) for i in range(n)
+        ]
 
     def audit(self) -> int | None:
         """Replay every newly posted interval; return the first interval whose root differs."""
@@ -109,20 +111,37 @@ class AuditorAgent:
             if state is None:
                 state = self._trainer_checkpoint(i, roots)
             overruled: list[tuple[int, int]] = []
-            for o in replay_steps(self.ctx.job, state, first, first + n - 1, self._logs, check=True,
-                                  resolver_factory=exact_resolver(self.ctx, overruled)):
+            for o in replay_steps(
+                self.ctx.job,
+                state,
+                first,
+                first + n - 1,
+                self._logs,
+                check=True,
+                resolver_factory=exact_resolver(self.ctx, overruled),
+            ):
                 self.book.records[o.step] = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
                 state = o.state
                 if overruled:
                     self.overruled_steps[o.step] = list(overruled)
-                    log.info("job %d: step %d: trainer's log claims values exact arithmetic overrules: %s",
-                             self.job_id, o.step, overruled[:4])
+                    log.info(
+                        "job %d: step %d: trainer's log claims values exact arithmetic overrules: %s",
+                        self.job_id,
+                        o.step,
+                        overruled[:4],
+                    )
                     overruled.clear()
             self._states[first + n - 1] = state
             mine = interval_root([self.book.records[s].leaf() for s in range(first, first + n)])
             self.verified += 1
             if mine != roots[i]:
-                log.info("job %d: interval %d differs (posted %s, replayed %s)", self.job_id, i, roots[i].hex()[:16], mine.hex()[:16])
+                log.info(
+                    "job %d: interval %d differs (posted %s, replayed %s)",
+                    self.job_id,
+                    i,
+                    roots[i].hex()[:16],
+                    mine.hex()[:16],
+                )
                 return i
             if any(first <= s < first + n for s in self.overruled_steps):
                 return i
@@ -149,8 +168,12 @@ class AuditorAgent:
         return state
 
     def challenge(self, interval: int, terms: Terms) -> int:
-        r = self.proto.chain.send(self.proto.game.functions.challenge(self.job_id, interval), self.account,
-                                  value=terms.challenger_bond, what=f"job {self.job_id}: challenge interval {interval}")
+        r = self.proto.chain.send(
+            self.proto.game.functions.challenge(self.job_id, interval),
+            self.account,
+            value=terms.challenger_bond,
+            what=f"job {self.job_id}: challenge interval {interval}",
+        )
         ev = self.proto.game.events.GameCreated().process_receipt(r, errors=DISCARD)
         gid = int(ev[0]["args"]["game"])
         self.disputed.append(gid)
@@ -164,9 +187,15 @@ class AuditorAgent:
         if state is None:
             raise VtrainError(f"auditor has no replayed state before step {first}")
         if s > first:
-            for o in replay_steps(self.ctx.job, state, first, s - 1, self._logs, resolver_factory=exact_resolver(self.ctx)):
+            for o in replay_steps(
+                self.ctx.job, state, first, s - 1, self._logs, resolver_factory=exact_resolver(self.ctx)
+            ):
                 state = o.state
-        (o,) = list(replay_steps(self.ctx.job, state, s, s, self._logs, resolver_factory=exact_resolver(self.ctx), keep_trace=True))
+        (o,) = list(
+            replay_steps(
+                self.ctx.job, state, s, s, self._logs, resolver_factory=exact_resolver(self.ctx), keep_trace=True
+            )
+        )
         return StepTrace.of(s, self.ctx.job.graph, o.result)
 
     def _opened_components(self, gid: int) -> list[bytes] | None:
@@ -182,8 +211,15 @@ class AuditorAgent:
         return next((s for s in sorted(self.overruled_steps) if first <= s < first + n), None)
 
     def play(self) -> int:
-        strategy = ChallengerStrategy(self.ctx, self.book, self._trace, self._opened_components, self._chunk,
-                                      honest=self.honest, target_step=self._target_step)
+        strategy = ChallengerStrategy(
+            self.ctx,
+            self.book,
+            self._trace,
+            self._opened_components,
+            self._chunk,
+            honest=self.honest,
+            target_step=self._target_step,
+        )
         sent = 0
         for gid in self.disputed:
             sent += self.player.step(gid, strategy.move)
@@ -194,4 +230,3 @@ class AuditorAgent:
         if owed:
             self.proto.chain.send(self.proto.registry.functions.withdraw(), self.account, what="withdraw")
         return owed
-

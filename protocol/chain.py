@@ -83,14 +83,18 @@ class Chain:
                 return fn()
             except (ConnectionError, OSError, TimeoutError) as e:
                 if attempt == self.retries:
-                    raise ChainError(f"{what}: node at {self.name} unreachable after {self.retries + 1} tries ({e})") from None
+                    raise ChainError(
+                        f"{what}: node at {self.name} unreachable after {self.retries + 1} tries ({e})"
+                    ) from None
                 log.warning("%s: %s; retrying in %.1fs", what, e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 8.0)
             except Exception as e:  # requests wraps connection errors in its own types
                 if "Connection" in type(e).__name__ or "Timeout" in type(e).__name__:
                     if attempt == self.retries:
-                        raise ChainError(f"{what}: node at {self.name} unreachable after {self.retries + 1} tries ({e})") from None
+                        raise ChainError(
+                            f"{what}: node at {self.name} unreachable after {self.retries + 1} tries ({e})"
+                        ) from None
                     log.warning("%s: %s; retrying in %.1fs", what, e, delay)
                     time.sleep(delay)
                     delay = min(delay * 2, 8.0)

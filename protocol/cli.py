@@ -11,16 +11,17 @@ import time
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.logging import RichHandler
 
 from protocol.agents_cli import AGENT_COMMANDS
 from vtrain.cli import COMMANDS as VTRAIN_COMMANDS
 
 CHEAT_NAMES = ("tamper-weight", "poison-sample", "skip-step", "wrong-lr", "abuse-log", "forge-explicit")
-from rich.console import Console
-from rich.logging import RichHandler
 
 log = logging.getLogger("vtrain")
 console = Console(width=None if Console().is_terminal else 120)
+
 
 @click.group()
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
@@ -36,10 +37,20 @@ def main(verbose: int) -> None:
 
 @click.command()
 @click.option("--rpc", metavar="URL", default=None, help="JSON-RPC node (default: the embedded eth-tester chain).")
-@click.option("--model", type=click.Choice(["mlp"]), default="mlp", show_default=True,
-              help="Model of the demo jobs (the GPT becomes adjudicable with the transcendental-ops issue).")
-@click.option("--cheat", type=click.Choice(sorted(CHEAT_NAMES)), default="abuse-log", show_default=True,
-              help="How the cheating trainer cheats.")
+@click.option(
+    "--model",
+    type=click.Choice(["mlp"]),
+    default="mlp",
+    show_default=True,
+    help="Model of the demo jobs (the GPT becomes adjudicable with the transcendental-ops issue).",
+)
+@click.option(
+    "--cheat",
+    type=click.Choice(sorted(CHEAT_NAMES)),
+    default="abuse-log",
+    show_default=True,
+    help="How the cheating trainer cheats.",
+)
 def demo(rpc: str | None, model: str, cheat: str) -> None:
     """Deploy the contracts, then run three jobs: honest (finalizes), cheating (auditor wins),
     and a false challenge (trainer wins). With --rpc the agents run as separate processes."""
@@ -68,7 +79,9 @@ def demo(rpc: str | None, model: str, cheat: str) -> None:
 
 @click.command()
 @click.option("--rpc", metavar="URL", default=None, help="JSON-RPC node (default: the embedded eth-tester chain).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("deployment.json"), show_default=True)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("deployment.json"), show_default=True
+)
 def deploy(rpc: str | None, out: Path) -> None:
     """Deploy JobRegistry, Adjudicator and DisputeGame and write their addresses to OUT."""
     from protocol.agents_cli import save_deployment
@@ -82,8 +95,10 @@ def deploy(rpc: str | None, out: Path) -> None:
         save_deployment(proto, out)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
-    console.print(f"deployed on {chain.name}: registry {proto.registry.address}, game {proto.game.address}, "
-                  f"adjudicator {proto.adjudicator.address} -> {out}")
+    console.print(
+        f"deployed on {chain.name}: registry {proto.registry.address}, game {proto.game.address}, "
+        f"adjudicator {proto.adjudicator.address} -> {out}"
+    )
 
 
 main.add_command(demo)

@@ -53,18 +53,32 @@ Narrate = Callable[[str], None]
 
 
 def create_job(proto: Protocol, client: str, trainer: str, ctx: JobContext, terms: Terms) -> int:
-    r = proto.chain.send(proto.registry.functions.createJob(ctx.params(trainer, terms)), client, value=terms.payment, what="createJob")
+    r = proto.chain.send(
+        proto.registry.functions.createJob(ctx.params(trainer, terms)), client, value=terms.payment, what="createJob"
+    )
     ev = proto.registry.events.JobCreated().process_receipt(r, errors=DISCARD)
     return int(ev[0]["args"]["job"])
 
 
-def run_scenario(proto: Protocol, spec: TrainSpec, terms: Terms, store: ArtifactStore, accounts: dict[str, str],
-                 name: str, cheat: str | None, false_challenge: bool, say: Narrate) -> ScenarioResult:
+def run_scenario(
+    proto: Protocol,
+    spec: TrainSpec,
+    terms: Terms,
+    store: ArtifactStore,
+    accounts: dict[str, str],
+    name: str,
+    cheat: str | None,
+    false_challenge: bool,
+    say: Narrate,
+) -> ScenarioResult:
     chain = proto.chain
     ctx = JobContext.of(spec)
     balances0 = {k: chain.w3.eth.get_balance(a) for k, a in accounts.items()}
     job = create_job(proto, accounts["client"], accounts["trainer"], ctx, terms)
-    say(f"[bold]{name}[/]: job {job} ({spec.model}, {spec.steps} steps, K={spec.interval}, {ctx.job.graph.n_ops} ops/step)")
+    say(
+        f"[bold]{name}[/]: job {job} ({spec.model}, {spec.steps} steps, K={spec.interval}, "
+        f"{ctx.job.graph.n_ops} ops/step)"
+    )
     cheat_obj = CHEATS[cheat](spec, spec.interval + 2) if cheat else None
     trainer = TrainerAgent(proto, accounts["trainer"], ctx, store, job, cheat=cheat_obj)
     trainer.accept(terms)
@@ -99,7 +113,11 @@ def run_scenario(proto: Protocol, spec: TrainSpec, terms: Terms, store: Artifact
         gas = trainer.player.stats.gas.get(gid, 0) + auditor.player.stats.gas.get(gid, 0)
         max_tx = max(trainer.player.stats.max_gas.get(gid, 0), auditor.player.stats.max_gas.get(gid, 0))
         op = last.op if last.phase >= PHASE_ELEMENT else last.lo
-        where = f"step {last.step}, op {op} ({ctx.job.graph.ops[op].kind.name})" if last.phase >= PHASE_TRACE else f"phase {PHASE_NAMES[last.phase]}"
+        where = (
+            f"step {last.step}, op {op} ({ctx.job.graph.ops[op].kind.name})"
+            if last.phase >= PHASE_TRACE
+            else f"phase {PHASE_NAMES[last.phase]}"
+        )
         say(f"  game {gid}: {winner} won by {ruling} after {moves} moves ({gas:,} gas); dispute narrowed to {where}")
         verdict = f"{winner} won"
         # the honest trainer goes on with the remaining intervals
@@ -134,12 +152,19 @@ def default_spec(model: str = "mlp") -> TrainSpec:
     if model == "gpt":
         from vtrain.nn import GPTConfig
 
-        return TrainSpec(model="gpt", batch_size=4, steps=8, interval=4, gpt=GPTConfig(vocab=32, context=8, n_layer=1, n_head=2, d_model=16))
+        return TrainSpec(
+            model="gpt",
+            batch_size=4,
+            steps=8,
+            interval=4,
+            gpt=GPTConfig(vocab=32, context=8, n_layer=1, n_head=2, d_model=16),
+        )
     return TrainSpec(model="mlp", batch_size=16, steps=8, interval=4)
 
 
-def run_demo(rpc: str | None, say: Narrate, model: str = "mlp", cheat: str = "tamper-weight",
-             store_dir: Path | None = None) -> list[ScenarioResult]:
+def run_demo(
+    rpc: str | None, say: Narrate, model: str = "mlp", cheat: str = "tamper-weight", store_dir: Path | None = None
+) -> list[ScenarioResult]:
     chain = Chain.connect(rpc)
     accts = chain.accounts()
     if len(accts) < 5:
@@ -149,15 +174,21 @@ def run_demo(rpc: str | None, say: Narrate, model: str = "mlp", cheat: str = "ta
     accounts = {"client": accts[1], "trainer": accts[2], "auditor": accts[3], "false_challenger": accts[4]}
     say(f"chain: {chain.name} (chain id {chain.w3.eth.chain_id})")
     proto = deploy(chain, accts[0])
-    say(f"deployed JobRegistry {proto.registry.address}, DisputeGame {proto.game.address}, Adjudicator {proto.adjudicator.address}")
+    say(
+        f"deployed JobRegistry {proto.registry.address}, DisputeGame {proto.game.address}, "
+        f"Adjudicator {proto.adjudicator.address}"
+    )
     tmp = tempfile.TemporaryDirectory() if store_dir is None else None
     store = ArtifactStore(store_dir or tmp.name)  # type: ignore[union-attr]
     terms = Terms()
     results = []
     try:
         for name, ch, false in SCENARIOS:
-            results.append(run_scenario(proto, default_spec(model), terms, store, accounts, name,
-                                        cheat if ch else None, false, say))
+            results.append(
+                run_scenario(
+                    proto, default_spec(model), terms, store, accounts, name, cheat if ch else None, false, say
+                )
+            )
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -23,7 +23,9 @@ class Protocol:
 
     @property
     def deployment(self) -> Deployment:
-        return Deployment(self.registry.address, self.game.address, self.adjudicator.address, self.chain.w3.eth.chain_id)
+        return Deployment(
+            self.registry.address, self.game.address, self.adjudicator.address, self.chain.w3.eth.chain_id
+        )
 
     @staticmethod
     def attach(chain: Chain, d: Deployment) -> Protocol:
@@ -31,7 +33,12 @@ class Protocol:
             from protocol.chain import ChainError
 
             raise ChainError(f"deployment is for chain id {d.chain_id}, node {chain.name} has {chain.w3.eth.chain_id}")
-        return Protocol(chain, chain.at("JobRegistry", d.registry), chain.at("DisputeGame", d.game), chain.at("Adjudicator", d.adjudicator))
+        return Protocol(
+            chain,
+            chain.at("JobRegistry", d.registry),
+            chain.at("DisputeGame", d.game),
+            chain.at("Adjudicator", d.adjudicator),
+        )
 
 
 def deploy(chain: Chain, deployer: str) -> Protocol:
@@ -40,5 +47,7 @@ def deploy(chain: Chain, deployer: str) -> Protocol:
     adjudicator = chain.deploy("Adjudicator", sender=deployer)
     game = chain.deploy("DisputeGame", registry.address, adjudicator.address, sender=deployer)
     chain.send(registry.functions.setDisputeGame(game.address), deployer, what="setDisputeGame")
-    log.info("protocol deployed: registry %s game %s adjudicator %s", registry.address, game.address, adjudicator.address)
+    log.info(
+        "protocol deployed: registry %s game %s adjudicator %s", registry.address, game.address, adjudicator.address
+    )
     return Protocol(chain, registry, game, adjudicator)

@@ -21,7 +21,9 @@ from vtrain.trace import StepTrace, op_log_entries
 log = logging.getLogger(__name__)
 
 # Enum values of contracts/lib/GameTypes.sol
-PHASE_NONE, PHASE_STEPS, PHASE_TRACE_COMMIT, PHASE_TRACE, PHASE_ELEMENT, PHASE_PICK, PHASE_ONE_STEP, PHASE_DONE = range(8)
+PHASE_NONE, PHASE_STEPS, PHASE_TRACE_COMMIT, PHASE_TRACE, PHASE_ELEMENT, PHASE_PICK, PHASE_ONE_STEP, PHASE_DONE = range(
+    8
+)
 PARTY_NONE, PARTY_TRAINER, PARTY_CHALLENGER = range(3)
 STATUS_NONE, STATUS_IN_PROGRESS, STATUS_TRAINER_WON, STATUS_CHALLENGER_WON, STATUS_CLOSED = range(5)
 PHASE_NAMES = ["none", "steps", "trace-commit", "trace", "element", "pick", "one-step", "done"]
@@ -153,7 +155,9 @@ class TrainerStrategy:
         pi = (s - 2) // self.ctx.spec.interval
         first, _ = self.ctx.interval_span(pi)
         proof = self.book.interval_tree(pi).prove(s - 1 - first)
-        return Move("openStep", (prev, list(cur.components), cur.log_root, self.book.records[s - 1].log_root, list(proof.path)))
+        return Move(
+            "openStep", (prev, list(cur.components), cur.log_root, self.book.records[s - 1].log_root, list(proof.path))
+        )
 
     def _open_op(self, t: StepTrace, j: int) -> Move:
         op = self.ctx.job.graph.ops[j]
@@ -260,7 +264,7 @@ class ChallengerStrategy:
             return None
         mine = self.book.components(v.step)
         g = self.ctx.job.graph
-        for slot, (a, b) in enumerate(zip(theirs, mine)):
+        for slot, (a, b) in enumerate(zip(theirs, mine, strict=False)):
             if a != b:
                 return next(o.id for o in g.ops if o.kind == OpKind.OUTPUT and o.attrs[0] == slot)
         return None

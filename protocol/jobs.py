@@ -88,9 +88,20 @@ class JobContext:
         from protocol.chain import ChainError
 
         mine = self.params(params[0], Terms(0, params[11], params[12], params[13], params[14]))
-        names = ["trainer", "specHash", "dataRoot", "dataSeed", "nSamples", "graphRoot", "nOps", "nSlots",
-                 "initialStateRoot", "nSteps", "intervalLength"]
-        for name, a, b in zip(names, mine, params):
+        names = [
+            "trainer",
+            "specHash",
+            "dataRoot",
+            "dataSeed",
+            "nSamples",
+            "graphRoot",
+            "nOps",
+            "nSlots",
+            "initialStateRoot",
+            "nSteps",
+            "intervalLength",
+        ]
+        for name, a, b in zip(names, mine, params, strict=False):
             if a != b:
                 raise ChainError(f"job commits to a different {name}: chain has {_show(b)}, this spec gives {_show(a)}")
 

@@ -43,8 +43,12 @@ class TrainerAgent:
 
     # -- job life cycle -----------------------------------------------------------------------------
     def accept(self, terms: Terms) -> None:
-        self.proto.chain.send(self.proto.registry.functions.acceptJob(self.job_id), self.account,
-                              value=terms.trainer_stake, what=f"job {self.job_id}: acceptJob")
+        self.proto.chain.send(
+            self.proto.registry.functions.acceptJob(self.job_id),
+            self.account,
+            value=terms.trainer_stake,
+            what=f"job {self.job_id}: acceptJob",
+        )
 
     def next_interval(self) -> int:
         return int(self.proto.chain.call(self.proto.registry.functions.getJob(self.job_id))[4])
@@ -71,8 +75,11 @@ class TrainerAgent:
         if first + n - 1 < self.ctx.spec.steps:
             self.store.put_checkpoint(self.job_id, i + 1, checkpoint_bytes(self.ctx, o.state))
         root = interval_root(leaves)
-        self.proto.chain.send(self.proto.registry.functions.postInterval(self.job_id, i, root), self.account,
-                              what=f"job {self.job_id}: postInterval {i}")
+        self.proto.chain.send(
+            self.proto.registry.functions.postInterval(self.job_id, i, root),
+            self.account,
+            what=f"job {self.job_id}: postInterval {i}",
+        )
         log.info("job %d: posted interval %d root %s", self.job_id, i, root.hex()[:16])
         return i
 
@@ -84,7 +91,9 @@ class TrainerAgent:
         return checkpoint_state(self.ctx, self.store.get_checkpoint(self.job_id, i), f"checkpoint of interval {i}")
 
     def finalize(self) -> None:
-        self.proto.chain.send(self.proto.registry.functions.finalize(self.job_id), self.account, what=f"job {self.job_id}: finalize")
+        self.proto.chain.send(
+            self.proto.registry.functions.finalize(self.job_id), self.account, what=f"job {self.job_id}: finalize"
+        )
 
     def withdraw(self) -> int:
         owed = int(self.proto.chain.call(self.proto.registry.functions.owed(self.account)))

@@ -11,8 +11,8 @@ import pytest
 
 from protocol.chain import Chain
 from protocol.cheats import CHEATS
-from protocol.deploy import deploy
 from protocol.demo import default_spec, run_scenario
+from protocol.deploy import deploy
 from protocol.jobs import Terms
 from protocol.store import ArtifactStore
 
@@ -47,9 +47,14 @@ def test_honest_trainer_finalizes_and_is_paid_stake_plus_payment(world) -> None:
 
 @pytest.mark.parametrize(
     "cheat",
-    ["abuse-log", pytest.param("tamper-weight", marks=pytest.mark.slow), pytest.param("poison-sample", marks=pytest.mark.slow),
-     pytest.param("skip-step", marks=pytest.mark.slow), pytest.param("wrong-lr", marks=pytest.mark.slow),
-     pytest.param("forge-explicit", marks=pytest.mark.slow)],
+    [
+        "abuse-log",
+        pytest.param("tamper-weight", marks=pytest.mark.slow),
+        pytest.param("poison-sample", marks=pytest.mark.slow),
+        pytest.param("skip-step", marks=pytest.mark.slow),
+        pytest.param("wrong-lr", marks=pytest.mark.slow),
+        pytest.param("forge-explicit", marks=pytest.mark.slow),
+    ],
 )
 def test_cheating_trainer_loses_to_the_honest_auditor(world, cheat: str) -> None:
     r, lines, _ = _run(world, f"cheat {cheat}", cheat=cheat)

@@ -45,7 +45,12 @@ def _mm(op, ins):
     "spec",
     [
         TrainSpec(model="mlp", batch_size=8, optimizer=SGDConfig()),
-        TrainSpec(model="gpt", batch_size=2, optimizer=AdamWConfig(), gpt=GPTConfig(vocab=32, context=8, n_layer=1, n_head=2, d_model=16)),
+        TrainSpec(
+            model="gpt",
+            batch_size=2,
+            optimizer=AdamWConfig(),
+            gpt=GPTConfig(vocab=32, context=8, n_layer=1, n_head=2, d_model=16),
+        ),
     ],
     ids=["mlp", "gpt"],
 )
@@ -94,6 +99,8 @@ def test_every_reduction_in_the_models_fits_one_transaction() -> None:
 def test_graph_is_static_across_builds() -> None:
     a = build_job(TrainSpec(model="gpt", batch_size=2)).graph
     b = build_job(TrainSpec(model="gpt", batch_size=2)).graph
-    assert [(o.kind, o.inputs, o.shape, o.attrs) for o in a.ops] == [(o.kind, o.inputs, o.shape, o.attrs) for o in b.ops]
+    assert [(o.kind, o.inputs, o.shape, o.attrs) for o in a.ops] == [
+        (o.kind, o.inputs, o.shape, o.attrs) for o in b.ops
+    ]
     assert math.prod(a.data_shape) > 0
     assert all(np.isfinite(c).all() for c in a.consts.values())

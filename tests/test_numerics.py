@@ -16,7 +16,7 @@ from vtrain.errors import CorruptLog, NonFiniteValue
 from vtrain.executor import StepLog, _compute_fp64
 from vtrain.graph import OpKind, OpNode
 from vtrain.logfile import decode_step_log, encode_step_log
-from vtrain.numerics import U, Code, Mode, OpLog, apply_log, gamma, pack_trits, round_output, unpack_trits
+from vtrain.numerics import Code, Mode, OpLog, U, apply_log, gamma, pack_trits, round_output, unpack_trits
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -198,7 +198,10 @@ def _toy_graph():
 def test_step_log_round_trips_and_names_the_step_when_damaged() -> None:
     g = _toy_graph()
     mm = next(o.id for o in g.ops if o.kind == OpKind.MATMUL)
-    log = StepLog(Mode.CERTIFIED, {mm: OpLog(np.array([1, 5, 9]), np.array([1, 2, 3], np.uint8), np.array([0, 0, 1.5], np.float32))})
+    log = StepLog(
+        Mode.CERTIFIED,
+        {mm: OpLog(np.array([1, 5, 9]), np.array([1, 2, 3], np.uint8), np.array([0, 0, 1.5], np.float32))},
+    )
     data = encode_step_log(log, 7, g)
     back = decode_step_log(data, 7, g)
     assert back.sparse[mm].index.tolist() == [1, 5, 9]

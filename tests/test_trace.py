@@ -13,8 +13,13 @@ from vtrain.spec import TrainSpec, build_job
 from vtrain.trace import GraphCommitment, StepTrace, first_difference
 from vtrain.train import replay_steps, train_steps
 
-SPEC = TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=2, steps=3,
-                 gpt=GPTConfig(vocab=32, context=8, n_layer=1, n_head=2, d_model=16))
+SPEC = TrainSpec(
+    model="gpt",
+    optimizer=AdamWConfig(),
+    batch_size=2,
+    steps=3,
+    gpt=GPTConfig(vocab=32, context=8, n_layer=1, n_head=2, d_model=16),
+)
 
 
 @pytest.fixture(scope="module")

@@ -26,13 +26,33 @@ log = logging.getLogger(__name__)
 
 
 def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    console=console, transient=False, disable=not console.is_terminal)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+        disable=not console.is_terminal,
+    )
 
 
-def spec_from_options(model: str, optimizer: str, steps: int, interval: int, batch_size: int, seed: int, mode: str,
-                      lr: float | None, text: Path | None, layers: int, width: int, heads: int, context: int,
-                      hidden: str) -> TrainSpec:
+def spec_from_options(
+    model: str,
+    optimizer: str,
+    steps: int,
+    interval: int,
+    batch_size: int,
+    seed: int,
+    mode: str,
+    lr: float | None,
+    text: Path | None,
+    layers: int,
+    width: int,
+    heads: int,
+    context: int,
+    hidden: str,
+) -> TrainSpec:
     opt: SGDConfig | AdamWConfig
     if optimizer == "sgd":
         opt = SGDConfig(lr=lr) if lr is not None else SGDConfig()
@@ -48,9 +68,18 @@ def spec_from_options(model: str, optimizer: str, steps: int, interval: int, bat
         hid = tuple(int(h) for h in hidden.split(",") if h)
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {hidden!r}", param_hint="--hidden") from None
-    return TrainSpec(model=model, optimizer=opt, steps=steps, interval=interval, batch_size=batch_size, seed=seed,
-                     mode=mode, text_path=str(text) if text else None, mlp=MLPConfig(hidden=hid),
-                     gpt=GPTConfig(vocab=vocab, context=context, n_layer=layers, n_head=heads, d_model=width))
+    return TrainSpec(
+        model=model,
+        optimizer=opt,
+        steps=steps,
+        interval=interval,
+        batch_size=batch_size,
+        seed=seed,
+        mode=mode,
+        text_path=str(text) if text else None,
+        mlp=MLPConfig(hidden=hid),
+        gpt=GPTConfig(vocab=vocab, context=context, n_layer=layers, n_head=heads, d_model=width),
+    )
 
 
 @click.command("train")
@@ -58,19 +87,31 @@ def spec_from_options(model: str, optimizer: str, steps: int, interval: int, bat
 @click.option("--model", type=click.Choice(["mlp", "gpt"]), default="mlp", show_default=True)
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--interval", type=click.IntRange(min=1), default=4, show_default=True, help="Steps per committed interval (K).")
+@click.option(
+    "--interval", type=click.IntRange(min=1), default=4, show_default=True, help="Steps per committed interval (K)."
+)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--mode", type=click.Choice([m.value for m in Mode]), default="certified", show_default=True)
 @click.option("--lr", type=float, default=None, help="Learning rate (default: the optimizer's).")
-@click.option("--text", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="gpt: train on this text file.")
+@click.option(
+    "--text",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="gpt: train on this text file.",
+)
 @click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--width", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--heads", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--context", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--hidden", default="32", show_default=True, help="mlp: hidden sizes, comma-separated.")
-@click.option("--spec", "spec_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Read the whole spec from a JSON file instead of the options.")
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the whole spec from a JSON file instead of the options.",
+)
 def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
     """Train with controlled numerics and write spec, roots, logs and checkpoints to OUT."""
     try:
@@ -97,9 +138,16 @@ def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
                 prog.update(task, advance=1, description=f"training {spec.model} ({spec.mode}) loss {o.loss:.4f}")
                 last = o
         dt = time.perf_counter() - t0
-        summary = {"run": str(out), "steps": spec.steps, "ops_per_step": job.graph.n_ops, "seconds": round(dt, 3),
-                   "initial_state_root": root0.hex(), "final_state_root": last.state_root.hex(),
-                   "final_loss": last.loss, "log_bytes": log_bytes}
+        summary = {
+            "run": str(out),
+            "steps": spec.steps,
+            "ops_per_step": job.graph.n_ops,
+            "seconds": round(dt, 3),
+            "initial_state_root": root0.hex(),
+            "final_state_root": last.state_root.hex(),
+            "final_loss": last.loss,
+            "log_bytes": log_bytes,
+        }
         click.echo(json.dumps(summary))
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
@@ -132,7 +180,12 @@ def replay_cmd(run_path: Path, from_step: int, to_step: int | None, mode: str | 
                 elif first_bad is None:
                     first_bad = o.step
                 prog.update(task, advance=1)
-        verdict = {"run": str(run_path), "steps": last - from_step, "matched": matched, "first_divergent_step": first_bad}
+        verdict = {
+            "run": str(run_path),
+            "steps": last - from_step,
+            "matched": matched,
+            "first_divergent_step": first_bad,
+        }
         click.echo(json.dumps(verdict))
         if first_bad is not None:
             sys.exit(1)

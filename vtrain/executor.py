@@ -62,15 +62,14 @@ class StepResult:
     violations: list[tuple[int, LogViolation]] = field(default_factory=list)
 
 
-ResolverFactory = "callable[[OpNode, list[torch.Tensor]], AmbiguityResolver]"
-
-
 class StepExecutor:
     """Executes a graph step by step; one instance per (graph, mode)."""
 
     def __init__(self, graph: Graph, mode: Mode | str = Mode.CERTIFIED) -> None:
         self.graph = graph
         self.mode = Mode(mode)
+        if self.mode == Mode.FP32:
+            raise VtrainError("fp32 is plain torch training: use vtrain.torch_ref.executor_for(job, 'fp32')")
         self._last_use = self._compute_last_use()
 
     def _compute_last_use(self) -> list[int]:
@@ -101,9 +100,11 @@ class StepExecutor:
         g = self.graph
         if len(state) != len(g.slots):
             raise VtrainError(f"state: expected {len(g.slots)} tensors, got {len(state)}")
-        for i, (t, s) in enumerate(zip(state, g.slots)):
+        for i, (t, s) in enumerate(zip(state, g.slots, strict=False)):
             if tuple(t.shape) != s.shape or t.dtype != torch.float32:
-                raise VtrainError(f"state slot {i} ({s.name}): expected float32{s.shape}, got {t.dtype}{tuple(t.shape)}")
+                raise VtrainError(
+                    f"state slot {i} ({s.name}): expected float32{s.shape}, got {t.dtype}{tuple(t.shape)}"
+                )
         if tuple(data.shape) != g.data_shape:
             raise VtrainError(f"data: expected shape {g.data_shape}, got {tuple(data.shape)}")
         replay = log_in is not None
@@ -140,7 +141,9 @@ class StepExecutor:
         return StepResult(new_state, float(loss_t.reshape(-1)[0]), out_log, stats, trace, violations)  # type: ignore[arg-type]
 
     # -- one op -----------------------------------------------------------------------------------
-    def _run_op(self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations) -> torch.Tensor:
+    def _run_op(
+        self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations
+    ) -> torch.Tensor:
         k = op.kind
         if k == OpKind.INPUT:
             return state[op.attrs[0]]
@@ -150,8 +153,6 @@ class StepExecutor:
             return torch.from_numpy(self.graph.consts[op.id])
         if k not in ROUNDING_KINDS:
             return _move(op, ins)
-        if self.mode == Mode.FP32:
-            return canonical(_compute_fp32(op, ins))
         v, d = _compute_fp64(op, ins)
         stats.values += v.numel()
         what = f"{op.kind.name} op {op.id}"
@@ -289,39 +290,6 @@ def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, to
             return v, (TRAINER_BOUND_SLACK * gamma(n)) * s
         return v / n, (TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n) * s
     raise GraphError(f"{k.name} is not a rounding op")
-
-
-def _compute_fp32(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
-    """Plain FP32 evaluation (the uncontrolled control mode)."""
-    k = op.kind
-    x = ins
-    c = _scalar(op) if k in (OpKind.ADD_S, OpKind.MUL_S, OpKind.DIV_S, OpKind.RSUB_S) else 0.0
-    table = {
-        OpKind.ADD: lambda: x[0] + x[1],
-        OpKind.SUB: lambda: x[0] - x[1],
-        OpKind.MUL: lambda: x[0] * x[1],
-        OpKind.DIV: lambda: x[0] / x[1],
-        OpKind.ADD_S: lambda: x[0] + c,
-        OpKind.MUL_S: lambda: x[0] * c,
-        OpKind.DIV_S: lambda: x[0] / c,
-        OpKind.RSUB_S: lambda: c - x[0],
-        OpKind.SQRT: lambda: torch.sqrt(x[0]),
-        OpKind.EXP: lambda: torch.exp(x[0]),
-        OpKind.LOG: lambda: torch.log(x[0]),
-        OpKind.TANH: lambda: torch.tanh(x[0]),
-        OpKind.SUM: lambda: x[0].sum(dim=-1, keepdim=True),
-        OpKind.MEAN: lambda: x[0].mean(dim=-1, keepdim=True),
-    }
-    if k == OpKind.MATMUL:
-        if len(x) == 3:
-            if x[0].dim() == 2:
-                return torch.addmm(x[2], x[0], x[1].t())
-            return torch.matmul(x[0], x[1].transpose(-1, -2)) + x[2]
-        return torch.matmul(x[0], x[1].transpose(-1, -2))
-    out = table[k]()
-    if not bool(torch.isfinite(out).all()):
-        raise NonFiniteValue(f"{k.name} op {op.id}: expected finite values, got NaN/Inf")
-    return out
 
 
 def state_tensors(arrays: list[np.ndarray]) -> list[torch.Tensor]:

@@ -54,8 +54,23 @@ class OpKind(enum.IntEnum):
 
 
 ROUNDING_KINDS = frozenset(
-    {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.ADD_S, OpKind.MUL_S, OpKind.DIV_S, OpKind.RSUB_S,
-     OpKind.SQRT, OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.MATMUL, OpKind.SUM, OpKind.MEAN}
+    {
+        OpKind.ADD,
+        OpKind.SUB,
+        OpKind.MUL,
+        OpKind.DIV,
+        OpKind.ADD_S,
+        OpKind.MUL_S,
+        OpKind.DIV_S,
+        OpKind.RSUB_S,
+        OpKind.SQRT,
+        OpKind.EXP,
+        OpKind.LOG,
+        OpKind.TANH,
+        OpKind.MATMUL,
+        OpKind.SUM,
+        OpKind.MEAN,
+    }
 )
 """Kinds whose FP64 result is rounded to FP32 (the rest copy FP32 values exactly)."""
 
@@ -332,7 +347,9 @@ class GraphBuilder:
         return self.reshape(self.sum(r), tuple(shape))
 
     def build(self, loss: T, grad_ops: dict[int, int] | None = None) -> Graph:
-        return Graph(list(self.ops), list(self.slots), dict(self.consts), self.data_shape, loss.op, dict(grad_ops or {}))
+        return Graph(
+            list(self.ops), list(self.slots), dict(self.consts), self.data_shape, loss.op, dict(grad_ops or {})
+        )
 
     # -- autodiff ------------------------------------------------------------------------------
     def grad(self, loss: T, wrt: Sequence[T]) -> list[T]:
@@ -374,7 +391,10 @@ class GraphBuilder:
         if k == K.ADD:
             return [(ins[0].op, self.reduce_to(g, ins[0].shape)), (ins[1].op, self.reduce_to(g, ins[1].shape))]
         if k == K.SUB:
-            return [(ins[0].op, self.reduce_to(g, ins[0].shape)), (ins[1].op, self.reduce_to(self.neg(g), ins[1].shape))]
+            return [
+                (ins[0].op, self.reduce_to(g, ins[0].shape)),
+                (ins[1].op, self.reduce_to(self.neg(g), ins[1].shape)),
+            ]
         if k == K.MUL:
             a, b = ins
             return [(a.op, self.reduce_to(self.mul(g, b), a.shape)), (b.op, self.reduce_to(self.mul(g, a), b.shape))]

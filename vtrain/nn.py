@@ -111,12 +111,18 @@ def gpt_params(cfg: GPTConfig) -> ParamSpec:
     out: ParamSpec = [("wte_t", (C, V), "normal"), ("wpe", (1, Tn, C), "normal")]
     for i in range(cfg.n_layer):
         out += [
-            (f"h{i}.ln1.w", (C,), "ones"), (f"h{i}.ln1.b", (C,), "zeros"),
-            (f"h{i}.attn.w", (3 * C, C), "normal"), (f"h{i}.attn.b", (3 * C,), "zeros"),
-            (f"h{i}.proj.w", (C, C), "normal"), (f"h{i}.proj.b", (C,), "zeros"),
-            (f"h{i}.ln2.w", (C,), "ones"), (f"h{i}.ln2.b", (C,), "zeros"),
-            (f"h{i}.fc.w", (4 * C, C), "normal"), (f"h{i}.fc.b", (4 * C,), "zeros"),
-            (f"h{i}.fc2.w", (C, 4 * C), "normal"), (f"h{i}.fc2.b", (C,), "zeros"),
+            (f"h{i}.ln1.w", (C,), "ones"),
+            (f"h{i}.ln1.b", (C,), "zeros"),
+            (f"h{i}.attn.w", (3 * C, C), "normal"),
+            (f"h{i}.attn.b", (3 * C,), "zeros"),
+            (f"h{i}.proj.w", (C, C), "normal"),
+            (f"h{i}.proj.b", (C,), "zeros"),
+            (f"h{i}.ln2.w", (C,), "ones"),
+            (f"h{i}.ln2.b", (C,), "zeros"),
+            (f"h{i}.fc.w", (4 * C, C), "normal"),
+            (f"h{i}.fc.b", (4 * C,), "zeros"),
+            (f"h{i}.fc2.w", (C, 4 * C), "normal"),
+            (f"h{i}.fc2.b", (C,), "zeros"),
         ]
     out += [("lnf.w", (C,), "ones"), ("lnf.b", (C,), "zeros"), ("head.w", (V, C), "normal")]
     return out

@@ -35,7 +35,9 @@ class AdamWConfig:
 OptimConfig = SGDConfig | AdamWConfig
 
 
-def optimizer_slots(cfg: OptimConfig, params: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...], np.ndarray]]:
+def optimizer_slots(
+    cfg: OptimConfig, params: list[tuple[str, tuple[int, ...]]]
+) -> list[tuple[str, tuple[int, ...], np.ndarray]]:
     """State slots (name, shape, initial value) the optimizer adds after the parameters."""
     if isinstance(cfg, SGDConfig):
         return [(f"{n}.momentum", s, np.zeros(s, np.float32)) for n, s in params]
@@ -53,9 +55,7 @@ def sgd_update(g: GraphBuilder, cfg: SGDConfig, p: T, grad: T, buf: T) -> tuple[
     return new_p, new_buf
 
 
-def adamw_update(
-    g: GraphBuilder, cfg: AdamWConfig, p: T, grad: T, m: T, v: T, bc1: T, bc2: T
-) -> tuple[T, T, T]:
+def adamw_update(g: GraphBuilder, cfg: AdamWConfig, p: T, grad: T, m: T, v: T, bc1: T, bc2: T) -> tuple[T, T, T]:
     """One AdamW update; ``bc1 = 1 - beta1^t`` and ``bc2 = 1 - beta2^t`` (shape (1,))."""
     new_m = g.add(g.mul_s(m, cfg.beta1), g.mul_s(grad, 1.0 - cfg.beta1))
     new_v = g.add(g.mul_s(v, cfg.beta2), g.mul_s(g.mul(grad, grad), 1.0 - cfg.beta2))

@@ -36,7 +36,11 @@ def op_descriptors(graph: Graph) -> list[bytes]:
         attrs = list(op.attrs)
         if op.kind == OpKind.CONST:
             attrs = [int.from_bytes(tensor_root(graph.consts[op.id]), "big")]
-        out.append(encode_op_descriptor(int(op.kind), list(op.inputs), list(op.shape), [list(s) for s in graph.in_shapes(op)], attrs))
+        out.append(
+            encode_op_descriptor(
+                int(op.kind), list(op.inputs), list(op.shape), [list(s) for s in graph.in_shapes(op)], attrs
+            )
+        )
     return out
 
 
@@ -62,7 +66,10 @@ def op_log_entries(log: StepLog, op: int) -> list[LogEntry]:
     if e is None:
         return []
     bits = e.value.view(np.uint32)
-    return [LogEntry(int(i), int(c), int(b) if c == 3 else 0) for i, c, b in zip(e.index.tolist(), e.code.tolist(), bits.tolist())]
+    return [
+        LogEntry(int(i), int(c), int(b) if c == 3 else 0)
+        for i, c, b in zip(e.index.tolist(), e.code.tolist(), bits.tolist(), strict=False)
+    ]
 
 
 def op_log_roots(log: StepLog, graph: Graph) -> list[bytes]:
@@ -130,7 +137,7 @@ class StepTrace:
 
 def first_difference(a: StepTrace, b: StepTrace) -> int | None:
     """The first op whose output differs between two traces of the same step (None if none)."""
-    for j, (x, y) in enumerate(zip(a.op_roots, b.op_roots)):
+    for j, (x, y) in enumerate(zip(a.op_roots, b.op_roots, strict=False)):
         if x != y:
             return j
     return None

@@ -16,7 +16,6 @@ import torch
 
 from vtrain.commit import (
     EMPTY_OP_LOG_ROOT,
-    LogEntry,
     batch_indices,
     op_log_root_arrays,
     state_root,
@@ -87,11 +86,6 @@ def _value_bits(e) -> np.ndarray:
     return bits
 
 
-def log_entries(e) -> list:
-    """The committed form of one op's entries (value bits only for explicit entries)."""
-    return [LogEntry(int(i), int(c), int(b)) for i, c, b in zip(e.index.tolist(), e.code.tolist(), _value_bits(e).tolist())]
-
-
 def initial_commitment(job: Job) -> tuple[list[bytes], bytes]:
     roots = component_roots(state_tensors(job.initial_state))
     return roots, state_root(roots)
@@ -147,8 +141,15 @@ def replay_steps(
     ex = executor_for(job, mode or job.spec.mode)  # fp32: plain torch (TorchReference)
     for s in range(first, last + 1):
         log_in = logs(s) if ex.mode in (Mode.CERTIFIED, Mode.PAPER) else StepLog(ex.mode)
-        res = ex.run(state, batch_for(job, s), log_in=log_in if ex.mode in (Mode.CERTIFIED, Mode.PAPER) else None,
-                     check=check, resolver_factory=resolver_factory, step=s, keep_trace=keep_trace)
+        res = ex.run(
+            state,
+            batch_for(job, s),
+            log_in=log_in if ex.mode in (Mode.CERTIFIED, Mode.PAPER) else None,
+            check=check,
+            resolver_factory=resolver_factory,
+            step=s,
+            keep_trace=keep_trace,
+        )
         if ex.mode in (Mode.CERTIFIED, Mode.PAPER):
             res.log = log_in
         yield _outcome(s, res, job.graph)
