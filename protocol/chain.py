@@ -77,11 +77,14 @@ class Chain:
         return self.url is None
 
     def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``; on a connection error retry with exponential backoff, then raise ChainError."""
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
                 return fn()
-            except (ConnectionError, OSError, TimeoutError) as e:
+            except Exception as e:
+                if not _is_connection_error(e):
+                    raise
                 if attempt == self.retries:
                     raise ChainError(
                         f"{what}: node at {self.name} unreachable after {self.retries + 1} tries ({e})"
@@ -89,17 +92,6 @@ class Chain:
                 log.warning("%s: %s; retrying in %.1fs", what, e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 8.0)
-            except Exception as e:  # requests wraps connection errors in its own types
-                if "Connection" in type(e).__name__ or "Timeout" in type(e).__name__:
-                    if attempt == self.retries:
-                        raise ChainError(
-                            f"{what}: node at {self.name} unreachable after {self.retries + 1} tries ({e})"
-                        ) from None
-                    log.warning("%s: %s; retrying in %.1fs", what, e, delay)
-                    time.sleep(delay)
-                    delay = min(delay * 2, 8.0)
-                else:
-                    raise
 
     def accounts(self) -> list[str]:
         accs = self._retry("eth_accounts", lambda: self.w3.eth.accounts)
@@ -204,6 +196,12 @@ class Chain:
         else:
             self.w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
             self.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+
+
+def _is_connection_error(e: Exception) -> bool:
+    """True for the node being unreachable (requests wraps socket errors in its own types)."""
+    name = type(e).__name__
+    return isinstance(e, (ConnectionError, OSError, TimeoutError)) or "Connection" in name or "Timeout" in name
 
 
 def _revert_bytes(e: Exception) -> bytes | None:

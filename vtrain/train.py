@@ -15,9 +15,7 @@ import numpy as np
 import torch
 
 from vtrain.commit import (
-    EMPTY_OP_LOG_ROOT,
     batch_indices,
-    op_log_root_arrays,
     state_root,
     step_log_root,
     tensor_root,
@@ -70,20 +68,9 @@ def component_roots(state: list[torch.Tensor]) -> list[bytes]:
 
 def step_log_root_of(log_: StepLog, graph: Graph) -> bytes:
     """logRoot_s: one leaf per op, each the root of that op's sparse log (empty for most ops)."""
-    roots = []
-    for op in graph.ops:
-        e = log_.sparse.get(op.id)
-        if e is None or len(e) == 0:
-            roots.append(EMPTY_OP_LOG_ROOT)
-        else:
-            roots.append(op_log_root_arrays(e.index, e.code, _value_bits(e)))
-    return step_log_root(roots)
+    from vtrain.trace import op_log_roots
 
-
-def _value_bits(e) -> np.ndarray:
-    bits = e.value.view(np.uint32).copy()
-    bits[e.code != 3] = 0
-    return bits
+    return step_log_root(op_log_roots(log_, graph))
 
 
 def initial_commitment(job: Job) -> tuple[list[bytes], bytes]:
