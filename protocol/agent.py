@@ -91,6 +91,13 @@ class Player:
             return True
         return False
 
+    def withdraw(self) -> int:
+        """Pull every credit the registry holds for this account (pull payments)."""
+        owed = int(self.proto.chain.call(self.proto.registry.functions.owed(self.account)))
+        if owed:
+            self.proto.chain.send(self.proto.registry.functions.withdraw(), self.account, what="withdraw")
+        return owed
+
     def games_of(self, job_id: int) -> list[int]:
         ev = self.proto.game.events.GameCreated
         logs = ev.get_logs(from_block=0, argument_filters={"job": job_id})

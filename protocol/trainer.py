@@ -96,10 +96,8 @@ class TrainerAgent:
         )
 
     def withdraw(self) -> int:
-        owed = int(self.proto.chain.call(self.proto.registry.functions.owed(self.account)))
-        if owed:
-            self.proto.chain.send(self.proto.registry.functions.withdraw(), self.account, what="withdraw")
-        return owed
+        """Pull everything the registry owes this agent's account; returns the amount (wei)."""
+        return self.player.withdraw()
 
     # -- games --------------------------------------------------------------------------------------
     def book(self) -> StepBook:
