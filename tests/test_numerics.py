@@ -215,3 +215,29 @@ def test_step_log_round_trips_and_names_the_step_when_damaged() -> None:
     garbled[30] ^= 0xFF
     with pytest.raises(CorruptLog):
         decode_step_log(bytes(garbled), 7, g)
+
+
+@pytest.mark.parametrize("kind", [OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S])
+def test_direct_fp32_single_ops_equal_fp64_then_round_bit_for_bit(kind: OpKind) -> None:
+    """The executor's FP32 fast path for single IEEE ops gives exactly RN32 of the exact value."""
+    from vtrain.executor import compute_exact_fp32
+    from vtrain.graph import f32_bits
+
+    rng = np.random.default_rng(7)
+    n = 20000
+    mant = rng.integers(0, 2**24, n)
+    a = (mant * np.exp2(rng.integers(-160, 100, n)) * rng.choice([-1, 1], n)).astype(np.float32)
+    b = (rng.integers(0, 2**24, n) * np.exp2(rng.integers(-160, 100, n)) * rng.choice([-1, 1], n)).astype(np.float32)
+    b[:2000] = np.nextafter(a[:2000], np.float32(np.inf))  # near-cancellation
+    b[2000:4000] = a[2000:4000] * np.float32(2.0**-24)  # exact ties for ADD
+    ok = np.isfinite(a) & np.isfinite(b) & np.isfinite(a.astype(np.float64) * b.astype(np.float64))
+    A, B = torch.from_numpy(a[ok]), torch.from_numpy(b[ok])
+    scalar = kind in (OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S)
+    op = OpNode(2, kind, (0,) if scalar else (0, 1), tuple(A.shape), (f32_bits(-0.7071067811865476),) if scalar else ())
+    ins = [A] if scalar else [A, B]
+    fast = compute_exact_fp32(op, ins) + 0.0
+    v, d = _compute_fp64(op, ins)
+    finite = torch.isfinite(v.to(torch.float32))
+    ref, _ = round_output(v[finite], None, "ref")
+    assert d is None
+    assert torch.equal(fast[finite].view(torch.int32), ref.view(torch.int32))

@@ -153,6 +153,13 @@ class StepExecutor:
             return torch.from_numpy(self.graph.consts[op.id])
         if k not in ROUNDING_KINDS:
             return _move(op, ins)
+        if k in FP32_EXACT_KINDS and self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG):
+            if log_in is None or not len(log_in.entries(op.id)):
+                out = compute_exact_fp32(op, ins)
+                stats.values += out.numel()
+                if not bool(torch.isfinite(out).all()):
+                    raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
+                return canonical(out)
         v, d = _compute_fp64(op, ins)
         stats.values += v.numel()
         what = f"{op.kind.name} op {op.id}"
@@ -187,6 +194,31 @@ class StepExecutor:
         if viol:
             violations.extend((op.id, x) for x in viol)
         return out
+
+
+FP32_EXACT_KINDS = frozenset({OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S})
+"""Single IEEE ops that FP32 hardware already rounds correctly: one FP32 operation gives exactly
+RN32(exact), the same bits as FP64-then-round, on every IEEE machine (no FMA contraction of one
+operation; denormals are not flushed in torch by default). DIV and SQRT stay on the FP64 path."""
+
+
+def compute_exact_fp32(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
+    """RN32 of a single add/sub/mul (or scalar form) computed directly in FP32."""
+    k = op.kind
+    if k == OpKind.ADD:
+        return torch.add(ins[0], ins[1])
+    if k == OpKind.SUB:
+        return torch.sub(ins[0], ins[1])
+    if k == OpKind.MUL:
+        return torch.mul(ins[0], ins[1])
+    c = torch.tensor(bits_f32(op.attrs[0]), dtype=torch.float32)
+    if k == OpKind.ADD_S:
+        return torch.add(ins[0], c)
+    if k == OpKind.MUL_S:
+        return torch.mul(ins[0], c)
+    if k == OpKind.RSUB_S:
+        return torch.sub(c, ins[0])
+    raise GraphError(f"{k.name} has no direct FP32 form")
 
 
 def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
