@@ -29,3 +29,20 @@ def anvil_w3() -> Iterator[Web3]:
     """Web3 on an `anvil` started for this session (stopped even if tests fail)."""
     with nodes.start_anvil() as node:
         yield nodes.http_w3(node.url)
+
+
+# -- the game harness's deployment, shared by test_registry.py and test_game.py -----------------
+@pytest.fixture(scope="module")
+def chain():
+    """Registry + game + toy adjudicator deployed once per test module (tests/game_harness.py)."""
+    import game_harness as H
+
+    return H.deploy()
+
+
+@pytest.fixture
+def dep(chain):
+    """The deployment rewound to a fresh state; the solvency invariant is checked after the test."""
+    d = chain.reset()
+    yield d
+    d.check_solvency()

@@ -13,7 +13,6 @@ Every test ends with the solvency invariant (fixture `dep`). Games start from ch
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import game_harness as H
@@ -27,18 +26,6 @@ EIP170 = 24_576
 @pytest.fixture(scope="module")
 def honest() -> H.Run:
     return H.simulate(CFG)
-
-
-@pytest.fixture(scope="module")
-def chain() -> H.Deployment:
-    return H.deploy()
-
-
-@pytest.fixture
-def dep(chain: H.Deployment) -> Iterator[H.Deployment]:
-    d = chain.reset()
-    yield d
-    d.check_solvency()
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@ game hooks. Every test ends with the solvency invariant (fixture `dep`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import game_harness as H
 import pytest
 from game_harness import JobStatus, reverts
@@ -15,19 +13,6 @@ CFG = H.JobConfig()  # 6 steps, K = 4: intervals [1..4], [5..6]
 @pytest.fixture(scope="module")
 def run() -> H.Run:
     return H.simulate(CFG)
-
-
-@pytest.fixture(scope="module")
-def chain() -> H.Deployment:
-    return H.deploy()
-
-
-@pytest.fixture
-def dep(chain: H.Deployment) -> Iterator[H.Deployment]:
-    """The deployment rewound to a fresh state; the solvency invariant is checked after the test."""
-    d = chain.reset()
-    yield d
-    d.check_solvency()
 
 
 def params_with(run: H.Run, trainer_addr: str, **changes: object) -> tuple:
