@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
+// Block time is the protocol's clock by design (challenge windows, chess clocks): see docs/lint.md.
+// solhint-disable not-rely-on-time
 
 import {IAdjudicator} from "contracts/interfaces/IAdjudicator.sol";
 import {IDisputeGame} from "contracts/interfaces/IDisputeGame.sol";
 import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
 import {Bisection} from "contracts/lib/Bisection.sol";
 import {Clock, LibClock} from "contracts/lib/Clock.sol";
+// GameTypes is the shared vocabulary (ids, structs, errors, constants) used throughout this contract.
+// solhint-disable-next-line no-global-import
 import "contracts/lib/GameTypes.sol";
 import {Merkle} from "contracts/lib/Merkle.sol";
 
@@ -29,6 +33,7 @@ contract DisputeGame is IDisputeGame {
 
     mapping(GameId game => Game record) internal _games;
 
+    /// @notice Binds the registry (escrow, settlement) and the adjudicator, both immutable.
     /// @param registry_ The JobRegistry; its deployer must then call `setDisputeGame(this)`.
     /// @param adjudicator_ The one-step adjudicator.
     constructor(IJobRegistry registry_, IAdjudicator adjudicator_) {

@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
+// Block time is the protocol's clock by design (challenge windows, chess clocks): see docs/lint.md.
+// solhint-disable not-rely-on-time
 
 import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
+// GameTypes is the shared vocabulary (ids, structs, errors, constants) used throughout this contract.
+// solhint-disable-next-line no-global-import
 import "contracts/lib/GameTypes.sol";
 
 /// @title JobRegistry

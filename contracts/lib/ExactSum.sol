@@ -87,6 +87,8 @@ library ExactSum {
             revert TooManyTerms(count, terms.length);
         }
         bytes4 nonFinite = Float32.NonFinite.selector;
+        // The per-term inner loop of every dot product: unchecked packed reads, ranges checked above.
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             let pa := add(add(a, 32), shl(2, aOff))
             let pb := add(add(b, 32), shl(2, bOff))
@@ -126,6 +128,8 @@ library ExactSum {
         uint256 n = terms.length;
         if (n > MAX_TERMS) revert TooManyTerms(n, MAX_TERMS);
         uint256 top;
+        // Read-only pass over the packed terms without per-element bounds checks (n checked above).
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             let p := add(terms, 32)
             for { let i := 0 } lt(i, n) { i := add(i, 1) } {
@@ -139,6 +143,8 @@ library ExactSum {
         uint256 absSum;
         uint256 inexact;
         // SAFETY: q < 2^120 per term and n <= 2^16, so the sums stay below 2^137 (no wrap-around).
+        // Unchecked arithmetic is deliberate (bound above); the loop reads only terms[0..n).
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             let p := add(terms, 32)
             let mask := sub(shl(64, 1), 1)

@@ -211,6 +211,8 @@ library Float32 {
 
     /// @notice Number of significant bits of `x` (0 for 0).
     function bitLength(uint256 x) internal pure returns (uint256 r) {
+        // Branch-free binary search on the stack (no memory access); a shift loop takes up to 256 rounds.
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             r := shl(7, lt(0xffffffffffffffffffffffffffffffff, x))
             r := or(r, shl(6, lt(0xffffffffffffffff, shr(r, x))))

@@ -88,6 +88,8 @@ library TensorProof {
     ///         caller reads only elements it has verified).
     function f32At(bytes memory data, uint256 j) internal pure returns (uint32 r) {
         uint256 v;
+        // One word load instead of four bounds-checked byte reads (hot path of every opening).
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             v := shr(224, mload(add(add(data, 32), shl(2, j))))
         }
@@ -111,6 +113,8 @@ library TensorProof {
     /// @dev sha256(0x00 || data[off:off+len]) without a copy: the prefix byte is written over the
     ///      byte before the slice and restored.
     function _leafHash(bytes memory data, uint256 off, uint256 len) private view returns (bytes32 h) {
+        // Hashes a slice of memory in place; Solidity would copy it first (no memory slices).
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             let p := add(add(data, 32), off)
             let saved := mload(sub(p, 32))
@@ -123,6 +127,8 @@ library TensorProof {
 
     /// @dev sha256(0x01 || left || right), in the free memory past the pointer (not allocated).
     function _nodeHash(bytes32 left, bytes32 right) private view returns (bytes32 h) {
+        // sha256(abi.encodePacked(..)) allocates per node; this uses scratch memory (no allocation).
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             let p := mload(0x40)
             mstore8(p, 1)

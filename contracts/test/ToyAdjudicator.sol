@@ -17,7 +17,7 @@ contract ToyAdjudicator is IAdjudicator {
     /// @notice Emitted when the test registers a truth.
     event TruthSet(bytes32 indexed key, uint32 value);
 
-    /// @dev key => true value + 1 (0: unknown).
+    /// @notice key => true value + 1 (0: unknown).
     mapping(bytes32 key => uint64 valuePlusOne) public truth;
 
     /// @notice Registers the true bits of the element with context `key`.
