@@ -375,24 +375,20 @@ contract Adjudicator is IAdjudicator {
     // ---------------------------------------------------------------------------------------------
 
     /// @dev The log entry of `index` from two adjacent leaves of the op log tree.
-    function _logEntry(bytes32 root, uint256 index, LogOpening memory o)
-        private
-        view
-        returns (uint8 code, uint32 value)
-    {
+    function _logEntry(bytes32 root, uint256 index, LogOpening memory o) private view returns (uint8 code, uint32 value) {
         uint256 key = index + 1;
         if (key >= HIGH_KEY) revert IndexOutOfRange(index, HIGH_KEY - 1);
         if (o.leaves.length != 2 * LOG_LEAF) revert TensorProof.OpeningLength(o.leaves.length, 2 * LOG_LEAF);
         TensorProof.verifyRange(root, o.position, o.size, o.leaves, LOG_LEAF, o.siblings);
-        bytes memory leaves = o.leaves;
-        uint256 below = _be(leaves, 0, 4);
-        uint256 above = _be(leaves, LOG_LEAF, 4);
+        bytes memory l = o.leaves;
+        uint256 below = _be(l, 0, 4);
+        uint256 above = _be(l, LOG_LEAF, 4);
         // INVARIANT: the leaves are adjacent (positions are bound by the range opening), so in a
         // sorted log they are the unique pair around the key.
         if (!(below < key && key <= above)) revert LogBracket(below, above, key);
         if (above == key) {
-            code = uint8(_be(leaves, LOG_LEAF + 4, 1));
-            value = uint32(_be(leaves, LOG_LEAF + 5, 4));
+            code = uint8(_be(l, LOG_LEAF + 4, 1));
+            value = uint32(_be(l, LOG_LEAF + 5, 4));
         }
     }
 

@@ -84,24 +84,35 @@ CANARY = """// SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
 /// @title Canary
-/// @notice Breaks one security rule and one documentation rule.
+/// @notice Breaks security rules and a documentation rule.
 contract Canary {
     /// @notice Owner.
     address public owner;
 
-    function take() external {
+    function take() external returns (uint256 r) {
         require(tx.origin == owner, "no");
         owner = msg.sender;
+        assembly {
+            r := 1
+        }
     }
 }
 """
 
 
-def test_config_reports_security_rules_as_errors_and_natspec_as_warnings(tmp_path: Path) -> None:
-    (tmp_path / "Canary.sol").write_text(CANARY)
-    rc, findings = _solhint("-c", str(CONFIG), "Canary.sol", cwd=tmp_path)
-    got = {(f["ruleId"], f["severity"]) for f in findings}
-    assert ("avoid-tx-origin", "Error") in got, _fmt(findings)
-    assert ("gas-custom-errors", "Error") in got, _fmt(findings)
-    assert ("use-natspec", "Warning") in got, _fmt(findings)
+def test_config_reports_security_rules_as_errors_and_relaxes_only_test_contracts(tmp_path: Path) -> None:
+    # The same layout as the repository: the root config, and the looser one of contracts/test/.
+    shutil.copy(CONFIG, tmp_path / ".solhint.json")
+    (tmp_path / "contracts" / "test").mkdir(parents=True)
+    shutil.copy(REPO / "contracts" / "test" / ".solhint.json", tmp_path / "contracts" / "test" / ".solhint.json")
+    (tmp_path / "contracts" / "Canary.sol").write_text(CANARY)
+    (tmp_path / "contracts" / "test" / "Canary.sol").write_text(CANARY)
+    rc, findings = _solhint("contracts/**/*.sol", cwd=tmp_path)
+    got = {(Path(f["filePath"]).parent.name, f["ruleId"], f["severity"]) for f in findings}
+    for where in ("contracts", "test"):
+        assert (where, "avoid-tx-origin", "Error") in got, _fmt(findings)
+        assert (where, "gas-custom-errors", "Error") in got, _fmt(findings)
+        assert (where, "use-natspec", "Warning") in got, _fmt(findings)
+    assert ("contracts", "no-inline-assembly", "Error") in got, _fmt(findings)
+    assert ("test", "no-inline-assembly", "Error") not in got, _fmt(findings)
     assert rc != 0

@@ -37,17 +37,14 @@ contract ReentrantReceiver {
         bool ok;
         (ok, result) = target.call{value: msg.value}(data);
         if (!ok) {
-            // Bubbles the callee's revert data up unchanged (Solidity has no rethrow of raw bytes).
-            // solhint-disable-next-line no-inline-assembly
             assembly {
                 revert(add(result, 32), mload(result))
             }
         }
     }
 
-    // A hostile receiver by design: the re-entry attempt is what the registry's tests exercise.
     /// @notice Records the payment and tries to re-enter `registry.withdraw()` once.
-    receive() external payable { // solhint-disable-line no-complex-fallback
+    receive() external payable {
         if (rejectPayments) revert PaymentRejected();
         received += msg.value;
         reentryAttempts += 1;
