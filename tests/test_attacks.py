@@ -828,3 +828,37 @@ def test_every_cheat_loses_its_stake_to_the_honest_auditor(agents, cheat):
         assert (r.verdict, r.final_status) == ("challenger won", "fraudulent")
         assert r.bonds == "trainer -2.00, auditor +2.00"  # the stake to the auditor, the client refunded
         assert proto.chain.w3.eth.get_balance(proto.registry.address) == 0
+
+
+# ================================================================== the report script
+
+
+def test_bench_security_tallies_trials_and_fails_on_any_failed_trial(tmp_path):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_security.py"
+    spec = importlib.util.spec_from_file_location("bench_security", path)
+    bench = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules["bench_security"] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    report = tmp_path / "r.jsonl"
+    report.write_text(
+        "\n".join(
+            [
+                '{"kind": "attack", "name": "a", "ok": true}',
+                '{"kind": "attack", "name": "b", "ok": false}',
+                '{"kind": "fuzz", "name": "f", "ok": true, "sequences": 50, "steps": 900, "violations": 0}',
+                '{"kind": "crash_restart", "name": "c", "ok": true}',
+                "not json",
+            ]
+        )
+    )
+    t = bench.tally(bench.read_trials(report))
+    assert (t["attack"].trials, t["attack"].ok, t["attack"].failed) == (2, 1, ["b"])
+    assert (t["fuzz"].sequences, t["fuzz"].violations, t["crash_restart"].ok) == (50, 0, 1)
+    text = bench.render(t, 1, ["tests/test_resilience.py"], 1.0)
+    assert "attacks tried / caught                     2 / 1" in text and "FAILED attack: b" in text
+    assert "fuzz sequences run / invariant violations  50 / 0" in text
