@@ -644,6 +644,27 @@ def test_forged_pick_by_the_challenger_reverts(dep, honest, scenario):
         assert dep.view(gid)["phase"] == Phase.ONE_STEP
 
 
+@pytest.mark.parametrize("op", ["input1", pytest.param("output0", marks=pytest.mark.slow)])
+def test_forged_bind_proof_reverts_and_the_honest_bind_wins(dep, honest, op):
+    """INPUT/OUTPUT ops end the game on a bind proof into stateRoot_{s-1} / stateRoot_s: a forged
+    one is rejected, the honest one wins the game for the trainer."""
+    with trial(f"forged-bind-proof-{op}"):
+        job = H.active_job(dep, honest)
+        gid = H.challenge(dep, job, 1)
+        j = honest.graph.index[op]
+        ch = H.FalseChallenger(dep, position=1, op=j, element=0)
+        tr = H.Trainer(dep, honest)
+        H.play(dep, gid, tr, ch, until=lambda v: label_of(v) == "trace.open")
+        v = dep.view(gid)
+        assert v["lo"] == j
+        forged = _opening(tr, v, bindProof=lambda p: [_bad(p[0])] + p[1:])
+        with reverts("InvalidProof"):
+            dep.dry(dep.game.functions.openOp(gid, forged), dep.trainer)
+        res = H.play(dep, gid, tr, ch)
+        assert (res.status, res.ruling) == (GameStatus.TRAINER_WON, Ruling.BIND)
+        assert dep.owed(dep.trainer) == CFG.challenger_bond
+
+
 # ================================================================== forged one-step proofs (real Adjudicator)
 
 
