@@ -115,6 +115,25 @@ contract JobRegistry is IJobRegistry {
     }
 
     /// @inheritdoc IJobRegistry
+    function reclaimJob(JobId job) external {
+        Job storage j = _job(job);
+        // INVARIANT: only the payer decides to stop waiting for overdue work.
+        if (msg.sender != j.client) revert Unauthorized(msg.sender, j.client);
+        _expectStatus(job, j.status, JobStatus.Active);
+        uint64 next = j.nextInterval;
+        uint256 deadline = _postingDeadline(j, next);
+        // INVARIANT: a trainer that posted every interval, or is not yet late, keeps the job.
+        if (next >= _nIntervals(j.params) || block.timestamp <= deadline) {
+            revert PostingNotOverdue(job, next, deadline, block.timestamp);
+        }
+        // Fraudulent: no more posts, challenges or finalize; open games close with their bonds back.
+        j.status = JobStatus.Fraudulent;
+        uint256 refund = uint256(j.payment) + j.params.trainerStake;
+        _credit(j.client, job, refund);
+        emit JobReclaimed(job, next, refund);
+    }
+
+    /// @inheritdoc IJobRegistry
     function withdraw() external {
         uint256 amount = owed[msg.sender];
         if (amount == 0) revert NothingOwed(msg.sender);
@@ -233,6 +252,13 @@ contract JobRegistry is IJobRegistry {
     }
 
     /// @inheritdoc IJobRegistry
+    function postingDeadline(JobId job, uint64 index) external view returns (uint256) {
+        Job storage j = _job(job);
+        if (j.acceptedAt == 0) return 0;
+        return _postingDeadline(j, index);
+    }
+
+    /// @inheritdoc IJobRegistry
     function escrowOf(JobId job) external view returns (uint256) {
         Job storage j = _jobs[job];
         uint256 bonds = uint256(j.openGames) * j.params.challengerBond;
@@ -260,6 +286,10 @@ contract JobRegistry is IJobRegistry {
         emit Credited(account, job, amount);
     }
 
+    function _postingDeadline(Job storage j, uint64 index) internal view returns (uint256) {
+        return uint256(j.acceptedAt) + (uint256(index) + 1) * j.params.postingPeriod;
+    }
+
     function _nIntervals(JobParams storage p) internal view returns (uint64) {
         return (p.nSteps + p.intervalLength - 1) / p.intervalLength;
     }
@@ -280,6 +310,10 @@ contract JobRegistry is IJobRegistry {
         if (p.nSamples == 0) revert InvalidJobParam("nSamples", 0);
         if (p.challengeWindow == 0) revert InvalidJobParam("challengeWindow", 0);
         if (p.clock == 0) revert InvalidJobParam("clock", 0);
+        // SAFETY: without a posting period a trainer that never posts locks the payment forever.
+        if (p.postingPeriod == 0) revert InvalidJobParam("postingPeriod", 0);
+        // SAFETY: a free challenge costs a griefer nothing while the trainer pays to defend it.
+        if (p.challengerBond == 0) revert InvalidJobParam("challengerBond", 0);
         // SAFETY: nSteps + K - 1 in _nIntervals must not overflow uint64.
         if (p.nSteps > type(uint64).max - p.intervalLength) revert InvalidJobParam("nSteps", p.nSteps);
         if (p.initialStateRoot == bytes32(0)) revert InvalidJobParam("initialStateRoot", 0);

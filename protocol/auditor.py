@@ -17,9 +17,9 @@ from protocol.agent import Player, checkpoint_state
 from protocol.deploy import Protocol
 from protocol.game import PARTY_CHALLENGER, ChallengerStrategy, StepBook
 from protocol.jobs import JobContext, Terms
-from protocol.store import ArtifactReader, StepRecord
+from protocol.store import ArtifactReader, ArtifactUnavailable, StepRecord
 from vtrain.commit import LogEntry, interval_root, state_root
-from vtrain.errors import CorruptArtifact, VtrainError
+from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
 from vtrain.executor import state_tensors
 from vtrain.graph import OpNode
 from vtrain.logfile import decode_step_log
@@ -79,6 +79,12 @@ class AuditorAgent:
     overruled_steps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     """Steps where the trainer's log claimed a value the contract would not uphold (log abuse),
     even if the difference was absorbed before the state: still a provable lie in the trace."""
+    withheld: dict[int, str] = field(default_factory=dict)
+    """Intervals that could not be replayed because the trainer's artifacts (step records, logs,
+    checkpoints) are missing or unreachable: interval -> why. Retried on every :meth:`audit`; the
+    job is not signed off while any is left (see :meth:`signed_off`)."""
+    flagged: list[int] = field(default_factory=list)
+    """Intervals the replay found wrong (returned by :meth:`audit`)."""
     _states: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -108,29 +114,42 @@ class AuditorAgent:
                 self.verified += 1
                 continue
             state = self._states.get(first - 1)
-            if state is None:
-                state = self._trainer_checkpoint(i, roots)
             overruled: list[tuple[int, int]] = []
-            for o in replay_steps(
-                self.ctx.job,
-                state,
-                first,
-                first + n - 1,
-                self._logs,
-                check=True,
-                resolver_factory=exact_resolver(self.ctx, overruled),
-            ):
-                self.book.records[o.step] = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
-                state = o.state
-                if overruled:
-                    self.overruled_steps[o.step] = list(overruled)
-                    log.info(
-                        "job %d: step %d: trainer's log claims values exact arithmetic overrules: %s",
-                        self.job_id,
-                        o.step,
-                        overruled[:4],
-                    )
-                    overruled.clear()
+            try:
+                if state is None:
+                    state = self._trainer_checkpoint(i, roots)
+                for o in replay_steps(
+                    self.ctx.job,
+                    state,
+                    first,
+                    first + n - 1,
+                    self._logs,
+                    check=True,
+                    resolver_factory=exact_resolver(self.ctx, overruled),
+                ):
+                    self.book.records[o.step] = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
+                    state = o.state
+                    if overruled:
+                        self.overruled_steps[o.step] = list(overruled)
+                        log.info(
+                            "job %d: step %d: trainer's log claims values exact arithmetic overrules: %s",
+                            self.job_id,
+                            o.step,
+                            overruled[:4],
+                        )
+                        overruled.clear()
+            except (MissingArtifact, ArtifactUnavailable) as e:
+                # Withheld (or unreachable) artifacts: nothing to replay, so nothing to sign off.
+                self.withheld[i] = str(e)
+                log.warning(
+                    "job %d: interval %d cannot be replayed, the trainer's artifacts are unavailable (%s); "
+                    "NOT signing off this job",
+                    self.job_id,
+                    i,
+                    e,
+                )
+                return None
+            self.withheld.pop(i, None)
             self._states[first + n - 1] = state
             mine = interval_root([self.book.records[s].leaf() for s in range(first, first + n)])
             self.verified += 1
@@ -142,10 +161,17 @@ class AuditorAgent:
                     roots[i].hex()[:16],
                     mine.hex()[:16],
                 )
+                self.flagged.append(i)
                 return i
             if any(first <= s < first + n for s in self.overruled_steps):
+                self.flagged.append(i)
                 return i
         return None
+
+    def signed_off(self) -> bool:
+        """True only when every interval of the job was audited, none was found wrong and none
+        is waiting for withheld artifacts."""
+        return self.verified == self.ctx.n_intervals and not self.withheld and not self.flagged
 
     def _sampled(self, i: int) -> bool:
         if self.sample >= 1.0:

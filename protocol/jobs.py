@@ -21,6 +21,9 @@ class Terms:
     challenger_bond: int = 5 * 10**17
     challenge_window: int = 3600
     clock: int = 1800
+    posting_period: int = 86_400
+    """Seconds the trainer has per interval after accepting (interval i is due by
+    acceptedAt + (i + 1) * posting_period); once one is overdue the client may reclaim the job."""
 
 
 @dataclass
@@ -81,13 +84,14 @@ class JobContext:
             terms.challenger_bond,
             terms.challenge_window,
             terms.clock,
+            terms.posting_period,
         )
 
     def check_onchain(self, params: tuple) -> None:
         """Raise when the chain's job does not commit to this spec (wrong spec file or job id)."""
         from protocol.chain import ChainError
 
-        mine = self.params(params[0], Terms(0, params[11], params[12], params[13], params[14]))
+        mine = self.params(params[0], Terms(0, params[11], params[12], params[13], params[14], params[15]))
         names = [
             "trainer",
             "specHash",

@@ -389,6 +389,7 @@ class JobConfig:
     challenger_bond: int = 10**17
     challenge_window: int = 1_000
     clock: int = 500
+    posting_period: int = 10_000
     n_samples: int = 100
     data_seed: bytes = hashlib.sha256(b"seed").digest()
     data_root: bytes = hashlib.sha256(b"dataset").digest()
@@ -564,7 +565,7 @@ class Run:
         return (
             trainer, c.spec_hash, c.data_root, c.data_seed, c.n_samples, self.graph.root,
             self.graph.n_ops, c.n_slots, self.registered_init_root, c.n_steps, c.interval_length,
-            c.trainer_stake, c.challenger_bond, c.challenge_window, c.clock,
+            c.trainer_stake, c.challenger_bond, c.challenge_window, c.clock, c.posting_period,
         )
 
 

@@ -19,7 +19,7 @@ def params_with(run: H.Run, trainer_addr: str, **changes: object) -> tuple:
     names = [
         "trainer", "specHash", "dataRoot", "dataSeed", "nSamples", "graphRoot", "nOps", "nSlots",
         "initialStateRoot", "nSteps", "intervalLength", "trainerStake", "challengerBond",
-        "challengeWindow", "clock",
+        "challengeWindow", "clock", "postingPeriod",
     ]
     p = dict(zip(names, run.job_params(trainer_addr), strict=True))
     p.update(changes)

@@ -28,6 +28,9 @@ interface IJobRegistry {
     event IntervalPosted(
         JobId indexed job, uint64 indexed index, bytes32 root, uint64 firstStep, uint64 size, uint256 windowEnd
     );
+    /// @notice Emitted when the client reclaims a job whose interval `overdue` was not posted in time.
+    /// @param refund Credited to the client (its payment + the trainer's stake).
+    event JobReclaimed(JobId indexed job, uint64 overdue, uint256 refund);
     /// @notice Emitted when a job is finalized and the trainer credited.
     event JobFinalized(JobId indexed job, uint256 payout);
     /// @notice Emitted when a challenger wins the first game of a job.
@@ -49,7 +52,7 @@ interface IJobRegistry {
 
     /// @notice Creates a job; `msg.value` is the payment held in escrow.
     /// @dev Reverts with `InvalidJobParam` when trainer is zero, nOps/nSteps/intervalLength/
-    ///      nSamples/challengeWindow/clock is zero, or nSlots is not in 1..1024.
+    ///      nSamples/challengeWindow/clock/postingPeriod/challengerBond is zero, or nSlots is not in 1..1024.
     /// @param params The job's immutable parameters.
     /// @return job The new job's id (ids start at 1).
     function createJob(JobParams calldata params) external payable returns (JobId job);
@@ -75,6 +78,14 @@ interface IJobRegistry {
     ///         window has passed and that has no open game: the trainer is credited payment + stake.
     /// @param job The job.
     function finalize(JobId job) external;
+
+    /// @notice The client reclaims an Active job whose next interval is overdue (not posted by
+    ///         `postingDeadline`): the job becomes Fraudulent and the client is credited its
+    ///         payment + the trainer's stake; open games on the job close with their bonds refunded.
+    /// @dev Reverts with `Unauthorized` (not the client), `WrongJobStatus` (not Active) and
+    ///      `PostingNotOverdue` (every interval posted, or the deadline not passed).
+    /// @param job The job.
+    function reclaimJob(JobId job) external;
 
     /// @notice Sends the caller everything it is owed.
     /// @dev Checks-effects-interactions: the credit is zeroed before the transfer; reverts with
@@ -157,6 +168,12 @@ interface IJobRegistry {
     /// @param job The job.
     /// @param index The interval.
     function windowEnd(JobId job, uint64 index) external view returns (uint256);
+
+    /// @notice Last second at which interval `index` may be posted before the client can reclaim the
+    ///         job: acceptedAt + (index + 1) * postingPeriod (0 before acceptance).
+    /// @param job The job.
+    /// @param index The interval.
+    function postingDeadline(JobId job, uint64 index) external view returns (uint256);
 
     /// @notice Wei held for the job (see the solvency invariant).
     /// @param job The job.

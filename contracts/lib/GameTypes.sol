@@ -14,7 +14,8 @@ type GameId is uint64;
 
 /// @notice Life cycle of a job.
 /// @dev None -> Open (created, paid) -> Active (trainer staked) -> Finalized | Fraudulent;
-///      Open -> Cancelled (client refunded before the trainer accepted).
+///      Open -> Cancelled (client refunded before the trainer accepted). Fraudulent also ends a
+///      job the client reclaimed because an interval was overdue (`reclaimJob`).
 enum JobStatus {
     None,
     Open,
@@ -87,6 +88,9 @@ enum Ruling {
 /// @param challengerBond Exact value a challenger locks per game.
 /// @param challengeWindow Seconds after an interval is posted during which it can be challenged.
 /// @param clock Seconds on each party's chess clock per game.
+/// @param postingPeriod Seconds the trainer has per interval: interval i is due by
+///        acceptedAt + (i + 1) * postingPeriod; once the next one is overdue the client may
+///        reclaim the job (payment and stake to the client).
 struct JobParams {
     address trainer;
     bytes32 specHash;
@@ -103,6 +107,7 @@ struct JobParams {
     uint128 challengerBond;
     uint64 challengeWindow;
     uint64 clock;
+    uint64 postingPeriod;
 }
 
 /// @notice A job's registry record.
@@ -249,6 +254,10 @@ error GamesOpen(JobId job, uint32 openGames);
 error NothingOwed(address account);
 /// @notice Thrown when a payout transfer fails (the credit is kept).
 error TransferFailed(address to, uint256 amount);
+/// @notice Thrown when a job is reclaimed while its next interval is not yet overdue (or all are posted).
+/// @param index The next interval to post (nIntervals when all are posted).
+/// @param deadline Last second at which interval `index` may be posted before the job can be reclaimed.
+error PostingNotOverdue(JobId job, uint64 index, uint256 deadline, uint256 now_);
 /// @notice Thrown when the dispute game is already set or is the zero address.
 error GameAlreadySet(address game);
 
