@@ -44,6 +44,7 @@ contract ReentrantCaller {
         }
     }
 
+    /// @notice Takes a payout and, when armed, re-enters the target with the stored call.
     receive() external payable {
         received += msg.value;
         address target = reentryTarget;
