@@ -61,11 +61,15 @@ def main(verbose: int) -> None:
 def demo(rpc: str | None, model: str, cheat: str | None) -> None:
     """Deploy the contracts, then run three jobs: honest (finalizes), cheating (auditor wins),
     and a false challenge (trainer wins). With --rpc the agents run as separate processes."""
+    import torch
     from rich.table import Table
 
     from protocol.demo import DEFAULT_CHEAT, run_demo
     from vtrain.errors import VtrainError
 
+    # The demo's tensors are tiny: torch's intra-op threads only contend with each other (and with
+    # the chain), making a small FP64 matmul up to 100x slower on a busy machine.
+    torch.set_num_threads(1)
     t0 = time.perf_counter()
     cheat = cheat or DEFAULT_CHEAT[model]
     try:  # both paths check the cheat against the model before deploying anything
