@@ -188,6 +188,29 @@ def test_cheat_on_softmax_times_values_is_caught_there_too(world, ctx) -> None:
     assert trainer.status() == "fraudulent"
 
 
+@pytest.fixture
+def fresh_world():
+    """A new chain per test: eth-tester's log queries slow down as one chain grows."""
+    chain = Chain.connect(None)
+    a = chain.accounts()
+    proto = deploy(chain, a[0])
+    accounts = {"client": a[1], "trainer": a[2], "auditor": a[3], "false_challenger": a[4]}
+    with tempfile.TemporaryDirectory() as d:
+        yield proto, ArtifactStore(d), accounts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cheat", sorted(set(CHEATS) - {"tamper-attention"}))
+def test_every_other_cheat_on_the_gpt_job_loses_to_the_auditor(fresh_world, cheat: str) -> None:
+    """The MLP's cheats on the GPT (measured: poison-sample lands on DATA, wrong-lr on MUL_S,
+    abuse-log and forge-explicit on the embedding MATMUL, all adjudicated; skip-step and
+    tamper-weight on an OUTPUT the trainer cannot bind, lost on time)."""
+    r, lines = _run(fresh_world, f"gpt cheat {cheat}", cheat=cheat)
+    assert r.verdict == "challenger won", lines
+    assert r.ruling in ("adjudicated", "timeout"), lines
+    assert r.bonds == "trainer -2.00, auditor +2.00"
+
+
 # -- honest trainer, false challenger ---------------------------------------------------------------
 
 
