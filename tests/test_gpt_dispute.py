@@ -274,3 +274,14 @@ def test_the_gpt_demo_has_no_reduction_beyond_one_transaction(ctx) -> None:
     longest = max(g.ops[o.inputs[0]].shape[-1] for o in g.ops if o.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN))
     assert 0 < longest <= ONE_TX_TERMS
 
+
+
+def test_demo_command_offers_the_gpt_and_refuses_a_cheat_the_model_cannot_play() -> None:
+    from click.testing import CliRunner
+
+    from protocol.cli import main
+
+    runner = CliRunner()
+    assert "[mlp|gpt]" in runner.invoke(main, ["demo", "--help"]).output
+    r = runner.invoke(main, ["demo", "--model", "mlp", "--cheat", "tamper-attention"])
+    assert r.exit_code == 1 and "model 'mlp' has no attention" in r.output, r.output
