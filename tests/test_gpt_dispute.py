@@ -10,9 +10,9 @@ contract's rule in Python) stands the honest value of real elements: EXP/LOG/TAN
 fail until transcendental adjudication lands (strict xfail: the day it lands they XPASS, which
 fails the run, and the marks are to be removed).
 
-CPU time (one torch thread, imports aside): honest ~1 s, attention cheat ~7 s, false challenger
-~2-5 s (eth-tester's log queries grow with the chain), op-kind walk ~1 s; the ``values`` variant of
-the cheat (~8 s) is marked slow. Wall time is several times that on a busy shared machine.
+Default tests: ~16 s CPU in all with imports (attention cheat ~7 s, false challenger ~2 s on a
+fresh chain, honest ~1 s, op-kind walk ~1 s); wall time more on a busy machine. The ``values``
+variant of the cheat (~8 s) and the other cheats on the GPT (~10 s each) are marked slow.
 """
 
 from __future__ import annotations
@@ -221,8 +221,8 @@ def test_honest_gpt_job_finalizes_and_pays_the_trainer(world) -> None:
     assert r.bonds == "client -1.00, trainer +1.00"
 
 
-def test_false_challenger_on_the_gpt_job_loses_its_bond(world) -> None:
-    r, lines = _run(world, "gpt false challenger", false=True)
+def test_false_challenger_on_the_gpt_job_loses_its_bond(fresh_world) -> None:
+    r, lines = _run(fresh_world, "gpt false challenger", false=True)
     assert r.verdict == "trainer won", lines
     assert r.final_status == "finalized"
     assert r.bonds == "client -1.00, trainer +1.50, false_challenger -0.50"
