@@ -76,6 +76,7 @@ def run_scenario(
     chain = proto.chain
     ctx = JobContext.of(spec)
     balances0 = {k: chain.w3.eth.get_balance(a) for k, a in accounts.items()}
+    first_block = int(chain.w3.eth.block_number)
     job = create_job(proto, accounts["client"], accounts["trainer"], ctx, terms)
     say(
         f"[bold]{name}[/]: job {job} ({spec.model}, {spec.steps} steps, K={spec.interval}, "
@@ -109,7 +110,9 @@ def run_scenario(
                 chain.advance_time(terms.clock + 1)
         v = auditor.player.view(gid)
         winner = {STATUS_TRAINER_WON: "trainer", STATUS_CHALLENGER_WON: "challenger"}.get(v.status, "unresolved")
-        resolved = proto.game.events.GameResolved.get_logs(from_block=0, argument_filters={"game": gid})
+        resolved = proto.game.events.GameResolved.get_logs(
+            from_block=first_block, argument_filters={"game": gid}
+        )
         ruling = RULINGS[int(resolved[-1]["args"]["ruling"])] if resolved else "-"
         moves = trainer.player.stats.moves.get(gid, 0) + auditor.player.stats.moves.get(gid, 0)
         gas = trainer.player.stats.gas.get(gid, 0) + auditor.player.stats.gas.get(gid, 0)
