@@ -285,3 +285,26 @@ def test_demo_command_offers_the_gpt_and_refuses_a_cheat_the_model_cannot_play()
     assert "[mlp|gpt]" in runner.invoke(main, ["demo", "--help"]).output
     r = runner.invoke(main, ["demo", "--model", "mlp", "--cheat", "tamper-attention"])
     assert r.exit_code == 1 and "model 'mlp' has no attention" in r.output, r.output
+
+
+@pytest.mark.node
+@pytest.mark.slow
+def test_attention_cheat_through_agent_processes_on_anvil(tmp_path) -> None:
+    """`vtrain demo --rpc URL --model gpt`'s cheating scenario: trainer and auditor as separate
+    processes on anvil (~35 s wall)."""
+    import nodes
+    from protocol.multiproc import ProcessDemo
+
+    lines: list[str] = []
+    with nodes.start_anvil() as node:
+        demo = ProcessDemo.setup(node.url, tmp_path, lines.append, model="gpt")
+        assert demo.ctx.spec.model == "gpt"
+        sc = demo.scenario("cheating trainer", "tamper-attention", False, lines.append, timeout=400)
+        res = sc.run()
+        assert (res.verdict, res.ruling, res.final_status) == ("challenger won", "adjudicated", "fraudulent"), lines
+        cheat = TamperAttention.of(SPEC, CHEAT_STEP)
+        (gid,) = sc.games()
+        (opened,) = demo.proto.game.events.OpOpened.get_logs(from_block=0, argument_filters={"game": gid})
+        (picked,) = demo.proto.game.events.ElementPicked.get_logs(from_block=0, argument_filters={"game": gid})
+        assert (int(opened["args"]["op"]), int(picked["args"]["index"])) == (cheat.op, cheat.element)
+        assert "auditor +2.00" in res.bonds and "trainer -2.00" in res.bonds
