@@ -180,7 +180,7 @@ class TamperAttention(Cheat):
     The default element of the scores, ``[0, 0, 1, 0]`` (batch 0, head 0, query 1, key 0), is
     below the causal mask's diagonal and in a row with two unmasked keys, so the edit moves the
     softmax and hence the new state: row 0 alone would not (its softmax is exactly 1 whatever the
-    score), nor would a masked element (``score - 1e9`` rounds to the same value)."""
+    score), nor would a masked element (``score + -1e9`` rounds to -1e9 either way)."""
 
     step: int
     op: int

@@ -6,6 +6,7 @@ stay under the 16,777,216 per-transaction cap.
 
     .venv/bin/python scripts/bench_gas.py            # all tables
     .venv/bin/python scripts/bench_gas.py adjudicator
+    .venv/bin/python scripts/bench_gas.py gpt gpt-disputes   # the demo GPT: per op kind, whole disputes
 
 Each table is a function returning rows, so other parts (game figures) can be added beside it.
 """
