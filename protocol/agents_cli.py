@@ -45,7 +45,8 @@ EXIT_TIMEOUT = 3
 JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
 _DONE = ("finalized", "fraudulent", "cancelled")
 #: protocol.cheats.CHEATS' names (not imported here: that pulls in torch, and `--help` stays quick).
-CHEAT_NAMES = ("abuse-log", "forge-explicit", "poison-sample", "skip-step", "tamper-weight", "wrong-lr")
+CHEAT_NAMES = ("abuse-log", "forge-explicit", "poison-sample", "skip-step", "tamper-attention", "tamper-weight",
+               "wrong-lr")
 
 
 # -- shared plumbing --------------------------------------------------------------------------------

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from vtrain.errors import GraphError
 from vtrain.executor import StepLog, StepResult
-from vtrain.graph import OpKind, OpNode, bits_f32
+from vtrain.graph import Graph, OpKind, OpNode, bits_f32
 from vtrain.numerics import Code, OpLog
+from vtrain.spec import TrainSpec, build_job
 from vtrain.train import Cheat
 
 
@@ -142,6 +144,83 @@ class ForgeExplicit(_LogCheat):
         log.sparse[op] = OpLog(np.array([self.element]), np.array([Code.EXPLICIT], np.uint8), value)
 
 
+ATTENTION_TARGETS = ("scores", "values")
+"""The attention MATMULs :class:`TamperAttention` can hit: ``scores`` = ``q @ k^T`` (before the
+1/sqrt(hs) scale and the mask), ``values`` = ``softmax(scores) @ v``."""
+
+
+def attention_matmuls(graph: Graph) -> list[tuple[int, int]]:
+    """Per transformer layer, the op ids of its two attention MATMULs ``(scores, values)``.
+
+    The forward pass (ops before the loss) holds exactly two rank-4 ``[B, H, T, *]`` MATMULs per
+    layer, in this order: ``q @ k^T``, whose output is scaled by ``1/sqrt(hs)`` (MUL_S), then
+    ``att @ v``, whose first input is the softmax's output (a DIV). Both are checked, so a change
+    of the model that breaks this reading fails loudly here rather than tampering another op."""
+    fwd = [o for o in graph.ops[: graph.loss_op] if o.kind == OpKind.MATMUL and len(o.shape) == 4]
+    if len(fwd) % 2:
+        raise GraphError(f"attention: expected two rank-4 MATMULs per layer, found {len(fwd)}")
+    users: dict[int, set[OpKind]] = {}
+    for o in graph.ops:
+        for i in o.inputs:
+            users.setdefault(i, set()).add(o.kind)
+    layers = []
+    for scores, values in zip(fwd[0::2], fwd[1::2], strict=True):
+        if OpKind.MUL_S not in users.get(scores.id, set()) or graph.ops[values.inputs[0]].kind != OpKind.DIV:
+            raise GraphError(f"attention: ops {scores.id}, {values.id} are not q@k^T and softmax@v")
+        layers.append((scores.id, values.id))
+    return layers
+
+
+@dataclass
+class TamperAttention(Cheat):
+    """Adds ``delta`` to one element of one attention MATMUL's output at step ``step`` (the trace
+    keeps the tampered value, so the dispute lands on that op and element; MATMUL is adjudicated
+    on-chain today). ``op`` is the graph id of the MATMUL; :meth:`of` finds it in a GPT spec.
+
+    The default element of the scores, ``[0, 0, 1, 0]`` (batch 0, head 0, query 1, key 0), is
+    below the causal mask's diagonal and in a row with two unmasked keys, so the edit moves the
+    softmax and hence the new state: row 0 alone would not (its softmax is exactly 1 whatever the
+    score), nor would a masked element (``score + -1e9`` rounds to -1e9 either way)."""
+
+    step: int
+    op: int
+    element: int
+    delta: float = 0.5
+
+    @staticmethod
+    def of(spec: TrainSpec, step: int, target: str = "scores", layer: int = 0, element: int | None = None,
+           delta: float = 0.5) -> TamperAttention:
+        """The cheat on ``target`` (one of :data:`ATTENTION_TARGETS`) of transformer ``layer``."""
+        if spec.model != "gpt":
+            raise GraphError(f"tamper-attention: model {spec.model!r} has no attention (use --model gpt)")
+        if target not in ATTENTION_TARGETS:
+            raise GraphError(f"tamper-attention: target {target!r} is not one of {ATTENTION_TARGETS}")
+        graph = build_job(spec).graph
+        layers = attention_matmuls(graph)
+        if not 0 <= layer < len(layers):
+            raise GraphError(f"tamper-attention: layer {layer} not in [0, {len(layers)})")
+        op = layers[layer][ATTENTION_TARGETS.index(target)]
+        shape = graph.ops[op].shape
+        if element is None:
+            element = shape[-1] if target == "scores" else 0  # scores: query 1, key 0 (see above)
+        if not 0 <= element < graph.ops[op].numel:
+            raise GraphError(f"tamper-attention: element {element} outside op {op} of shape {shape}")
+        return TamperAttention(step, op, element, delta)
+
+    def op_hook(self, step: int):
+        if step != self.step:
+            return None
+
+        def hook(op: OpNode, ins, out: torch.Tensor, log: StepLog) -> torch.Tensor:
+            if op.id != self.op:
+                return out
+            flat = out.reshape(-1).clone()
+            flat[self.element] += self.delta
+            return flat.reshape(out.shape)
+
+        return hook
+
+
 CHEATS = {
     "tamper-weight": lambda spec, s: TamperWeight(s),
     "poison-sample": lambda spec, s: PoisonSample(s),
@@ -149,5 +228,6 @@ CHEATS = {
     "wrong-lr": lambda spec, s: WrongLearningRate(s, spec.optimizer.lr),
     "abuse-log": lambda spec, s: AbuseLog(s),
     "forge-explicit": lambda spec, s: ForgeExplicit(s),
+    "tamper-attention": lambda spec, s: TamperAttention.of(spec, s),
 }
 """Cheating modes by name (``vtrain demo --cheat NAME``)."""

@@ -17,7 +17,15 @@ from rich.logging import RichHandler
 from protocol.agents_cli import AGENT_COMMANDS
 from vtrain.cli import COMMANDS as VTRAIN_COMMANDS
 
-CHEAT_NAMES = ("tamper-weight", "poison-sample", "skip-step", "wrong-lr", "abuse-log", "forge-explicit")
+CHEAT_NAMES = (
+    "tamper-weight",
+    "poison-sample",
+    "skip-step",
+    "wrong-lr",
+    "abuse-log",
+    "forge-explicit",
+    "tamper-attention",
+)
 
 log = logging.getLogger("vtrain")
 console = Console(width=None if Console().is_terminal else 120)
@@ -39,28 +47,32 @@ def main(verbose: int) -> None:
 @click.option("--rpc", metavar="URL", default=None, help="JSON-RPC node (default: the embedded eth-tester chain).")
 @click.option(
     "--model",
-    type=click.Choice(["mlp"]),
+    type=click.Choice(["mlp", "gpt"]),
     default="mlp",
     show_default=True,
-    help="Model of the demo jobs (the GPT becomes adjudicable with the transcendental-ops issue).",
+    help="Model of the demo jobs: the MLP, or the character-level GPT (1 layer, 2 heads).",
 )
 @click.option(
     "--cheat",
     type=click.Choice(sorted(CHEAT_NAMES)),
-    default="abuse-log",
-    show_default=True,
-    help="How the cheating trainer cheats.",
+    default=None,
+    help="How the cheating trainer cheats. [default: abuse-log for mlp, tamper-attention for gpt]",
 )
-def demo(rpc: str | None, model: str, cheat: str) -> None:
+def demo(rpc: str | None, model: str, cheat: str | None) -> None:
     """Deploy the contracts, then run three jobs: honest (finalizes), cheating (auditor wins),
     and a false challenge (trainer wins). With --rpc the agents run as separate processes."""
+    import torch
     from rich.table import Table
 
-    from protocol.demo import run_demo
+    from protocol.demo import DEFAULT_CHEAT, run_demo
     from vtrain.errors import VtrainError
 
+    # The demo's tensors are tiny: torch's intra-op threads only contend with each other (and with
+    # the chain), making a small FP64 matmul up to 100x slower on a busy machine.
+    torch.set_num_threads(1)
     t0 = time.perf_counter()
-    try:
+    cheat = cheat or DEFAULT_CHEAT[model]
+    try:  # both paths check the cheat against the model before deploying anything
         if rpc is None:
             results = run_demo(rpc, console.print, model=model, cheat=cheat)
         else:  # a real node: trainer and auditor run as separate OS processes

@@ -18,6 +18,7 @@ from protocol.deploy import Protocol, deploy
 from protocol.game import (
     PHASE_ELEMENT,
     PHASE_NAMES,
+    PHASE_ONE_STEP,
     PHASE_TRACE,
     STATUS_CHALLENGER_WON,
     STATUS_IN_PROGRESS,
@@ -26,6 +27,7 @@ from protocol.game import (
 from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactStore
 from protocol.trainer import TrainerAgent
+from vtrain.errors import VtrainError
 from vtrain.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ def run_scenario(
     chain = proto.chain
     ctx = JobContext.of(spec)
     balances0 = {k: chain.w3.eth.get_balance(a) for k, a in accounts.items()}
+    first_block = int(chain.w3.eth.block_number)
     job = create_job(proto, accounts["client"], accounts["trainer"], ctx, terms)
     say(
         f"[bold]{name}[/]: job {job} ({spec.model}, {spec.steps} steps, K={spec.interval}, "
@@ -107,7 +110,9 @@ def run_scenario(
                 chain.advance_time(terms.clock + 1)
         v = auditor.player.view(gid)
         winner = {STATUS_TRAINER_WON: "trainer", STATUS_CHALLENGER_WON: "challenger"}.get(v.status, "unresolved")
-        resolved = proto.game.events.GameResolved.get_logs(from_block=0, argument_filters={"game": gid})
+        resolved = proto.game.events.GameResolved.get_logs(
+            from_block=first_block, argument_filters={"game": gid}
+        )
         ruling = RULINGS[int(resolved[-1]["args"]["ruling"])] if resolved else "-"
         moves = trainer.player.stats.moves.get(gid, 0) + auditor.player.stats.moves.get(gid, 0)
         gas = trainer.player.stats.gas.get(gid, 0) + auditor.player.stats.gas.get(gid, 0)
@@ -115,6 +120,7 @@ def run_scenario(
         op = last.op if last.phase >= PHASE_ELEMENT else last.lo
         where = (
             f"step {last.step}, op {op} ({ctx.job.graph.ops[op].kind.name})"
+            + (f", element {last.index}" if last.phase == PHASE_ONE_STEP else "")
             if last.phase >= PHASE_TRACE
             else f"phase {PHASE_NAMES[last.phase]}"
         )
@@ -143,9 +149,25 @@ def run_scenario(
 
 SCENARIOS = [
     ("honest trainer", None, False),
-    ("cheating trainer", "tamper-weight", False),
+    ("cheating trainer", "tamper-weight", False),  # run_demo puts its ``cheat`` here
     ("false challenger", None, True),
 ]
+
+MODELS = ("mlp", "gpt")
+DEFAULT_CHEAT = {"mlp": "abuse-log", "gpt": "tamper-attention"}
+"""The demo's cheat per model when none is given: one whose dispute the auditor wins today (the
+GPT's lands on an attention MATMUL, op and element named by :class:`protocol.cheats.TamperAttention`)."""
+
+
+def check_cheat(model: str, cheat: str) -> None:
+    """Raise a VtrainError naming the problem if ``cheat`` cannot be played on the demo's ``model``
+    (e.g. ``tamper-attention`` on the MLP), before anything is deployed or trained."""
+    if model not in MODELS:
+        raise VtrainError(f"demo: model {model!r} is not one of {MODELS}")
+    if cheat not in CHEATS:
+        raise VtrainError(f"demo: cheat {cheat!r} is not one of {sorted(CHEATS)}")
+    spec = default_spec(model)
+    CHEATS[cheat](spec, spec.interval + 2)
 
 
 def default_spec(model: str = "mlp") -> TrainSpec:
@@ -163,8 +185,12 @@ def default_spec(model: str = "mlp") -> TrainSpec:
 
 
 def run_demo(
-    rpc: str | None, say: Narrate, model: str = "mlp", cheat: str = "tamper-weight", store_dir: Path | None = None
+    rpc: str | None, say: Narrate, model: str = "mlp", cheat: str | None = None, store_dir: Path | None = None
 ) -> list[ScenarioResult]:
+    """The three scenarios (honest, cheating with ``cheat`` or the model's :data:`DEFAULT_CHEAT`,
+    false challenger) on the demo job of ``model`` ("mlp" or "gpt"), agents in this process."""
+    cheat = cheat or DEFAULT_CHEAT.get(model, "")
+    check_cheat(model, cheat)
     chain = Chain.connect(rpc)
     accts = chain.accounts()
     if len(accts) < 5:

@@ -34,7 +34,16 @@ from hexbytes import HexBytes
 
 from protocol.agents_cli import save_deployment
 from protocol.chain import Chain, ChainError
-from protocol.demo import RULINGS, SCENARIOS, Narrate, ScenarioResult, create_job, default_spec
+from protocol.demo import (
+    DEFAULT_CHEAT,
+    RULINGS,
+    SCENARIOS,
+    Narrate,
+    ScenarioResult,
+    check_cheat,
+    create_job,
+    default_spec,
+)
 from protocol.deploy import Protocol, deploy
 from protocol.game import PHASE_NAMES, STATUS_IN_PROGRESS, GameView
 from protocol.jobs import JobContext, Terms
@@ -450,11 +459,14 @@ class ProcessDemo:
                                name, cheat, false_challenge, say, timeout, **kw)
 
 
-def run_demo_processes(rpc: str, say: Narrate, cheat: str = "abuse-log", *, model: str = "mlp",
+def run_demo_processes(rpc: str, say: Narrate, cheat: str | None = None, *, model: str = "mlp",
                        timeout: float = 300.0, work_dir: Path | None = None) -> list[ScenarioResult]:
-    """The three demo scenarios (honest, cheating with ``cheat``, false challenger) on the node at
-    ``rpc``, each with the trainer and the auditor as separate processes. Raises VtrainError
-    (ChainError, AgentFailed) with the failing agent's log tail."""
+    """The three demo scenarios (honest, cheating with ``cheat`` or the model's default, false
+    challenger) on the ``model`` job ("mlp" or "gpt") on the node at ``rpc``, each with the trainer
+    and the auditor as separate processes. Raises VtrainError (ChainError, AgentFailed) with the
+    failing agent's log tail."""
+    cheat = cheat or DEFAULT_CHEAT.get(model, "")
+    check_cheat(model, cheat)
     tmp = tempfile.TemporaryDirectory(prefix="vtrain-demo-") if work_dir is None else None
     work = Path(work_dir or tmp.name)  # type: ignore[union-attr]
     try:

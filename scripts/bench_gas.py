@@ -6,6 +6,7 @@ stay under the 16,777,216 per-transaction cap.
 
     .venv/bin/python scripts/bench_gas.py            # all tables
     .venv/bin/python scripts/bench_gas.py adjudicator
+    .venv/bin/python scripts/bench_gas.py gpt gpt-disputes   # the demo GPT: per op kind, whole disputes
 
 Each table is a function returning rows, so other parts (game figures) can be added beside it.
 """
@@ -220,10 +221,98 @@ def full_disputes(cheats: tuple[str, ...] = ("abuse-log", "poison-sample", "tamp
             assert r.max_tx_gas < TX_GAS_CAP
 
 
+def _one_torch_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # tiny tensors: intra-op threads only contend
+
+
+def gpt_cases() -> list[tuple[str, BenchCase | None]]:
+    """One element of every op kind in the demo GPT's step graph, on real values (step 1 of the
+    honest job): per kind the op with the most input elements (the longest openings), its middle
+    element. ``None`` for a kind the Adjudicator does not rule: EXP/LOG/TANH (until issue 8's
+    transcendental adjudication lands: then they are measured here too) and the bind kinds."""
+    from protocol.demo import default_spec
+    from protocol.jobs import JobContext
+    from vtrain.executor import state_tensors
+    from vtrain.train import train_steps
+
+    _one_torch_thread()
+    ctx = JobContext.of(default_spec("gpt"))
+    g = ctx.job.graph
+    (o,) = train_steps(ctx.job, state_tensors(ctx.job.initial_state), 1, 1, keep_trace=True)
+    trace = o.result.trace
+    assert trace is not None
+    samples = np.ascontiguousarray(ctx.job.dataset.samples, dtype=np.float32)
+    out: list[tuple[str, BenchCase | None]] = []
+    for kind in sorted({op.kind for op in g.ops}):
+        op = max((x for x in g.ops if x.kind == kind), key=lambda x: sum(g.ops[i].numel for i in x.inputs))
+        shapes = " x ".join(str(list(sh)) for sh in g.in_shapes(op)) or "-"
+        name = f"{kind.name} op {op.id} {shapes} -> {list(op.shape)}"
+        desc = exact.OpDesc.of(ctx.graph.descriptors[op.id])
+        inputs = tuple(trace[i].detach().numpy().astype(np.float32).reshape(g.ops[i].shape) for i in op.inputs)
+        case = BenchCase(name, desc, inputs, op.numel // 2, samples if kind == K.DATA else None)
+        data = exact.DataContext(samples, SEED, STEP) if kind == K.DATA else None
+        try:
+            exact.enclosure(desc, inputs, case.index, data)
+        except exact.UnsupportedOp:
+            case = None
+        out.append((name, case))
+    return out
+
+
+def gpt_table() -> None:
+    """adjudicate() gas for one element of every op kind of the demo GPT (real shapes and values)."""
+    w3, adj = chain()
+    print("\n## adjudicate() per op kind of the demo GPT (1 layer, 2 heads, d=16, T=8, B=4; py-evm)\n")
+    print("| op kind, op id, input shapes -> output | gas (tx total) | calldata B | stands |\n|---|---:|---:|---|")
+    worst = 0
+    for name, case in gpt_cases():
+        if case is None:
+            kind = name.split()[0]
+            why = "bind (ruled at openOp)" if kind in ("INPUT", "CONST") else "unsupported"
+            print(f"| {name} | {why} | - | - |")
+            continue
+        r = measure(w3, adj, case)
+        worst = max(worst, r.gas)
+        print(f"| {name} | {r.gas:,} | {r.calldata:,} | {'yes' if r.stands else 'no'} |")
+    assert worst < TX_GAS_CAP
+
+
+def gpt_disputes(cheats: tuple[str, ...] = ("tamper-attention", "abuse-log")) -> None:
+    """Whole disputes on the demo's GPT job (8 steps, K=4, 454 ops/step): moves, total gas, largest tx."""
+    import tempfile
+
+    from protocol.chain import Chain
+    from protocol.demo import default_spec, run_scenario
+    from protocol.deploy import deploy
+    from protocol.jobs import Terms
+    from protocol.store import ArtifactStore
+
+    _one_torch_thread()
+    chain_ = Chain.connect(None)
+    a = chain_.accounts()
+    proto = deploy(chain_, a[0])
+    accounts = {"client": a[1], "trainer": a[2], "auditor": a[3], "false_challenger": a[4]}
+    print("\n## full disputes on the GPT job (embedded chain)\n")
+    print("| scenario | winner | ruling, where | moves | total gas | largest tx |\n|---|---|---|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as d:
+        store = ArtifactStore(d)
+        runs = [(f"cheat: {c}", c, False) for c in cheats] + [("false challenger", None, True)]
+        for name, cheat, false in runs:
+            lines: list[str] = []
+            r = run_scenario(proto, default_spec("gpt"), Terms(), store, accounts, name, cheat, false, lines.append)
+            where = next((ln.split("narrowed to ")[1] for ln in lines if "narrowed to " in ln), "-")
+            print(f"| {name} | {r.verdict} | {r.ruling}: {where} | {r.moves} | {r.gas:,} | {r.max_tx_gas:,} |")
+            assert r.max_tx_gas < TX_GAS_CAP
+
+
 TABLES: dict[str, Callable[[], None]] = {
     "adjudicator": lambda: print_rows("adjudicate() per op kind (py-evm, cancun)", adjudicator_table()),
     "moves": game_moves,
     "disputes": full_disputes,
+    "gpt": gpt_table,
+    "gpt-disputes": gpt_disputes,
 }
 
 
