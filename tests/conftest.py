@@ -11,6 +11,18 @@ from web3 import Web3
 import nodes
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> Iterator[None]:
+    """The suite's tensors are tiny: torch's thread pool costs more than it saves (up to 100x on a
+    loaded 2-core machine). Cross-thread-count replication runs in subprocesses with their own env."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def eth_tester_w3() -> Web3:
     """A fresh in-process chain (eth-tester on py-evm), the embedded default. Pass `gas`."""
