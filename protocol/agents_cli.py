@@ -107,9 +107,32 @@ class Out:
         sys.stdout.flush()
 
 
+def clean_errors(f):
+    """Turn the project's errors (and file-system errors) escaping a command into a one-line
+    ClickException: exit status 1 and a message, never a traceback."""
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from vtrain.errors import VtrainError
+
+        try:
+            return f(*args, **kwargs)
+        except VtrainError as e:
+            raise click.ClickException(str(e)) from None
+        except OSError as e:
+            where = f" {e.filename}" if getattr(e, "filename", None) else ""
+            raise click.ClickException(f"{e.strerror or e}{where}") from None
+
+    return wrapper
+
+
 def rpc_options(f):
-    f = click.option("--rpc-retries", type=click.IntRange(0, 20), default=5, show_default=True,
-                     help="Retries (with backoff) of a failed request before giving up.")(f)
+    f = click.option("--rpc-deadline", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
+                     help="Seconds one request may spend retrying an unreachable node before giving up.")(f)
+    f = click.option("--rpc-retries", type=click.IntRange(0, 50), default=8, show_default=True,
+                     help="Retries (exponential backoff with jitter, at most 5 s apart) of a request that "
+                          "could not reach the node.")(f)
     f = click.option("--deployment", "deployment_path", required=True,
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="deployment.json written by `vtrain deploy` (contract addresses, chain id).")(f)
@@ -143,7 +166,7 @@ def load_spec(path: Path):
         raise click.ClickException(f"spec file {path}: {e}") from None
 
 
-def connect(rpc: str, deployment_path: Path, retries: int):
+def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.0):
     """Chain and attached protocol, or a ClickException saying what is wrong."""
     from web3 import Web3
 
@@ -153,7 +176,10 @@ def connect(rpc: str, deployment_path: Path, retries: int):
     if not rpc.startswith(("http://", "https://")):
         raise click.ClickException(f"--rpc: expected an http(s):// URL, got {rpc!r}")
     try:
-        chain = Chain(Web3(Web3.HTTPProvider(rpc, request_kwargs={"timeout": 30})), rpc, retries=retries)
+        chain = Chain.http(rpc, 30, retries=retries, deadline=deadline)
+    except ChainError as e:
+        raise click.ClickException(f"--rpc: {e}") from None
+    try:
         chain.accounts()
     except ChainError as e:
         raise click.ClickException(f"cannot use the JSON-RPC node at {rpc}: {e}") from None
@@ -333,8 +359,9 @@ def client() -> None:
               help="Seconds per interval. [default: 3600]")
 @click.option("--clock", type=click.IntRange(min=1), default=None,
               help="Chess clock per party, seconds. [default: 1800]")
-def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, spec_path: Path, account_index: int,
-                   trainer_index: int, trainer_addr: str | None, **terms_opts: int | None) -> None:
+@clean_errors
+def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, spec_path: Path,
+                   account_index: int, trainer_index: int, trainer_addr: str | None, **terms_opts: int | None) -> None:
     """Create (and pay for) a job training SPEC; prints {"job": ID, ...}."""
     from web3 import Web3
 
@@ -343,7 +370,7 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, spec_path:
     from vtrain.errors import VtrainError
 
     spec = load_spec(spec_path)
-    chain, proto = connect(rpc, deployment_path, rpc_retries)
+    chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
     client_acct = account(chain, account_index, "--account-index")
     if trainer_addr is not None:
         if not Web3.is_address(trainer_addr):
@@ -379,8 +406,9 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, spec_path:
 @click.option("--serve-store", "serve_port", type=click.IntRange(0, 65535), default=None,
               help="Serve the store read-only over HTTP on 127.0.0.1:PORT (0: any free port).")
 @agent_options
-def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, spec_path: Path, store_dir: Path,
-                cheat: str | None, cheat_step: int | None, account_index: int, serve_port: int | None,
+@clean_errors
+def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, job_id: int, spec_path: Path,
+                store_dir: Path, cheat: str | None, cheat_step: int | None, account_index: int, serve_port: int | None,
                 timeout: float, poll: float, events: bool) -> None:
     """Train JOB and post its intervals, defend every game, finalize and withdraw."""
     from protocol.cheats import CHEATS
@@ -392,7 +420,7 @@ def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
     out = Out.make("trainer", job_id, events)
     deadline = _deadline(timeout)
     spec = load_spec(spec_path)
-    chain, proto = connect(rpc, deployment_path, rpc_retries)
+    chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
     me = account(chain, account_index, "--account-index")
     check_job_exists(proto, job_id)  # before the spec's graph and dataset are built (seconds)
     trainer = proto.chain.call(proto.registry.functions.jobParams(job_id))[0]
@@ -497,8 +525,10 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
               help="Challenge interval 0 without cause, once, and play blindly (demo).")
 @click.option("--account-index", type=int, default=3, show_default=True, help="The auditor's unlocked account.")
 @agent_options
-def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, spec_path: Path, store_url: str,
-                false_challenger: bool, account_index: int, timeout: float, poll: float, events: bool) -> None:
+@clean_errors
+def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, job_id: int, spec_path: Path,
+                store_url: str, false_challenger: bool, account_index: int,
+                timeout: float, poll: float, events: bool) -> None:
     """Audit JOB: replay each posted interval, challenge a mismatch, play the game, withdraw."""
     from protocol.auditor import AuditorAgent
     from protocol.jobs import JobContext
@@ -512,7 +542,7 @@ def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
         reader = caching_reader(HttpArtifactReader(store_url))
     except ValueError as e:
         raise click.ClickException(f"--store-url: {e}") from None
-    chain, proto = connect(rpc, deployment_path, rpc_retries)
+    chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
     me = account(chain, account_index, "--account-index")
     check_job_exists(proto, job_id)
     ctx = JobContext.of(spec)
