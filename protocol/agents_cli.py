@@ -437,6 +437,10 @@ def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline:
         raise click.ClickException(f"--store {store_dir}: {e}") from None
     agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj)
     guard_moves(agent)
+    repaired = agent.repair()  # a restart after a crash or disk damage: never serve a bad artifact
+    if repaired:
+        out.say(f"[yellow]regenerated damaged artifacts of interval(s) {repaired}[/]")
+        out.event("repaired", intervals=repaired)
     server = None
     if serve_port is not None:
         try:
@@ -573,7 +577,7 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
     from protocol.game import STATUS_CHALLENGER_WON, STATUS_CLOSED, STATUS_IN_PROGRESS, STATUS_TRAINER_WON, Move
     from protocol.jobs import Terms
     from protocol.store import ArtifactUnavailable
-    from vtrain.errors import MissingArtifact
+    from vtrain.errors import CorruptArtifact, MissingArtifact
 
     proto, chain, job = agent.proto, agent.proto.chain, agent.job_id
     bond = int(chain.call(proto.registry.functions.jobParams(job))[12])
@@ -625,8 +629,8 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
                     sent = True
                 elif bad is not None:
                     out.say(f"interval {bad} does not replay; in game(s) {agent.disputed} already")
-        except (ArtifactUnavailable, MissingArtifact) as e:
-            out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
+        except (ArtifactUnavailable, MissingArtifact, CorruptArtifact) as e:
+            _unreadable(out, e)
             # Not idle while deciding whether to challenge; once in a game, the game decides.
             blocked = not agent.disputed
         if agent.disputed:
@@ -634,8 +638,8 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
                 moved, waiting = _play(agent)
                 sent = moved or sent
                 blocked = blocked or waiting
-            except (ArtifactUnavailable, MissingArtifact) as e:
-                out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
+            except (ArtifactUnavailable, MissingArtifact, CorruptArtifact) as e:
+                _unreadable(out, e)
                 blocked = True
         if status == "fraudulent":  # proven in another game: close ours to get the bond back
             for g in agent.disputed:
@@ -659,6 +663,19 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
             idle(block)
         if not sent:
             time.sleep(poll)
+
+
+def _unreadable(out: Out, e: Exception) -> None:
+    """Report an artifact the auditor cannot use: it neither challenges nor signs off on it, and
+    asks again on the next pass (a correct copy is then accepted)."""
+    from vtrain.errors import CorruptArtifact
+
+    if isinstance(e, CorruptArtifact):
+        log.warning("rejected a corrupt artifact of the trainer: %s", e)
+        out.say(f"[red]trainer's artifact rejected as corrupt[/] (not used; will fetch it again): {e}")
+        out.event("corrupt_artifact", error=str(e))
+    else:
+        out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
 
 
 def _play(agent) -> tuple[bool, bool]:
@@ -688,15 +705,17 @@ def _play(agent) -> tuple[bool, bool]:
 
 
 def caching_reader(inner):
-    """``inner`` (an ArtifactReader) keeping every artifact it has read, still verified on each
-    use: the auditor plays on with what it audited when the trainer's store goes away. (The class
-    is made here so that importing this module stays light.)"""
+    """``inner`` (an ArtifactReader) keeping every artifact it has read and verified: the auditor
+    plays on with what it audited when the trainer's store goes away. Only verified artifacts are
+    kept: a corrupt or truncated one raises CorruptArtifact (naming it and its expected hash) and
+    is fetched again on the next use, so a correct copy, once served, is accepted. (The class is
+    made here so that importing this module stays light.)"""
     from protocol.store import ArtifactReader
 
     class CachingReader(ArtifactReader):
         def __init__(self, inner: ArtifactReader) -> None:
             self.inner = inner
-            self.cache: dict[tuple[str, str], bytes] = {}
+            self.cache: dict[tuple[str, str, Any], Any] = {}
 
         def __repr__(self) -> str:
             return f"CachingReader({self.inner!r})"
@@ -705,10 +724,29 @@ def caching_reader(inner):
             return self.inner._where(job, rel)
 
         def _read(self, job: str, rel: str) -> bytes:
-            key = (job, rel)
-            if key not in self.cache:
-                self.cache[key] = self.inner._read(job, rel)
-            return self.cache[key]
+            return self.inner._read(job, rel)
+
+        def _kept(self, kind: str, job: Any, key: Any, read) -> Any:
+            k = (kind, str(job), key)
+            if k not in self.cache:
+                self.cache[k] = read()  # verified by ``inner``; nothing is kept when it raises
+            return self.cache[k]
+
+        def get_blob(self, job: Any, digest: bytes) -> bytes:
+            return self._kept("blob", job, bytes(digest), lambda: self.inner.get_blob(job, digest))
+
+        def get_step(self, job: Any, s: int) -> Any:
+            return self._kept("step", job, s, lambda: self.inner.get_step(job, s))
+
+        def get_log(self, job: Any, s: int) -> bytes:
+            return self._kept("log", job, s, lambda: self.inner.get_log(job, s))
+
+        def get_checkpoint(self, job: Any, interval: int) -> bytes:
+            return self._kept("checkpoint", job, interval, lambda: self.inner.get_checkpoint(job, interval))
+
+        def forget(self, kind: str, job: Any, key: Any) -> None:
+            """Drop one kept artifact (it decoded badly one level up: fetch it again next time)."""
+            self.cache.pop((kind, str(job), key), None)
 
     return CachingReader(inner)
 

@@ -24,7 +24,7 @@ from vtrain.executor import state_tensors
 from vtrain.graph import OpNode
 from vtrain.logfile import decode_step_log
 from vtrain.trace import StepTrace
-from vtrain.train import component_roots, replay_steps
+from vtrain.train import component_roots, replay_steps, step_log_root_of
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class AuditorAgent:
     """Steps where the trainer's log claimed a value the contract would not uphold (log abuse),
     even if the difference was absorbed before the state: still a provable lie in the trace."""
     _states: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    _committed: dict[int, dict[int, StepRecord]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.book = StepBook(self.ctx)
@@ -89,7 +90,47 @@ class AuditorAgent:
         self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
 
     def _logs(self, s: int):
-        return decode_step_log(self.reader.get_log(self.job_id, s), s, self.ctx.job.graph)
+        """Step ``s``'s rounding log as the trainer committed to it. A log that does not decode, or
+        whose root is not the log root of the trainer's step record (itself checked against the
+        posted interval root), is corrupt: CorruptArtifact, and it is fetched again next time."""
+        graph = self.ctx.job.graph
+        data = self.reader.get_log(self.job_id, s)
+        what = f"rounding log of step {s} (sha256 {hashlib.sha256(data).hexdigest()}, {len(data)} bytes)"
+        try:
+            lg = decode_step_log(data, s, graph)
+        except CorruptArtifact as e:
+            self._forget("log", s)
+            raise CorruptArtifact(f"{what}: {e}") from None
+        rec = self._committed_record(s)
+        if rec is not None and rec.log_root != bytes(32):
+            got = step_log_root_of(lg, graph)
+            if got != rec.log_root:
+                self._forget("log", s)
+                raise CorruptArtifact(f"{what}: its root {got.hex()} is not the log root {rec.log_root.hex()} "
+                                      f"the trainer committed for step {s}")
+        return lg
+
+    def _forget(self, kind: str, key: int) -> None:
+        forget = getattr(self.reader, "forget", None)
+        if forget is not None:
+            forget(kind, self.job_id, key)
+
+    def _committed_record(self, s: int) -> StepRecord | None:
+        """The trainer's record of step ``s`` if its interval's records hash to the posted root;
+        None when they do not (the replay alone then decides)."""
+        i = (s - 1) // self.ctx.spec.interval
+        if i not in self._committed:
+            first, n = self.ctx.interval_span(i)
+            posted = bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0])
+            recs = [self.reader.get_step(self.job_id, t) for t in range(first, first + n)]
+            if interval_root([r.leaf() for r in recs]) != posted:
+                log.warning("job %d: the trainer's step records of interval %d do not hash to its posted root",
+                            self.job_id, i)
+                for t in range(first, first + n):
+                    self._forget("step", t)
+                return None
+            self._committed[i] = {r.s: r for r in recs}
+        return self._committed[i].get(s)
 
     def posted(self) -> list[bytes]:
         n = int(self.proto.chain.call(self.proto.registry.functions.getJob(self.job_id))[4])
@@ -157,7 +198,13 @@ class AuditorAgent:
         """The trainer's state at the start of interval ``i``, accepted only if it is the state its
         posted interval ``i-1`` commits to."""
         first, _ = self.ctx.interval_span(i)
-        state = checkpoint_state(self.ctx, self.reader.get_checkpoint(self.job_id, i), f"checkpoint of interval {i}")
+        data = self.reader.get_checkpoint(self.job_id, i)
+        try:
+            state = checkpoint_state(self.ctx, data, f"checkpoint of interval {i} "
+                                                     f"(sha256 {hashlib.sha256(data).hexdigest()})")
+        except (CorruptArtifact, ValueError, TypeError) as e:
+            self._forget("checkpoint", i)
+            raise CorruptArtifact(str(e)) from None
         pf, pn = self.ctx.interval_span(i - 1)
         records = [self.reader.get_step(self.job_id, s) for s in range(pf, pf + pn)]
         if interval_root([r.leaf() for r in records]) != roots[i - 1]:

@@ -7,7 +7,6 @@ Fast tests use a tiny fake JSON-RPC server behind :class:`nodes.FlakyProxy`; the
 
 from __future__ import annotations
 
-import dataclasses
 import http.server
 import json
 import os
@@ -176,3 +175,141 @@ def test_lost_reply_to_a_transaction_is_not_sent_twice(anvil_url: str) -> None:
         assert chain.w3.eth.get_transaction_count(a) == nonce + 1  # exactly one transaction
         assert chain.w3.eth.get_balance(b) - bal_b == 10**15
     record("crash_restart", "lost reply to eth_sendTransaction", True)
+
+
+# -- corrupt or truncated artifacts (embedded chain, artifacts over HTTP) -----------------------------
+
+
+@pytest.fixture(scope="module")
+def posted(tmp_path_factory: pytest.TempPathFactory):
+    """An honest job, every interval posted, its artifacts in a store folder."""
+    from protocol.demo import create_job, default_spec
+    from protocol.deploy import deploy
+    from protocol.jobs import JobContext, Terms
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+
+    chain = Chain.connect(None)
+    a = chain.accounts()
+    proto = deploy(chain, a[0])
+    ctx = JobContext.of(default_spec("mlp"))
+    job = create_job(proto, a[1], a[2], ctx, Terms())
+    root = tmp_path_factory.mktemp("good")
+    trainer = TrainerAgent(proto, a[2], ctx, ArtifactStore(root), job)
+    trainer.accept(Terms())
+    while trainer.run_interval() is not None:
+        pass
+    return proto, ctx, job, root, a
+
+
+def _ref_path(store_root: Path, job: int, kind: str, n: int) -> Path:
+    ref = json.loads((store_root / str(job) / kind / f"{n}.json").read_text())
+    return store_root / str(job) / "objects" / ref["digest"][2:]
+
+
+def _other_log(ctx, step: int) -> bytes:
+    """A well-formed log of ``step`` for another seed: decodes fine, is not what was committed."""
+    from protocol.jobs import JobContext
+    from vtrain.executor import state_tensors
+    from vtrain.logfile import encode_step_log
+    from vtrain.spec import TrainSpec
+    from vtrain.train import train_steps
+
+    other = JobContext.of(TrainSpec.from_dict({**ctx.spec.to_dict(), "seed": 99}))
+    state = state_tensors(other.job.initial_state)
+    out = None
+    for o in train_steps(other.job, state, 1, step):
+        out = o
+    return encode_step_log(out.log, step, ctx.job.graph)
+
+
+def _damage(kind: str, root: Path, job: int, ctx) -> str:
+    """Damage one artifact of the store at ``root``; returns what the error must mention."""
+    from protocol.store import ArtifactStore
+
+    if kind == "truncated log":
+        p = _ref_path(root, job, "logs", 2)
+        p.write_bytes(p.read_bytes()[:-7])
+        return p.name  # the expected digest
+    if kind == "bit-flipped log":
+        p = _ref_path(root, job, "logs", 3)
+        b = bytearray(p.read_bytes())
+        b[len(b) // 2] ^= 0x10
+        p.write_bytes(bytes(b))
+        return p.name
+    if kind == "substituted log":  # index and object agree, but it is not the committed log
+        (root / str(job) / "logs" / "2.json").unlink()
+        ArtifactStore(root).put_log(job, 2, _other_log(ctx, 2))
+        return "is not the log root"
+    if kind == "garbled step record":
+        p = root / str(job) / "steps" / "1.json"
+        p.write_text(p.read_text()[:40])
+        return "steps/1.json"
+    if kind == "truncated checkpoint":
+        p = _ref_path(root, job, "checkpoints", 1)
+        p.write_bytes(p.read_bytes()[:100])
+        return p.name
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["substituted log"] + [pytest.param(k, marks=pytest.mark.slow) for k in (
+    "truncated log", "bit-flipped log", "garbled step record", "truncated checkpoint")])
+def test_auditor_rejects_a_corrupt_artifact_and_recovers_with_a_good_copy(posted, tmp_path: Path, kind: str,
+                                                                          caplog) -> None:
+    """Served over HTTP, a damaged artifact is detected and named (with its expected hash), never
+    accepted: the auditor neither signs the interval off nor challenges it. Once the server has a
+    correct copy again, the same auditor (same caching reader) verifies every interval."""
+    import shutil
+
+    from protocol.agents_cli import caching_reader
+    from protocol.auditor import AuditorAgent
+    from protocol.store import HttpArtifactReader, serve_store
+    from vtrain.errors import CorruptArtifact
+
+    proto, ctx, job, good, a = posted
+    bad = tmp_path / "store"
+    shutil.copytree(good, bad)
+    mention = _damage(kind, bad, job, ctx)
+    server, url = serve_store(bad)
+    try:
+        auditor = AuditorAgent(proto, a[3], ctx, caching_reader(HttpArtifactReader(url, retries=0)), job)
+        if kind == "truncated checkpoint":
+            auditor._sampled = lambda i: i == 1  # start interval 1 from the trainer's checkpoint
+        for _ in range(2):  # asked again: still rejected (nothing corrupt was kept)
+            with pytest.raises(CorruptArtifact) as e:
+                auditor.audit()
+            assert mention in str(e.value), str(e.value)
+        assert auditor.verified == (1 if kind == "truncated checkpoint" else 0)  # nothing signed off
+        assert auditor.disputed == []
+        shutil.rmtree(bad)
+        shutil.copytree(good, bad)  # the trainer serves a correct copy again
+        assert auditor.audit() is None  # no challenge: every interval replays to its posted root
+        assert auditor.verified == ctx.n_intervals
+    finally:
+        server.shutdown()
+        server.server_close()
+    record("crash_restart", f"corrupt artifact: {kind}", True)
+
+
+@pytest.mark.slow
+def test_trainer_repairs_its_own_damaged_store(posted, tmp_path: Path) -> None:
+    """A trainer restarted on a damaged store regenerates exactly what was committed."""
+    import shutil
+
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+
+    proto, ctx, job, good, a = posted
+    bad = tmp_path / "store"
+    shutil.copytree(good, bad)
+    _damage("truncated log", bad, job, ctx)
+    _damage("truncated checkpoint", bad, job, ctx)
+    (bad / str(job) / "steps" / "6.json").unlink()
+    store = ArtifactStore(bad)
+    trainer = TrainerAgent(proto, a[2], ctx, store, job)
+    assert trainer.repair() == [0, 1]
+    ref = ArtifactStore(good)
+    for s in range(1, ctx.spec.steps + 1):
+        assert store.get_log(job, s) == ref.get_log(job, s) and store.get_step(job, s) == ref.get_step(job, s)
+    assert store.get_checkpoint(job, 1) == ref.get_checkpoint(job, 1)
+    assert trainer.repair() == []
