@@ -140,6 +140,58 @@ def rpc_options(f):
     return f
 
 
+def key_option(f):
+    return click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        help="A file holding this party's private key (64 hex digits, 0x optional): sign "
+                             "transactions locally instead of using an unlocked account of the node.")(f)
+
+
+#: Order of secp256k1: a private key is an integer in [1, N-1].
+SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
+def read_key_file(path: Path):
+    """The account of the private key in ``path``; ClickException naming the problem (never the key)."""
+    import string
+
+    from eth_account import Account
+
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise click.ClickException(f"--key-file {path}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise click.ClickException(f"--key-file {path}: not a private key (expected 64 hex digits, got binary "
+                                   "data)") from None
+    digits = text[2:] if text[:2].lower() == "0x" else text
+    if not digits or any(c not in string.hexdigits for c in digits):
+        raise click.ClickException(f"--key-file {path}: not a private key (expected 64 hex digits, 0x optional; "
+                                   f"found non-hex characters)")
+    if len(digits) != 64:
+        raise click.ClickException(f"--key-file {path}: a private key is 32 bytes (64 hex digits), "
+                                   f"got {len(digits)} hex digits")
+    if not 0 < int(digits, 16) < SECP256K1_N:
+        raise click.ClickException(f"--key-file {path}: not a valid secp256k1 private key (zero or out of range)")
+    return Account.from_key(bytes.fromhex(digits))
+
+
+def use_key(chain, key_file: Path | None, index: int, what: str) -> str:
+    """This party's address: the key file's account (its transactions then signed locally; it must
+    hold funds) or the node's unlocked account ``index``."""
+    if key_file is None:
+        return account(chain, index, what)
+    from web3.middleware import SignAndSendRawMiddlewareBuilder
+
+    acct = read_key_file(key_file)
+    chain.w3.middleware_onion.inject(SignAndSendRawMiddlewareBuilder.build(acct), layer=0)
+    bal = int(chain._retry("eth_getBalance", lambda: chain.w3.eth.get_balance(acct.address)))
+    if bal == 0:
+        raise click.ClickException(f"--key-file {key_file}: account {acct.address} has no funds on {chain.name}")
+    return str(acct.address)
+
+
 def spec_option(f):
     return click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
                         help="The training spec (JSON) the job commits to.")(f)
@@ -155,15 +207,14 @@ def agent_options(f):
 
 
 def load_spec(path: Path):
+    """The spec file (JSON, or TOML for ``*.toml``), or a ClickException naming the problem."""
     from vtrain.errors import VtrainError
     from vtrain.spec import TrainSpec
 
     try:
-        return TrainSpec.from_json(path.read_text())
-    except OSError as e:
-        raise click.ClickException(f"spec file {path}: {e.strerror or e}") from None
+        return TrainSpec.from_file(path)
     except VtrainError as e:
-        raise click.ClickException(f"spec file {path}: {e}") from None
+        raise click.ClickException(str(e)) from None
 
 
 def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.0):
@@ -179,13 +230,16 @@ def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.
         chain = Chain.http(rpc, 30, retries=retries, deadline=deadline)
     except ChainError as e:
         raise click.ClickException(f"--rpc: {e}") from None
+    try:  # the file first: a bad one is reported without waiting for the node
+        d = Deployment.load(deployment_path)
+        abis = json.loads(deployment_path.read_text()).get("abis")
+    except ChainError as e:
+        raise click.ClickException(str(e)) from None
     try:
         chain.accounts()
     except ChainError as e:
         raise click.ClickException(f"cannot use the JSON-RPC node at {rpc}: {e}") from None
     try:
-        d = Deployment.load(deployment_path)
-        abis = json.loads(deployment_path.read_text()).get("abis")
         if isinstance(abis, dict) and all(isinstance(abis.get(n), list) for n in _CONTRACTS):
             proto = attach_with_abis(chain, d, abis)
         else:
@@ -348,6 +402,7 @@ def client() -> None:
 @client.command("create-job")
 @rpc_options
 @spec_option
+@key_option
 @click.option("--account-index", type=int, default=1, show_default=True, help="The client's unlocked account.")
 @click.option("--trainer-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
 @click.option("--trainer", "trainer_addr", default=None, metavar="ADDRESS",
@@ -361,7 +416,8 @@ def client() -> None:
               help="Chess clock per party, seconds. [default: 1800]")
 @clean_errors
 def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, spec_path: Path,
-                   account_index: int, trainer_index: int, trainer_addr: str | None, **terms_opts: int | None) -> None:
+                   key_file: Path | None, account_index: int, trainer_index: int, trainer_addr: str | None,
+                   **terms_opts: int | None) -> None:
     """Create (and pay for) a job training SPEC; prints {"job": ID, ...}."""
     from web3 import Web3
 
@@ -370,8 +426,10 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadli
     from vtrain.errors import VtrainError
 
     spec = load_spec(spec_path)
+    if key_file is not None:
+        read_key_file(key_file)  # a malformed key fails before anything is contacted
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
-    client_acct = account(chain, account_index, "--account-index")
+    client_acct = use_key(chain, key_file, account_index, "--account-index")
     if trainer_addr is not None:
         if not Web3.is_address(trainer_addr):
             raise click.ClickException(f"--trainer: {trainer_addr!r} is not an address")
@@ -398,6 +456,7 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadli
 @rpc_options
 @click.option("--job", "job_id", type=click.IntRange(min=1), required=True)
 @spec_option
+@key_option
 @click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder of the trainer's artifact store (created if missing).")
 @click.option("--cheat", type=click.Choice(CHEAT_NAMES), default=None, help="Cheat once (demo and tests).")
@@ -408,8 +467,8 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadli
 @agent_options
 @clean_errors
 def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, job_id: int, spec_path: Path,
-                store_dir: Path, cheat: str | None, cheat_step: int | None, account_index: int, serve_port: int | None,
-                timeout: float, poll: float, events: bool) -> None:
+                key_file: Path | None, store_dir: Path, cheat: str | None, cheat_step: int | None, account_index: int,
+                serve_port: int | None, timeout: float, poll: float, events: bool) -> None:
     """Train JOB and post its intervals, defend every game, finalize and withdraw."""
     from protocol.cheats import CHEATS
     from protocol.jobs import JobContext
@@ -420,12 +479,15 @@ def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline:
     out = Out.make("trainer", job_id, events)
     deadline = _deadline(timeout)
     spec = load_spec(spec_path)
+    if key_file is not None:
+        read_key_file(key_file)  # a malformed key fails before anything is contacted
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
-    me = account(chain, account_index, "--account-index")
+    me = use_key(chain, key_file, account_index, "--account-index")
     check_job_exists(proto, job_id)  # before the spec's graph and dataset are built (seconds)
     trainer = proto.chain.call(proto.registry.functions.jobParams(job_id))[0]
     if trainer.lower() != me.lower():
-        raise click.ClickException(f"account #{account_index} {me} is not the trainer of job {job_id} ({trainer})")
+        who = f"--key-file {key_file}'s account" if key_file else f"account #{account_index}"
+        raise click.ClickException(f"{who} {me} is not the trainer of job {job_id} ({trainer})")
     ctx = JobContext.of(spec)
     params = check_job(proto, job_id, ctx)
     if cheat_step is not None and cheat is None:
@@ -524,6 +586,7 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
 @rpc_options
 @click.option("--job", "job_id", type=click.IntRange(min=1), required=True)
 @spec_option
+@key_option
 @click.option("--store-url", required=True, metavar="URL", help="The trainer's artifact store, served over HTTP.")
 @click.option("--false-challenger", is_flag=True,
               help="Challenge interval 0 without cause, once, and play blindly (demo).")
@@ -531,7 +594,7 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
 @agent_options
 @clean_errors
 def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, job_id: int, spec_path: Path,
-                store_url: str, false_challenger: bool, account_index: int,
+                key_file: Path | None, store_url: str, false_challenger: bool, account_index: int,
                 timeout: float, poll: float, events: bool) -> None:
     """Audit JOB: replay each posted interval, challenge a mismatch, play the game, withdraw."""
     from protocol.auditor import AuditorAgent
@@ -542,12 +605,14 @@ def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline:
     out = Out.make("false challenger" if false_challenger else "auditor", job_id, events)
     deadline = _deadline(timeout)
     spec = load_spec(spec_path)
+    if key_file is not None:
+        read_key_file(key_file)  # a malformed key fails before anything is contacted
     try:
         reader = caching_reader(HttpArtifactReader(store_url))
     except ValueError as e:
         raise click.ClickException(f"--store-url: {e}") from None
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
-    me = account(chain, account_index, "--account-index")
+    me = use_key(chain, key_file, account_index, "--account-index")
     check_job_exists(proto, job_id)
     ctx = JobContext.of(spec)
     check_job(proto, job_id, ctx)

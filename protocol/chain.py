@@ -344,7 +344,19 @@ class Deployment:
     @staticmethod
     def load(path: Path) -> Deployment:
         try:
-            d = json.loads(Path(path).read_text())
-            return Deployment(d["registry"], d["game"], d["adjudicator"], int(d["chain_id"]))
-        except (OSError, json.JSONDecodeError, KeyError, ValueError) as e:
-            raise ChainError(f"deployment file {path}: {e}") from None
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ChainError(f"deployment file {path}: {e.strerror or e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ChainError(f"deployment file {path}: not JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ChainError(f"deployment file {path}: expected an object, got {type(d).__name__}")
+        missing = [k for k in ("registry", "game", "adjudicator", "chain_id") if k not in d]
+        if missing:
+            raise ChainError(f"deployment file {path}: missing {', '.join(missing)}")
+        for k in ("registry", "game", "adjudicator"):
+            if not isinstance(d[k], str) or not Web3.is_address(d[k]):
+                raise ChainError(f"deployment file {path}: {k}: {d[k]!r} is not an address")
+        if isinstance(d["chain_id"], bool) or not isinstance(d["chain_id"], int) or d["chain_id"] <= 0:
+            raise ChainError(f"deployment file {path}: chain_id: expected a positive integer, got {d['chain_id']!r}")
+        return Deployment(d["registry"], d["game"], d["adjudicator"], d["chain_id"])

@@ -39,6 +39,7 @@ from protocol.deploy import Protocol, deploy
 from protocol.game import PHASE_NAMES, STATUS_IN_PROGRESS, GameView
 from protocol.jobs import JobContext, Terms
 from vtrain.errors import VtrainError
+from vtrain.rundir import atomic_write
 
 #: Short terms for a dev node: the orchestrator moves the clock anyway.
 DEMO_TERMS = Terms(challenge_window=600, clock=300)
@@ -441,7 +442,7 @@ class ProcessDemo:
         save_deployment(proto, deployment_path)  # with the ABIs: agents need not compile
         spec = default_spec(model)
         spec_path = work / "spec.json"
-        spec_path.write_text(spec.to_json())
+        atomic_write(spec_path, spec.to_json().encode())
         return ProcessDemo(proto, rpc, work, deployment_path, spec_path, JobContext.of(spec))
 
     def scenario(self, name: str, cheat: str | None, false_challenge: bool, say: Narrate,
