@@ -422,3 +422,31 @@ def test_bad_spec_file_for_an_agent(agent_files, tmp_path: Path) -> None:
     spec, dep = agent_files
     spec.write_text(json.dumps({**GOOD, "batchsize": 4}))
     fails(_trainer(spec, dep, tmp_path), str(spec), "'batchsize'", code=1)
+
+
+@pytest.mark.node
+def test_key_files_on_a_node_no_funds_then_funded(agent_files, tmp_path: Path, anvil_w3) -> None:
+    """An empty account is refused up front; a funded key signs locally (the node does not know it)."""
+    from eth_account import Account
+
+    from protocol.agents_cli import save_deployment
+    from protocol.chain import Chain
+    from protocol.deploy import deploy
+
+    url = anvil_w3.provider.endpoint_uri
+    chain = Chain.connect(url)
+    save_deployment(deploy(chain, chain.accounts()[0]), tmp_path / "dep.json")
+    spec, _ = agent_files
+    acct = Account.create()
+    kf = tmp_path / "client.key"
+    kf.write_text(acct.key.hex())
+    base = ["client", "create-job", "--rpc", url, "--deployment", str(tmp_path / "dep.json"), "--spec", str(spec),
+            "--key-file", str(kf)]
+    fails(run(*base), "--key-file", acct.address, "has no funds", code=1)
+    anvil_w3.eth.send_transaction({"from": chain.accounts()[0], "to": acct.address, "value": 5 * 10**18,
+                                   "gas": 21_000})
+    r = run(*base, "--payment", "1eth")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["client"] == acct.address and acct.address not in chain.accounts()
+    assert anvil_w3.eth.get_balance(acct.address) < 4 * 10**18  # it paid the job from its own funds
