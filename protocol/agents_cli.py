@@ -588,13 +588,17 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
 @spec_option
 @key_option
 @click.option("--store-url", required=True, metavar="URL", help="The trainer's artifact store, served over HTTP.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the auditor's own progress (replayed records and states): a restart resumes "
+                   "there instead of replaying the whole job again.")
 @click.option("--false-challenger", is_flag=True,
               help="Challenge interval 0 without cause, once, and play blindly (demo).")
 @click.option("--account-index", type=int, default=3, show_default=True, help="The auditor's unlocked account.")
 @agent_options
 @clean_errors
 def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, job_id: int, spec_path: Path,
-                key_file: Path | None, store_url: str, false_challenger: bool, account_index: int,
+                key_file: Path | None, store_url: str, state_dir: Path | None, false_challenger: bool,
+                account_index: int,
                 timeout: float, poll: float, events: bool) -> None:
     """Audit JOB: replay each posted interval, challenge a mismatch, play the game, withdraw."""
     from protocol.auditor import AuditorAgent
@@ -616,7 +620,17 @@ def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline:
     check_job_exists(proto, job_id)
     ctx = JobContext.of(spec)
     check_job(proto, job_id, ctx)
-    agent = AuditorAgent(proto, me, ctx, reader, job_id, honest=not false_challenger)
+    state = None
+    if state_dir is not None:
+        from protocol.store import ArtifactStore
+
+        try:
+            state = ArtifactStore(state_dir)
+        except (OSError, VtrainError) as e:
+            raise click.ClickException(f"--state-dir {state_dir}: {e}") from None
+    agent = AuditorAgent(proto, me, ctx, reader, job_id, honest=not false_challenger, state=state)
+    if agent.verified:
+        out.say(f"resuming: intervals 0..{agent.verified - 1} audited before the restart ({state_dir})")
     guard_moves(agent)
     agent.disputed = my_games(proto, job_id, me)
     if agent.disputed:

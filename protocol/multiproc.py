@@ -174,7 +174,7 @@ class ProcessScenario:
             if self.cheat:
                 base += ["--cheat", self.cheat] + (["--cheat-step", str(self.cheat_step)] if self.cheat_step else [])
             return base
-        base += ["--store-url", self.store_url]
+        base += ["--store-url", self.store_url, "--state-dir", str(self.work / f"auditor-state-{self.job}")]
         if self.false_challenge:
             return base + ["--false-challenger", "--account-index", str(ROLE_ACCOUNTS["false_challenger"])]
         return base + ["--account-index", str(ROLE_ACCOUNTS["auditor"])]

@@ -12,6 +12,7 @@ from functools import lru_cache
 import torch
 
 from protocol.agent import Player, checkpoint_bytes, checkpoint_state
+from protocol.chain import Reverted
 from protocol.deploy import Protocol
 from protocol.game import PARTY_TRAINER, StepBook, TrainerStrategy
 from protocol.jobs import JobContext, Terms
@@ -76,11 +77,20 @@ class TrainerAgent:
         if first + n - 1 < self.ctx.spec.steps:
             self.store.put_checkpoint(self.job_id, i + 1, checkpoint_bytes(self.ctx, o.state))
         root = interval_root(leaves)
-        self.proto.chain.send(
-            self.proto.registry.functions.postInterval(self.job_id, i, root),
-            self.account,
-            what=f"job {self.job_id}: postInterval {i}",
-        )
+        try:
+            self.proto.chain.send(
+                self.proto.registry.functions.postInterval(self.job_id, i, root),
+                self.account,
+                what=f"job {self.job_id}: postInterval {i}",
+            )
+        except Reverted:
+            # Posted meanwhile (a run of ours before a restart, mined late): the chain has it.
+            onchain = self.next_interval() > i and bytes(
+                self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0]) == root
+            if not onchain:
+                raise
+            log.warning("job %d: interval %d was already posted with this root; not posting it again", self.job_id, i)
+            return None
         log.info("job %d: posted interval %d root %s", self.job_id, i, root.hex()[:16])
         return i
 

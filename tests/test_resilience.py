@@ -7,6 +7,7 @@ Fast tests use a tiny fake JSON-RPC server behind :class:`nodes.FlakyProxy`; the
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import os
@@ -313,3 +314,183 @@ def test_trainer_repairs_its_own_damaged_store(posted, tmp_path: Path) -> None:
         assert store.get_log(job, s) == ref.get_log(job, s) and store.get_step(job, s) == ref.get_step(job, s)
     assert store.get_checkpoint(job, 1) == ref.get_checkpoint(job, 1)
     assert trainer.repair() == []
+
+
+# -- agents killed (SIGKILL) at seeded random points and restarted, on anvil -----------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """Kill ``role`` at ``point`` (``k`` drawn from ``Random(seed)``), restart it with the same
+    arguments (same state directory), and expect the scenario's outcome."""
+
+    name: str
+    scenario: str  # "cheat" (poison-sample), "honest", "false" (false challenger)
+    role: str  # "trainer" or "auditor": the process killed
+    point: str  # "moves": after k on-chain moves of the game; "training": after k step records;
+    #             "between-posts": once interval 0 is posted; "audit": k/10 s after interval 0 is posted
+    seed: int
+    kills: int = 1
+
+
+TRIALS = [
+    Trial("trainer killed mid-game", "cheat", "trainer", "moves", 11),
+    Trial("auditor killed mid-game", "cheat", "auditor", "moves", 12),
+    Trial("trainer killed mid-training", "cheat", "trainer", "training", 13),
+    Trial("honest trainer killed between interval posts", "honest", "trainer", "between-posts", 14),
+    Trial("false challenger killed mid-game", "false", "auditor", "moves", 15),
+    Trial("trainer killed twice mid-game vs a false challenger", "false", "trainer", "moves", 16, kills=2),
+    Trial("auditor killed while auditing", "cheat", "auditor", "audit", 17),
+]
+
+#: Expected (verdict, final status, ETH moved per role, in units of 0.01 ETH; gas is below that).
+EXPECTED = {
+    "cheat": ("challenger won", "fraudulent", {"client": 0, "trainer": -200, "auditor": 200}),
+    "honest": ("no dispute", "finalized", {"client": -100, "trainer": 100, "auditor": 0}),
+    "false": ("trainer won", "finalized", {"client": -100, "trainer": 150, "false_challenger": -50}),
+}
+
+
+@pytest.fixture(scope="module")
+def node_demo(anvil_url: str, tmp_path_factory: pytest.TempPathFactory):
+    from protocol.multiproc import ProcessDemo
+
+    return ProcessDemo.setup(anvil_url, tmp_path_factory.mktemp("resilience"), lambda line: None)
+
+
+def _failed_txs(sc, address: str) -> list[str]:
+    """Transactions of ``address`` in this scenario's blocks that reverted (a double post or a
+    repeated move would revert)."""
+    w3 = sc.chain.w3
+    bad = []
+    for b in range(sc._from_block, int(w3.eth.block_number) + 1):
+        for t in w3.eth.get_block(b, full_transactions=True)["transactions"]:
+            if str(t["from"]).lower() == address.lower() and w3.eth.get_transaction_receipt(t["hash"])["status"] != 1:
+                bad.append(t["hash"].hex())
+    return bad
+
+
+def _kill_point(sc, trial: Trial, rng: random.Random, nth: int) -> dict:
+    """Wait for the trial's kill point; returns what was drawn."""
+    if trial.point == "moves":
+        k = rng.randint(1, 8) + 4 * nth  # a later kill comes after more moves
+        sc.wait_until(lambda: bool(sc.games()) and sc.game_cost(sc.games()[0])[0] >= k, timeout=150, poll=0.05)
+        return {"k_moves": k}
+    if trial.point == "training":
+        k = rng.randint(1, sc.ctx.spec.steps - 1)
+        steps = sc.work / f"store-{sc.job}" / str(sc.job) / "steps"
+        sc.wait_until(lambda: steps.is_dir() and len(list(steps.glob("*.json"))) >= k, timeout=150, poll=0.02)
+        return {"k_steps": k}
+    posted = lambda: int(sc.chain.call(sc.proto.registry.functions.getJob(sc.job))[4]) >= 1  # noqa: E731
+    sc.wait_until(posted, timeout=150, poll=0.02)
+    if trial.point == "audit":
+        delay = rng.randint(0, 15) / 10
+        time.sleep(delay)
+        return {"delay_s": delay}
+    return {}
+
+
+def run_trial(demo, trial: Trial) -> None:
+    rng = random.Random(trial.seed)
+    sc = demo.scenario(trial.name, "poison-sample" if trial.scenario == "cheat" else None,
+                       trial.scenario == "false", lambda line: None, timeout=240)
+    sc.create_job()
+    drawn: list[dict] = []
+    try:
+        sc.start("trainer")
+        sc.start("auditor")
+        for nth in range(trial.kills):
+            drawn.append(_kill_point(sc, trial, rng, nth))
+            sc.kill(trial.role)
+            time.sleep(rng.uniform(0, 1.0))  # down for a moment (far less than a chess clock)
+            sc.start(trial.role)
+        res = sc.finish()
+    finally:
+        sc.close()
+    verdict, status, moved = EXPECTED[trial.scenario]
+    accts = sc.accounts
+    delta = {k: round((sc.chain.w3.eth.get_balance(accts[k]) - sc._balances0[k]) / 1e16) for k in moved}
+    failed = {r: _failed_txs(sc, accts[r]) for r in ("trainer", "false_challenger" if trial.scenario == "false"
+                                                      else "auditor")}
+    posts = sc.proto.registry.events.IntervalPosted.get_logs(from_block=sc._from_block,
+                                                             argument_filters={"job": sc.job})
+    timeouts = [why for why, _ in sc.advances if "chess clock" in why]
+    ok = ((res.verdict, res.final_status) == (verdict, status) and delta == moved
+          and not any(failed.values()) and len(posts) == sc.ctx.n_intervals and not timeouts)
+    record("crash_restart", trial.name, ok, seed=trial.seed, role=trial.role, point=trial.point, drawn=drawn,
+           verdict=res.verdict, status=res.final_status, moves=res.moves, eth_moved_cents=delta,
+           failed_txs=sum(map(len, failed.values())), restarts=trial.kills)
+    assert (res.verdict, res.final_status) == (verdict, status), trial
+    assert delta == moved, (trial, delta)  # the right party paid, nobody lost funds to the restart
+    assert not any(failed.values()), failed  # never a double post or a repeated move
+    assert len(posts) == sc.ctx.n_intervals  # each interval posted exactly once
+    assert timeouts == []  # the restarted agent moved before its chess clock ran out
+    runs = [r for r in sc.runs if r.role == trial.role]
+    assert len(runs) == trial.kills + 1 and runs[-1].result["ok"]
+
+
+@pytest.mark.node
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", TRIALS, ids=[t.name.replace(" ", "-") for t in TRIALS])
+def test_agent_killed_at_a_seeded_point_and_restarted(node_demo, trial: Trial) -> None:
+    run_trial(node_demo, trial)
+
+
+@pytest.mark.node
+@pytest.mark.slow
+def test_agents_survive_an_rpc_outage_mid_game(node_demo) -> None:
+    """Both agents talk to the node through a proxy that goes down for 3 s in the middle of the
+    game: they retry with backoff and the game ends as it should."""
+    with nodes.FlakyProxy.to(node_demo.rpc) as proxy:
+        demo = dataclasses.replace(node_demo, rpc=proxy.url)
+        sc = demo.scenario("rpc outage", "poison-sample", False, lambda line: None, timeout=240)
+        sc.create_job()
+        try:
+            sc.start("trainer")
+            sc.start("auditor")
+            sc.wait_until(lambda: bool(sc.games()) and sc.game_cost(sc.games()[0])[0] >= 4, timeout=150, poll=0.05)
+            proxy.down_for(3.0)
+            res = sc.finish()
+        finally:
+            sc.close()
+    ok = (res.verdict, res.final_status) == ("challenger won", "fraudulent") and proxy.refused > 0
+    record("crash_restart", "rpc outage of 3 s mid-game", ok, refused=proxy.refused, moves=res.moves)
+    assert (res.verdict, res.final_status) == ("challenger won", "fraudulent")
+    assert proxy.refused > 0  # the agents really hit the outage
+    assert [r.role for r in sc.runs] == ["trainer", "auditor"]  # nobody crashed
+
+
+class _NoReads:
+    """A reader that must not be used (a resumed auditor has nothing to fetch again)."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the resumed auditor read the trainer's store ({name})")
+
+
+def test_auditor_resumes_from_its_state_dir_and_distrusts_a_damaged_one(posted, tmp_path: Path) -> None:
+    from protocol.agents_cli import caching_reader
+    from protocol.auditor import AuditorAgent
+    from protocol.store import ArtifactStore
+
+    proto, ctx, job, good, a = posted
+    state = ArtifactStore(tmp_path / "state")
+    first = AuditorAgent(proto, a[3], ctx, ArtifactStore(good), job, state=state)
+    assert first.audit() is None and first.verified == ctx.n_intervals
+    resumed = AuditorAgent(proto, a[3], ctx, _NoReads(), job, state=state)  # type: ignore[arg-type]
+    assert resumed.verified == ctx.n_intervals and resumed.audit() is None
+    assert resumed.book.records == first.book.records
+    last = ctx.spec.steps
+    assert all(torch_equal(x, y) for x, y in zip(resumed._states[last], first._states[last], strict=True))
+    # a damaged saved state is not trusted: the auditor replays from the trainer's artifacts instead
+    ckpt = _ref_path(tmp_path / "state", job, "checkpoints", 1)
+    ckpt.write_bytes(ckpt.read_bytes()[:-9])
+    again = AuditorAgent(proto, a[3], ctx, caching_reader(ArtifactStore(good)), job, state=state)
+    assert again.verified == 0
+    assert again.audit() is None and again.verified == ctx.n_intervals
+    record("crash_restart", "auditor resumes from its state dir", True)
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))
