@@ -387,6 +387,22 @@ def guard_moves(agent) -> None:
     agent.player = new
 
 
+def through_outages(loop, out: Out, deadline: float) -> dict:
+    """Run an agent's loop; when the node stays unreachable past one request's retry deadline,
+    report it and start the loop again (it reads everything back from the chain) until the agent's
+    own ``--timeout``. A node that is down at start-up is an error at once (``connect``)."""
+    from protocol.chain import RpcUnavailable
+
+    while True:
+        try:
+            return loop()
+        except RpcUnavailable as e:
+            if time.monotonic() > deadline:
+                raise
+            out.say(f"[red]{e}[/]; trying again until --timeout")
+            out.event("rpc_unavailable", error=str(e))
+
+
 def _deadline(timeout: float) -> float:
     return time.monotonic() + timeout if timeout > 0 else float("inf")
 
@@ -513,7 +529,7 @@ def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline:
         out.event("serving", url=url)
     out.event("started", account=me, pid=_pid(), block=block_number(chain))
     try:
-        res = _trainer_loop(agent, params, out, deadline, poll)
+        res = through_outages(lambda: _trainer_loop(agent, params, out, deadline, poll), out, deadline)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
     finally:
@@ -637,7 +653,7 @@ def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline:
         out.say(f"resuming: already challenging in game(s) {agent.disputed}")
     out.event("started", account=me, pid=_pid(), block=block_number(chain), games=agent.disputed)
     try:
-        res = _auditor_loop(agent, out, deadline, poll)
+        res = through_outages(lambda: _auditor_loop(agent, out, deadline, poll), out, deadline)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
     out.result(**res)

@@ -494,3 +494,21 @@ def torch_equal(x, y) -> bool:
     import torch
 
     return bool(torch.equal(x, y))
+
+
+def test_agent_loop_outlives_a_long_outage_until_its_own_timeout() -> None:
+    from protocol.agents_cli import Out, through_outages
+
+    out = Out.make("trainer", 1, events=False)
+    calls = []
+
+    def loop() -> dict:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RpcUnavailable("http://127.0.0.1:9", "eth_blockNumber", 9, 60.0, ConnectionError("refused"))
+        return {"ok": True}
+
+    assert through_outages(loop, out, time.monotonic() + 60) == {"ok": True} and len(calls) == 3
+    calls.clear()
+    with pytest.raises(RpcUnavailable, match=r"http://127.0.0.1:9 unreachable: 9 tries over 60.0 s"):
+        through_outages(loop, out, time.monotonic() - 1)  # past --timeout: the error ends the agent
