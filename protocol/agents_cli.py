@@ -194,7 +194,7 @@ def use_key(chain, key_file: Path | None, index: int, what: str) -> str:
 
 def spec_option(f):
     return click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-                        help="The training spec (JSON) the job commits to.")(f)
+                        help="The training spec (JSON, or TOML if named *.toml) the job commits to.")(f)
 
 
 def agent_options(f):

@@ -113,7 +113,7 @@ def spec_from_options(
     "spec_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="Read the whole spec from a JSON file instead of the options.",
+    help="Read the whole spec from a file (JSON, or TOML if named *.toml) instead of the options.",
 )
 def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
     """Train with controlled numerics and write spec, roots, logs and checkpoints to OUT."""
