@@ -236,7 +236,7 @@ def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.
     except ChainError as e:
         raise click.ClickException(str(e)) from None
     try:
-        chain.accounts()
+        chain.first_contact()
     except ChainError as e:
         raise click.ClickException(f"cannot use the JSON-RPC node at {rpc}: {e}") from None
     try:

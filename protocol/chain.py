@@ -85,8 +85,19 @@ class Chain:
             chain = Chain(Web3(EthereumTesterProvider()), None)
         else:
             chain = Chain.http(rpc, timeout, **retry)
-        chain.accounts()  # fails early and clearly when the node is not there
+        chain.first_contact()  # fails early and clearly when the node is not there
         return chain
+
+    def first_contact(self, deadline: float = 10.0) -> list[str]:
+        """The node's accounts, retried for at most ``deadline`` seconds (or the chain's own, if
+        shorter): a node that is not there at start-up is reported promptly; later requests get the
+        full retry budget (an outage mid-run is waited out)."""
+        full = self.deadline
+        self.deadline = min(full, deadline)
+        try:
+            return self.accounts()
+        finally:
+            self.deadline = full
 
     @staticmethod
     def http(rpc: str, timeout: float = 10.0, **retry: Any) -> Chain:

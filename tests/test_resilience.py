@@ -512,3 +512,14 @@ def test_agent_loop_outlives_a_long_outage_until_its_own_timeout() -> None:
     calls.clear()
     with pytest.raises(RpcUnavailable, match=r"http://127.0.0.1:9 unreachable: 9 tries over 60.0 s"):
         through_outages(loop, out, time.monotonic() - 1)  # past --timeout: the error ends the agent
+
+
+def test_a_node_that_is_not_there_at_start_up_is_reported_within_seconds() -> None:
+    url = f"http://127.0.0.1:{nodes.free_port()}"
+    chain = Chain.http(url, backoff=0.05, max_wait=0.1)
+    assert chain.deadline == 60.0  # a request mid-run waits out an outage of up to a minute
+    t0 = time.monotonic()
+    with pytest.raises(RpcUnavailable, match=url):
+        chain.first_contact(deadline=0.5)  # the first contact gives up much sooner (10 s by default)
+    assert time.monotonic() - t0 < 2.0
+    assert chain.deadline == 60.0
