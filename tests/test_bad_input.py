@@ -160,6 +160,10 @@ def test_dataset_of_the_wrong_shape_for_the_model(tmp_path: Path) -> None:
         build_job(TrainSpec.from_dict({**GOOD, "mlp": {"n_in": 10}}))
     with pytest.raises(DatasetError, match="no-such.txt.*No such file"):
         build_job(TrainSpec(model="gpt", text_path=str(tmp_path / "no-such.txt")))
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("na\u00efve caf\u00e9 ".encode("latin-1") * 20)
+    with pytest.raises(DatasetError, match="latin1.txt: not UTF-8 text"):
+        build_job(TrainSpec(model="gpt", text_path=str(latin1)))
     small_vocab = tmp_path / "abc.txt"
     small_vocab.write_text("abcdefghij" * 10)
     with pytest.raises(DatasetError, match="vocab 4 too small for 10 symbols"):

@@ -326,7 +326,7 @@ class Trial:
 
     name: str
     scenario: str  # "cheat" (poison-sample), "honest", "false" (false challenger)
-    role: str  # "trainer" or "auditor": the process killed
+    role: str  # "trainer", "auditor" or "both": the process(es) killed
     point: str  # "moves": after k on-chain moves of the game; "training": after k step records;
     #             "between-posts": once interval 0 is posted; "audit": k/10 s after interval 0 is posted
     seed: int
@@ -341,6 +341,7 @@ TRIALS = [
     Trial("false challenger killed mid-game", "false", "auditor", "moves", 15),
     Trial("trainer killed twice mid-game vs a false challenger", "false", "trainer", "moves", 16, kills=2),
     Trial("auditor killed while auditing", "cheat", "auditor", "audit", 17),
+    Trial("both agents killed mid-game", "cheat", "both", "moves", 18),
 ]
 
 #: Expected (verdict, final status, ETH moved per role, in units of 0.01 ETH; gas is below that).
@@ -392,6 +393,7 @@ def _kill_point(sc, trial: Trial, rng: random.Random, nth: int) -> dict:
 
 def run_trial(demo, trial: Trial) -> None:
     rng = random.Random(trial.seed)
+    roles = ["trainer", "auditor"] if trial.role == "both" else [trial.role]
     sc = demo.scenario(trial.name, "poison-sample" if trial.scenario == "cheat" else None,
                        trial.scenario == "false", lambda line: None, timeout=240)
     sc.create_job()
@@ -401,9 +403,11 @@ def run_trial(demo, trial: Trial) -> None:
         sc.start("auditor")
         for nth in range(trial.kills):
             drawn.append(_kill_point(sc, trial, rng, nth))
-            sc.kill(trial.role)
+            for role in roles:
+                sc.kill(role)
             time.sleep(rng.uniform(0, 1.0))  # down for a moment (far less than a chess clock)
-            sc.start(trial.role)
+            for role in roles:
+                sc.start(role)
         res = sc.finish()
     finally:
         sc.close()
@@ -425,8 +429,9 @@ def run_trial(demo, trial: Trial) -> None:
     assert not any(failed.values()), failed  # never a double post or a repeated move
     assert len(posts) == sc.ctx.n_intervals  # each interval posted exactly once
     assert timeouts == []  # the restarted agent moved before its chess clock ran out
-    runs = [r for r in sc.runs if r.role == trial.role]
-    assert len(runs) == trial.kills + 1 and runs[-1].result["ok"]
+    for role in roles:
+        runs = [r for r in sc.runs if r.role == role]
+        assert len(runs) == trial.kills + 1 and runs[-1].result["ok"]
 
 
 @pytest.mark.node
