@@ -235,22 +235,24 @@ class Chain:
         def sent_already() -> Any:
             if int(self.w3.eth.get_transaction_count(sender, "pending")) <= nonce:  # type: ignore[arg-type]
                 return None
-            tx = self._find_tx(sender, nonce, first)
-            if tx is None:  # the nonce is used but not by a mined transaction we can see: wait
-                raise ChainError(f"{label}: nonce {nonce} of {sender} was used by a transaction not found in "
-                                 f"blocks {first}..latest of {self.name}; not sending again")
+            tx = self._find_tx(sender, nonce, first, _calldata(fn))
+            if tx is None:  # the nonce went to something else (another process with this account?)
+                raise ChainError(f"{label}: nonce {nonce} of {sender} was used by a transaction other than this "
+                                 f"one (or not found in blocks {first}..latest of {self.name}); not sending it "
+                                 "again blindly")
             log.warning("%s: the node had received it before the connection failed (tx %s)", label, tx.hex())
             return tx
 
         return self._retry(label, lambda: fn.transact(params), before_retry=sent_already)
 
-    def _find_tx(self, sender: str, nonce: int, first: int) -> Any:
-        """Hash of the mined transaction of ``sender`` with ``nonce`` in blocks ``first``..latest."""
+    def _find_tx(self, sender: str, nonce: int, first: int, data: bytes | None = None) -> Any:
+        """Hash of the mined transaction of ``sender`` with ``nonce`` (and calldata ``data``, when
+        given) in blocks ``first``..latest."""
         last = int(self.w3.eth.block_number)
         for b in range(max(first, last - 256), last + 1):  # bounded: the last 256 blocks at most
             for t in self.w3.eth.get_block(b, full_transactions=True)["transactions"]:
                 if str(t["from"]).lower() == sender.lower() and int(t["nonce"]) == nonce:
-                    return t["hash"]
+                    return t["hash"] if data is None or bytes(t["input"]) == data else None
         return None
 
     def call(self, fn: Any, sender: str | None = None) -> Any:
@@ -300,6 +302,17 @@ def _is_connection_error(e: Exception) -> bool:
         return True
     status = getattr(getattr(e, "response", None), "status_code", None)
     return name == "HTTPError" and status in (502, 503, 504)
+
+
+def _calldata(fn: Any) -> bytes | None:
+    """The calldata a contract function call sends (None when it cannot be told in advance)."""
+    encode = getattr(fn, "_encode_transaction_data", None)
+    if encode is None:
+        return None
+    try:
+        return bytes.fromhex(str(encode())[2:])
+    except Exception:  # a constructor or an unusual function object: match on the nonce alone
+        return None
 
 
 def _short(e: Exception) -> str:

@@ -528,3 +528,32 @@ def test_a_node_that_is_not_there_at_start_up_is_reported_within_seconds() -> No
         chain.first_contact(deadline=0.5)  # the first contact gives up much sooner (10 s by default)
     assert time.monotonic() - t0 < 2.0
     assert chain.deadline == 60.0
+
+
+@pytest.mark.node
+@pytest.mark.slow
+def test_lost_reply_to_a_contract_call_creates_one_job(anvil_url: str) -> None:
+    """createJob (with its payment) through a proxy that loses the reply: exactly one job, paid once;
+    the mined transaction is recognised by its nonce and calldata."""
+    from protocol.chain import _calldata
+    from protocol.demo import create_job, default_spec
+    from protocol.deploy import Protocol, deploy
+    from protocol.jobs import JobContext, Terms
+
+    direct = Chain.connect(anvil_url)
+    proto = deploy(direct, direct.accounts()[0])
+    ctx = JobContext.of(default_spec())
+    with nodes.FlakyProxy.to(anvil_url) as proxy:
+        chain = _fast(proxy.url)
+        flaky = Protocol(chain, *(chain.w3.eth.contract(address=c.address, abi=c.abi)
+                                  for c in (proto.registry, proto.game, proto.adjudicator)))
+        client, trainer = chain.accounts()[1], chain.accounts()[2]
+        assert _calldata(flaky.registry.functions.jobCount()) is not None
+        count = int(direct.call(proto.registry.functions.jobCount()))
+        nonce = direct.w3.eth.get_transaction_count(client)
+        proxy.drop_response_to(b"eth_sendTransaction")
+        job = create_job(flaky, client, trainer, ctx, Terms())
+        assert len(proxy.dropped) == 1
+    assert job == count + 1 == int(direct.call(proto.registry.functions.jobCount()))
+    assert direct.w3.eth.get_transaction_count(client) == nonce + 1
+    record("crash_restart", "lost reply to createJob", True)
