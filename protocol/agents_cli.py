@@ -8,11 +8,18 @@
                               (over HTTP only), challenges the first one that differs (or, as a
                               false challenger, interval 0 once), plays its game, withdraws, exits.
 
-Both agents keep no state of their own: everything is read back from the chain (next interval,
-games, whose move it is) and the artifact store, so either can be killed and started again with
-the same arguments at any point. The auditor then replays from the initial state again.
-Neither sends a move twice in one game state: a move the contract reverted (a cheater cannot
-open what it committed to) waits for the game to change, or for its clock to run out.
+Both agents read their progress back from the chain (next interval, games, whose move it is) and
+from disk: the trainer from its artifact store (damaged artifacts are regenerated at start-up and
+checked against the posted roots), the auditor from ``--state-dir`` (its replayed records and
+states; without it, it replays from the initial state again). Either can be killed and started
+again with the same arguments at any point. Neither sends a move twice in one game state: a move
+the contract reverted (a cheater cannot open what it committed to) waits for the game to change,
+or for its clock to run out; a transaction whose reply was lost is found by its nonce, not resent.
+
+The node: each request is retried with exponential backoff and jitter (``--rpc-retries``, at
+most 5 s between tries, ``--rpc-deadline`` in all); a node that is not there at start-up is an
+error within 10 s; an outage mid-run is waited out until ``--timeout``. Artifacts read over HTTP
+are verified; a corrupt one is reported (named, with its expected sha256) and never used.
 
 Progress goes to stderr (rich); stdout carries one JSON line, the result, at the end. With
 ``--events`` stdout is a JSON-lines stream (``{"event": ...}``), the last line still the result;
