@@ -8,11 +8,18 @@
                               (over HTTP only), challenges the first one that differs (or, as a
                               false challenger, interval 0 once), plays its game, withdraws, exits.
 
-Both agents keep no state of their own: everything is read back from the chain (next interval,
-games, whose move it is) and the artifact store, so either can be killed and started again with
-the same arguments at any point. The auditor then replays from the initial state again.
-Neither sends a move twice in one game state: a move the contract reverted (a cheater cannot
-open what it committed to) waits for the game to change, or for its clock to run out.
+Both agents read their progress back from the chain (next interval, games, whose move it is) and
+from disk: the trainer from its artifact store (damaged artifacts are regenerated at start-up and
+checked against the posted roots), the auditor from ``--state-dir`` (its replayed records and
+states; without it, it replays from the initial state again). Either can be killed and started
+again with the same arguments at any point. Neither sends a move twice in one game state: a move
+the contract reverted (a cheater cannot open what it committed to) waits for the game to change,
+or for its clock to run out; a transaction whose reply was lost is found by its nonce, not resent.
+
+The node: each request is retried with exponential backoff and jitter (``--rpc-retries``, at
+most 5 s between tries, ``--rpc-deadline`` in all); a node that is not there at start-up is an
+error within 10 s; an outage mid-run is waited out until ``--timeout``. Artifacts read over HTTP
+are verified; a corrupt one is reported (named, with its expected sha256) and never used.
 
 Progress goes to stderr (rich); stdout carries one JSON line, the result, at the end. With
 ``--events`` stdout is a JSON-lines stream (``{"event": ...}``), the last line still the result;
@@ -108,9 +115,32 @@ class Out:
         sys.stdout.flush()
 
 
+def clean_errors(f):
+    """Turn the project's errors (and file-system errors) escaping a command into a one-line
+    ClickException: exit status 1 and a message, never a traceback."""
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from vtrain.errors import VtrainError
+
+        try:
+            return f(*args, **kwargs)
+        except VtrainError as e:
+            raise click.ClickException(str(e)) from None
+        except OSError as e:
+            where = f" {e.filename}" if getattr(e, "filename", None) else ""
+            raise click.ClickException(f"{e.strerror or e}{where}") from None
+
+    return wrapper
+
+
 def rpc_options(f):
-    f = click.option("--rpc-retries", type=click.IntRange(0, 20), default=5, show_default=True,
-                     help="Retries (with backoff) of a failed request before giving up.")(f)
+    f = click.option("--rpc-deadline", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
+                     help="Seconds one request may spend retrying an unreachable node before giving up.")(f)
+    f = click.option("--rpc-retries", type=click.IntRange(0, 50), default=8, show_default=True,
+                     help="Retries (exponential backoff with jitter, at most 5 s apart) of a request that "
+                          "could not reach the node.")(f)
     f = click.option("--deployment", "deployment_path", required=True,
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="deployment.json written by `vtrain deploy` (contract addresses, chain id).")(f)
@@ -118,9 +148,61 @@ def rpc_options(f):
     return f
 
 
+def key_option(f):
+    return click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        help="A file holding this party's private key (64 hex digits, 0x optional): sign "
+                             "transactions locally instead of using an unlocked account of the node.")(f)
+
+
+#: Order of secp256k1: a private key is an integer in [1, N-1].
+SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
+def read_key_file(path: Path):
+    """The account of the private key in ``path``; ClickException naming the problem (never the key)."""
+    import string
+
+    from eth_account import Account
+
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise click.ClickException(f"--key-file {path}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise click.ClickException(f"--key-file {path}: not a private key (expected 64 hex digits, got binary "
+                                   "data)") from None
+    digits = text[2:] if text[:2].lower() == "0x" else text
+    if not digits or any(c not in string.hexdigits for c in digits):
+        raise click.ClickException(f"--key-file {path}: not a private key (expected 64 hex digits, 0x optional; "
+                                   f"found non-hex characters)")
+    if len(digits) != 64:
+        raise click.ClickException(f"--key-file {path}: a private key is 32 bytes (64 hex digits), "
+                                   f"got {len(digits)} hex digits")
+    if not 0 < int(digits, 16) < SECP256K1_N:
+        raise click.ClickException(f"--key-file {path}: not a valid secp256k1 private key (zero or out of range)")
+    return Account.from_key(bytes.fromhex(digits))
+
+
+def use_key(chain, key_file: Path | None, index: int, what: str) -> str:
+    """This party's address: the key file's account (its transactions then signed locally; it must
+    hold funds) or the node's unlocked account ``index``."""
+    if key_file is None:
+        return account(chain, index, what)
+    from web3.middleware import SignAndSendRawMiddlewareBuilder
+
+    acct = read_key_file(key_file)
+    chain.w3.middleware_onion.inject(SignAndSendRawMiddlewareBuilder.build(acct), layer=0)
+    bal = int(chain._retry("eth_getBalance", lambda: chain.w3.eth.get_balance(acct.address)))
+    if bal == 0:
+        raise click.ClickException(f"--key-file {key_file}: account {acct.address} has no funds on {chain.name}")
+    return str(acct.address)
+
+
 def spec_option(f):
     return click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-                        help="The training spec (JSON) the job commits to.")(f)
+                        help="The training spec (JSON, or TOML if named *.toml) the job commits to.")(f)
 
 
 def agent_options(f):
@@ -133,18 +215,17 @@ def agent_options(f):
 
 
 def load_spec(path: Path):
+    """The spec file (JSON, or TOML for ``*.toml``), or a ClickException naming the problem."""
     from vtrain.errors import VtrainError
     from vtrain.spec import TrainSpec
 
     try:
-        return TrainSpec.from_json(path.read_text())
-    except OSError as e:
-        raise click.ClickException(f"spec file {path}: {e.strerror or e}") from None
+        return TrainSpec.from_file(path)
     except VtrainError as e:
-        raise click.ClickException(f"spec file {path}: {e}") from None
+        raise click.ClickException(str(e)) from None
 
 
-def connect(rpc: str, deployment_path: Path, retries: int):
+def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.0):
     """Chain and attached protocol, or a ClickException saying what is wrong."""
     from web3 import Web3
 
@@ -154,13 +235,19 @@ def connect(rpc: str, deployment_path: Path, retries: int):
     if not rpc.startswith(("http://", "https://")):
         raise click.ClickException(f"--rpc: expected an http(s):// URL, got {rpc!r}")
     try:
-        chain = Chain(Web3(Web3.HTTPProvider(rpc, request_kwargs={"timeout": 30})), rpc, retries=retries)
-        chain.accounts()
+        chain = Chain.http(rpc, 30, retries=retries, deadline=deadline)
+    except ChainError as e:
+        raise click.ClickException(f"--rpc: {e}") from None
+    try:  # the file first: a bad one is reported without waiting for the node
+        d = Deployment.load(deployment_path)
+        abis = json.loads(deployment_path.read_text()).get("abis")
+    except ChainError as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        chain.first_contact()
     except ChainError as e:
         raise click.ClickException(f"cannot use the JSON-RPC node at {rpc}: {e}") from None
     try:
-        d = Deployment.load(deployment_path)
-        abis = json.loads(deployment_path.read_text()).get("abis")
         if isinstance(abis, dict) and all(isinstance(abis.get(n), list) for n in _CONTRACTS):
             proto = attach_with_abis(chain, d, abis)
         else:
@@ -308,6 +395,22 @@ def guard_moves(agent) -> None:
     agent.player = new
 
 
+def through_outages(loop, out: Out, deadline: float) -> dict:
+    """Run an agent's loop; when the node stays unreachable past one request's retry deadline,
+    report it and start the loop again (it reads everything back from the chain) until the agent's
+    own ``--timeout``. A node that is down at start-up is an error at once (``connect``)."""
+    from protocol.chain import RpcUnavailable
+
+    while True:
+        try:
+            return loop()
+        except RpcUnavailable as e:
+            if time.monotonic() > deadline:
+                raise
+            out.say(f"[red]{e}[/]; trying again until --timeout")
+            out.event("rpc_unavailable", error=str(e))
+
+
 def _deadline(timeout: float) -> float:
     return time.monotonic() + timeout if timeout > 0 else float("inf")
 
@@ -323,6 +426,7 @@ def client() -> None:
 @client.command("create-job")
 @rpc_options
 @spec_option
+@key_option
 @click.option("--account-index", type=int, default=1, show_default=True, help="The client's unlocked account.")
 @click.option("--trainer-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
 @click.option("--trainer", "trainer_addr", default=None, metavar="ADDRESS",
@@ -334,8 +438,10 @@ def client() -> None:
               help="Seconds per interval. [default: 3600]")
 @click.option("--clock", type=click.IntRange(min=1), default=None,
               help="Chess clock per party, seconds. [default: 1800]")
-def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, spec_path: Path, account_index: int,
-                   trainer_index: int, trainer_addr: str | None, **terms_opts: int | None) -> None:
+@clean_errors
+def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, spec_path: Path,
+                   key_file: Path | None, account_index: int, trainer_index: int, trainer_addr: str | None,
+                   **terms_opts: int | None) -> None:
     """Create (and pay for) a job training SPEC; prints {"job": ID, ...}."""
     from web3 import Web3
 
@@ -344,8 +450,10 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, spec_path:
     from vtrain.errors import VtrainError
 
     spec = load_spec(spec_path)
-    chain, proto = connect(rpc, deployment_path, rpc_retries)
-    client_acct = account(chain, account_index, "--account-index")
+    if key_file is not None:
+        read_key_file(key_file)  # a malformed key fails before anything is contacted
+    chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
+    client_acct = use_key(chain, key_file, account_index, "--account-index")
     if trainer_addr is not None:
         if not Web3.is_address(trainer_addr):
             raise click.ClickException(f"--trainer: {trainer_addr!r} is not an address")
@@ -372,6 +480,7 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, spec_path:
 @rpc_options
 @click.option("--job", "job_id", type=click.IntRange(min=1), required=True)
 @spec_option
+@key_option
 @click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder of the trainer's artifact store (created if missing).")
 @click.option("--cheat", type=click.Choice(CHEAT_NAMES), default=None, help="Cheat once (demo and tests).")
@@ -380,9 +489,10 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, spec_path:
 @click.option("--serve-store", "serve_port", type=click.IntRange(0, 65535), default=None,
               help="Serve the store read-only over HTTP on 127.0.0.1:PORT (0: any free port).")
 @agent_options
-def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, spec_path: Path, store_dir: Path,
-                cheat: str | None, cheat_step: int | None, account_index: int, serve_port: int | None,
-                timeout: float, poll: float, events: bool) -> None:
+@clean_errors
+def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, job_id: int, spec_path: Path,
+                key_file: Path | None, store_dir: Path, cheat: str | None, cheat_step: int | None, account_index: int,
+                serve_port: int | None, timeout: float, poll: float, events: bool) -> None:
     """Train JOB and post its intervals, defend every game, finalize and withdraw."""
     from protocol.cheats import CHEATS
     from protocol.jobs import JobContext
@@ -393,12 +503,15 @@ def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
     out = Out.make("trainer", job_id, events)
     deadline = _deadline(timeout)
     spec = load_spec(spec_path)
-    chain, proto = connect(rpc, deployment_path, rpc_retries)
-    me = account(chain, account_index, "--account-index")
+    if key_file is not None:
+        read_key_file(key_file)  # a malformed key fails before anything is contacted
+    chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
+    me = use_key(chain, key_file, account_index, "--account-index")
     check_job_exists(proto, job_id)  # before the spec's graph and dataset are built (seconds)
     trainer = proto.chain.call(proto.registry.functions.jobParams(job_id))[0]
     if trainer.lower() != me.lower():
-        raise click.ClickException(f"account #{account_index} {me} is not the trainer of job {job_id} ({trainer})")
+        who = f"--key-file {key_file}'s account" if key_file else f"account #{account_index}"
+        raise click.ClickException(f"{who} {me} is not the trainer of job {job_id} ({trainer})")
     ctx = JobContext.of(spec)
     params = check_job(proto, job_id, ctx)
     if cheat_step is not None and cheat is None:
@@ -410,6 +523,10 @@ def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
         raise click.ClickException(f"--store {store_dir}: {e}") from None
     agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj)
     guard_moves(agent)
+    repaired = agent.repair()  # a restart after a crash or disk damage: never serve a bad artifact
+    if repaired:
+        out.say(f"[yellow]regenerated damaged artifacts of interval(s) {repaired}[/]")
+        out.event("repaired", intervals=repaired)
     server = None
     if serve_port is not None:
         try:
@@ -420,7 +537,7 @@ def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
         out.event("serving", url=url)
     out.event("started", account=me, pid=_pid(), block=block_number(chain))
     try:
-        res = _trainer_loop(agent, params, out, deadline, poll)
+        res = through_outages(lambda: _trainer_loop(agent, params, out, deadline, poll), out, deadline)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
     finally:
@@ -493,13 +610,20 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
 @rpc_options
 @click.option("--job", "job_id", type=click.IntRange(min=1), required=True)
 @spec_option
+@key_option
 @click.option("--store-url", required=True, metavar="URL", help="The trainer's artifact store, served over HTTP.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the auditor's own progress (replayed records and states): a restart resumes "
+                   "there instead of replaying the whole job again.")
 @click.option("--false-challenger", is_flag=True,
               help="Challenge interval 0 without cause, once, and play blindly (demo).")
 @click.option("--account-index", type=int, default=3, show_default=True, help="The auditor's unlocked account.")
 @agent_options
-def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, spec_path: Path, store_url: str,
-                false_challenger: bool, account_index: int, timeout: float, poll: float, events: bool) -> None:
+@clean_errors
+def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, job_id: int, spec_path: Path,
+                key_file: Path | None, store_url: str, state_dir: Path | None, false_challenger: bool,
+                account_index: int,
+                timeout: float, poll: float, events: bool) -> None:
     """Audit JOB: replay each posted interval, challenge a mismatch, play the game, withdraw."""
     from protocol.auditor import AuditorAgent
     from protocol.jobs import JobContext
@@ -509,23 +633,35 @@ def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, job_id: int, 
     out = Out.make("false challenger" if false_challenger else "auditor", job_id, events)
     deadline = _deadline(timeout)
     spec = load_spec(spec_path)
+    if key_file is not None:
+        read_key_file(key_file)  # a malformed key fails before anything is contacted
     try:
         reader = caching_reader(HttpArtifactReader(store_url))
     except ValueError as e:
         raise click.ClickException(f"--store-url: {e}") from None
-    chain, proto = connect(rpc, deployment_path, rpc_retries)
-    me = account(chain, account_index, "--account-index")
+    chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
+    me = use_key(chain, key_file, account_index, "--account-index")
     check_job_exists(proto, job_id)
     ctx = JobContext.of(spec)
     check_job(proto, job_id, ctx)
-    agent = AuditorAgent(proto, me, ctx, reader, job_id, honest=not false_challenger)
+    state = None
+    if state_dir is not None:
+        from protocol.store import ArtifactStore
+
+        try:
+            state = ArtifactStore(state_dir)
+        except (OSError, VtrainError) as e:
+            raise click.ClickException(f"--state-dir {state_dir}: {e}") from None
+    agent = AuditorAgent(proto, me, ctx, reader, job_id, honest=not false_challenger, state=state)
+    if agent.verified:
+        out.say(f"resuming: intervals 0..{agent.verified - 1} audited before the restart ({state_dir})")
     guard_moves(agent)
     agent.disputed = my_games(proto, job_id, me)
     if agent.disputed:
         out.say(f"resuming: already challenging in game(s) {agent.disputed}")
     out.event("started", account=me, pid=_pid(), block=block_number(chain), games=agent.disputed)
     try:
-        res = _auditor_loop(agent, out, deadline, poll)
+        res = through_outages(lambda: _auditor_loop(agent, out, deadline, poll), out, deadline)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
     out.result(**res)
@@ -544,7 +680,7 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
     from protocol.game import STATUS_CHALLENGER_WON, STATUS_CLOSED, STATUS_IN_PROGRESS, STATUS_TRAINER_WON, Move
     from protocol.jobs import Terms
     from protocol.store import ArtifactUnavailable
-    from vtrain.errors import MissingArtifact
+    from vtrain.errors import CorruptArtifact, MissingArtifact
 
     proto, chain, job = agent.proto, agent.proto.chain, agent.job_id
     bond = int(chain.call(proto.registry.functions.jobParams(job))[12])
@@ -596,8 +732,8 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
                     sent = True
                 elif bad is not None:
                     out.say(f"interval {bad} does not replay; in game(s) {agent.disputed} already")
-        except (ArtifactUnavailable, MissingArtifact) as e:
-            out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
+        except (ArtifactUnavailable, MissingArtifact, CorruptArtifact) as e:
+            _unreadable(out, e)
             # Not idle while deciding whether to challenge; once in a game, the game decides.
             blocked = not agent.disputed
         if agent.disputed:
@@ -605,8 +741,8 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
                 moved, waiting = _play(agent)
                 sent = moved or sent
                 blocked = blocked or waiting
-            except (ArtifactUnavailable, MissingArtifact) as e:
-                out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
+            except (ArtifactUnavailable, MissingArtifact, CorruptArtifact) as e:
+                _unreadable(out, e)
                 blocked = True
         if status == "fraudulent":  # proven in another game: close ours to get the bond back
             for g in agent.disputed:
@@ -630,6 +766,19 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
             idle(block)
         if not sent:
             time.sleep(poll)
+
+
+def _unreadable(out: Out, e: Exception) -> None:
+    """Report an artifact the auditor cannot use: it neither challenges nor signs off on it, and
+    asks again on the next pass (a correct copy is then accepted)."""
+    from vtrain.errors import CorruptArtifact
+
+    if isinstance(e, CorruptArtifact):
+        log.warning("rejected a corrupt artifact of the trainer: %s", e)
+        out.say(f"[red]trainer's artifact rejected as corrupt[/] (not used; will fetch it again): {e}")
+        out.event("corrupt_artifact", error=str(e))
+    else:
+        out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
 
 
 def _play(agent) -> tuple[bool, bool]:
@@ -659,15 +808,17 @@ def _play(agent) -> tuple[bool, bool]:
 
 
 def caching_reader(inner):
-    """``inner`` (an ArtifactReader) keeping every artifact it has read, still verified on each
-    use: the auditor plays on with what it audited when the trainer's store goes away. (The class
-    is made here so that importing this module stays light.)"""
+    """``inner`` (an ArtifactReader) keeping every artifact it has read and verified: the auditor
+    plays on with what it audited when the trainer's store goes away. Only verified artifacts are
+    kept: a corrupt or truncated one raises CorruptArtifact (naming it and its expected hash) and
+    is fetched again on the next use, so a correct copy, once served, is accepted. (The class is
+    made here so that importing this module stays light.)"""
     from protocol.store import ArtifactReader
 
     class CachingReader(ArtifactReader):
         def __init__(self, inner: ArtifactReader) -> None:
             self.inner = inner
-            self.cache: dict[tuple[str, str], bytes] = {}
+            self.cache: dict[tuple[str, str, Any], Any] = {}
 
         def __repr__(self) -> str:
             return f"CachingReader({self.inner!r})"
@@ -676,10 +827,29 @@ def caching_reader(inner):
             return self.inner._where(job, rel)
 
         def _read(self, job: str, rel: str) -> bytes:
-            key = (job, rel)
-            if key not in self.cache:
-                self.cache[key] = self.inner._read(job, rel)
-            return self.cache[key]
+            return self.inner._read(job, rel)
+
+        def _kept(self, kind: str, job: Any, key: Any, read) -> Any:
+            k = (kind, str(job), key)
+            if k not in self.cache:
+                self.cache[k] = read()  # verified by ``inner``; nothing is kept when it raises
+            return self.cache[k]
+
+        def get_blob(self, job: Any, digest: bytes) -> bytes:
+            return self._kept("blob", job, bytes(digest), lambda: self.inner.get_blob(job, digest))
+
+        def get_step(self, job: Any, s: int) -> Any:
+            return self._kept("step", job, s, lambda: self.inner.get_step(job, s))
+
+        def get_log(self, job: Any, s: int) -> bytes:
+            return self._kept("log", job, s, lambda: self.inner.get_log(job, s))
+
+        def get_checkpoint(self, job: Any, interval: int) -> bytes:
+            return self._kept("checkpoint", job, interval, lambda: self.inner.get_checkpoint(job, interval))
+
+        def forget(self, kind: str, job: Any, key: Any) -> None:
+            """Drop one kept artifact (it decoded badly one level up: fetch it again next time)."""
+            self.cache.pop((kind, str(job), key), None)
 
     return CachingReader(inner)
 

@@ -5,26 +5,29 @@ contract applies), and challenges the first interval whose root differs from its
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
 from web3.logs import DISCARD
 
-from protocol.agent import Player, checkpoint_state
+from protocol.agent import Player, checkpoint_bytes, checkpoint_state
 from protocol.deploy import Protocol
 from protocol.game import PARTY_CHALLENGER, ChallengerStrategy, StepBook
 from protocol.jobs import JobContext, Terms
-from protocol.store import ArtifactReader, ArtifactUnavailable, StepRecord
+from protocol.store import ArtifactReader, ArtifactStore, ArtifactUnavailable, StepRecord
 from vtrain.commit import LogEntry, interval_root, state_root
 from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
 from vtrain.executor import state_tensors
 from vtrain.graph import OpNode
 from vtrain.logfile import decode_step_log
+from vtrain.rundir import atomic_write
 from vtrain.trace import StepTrace
-from vtrain.train import component_roots, replay_steps
+from vtrain.train import component_roots, replay_steps, step_log_root_of
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,11 @@ class AuditorAgent:
     flagged: list[int] = field(default_factory=list)
     """Intervals the replay found wrong (returned by :meth:`audit`)."""
     _states: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    _committed: dict[int, dict[int, StepRecord]] = field(default_factory=dict)
+    state: ArtifactStore | None = None
+    """Where the auditor keeps its own replay results (records, the state at each interval's end,
+    progress): a restarted auditor resumes from them instead of replaying the whole job again."""
+    _pending_bad: int | None = None
 
     def __post_init__(self) -> None:
         self.book = StepBook(self.ctx)
@@ -93,9 +101,138 @@ class AuditorAgent:
         self._states[0] = state_tensors(self.ctx.job.initial_state)
         self._trace = lru_cache(maxsize=4)(self._regenerate)
         self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
+        if self.state is not None:
+            self._restore()
+
+    # -- its own progress, on disk ------------------------------------------------------------------
+    def _progress_path(self) -> Path:
+        assert self.state is not None
+        return Path(self.state.root) / str(self.job_id) / "audit.json"
+
+    def _save(self, roots: list[bytes], bad: int | None) -> None:
+        """Persist the interval just replayed (its records and end state, then the progress file:
+        a crash in between leaves the old progress, which is still true)."""
+        if self.state is None:
+            return
+        i = self.verified - 1
+        first, n = self.ctx.interval_span(i)
+        if i not in self.skipped:
+            for s in range(first, first + n):
+                self.state.put_step(self.job_id, self.book.records[s], replace=True)
+            self.state.put_checkpoint(
+                self.job_id, i + 1, checkpoint_bytes(self.ctx, self._states[first + n - 1]), replace=True
+            )
+        old = self._read_progress() or {}
+        progress = {
+            "job": self.job_id,
+            "verified": self.verified,
+            "roots": [r.hex() for r in roots[: self.verified]],
+            "skipped": self.skipped,
+            "bad": old.get("bad") if old.get("bad") is not None else bad,
+            "overruled": {str(k): v for k, v in self.overruled_steps.items()},
+        }
+        atomic_write(self._progress_path(), json.dumps(progress, sort_keys=True).encode())
+
+    def _read_progress(self) -> dict | None:
+        p = self._progress_path()
+        if not p.exists():
+            return None
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            log.warning("job %d: ignoring unreadable progress file %s (%s)", self.job_id, p, e)
+            return None
+        return d if isinstance(d, dict) else None
+
+    def _restore(self) -> None:
+        """Resume from the saved progress; anything missing, corrupt or not matching the chain
+        means a full replay (never a verdict taken from a damaged file)."""
+        d = self._read_progress()
+        if not d:
+            return
+        try:
+            verified = int(d["verified"])
+            roots = self.posted()
+            if (
+                d.get("job") != self.job_id
+                or verified > len(roots)
+                or [bytes.fromhex(r) for r in d["roots"]] != roots[:verified]
+            ):
+                raise ValueError("does not match the roots posted on-chain")
+            skipped = [int(i) for i in d.get("skipped", [])]
+            records: dict[int, StepRecord] = {}
+            states: dict[int, list[torch.Tensor]] = {}
+            for i in range(verified):
+                if i in skipped:
+                    continue
+                first, n = self.ctx.interval_span(i)
+                for s in range(first, first + n):
+                    records[s] = self.state.get_step(self.job_id, s)  # type: ignore[union-attr]
+                end = self.state.get_checkpoint(self.job_id, i + 1)  # type: ignore[union-attr]
+                states[first + n - 1] = checkpoint_state(self.ctx, end, f"saved state after interval {i}")
+                if state_root(component_roots(states[first + n - 1])) != records[first + n - 1].state_root:
+                    raise CorruptArtifact(f"saved state after interval {i} is not the state its record commits to")
+            overruled = {int(k): [tuple(e) for e in v] for k, v in d.get("overruled", {}).items()}
+            bad = d.get("bad")
+        except (KeyError, TypeError, ValueError, VtrainError) as e:
+            log.warning(
+                "job %d: not resuming from %s (%s); replaying from the start", self.job_id, self._progress_path(), e
+            )
+            return
+        self.book.records.update(records)
+        self._states.update(states)
+        self.verified, self.skipped = verified, skipped
+        self.overruled_steps.update(overruled)  # type: ignore[arg-type]
+        self._pending_bad = int(bad) if bad is not None else None
+        log.info(
+            "job %d: resumed the audit after interval %d from %s", self.job_id, verified - 1, self._progress_path()
+        )
 
     def _logs(self, s: int):
-        return decode_step_log(self.reader.get_log(self.job_id, s), s, self.ctx.job.graph)
+        """Step ``s``'s rounding log as the trainer committed to it. A log that does not decode, or
+        whose root is not the log root of the trainer's step record (itself checked against the
+        posted interval root), is corrupt: CorruptArtifact, and it is fetched again next time."""
+        graph = self.ctx.job.graph
+        data = self.reader.get_log(self.job_id, s)
+        what = f"rounding log of step {s} (sha256 {hashlib.sha256(data).hexdigest()}, {len(data)} bytes)"
+        try:
+            lg = decode_step_log(data, s, graph)
+        except CorruptArtifact as e:
+            self._forget("log", s)
+            raise CorruptArtifact(f"{what}: {e}") from None
+        rec = self._committed_record(s)
+        if rec is not None and rec.log_root != bytes(32):
+            got = step_log_root_of(lg, graph)
+            if got != rec.log_root:
+                self._forget("log", s)
+                raise CorruptArtifact(
+                    f"{what}: its root {got.hex()} is not the log root {rec.log_root.hex()} "
+                    f"the trainer committed for step {s}"
+                )
+        return lg
+
+    def _forget(self, kind: str, key: int) -> None:
+        forget = getattr(self.reader, "forget", None)
+        if forget is not None:
+            forget(kind, self.job_id, key)
+
+    def _committed_record(self, s: int) -> StepRecord | None:
+        """The trainer's record of step ``s`` if its interval's records hash to the posted root;
+        None when they do not (the replay alone then decides)."""
+        i = (s - 1) // self.ctx.spec.interval
+        if i not in self._committed:
+            first, n = self.ctx.interval_span(i)
+            posted = bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0])
+            recs = [self.reader.get_step(self.job_id, t) for t in range(first, first + n)]
+            if interval_root([r.leaf() for r in recs]) != posted:
+                log.warning(
+                    "job %d: the trainer's step records of interval %d do not hash to its posted root", self.job_id, i
+                )
+                for t in range(first, first + n):
+                    self._forget("step", t)
+                return None
+            self._committed[i] = {r.s: r for r in recs}
+        return self._committed[i].get(s)
 
     def posted(self) -> list[bytes]:
         n = int(self.proto.chain.call(self.proto.registry.functions.getJob(self.job_id))[4])
@@ -105,6 +242,11 @@ class AuditorAgent:
 
     def audit(self) -> int | None:
         """Replay every newly posted interval; return the first interval whose root differs."""
+        if self._pending_bad is not None:  # found before a restart, maybe not challenged yet
+            bad, self._pending_bad = self._pending_bad, None
+            if bad not in self.flagged:
+                self.flagged.append(bad)
+            return bad
         roots = self.posted()
         while self.verified < len(roots):
             i = self.verified
@@ -112,6 +254,7 @@ class AuditorAgent:
             if not self._sampled(i):
                 self.skipped.append(i)
                 self.verified += 1
+                self._save(roots, None)
                 continue
             state = self._states.get(first - 1)
             overruled: list[tuple[int, int]] = []
@@ -153,6 +296,8 @@ class AuditorAgent:
             self._states[first + n - 1] = state
             mine = interval_root([self.book.records[s].leaf() for s in range(first, first + n)])
             self.verified += 1
+            abused = any(first <= s < first + n for s in self.overruled_steps)
+            self._save(roots, i if mine != roots[i] or abused else None)
             if mine != roots[i]:
                 log.info(
                     "job %d: interval %d differs (posted %s, replayed %s)",
@@ -163,7 +308,7 @@ class AuditorAgent:
                 )
                 self.flagged.append(i)
                 return i
-            if any(first <= s < first + n for s in self.overruled_steps):
+            if abused:
                 self.flagged.append(i)
                 return i
         return None
@@ -183,7 +328,14 @@ class AuditorAgent:
         """The trainer's state at the start of interval ``i``, accepted only if it is the state its
         posted interval ``i-1`` commits to."""
         first, _ = self.ctx.interval_span(i)
-        state = checkpoint_state(self.ctx, self.reader.get_checkpoint(self.job_id, i), f"checkpoint of interval {i}")
+        data = self.reader.get_checkpoint(self.job_id, i)
+        try:
+            state = checkpoint_state(
+                self.ctx, data, f"checkpoint of interval {i} (sha256 {hashlib.sha256(data).hexdigest()})"
+            )
+        except (CorruptArtifact, ValueError, TypeError) as e:
+            self._forget("checkpoint", i)
+            raise CorruptArtifact(str(e)) from None
         pf, pn = self.ctx.interval_span(i - 1)
         records = [self.reader.get_step(self.job_id, s) for s in range(pf, pf + pn)]
         if interval_root([r.leaf() for r in records]) != roots[i - 1]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,18 @@ class ChainError(VtrainError):
     """Raised when the node is unreachable, a transaction reverts, or an address holds no contract."""
 
 
+class RpcUnavailable(ChainError):
+    """Raised when the JSON-RPC endpoint stayed unreachable through every retry; names the URL,
+    the request, how many tries and how long it tried."""
+
+    def __init__(self, url: str, what: str, tries: int, seconds: float, last: Exception) -> None:
+        super().__init__(f"{what}: JSON-RPC node at {url} unreachable: {tries} tries over {seconds:.1f} s "
+                         f"(last error: {_short(last)})")
+        self.url = url
+        self.tries = tries
+        self.seconds = seconds
+
+
 class Reverted(ChainError):
     """Raised when a transaction or call reverts; ``error`` is the decoded custom error name."""
 
@@ -51,22 +64,56 @@ class Chain:
 
     w3: Web3
     url: str | None = None
-    retries: int = 5
-    backoff: float = 0.5
+    retries: int = 8
+    """Retries of a request that failed to connect (0: fail on the first error)."""
+    backoff: float = 0.25
+    """First wait (seconds); each retry doubles it, up to ``max_wait``, with jitter."""
+    max_wait: float = 5.0
+    deadline: float = 60.0
+    """Overall limit (seconds) for one request and its retries."""
+    rng: random.Random = field(default_factory=random.Random, repr=False)
     _errors: dict[bytes, tuple[str, list[str]]] = field(default_factory=dict)
 
     # -- connecting -------------------------------------------------------------------------------
     @staticmethod
-    def connect(rpc: str | None = None, timeout: float = 10.0) -> Chain:
-        """The embedded eth-tester chain when ``rpc`` is None, else the node at ``rpc``."""
+    def connect(rpc: str | None = None, timeout: float = 10.0, **retry: Any) -> Chain:
+        """The embedded eth-tester chain when ``rpc`` is None, else the node at ``rpc`` (``retry``:
+        ``retries``, ``backoff``, ``max_wait``, ``deadline``)."""
         if rpc is None:
             from web3 import EthereumTesterProvider
 
             chain = Chain(Web3(EthereumTesterProvider()), None)
         else:
-            chain = Chain(Web3(Web3.HTTPProvider(rpc, request_kwargs={"timeout": timeout})), rpc)
-        chain.accounts()  # fails early and clearly when the node is not there
+            chain = Chain.http(rpc, timeout, **retry)
+        chain.first_contact()  # fails early and clearly when the node is not there
         return chain
+
+    def first_contact(self, deadline: float = 10.0) -> list[str]:
+        """The node's accounts, retried for at most ``deadline`` seconds (or the chain's own, if
+        shorter): a node that is not there at start-up is reported promptly; later requests get the
+        full retry budget (an outage mid-run is waited out)."""
+        full = self.deadline
+        self.deadline = min(full, deadline)
+        try:
+            return self.accounts()
+        finally:
+            self.deadline = full
+
+    @staticmethod
+    def http(rpc: str, timeout: float = 10.0, **retry: Any) -> Chain:
+        """A client of the JSON-RPC node at ``rpc`` (not contacted yet). web3's own retrying is off:
+        :meth:`_retry` is the one retry path. A malformed URL raises ChainError."""
+        from urllib.parse import urlsplit
+
+        try:
+            u = urlsplit(rpc)
+            ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port is None or u.port > 0)
+        except ValueError:  # e.g. a port that is not a number or out of range
+            ok = False
+        if not ok:
+            raise ChainError(f"RPC URL {rpc!r} is malformed: expected http(s)://HOST[:PORT][/PATH]")
+        provider = Web3.HTTPProvider(rpc, request_kwargs={"timeout": timeout}, exception_retry_configuration=None)
+        return Chain(Web3(provider), rpc, **retry)
 
     @property
     def name(self) -> str:
@@ -76,22 +123,36 @@ class Chain:
     def embedded(self) -> bool:
         return self.url is None
 
-    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn``; on a connection error retry with exponential backoff, then raise ChainError."""
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
+    def waits(self) -> list[float]:
+        """The upper bounds of the waits between tries (before jitter), for documentation and tests."""
+        return [min(self.max_wait, self.backoff * 2**k) for k in range(self.retries)]
+
+    def _retry(self, what: str, fn: Callable[[], Any], before_retry: Callable[[], Any] | None = None) -> Any:
+        """Run ``fn``; on a connection error retry with exponential backoff and jitter (each wait
+        at most ``max_wait``), for at most ``retries`` retries and ``deadline`` seconds in all, then
+        raise :class:`RpcUnavailable`. ``before_retry`` (if given) runs before each retry and may
+        return a result that ends the loop (not None)."""
+        t0 = time.monotonic()
+        tries = 0
+        while True:
             try:
+                tries += 1
                 return fn()
             except Exception as e:
                 if not _is_connection_error(e):
                     raise
-                if attempt == self.retries:
-                    raise ChainError(
-                        f"{what}: node at {self.name} unreachable after {self.retries + 1} tries ({e})"
-                    ) from None
-                log.warning("%s: %s; retrying in %.1fs", what, e, delay)
+                elapsed = time.monotonic() - t0
+                if tries > self.retries or elapsed >= self.deadline:
+                    raise RpcUnavailable(self.name, what, tries, elapsed, e) from None
+                cap = min(self.max_wait, self.backoff * 2 ** (tries - 1))
+                delay = min(cap / 2 + self.rng.uniform(0, cap / 2), max(0.0, self.deadline - elapsed))
+                log.warning("%s: node at %s: %s; retry %d/%d in %.2f s", what, self.name, _short(e), tries,
+                            self.retries, delay)
                 time.sleep(delay)
-                delay = min(delay * 2, 8.0)
+            if before_retry is not None:
+                done = self._retry(f"{what} (check before retrying)", before_retry)
+                if done is not None:
+                    return done
 
     def accounts(self) -> list[str]:
         accs = self._retry("eth_accounts", lambda: self.w3.eth.accounts)
@@ -140,7 +201,7 @@ class Chain:
         if bal < value + gas * gas_price and bal < value + gas:  # be lenient where the base fee is 0
             raise ChainError(f"{label}: account {sender} has {bal} wei, needs at least {value} + gas")
         try:
-            tx = self._retry(label, lambda: fn.transact(params))
+            tx = self._transact_once(fn, params, sender, label)
             receipt = self._retry(label, lambda: self.w3.eth.wait_for_transaction_receipt(tx, timeout=120))
         except (ContractCustomError, ContractLogicError) as e:
             raise self._decode_revert(label, e) from None
@@ -158,6 +219,41 @@ class Chain:
                 raise self._decode_revert(label, e) from None
             raise Reverted(f"{label}: reverted (tx {receipt['transactionHash'].hex()})")
         return dict(receipt)
+
+    def _transact_once(self, fn: Any, params: dict, sender: str, label: str) -> Any:
+        """Send ``fn`` exactly once, also when the connection fails mid-request: on a node the
+        transaction carries the account's next nonce, and before a retry the node is asked whether
+        that nonce was used (the request got through): then the mined transaction is found and
+        returned instead of sending another (never two postings, two moves, two withdrawals)."""
+        if self.embedded:
+            return fn.transact(params)
+        nonce = int(self._retry("eth_getTransactionCount",
+                                lambda: self.w3.eth.get_transaction_count(sender, "pending")))  # type: ignore[arg-type]
+        first = int(self._retry("eth_blockNumber", lambda: self.w3.eth.block_number))
+        params = {**params, "nonce": nonce}
+
+        def sent_already() -> Any:
+            if int(self.w3.eth.get_transaction_count(sender, "pending")) <= nonce:  # type: ignore[arg-type]
+                return None
+            tx = self._find_tx(sender, nonce, first, _calldata(fn))
+            if tx is None:  # the nonce went to something else (another process with this account?)
+                raise ChainError(f"{label}: nonce {nonce} of {sender} was used by a transaction other than this "
+                                 f"one (or not found in blocks {first}..latest of {self.name}); not sending it "
+                                 "again blindly")
+            log.warning("%s: the node had received it before the connection failed (tx %s)", label, tx.hex())
+            return tx
+
+        return self._retry(label, lambda: fn.transact(params), before_retry=sent_already)
+
+    def _find_tx(self, sender: str, nonce: int, first: int, data: bytes | None = None) -> Any:
+        """Hash of the mined transaction of ``sender`` with ``nonce`` (and calldata ``data``, when
+        given) in blocks ``first``..latest."""
+        last = int(self.w3.eth.block_number)
+        for b in range(max(first, last - 256), last + 1):  # bounded: the last 256 blocks at most
+            for t in self.w3.eth.get_block(b, full_transactions=True)["transactions"]:
+                if str(t["from"]).lower() == sender.lower() and int(t["nonce"]) == nonce:
+                    return t["hash"] if data is None or bytes(t["input"]) == data else None
+        return None
 
     def call(self, fn: Any, sender: str | None = None) -> Any:
         try:
@@ -199,9 +295,30 @@ class Chain:
 
 
 def _is_connection_error(e: Exception) -> bool:
-    """True for the node being unreachable (requests wraps socket errors in its own types)."""
+    """True for the node being unreachable (requests wraps socket errors in its own types) or a
+    proxy in front of it answering 502/503/504."""
     name = type(e).__name__
-    return isinstance(e, (ConnectionError, OSError, TimeoutError)) or "Connection" in name or "Timeout" in name
+    if isinstance(e, (ConnectionError, OSError, TimeoutError)) or "Connection" in name or "Timeout" in name:
+        return True
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    return name == "HTTPError" and status in (502, 503, 504)
+
+
+def _calldata(fn: Any) -> bytes | None:
+    """The calldata a contract function call sends (None when it cannot be told in advance)."""
+    encode = getattr(fn, "_encode_transaction_data", None)
+    if encode is None:
+        return None
+    try:
+        return bytes.fromhex(str(encode())[2:])
+    except Exception:  # a constructor or an unusual function object: match on the nonce alone
+        return None
+
+
+def _short(e: Exception) -> str:
+    """An exception in one line of at most 160 characters (requests' messages nest deeply)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _revert_bytes(e: Exception) -> bytes | None:
@@ -251,7 +368,19 @@ class Deployment:
     @staticmethod
     def load(path: Path) -> Deployment:
         try:
-            d = json.loads(Path(path).read_text())
-            return Deployment(d["registry"], d["game"], d["adjudicator"], int(d["chain_id"]))
-        except (OSError, json.JSONDecodeError, KeyError, ValueError) as e:
-            raise ChainError(f"deployment file {path}: {e}") from None
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ChainError(f"deployment file {path}: {e.strerror or e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ChainError(f"deployment file {path}: not JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ChainError(f"deployment file {path}: expected an object, got {type(d).__name__}")
+        missing = [k for k in ("registry", "game", "adjudicator", "chain_id") if k not in d]
+        if missing:
+            raise ChainError(f"deployment file {path}: missing {', '.join(missing)}")
+        for k in ("registry", "game", "adjudicator"):
+            if not isinstance(d[k], str) or not Web3.is_address(d[k]):
+                raise ChainError(f"deployment file {path}: {k}: {d[k]!r} is not an address")
+        if isinstance(d["chain_id"], bool) or not isinstance(d["chain_id"], int) or d["chain_id"] <= 0:
+            raise ChainError(f"deployment file {path}: chain_id: expected a positive integer, got {d['chain_id']!r}")
+        return Deployment(d["registry"], d["game"], d["adjudicator"], d["chain_id"])

@@ -107,6 +107,8 @@ def deploy(rpc: str | None, out: Path) -> None:
         save_deployment(proto, out)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:  # --out unwritable (a folder, no permission): nothing half-written
+        raise click.ClickException(f"--out {out}: {e.strerror or e}") from None
     console.print(
         f"deployed on {chain.name}: registry {proto.registry.address}, game {proto.game.address}, "
         f"adjudicator {proto.adjudicator.address} -> {out}"

@@ -48,6 +48,7 @@ from protocol.deploy import Protocol, deploy
 from protocol.game import PHASE_NAMES, STATUS_IN_PROGRESS, GameView
 from protocol.jobs import JobContext, Terms
 from vtrain.errors import VtrainError
+from vtrain.rundir import atomic_write
 
 #: Short terms for a dev node: the orchestrator moves the clock anyway.
 DEMO_TERMS = Terms(challenge_window=600, clock=300)
@@ -182,7 +183,7 @@ class ProcessScenario:
             if self.cheat:
                 base += ["--cheat", self.cheat] + (["--cheat-step", str(self.cheat_step)] if self.cheat_step else [])
             return base
-        base += ["--store-url", self.store_url]
+        base += ["--store-url", self.store_url, "--state-dir", str(self.work / f"auditor-state-{self.job}")]
         if self.false_challenge:
             return base + ["--false-challenger", "--account-index", str(ROLE_ACCOUNTS["false_challenger"])]
         return base + ["--account-index", str(ROLE_ACCOUNTS["auditor"])]
@@ -450,7 +451,7 @@ class ProcessDemo:
         save_deployment(proto, deployment_path)  # with the ABIs: agents need not compile
         spec = default_spec(model)
         spec_path = work / "spec.json"
-        spec_path.write_text(spec.to_json())
+        atomic_write(spec_path, spec.to_json().encode())
         return ProcessDemo(proto, rpc, work, deployment_path, spec_path, JobContext.of(spec))
 
     def scenario(self, name: str, cheat: str | None, false_challenge: bool, say: Narrate,

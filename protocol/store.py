@@ -281,7 +281,8 @@ class ArtifactReader(ABC):
         got = hashlib.sha256(data).digest()
         if not hmac.compare_digest(got, digest):
             raise CorruptArtifact(
-                f"object {digest.hex()} at {self._where(job, rel)}: content hashes to {got.hex()}"
+                f"object {digest.hex()} at {self._where(job, rel)}: expected sha256 {digest.hex()}, content "
+                f"({len(data)} bytes) hashes to {got.hex()} (corrupt or truncated; not used)"
             )
         return data
 
@@ -312,7 +313,7 @@ class ArtifactReader(ABC):
         data = self.get_blob(job, ref.digest)
         if len(data) != ref.size:
             raise CorruptArtifact(
-                f"{self._where(job, rel)}: expected {ref.size} bytes, got {len(data)}"
+                f"{self._where(job, rel)}: expected {ref.size} bytes (sha256 {ref.digest.hex()}), got {len(data)}"
             )
         return data
 
@@ -392,9 +393,9 @@ class ArtifactStore(ArtifactReader):
         log.debug("stored object %s (%d bytes) for job %s", digest.hex(), len(data), job)
         return digest
 
-    def _put_index(self, job: str, rel: str, body: bytes) -> None:
+    def _put_index(self, job: str, rel: str, body: bytes, replace: bool = False) -> None:
         path = self._path(job, rel)
-        if path.exists():
+        if path.exists() and not replace:
             old = path.read_bytes()
             if old == body:
                 return
@@ -408,25 +409,26 @@ class ArtifactStore(ArtifactReader):
                 )
         _atomic_write(path, body)
 
-    def put_step(self, job: str | int, record: StepRecord) -> None:
-        """Publish a step record (immutable: a different record for the same step is refused)."""
+    def put_step(self, job: str | int, record: StepRecord, replace: bool = False) -> None:
+        """Publish a step record (immutable: a different record for the same step is refused,
+        unless ``replace``: a repair of a damaged store with a record checked against the chain)."""
         if not isinstance(record, StepRecord):
             raise TypeError(f"record: expected a StepRecord, got {type(record).__name__}")
-        self._put_index(_job(job), f"steps/{record.s}.json", _dumps(record.to_json()))
+        self._put_index(_job(job), f"steps/{record.s}.json", _dumps(record.to_json()), replace)
 
-    def _put_ref(self, job: str | int, rel: str, data: bytes) -> Digest:
+    def _put_ref(self, job: str | int, rel: str, data: bytes, replace: bool = False) -> Digest:
         job = _job(job)
         digest = self.put_blob(job, data)  # the object first, so no index ever names a missing one
-        self._put_index(job, rel, _dumps(BlobRef(digest, len(data)).to_json()))
+        self._put_index(job, rel, _dumps(BlobRef(digest, len(data)).to_json()), replace)
         return digest
 
-    def put_log(self, job: str | int, s: int, data: bytes) -> Digest:
+    def put_log(self, job: str | int, s: int, data: bytes, replace: bool = False) -> Digest:
         """Publish the rounding-log bytes of step ``s``; returns their digest."""
-        return self._put_ref(job, f"logs/{_nonneg(s, 's')}.json", data)
+        return self._put_ref(job, f"logs/{_nonneg(s, 's')}.json", data, replace)
 
-    def put_checkpoint(self, job: str | int, interval: int, data: bytes) -> Digest:
+    def put_checkpoint(self, job: str | int, interval: int, data: bytes, replace: bool = False) -> Digest:
         """Publish the checkpoint bytes at the start of ``interval``; returns their digest."""
-        return self._put_ref(job, f"checkpoints/{_nonneg(interval, 'interval')}.json", data)
+        return self._put_ref(job, f"checkpoints/{_nonneg(interval, 'interval')}.json", data, replace)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,13 +12,15 @@ from functools import lru_cache
 import torch
 
 from protocol.agent import Player, checkpoint_bytes, checkpoint_state
+from protocol.chain import Reverted
 from protocol.deploy import Protocol
 from protocol.game import PARTY_TRAINER, StepBook, TrainerStrategy
 from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactStore, StepRecord
 from vtrain.commit import interval_root
+from vtrain.errors import CorruptArtifact, MissingArtifact
 from vtrain.executor import state_tensors
-from vtrain.logfile import encode_step_log
+from vtrain.logfile import decode_step_log, encode_step_log
 from vtrain.trace import StepTrace
 from vtrain.train import Cheat, train_steps
 
@@ -75,20 +77,105 @@ class TrainerAgent:
         if first + n - 1 < self.ctx.spec.steps:
             self.store.put_checkpoint(self.job_id, i + 1, checkpoint_bytes(self.ctx, o.state))
         root = interval_root(leaves)
-        self.proto.chain.send(
-            self.proto.registry.functions.postInterval(self.job_id, i, root),
-            self.account,
-            what=f"job {self.job_id}: postInterval {i}",
-        )
+        try:
+            self.proto.chain.send(
+                self.proto.registry.functions.postInterval(self.job_id, i, root),
+                self.account,
+                what=f"job {self.job_id}: postInterval {i}",
+            )
+        except Reverted:
+            # Posted meanwhile (a run of ours before a restart, mined late): the chain has it.
+            onchain = self.next_interval() > i and bytes(
+                self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0]) == root
+            if not onchain:
+                raise
+            log.warning("job %d: interval %d was already posted with this root; not posting it again", self.job_id, i)
+            return None
         log.info("job %d: posted interval %d root %s", self.job_id, i, root.hex()[:16])
         return i
 
     def _state_at(self, step: int) -> list[torch.Tensor]:
-        """State after ``step`` (an interval boundary): initial state or the stored checkpoint."""
+        """State after ``step`` (an interval boundary): initial state or the stored checkpoint. A
+        checkpoint that is missing or corrupt in the local store is rebuilt (deterministically)
+        from the last good one before it, and stored again."""
         if step == 0:
             return state_tensors(self.ctx.job.initial_state)
-        i = step // self.ctx.spec.interval
-        return checkpoint_state(self.ctx, self.store.get_checkpoint(self.job_id, i), f"checkpoint of interval {i}")
+        target = step // self.ctx.spec.interval
+        i, state = target, None
+        while i > 0:  # the latest readable checkpoint at or before ``target``
+            try:
+                state = self._checkpoint(i)
+                break
+            except (CorruptArtifact, MissingArtifact) as e:
+                log.warning("job %d: %s; rebuilding it from the checkpoint before", self.job_id, e)
+                i -= 1
+        if state is None:
+            state = state_tensors(self.ctx.job.initial_state)
+        while i < target:
+            first, n = self.ctx.interval_span(i)
+            for o in train_steps(self.ctx.job, state, first, first + n - 1, cheat=self.cheat):
+                state = o.state
+            i += 1
+            self.store.put_checkpoint(self.job_id, i, checkpoint_bytes(self.ctx, state), replace=True)
+            log.warning("job %d: rebuilt the checkpoint of interval %d", self.job_id, i)
+        return state
+
+    def _checkpoint(self, i: int) -> list[torch.Tensor]:
+        data = self.store.get_checkpoint(self.job_id, i)
+        try:
+            return checkpoint_state(self.ctx, data, f"checkpoint of interval {i} in {self.store!r}")
+        except (ValueError, TypeError) as e:
+            raise CorruptArtifact(f"checkpoint of interval {i} in {self.store!r}: {e}") from None
+
+    def repair(self) -> list[int]:
+        """Check the local artifacts of every posted interval (and the checkpoint the next one
+        starts from) and regenerate the intervals with anything missing or corrupt; each
+        regenerated interval must hash to the root posted on-chain. Returns the repaired intervals.
+        Run at start-up: an auditor must never be served a damaged artifact of ours."""
+        posted = self.next_interval()
+        repaired = []
+        for i in range(posted):
+            damage = self._damage(i)
+            if not damage:
+                continue
+            log.warning("job %d: interval %d: damaged in the local store (%s); regenerating it", self.job_id, i,
+                        "; ".join(damage))
+            first, n = self.ctx.interval_span(i)
+            state = self._state_at(first - 1)
+            self.store.put_checkpoint(self.job_id, i, checkpoint_bytes(self.ctx, state), replace=True)
+            leaves = []
+            for o in train_steps(self.ctx.job, state, first, first + n - 1, cheat=self.cheat):
+                self.store.put_log(self.job_id, o.step, encode_step_log(o.log, o.step, self.ctx.job.graph),
+                                   replace=True)
+                rec = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
+                self.store.put_step(self.job_id, rec, replace=True)
+                leaves.append(rec.leaf())
+            if first + n - 1 < self.ctx.spec.steps:
+                self.store.put_checkpoint(self.job_id, i + 1, checkpoint_bytes(self.ctx, o.state), replace=True)
+            onchain = bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0])
+            if interval_root(leaves) != onchain:
+                raise CorruptArtifact(f"job {self.job_id}: interval {i} regenerated to a root other than the one "
+                                      f"posted on-chain ({onchain.hex()}): wrong spec, cheat or machine?")
+            repaired.append(i)
+        return repaired
+
+    def _damage(self, i: int) -> list[str]:
+        """What is missing or corrupt among interval ``i``'s artifacts in the local store."""
+        first, n = self.ctx.interval_span(i)
+        checks: list[tuple[str, Callable[[], object]]] = [(f"checkpoint {i}", lambda: self._checkpoint(i))]
+        if first + n - 1 < self.ctx.spec.steps:
+            checks.append((f"checkpoint {i + 1}", lambda: self._checkpoint(i + 1)))
+        for s in range(first, first + n):
+            checks.append((f"step {s}", lambda s=s: self.store.get_step(self.job_id, s)))
+            checks.append((f"log {s}", lambda s=s: decode_step_log(self.store.get_log(self.job_id, s), s,
+                                                                   self.ctx.job.graph)))
+        bad = []
+        for name, check in checks:
+            try:
+                check()
+            except (CorruptArtifact, MissingArtifact) as e:
+                bad.append(f"{name}: {e}")
+        return bad
 
     def finalize(self) -> None:
         self.proto.chain.send(

@@ -253,3 +253,123 @@ def eth_tester_w3() -> Web3:
     w3 = Web3(EthereumTesterProvider())
     w3.eth.default_account = w3.eth.accounts[0]
     return w3
+
+
+class FlakyProxy:
+    """A TCP proxy on 127.0.0.1 in front of ``target`` (host, port) that can fail on demand:
+    ``down()`` closes every connection (accepted ones at once, open ones too) until ``up()``;
+    ``drop_response_to(marker)`` forwards the next request containing ``marker`` to the target
+    but closes the client's connection instead of returning the answer (a reply lost in transit).
+    Threads only; ``close()`` (or the context manager) stops it."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self._listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listen.bind(("127.0.0.1", 0))
+        self._listen.listen(64)
+        self.port = int(self._listen.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._down = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._drop_marker: bytes | None = None
+        self.dropped: list[bytes] = []  # requests whose answers were dropped
+        self.refused = 0  # connections closed because the proxy was down
+        threading.Thread(target=self._accept, daemon=True, name="flaky-proxy").start()
+
+    @staticmethod
+    def to(url: str) -> FlakyProxy:
+        from urllib.parse import urlsplit
+
+        u = urlsplit(url)
+        return FlakyProxy((u.hostname or "127.0.0.1", int(u.port or 80)))
+
+    def down(self) -> None:
+        self._down.set()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            _close(c)
+
+    def up(self) -> None:
+        self._down.clear()
+
+    def down_for(self, seconds: float) -> threading.Timer:
+        """Down now, up again after ``seconds`` (in a timer thread)."""
+        self.down()
+        t = threading.Timer(seconds, self.up)
+        t.daemon = True
+        t.start()
+        return t
+
+    def drop_response_to(self, marker: bytes) -> None:
+        self._drop_marker = marker
+
+    def close(self) -> None:
+        self._closed.set()
+        self.down()
+        _close(self._listen)
+
+    def __enter__(self) -> FlakyProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listen.accept()
+            except OSError:
+                return
+            if self._down.is_set():
+                self.refused += 1
+                _close(client)
+                continue
+            try:
+                backend = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            backend.settimeout(None)
+            with self._lock:
+                self._conns += [client, backend]
+            state = {"drop": False}
+            threading.Thread(target=self._pipe, args=(client, backend, state, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(backend, client, state, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, state: dict, upstream: bool) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data or self._down.is_set():
+                    break
+                if upstream:
+                    marker = self._drop_marker
+                    if marker is not None and marker in data:
+                        self._drop_marker = None
+                        self.dropped.append(data)
+                        state["drop"] = True
+                    dst.sendall(data)
+                elif state["drop"]:  # the answer is lost: the client sees its connection closed
+                    break
+                else:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(src)
+            _close(dst)
+
+
+def _close(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        s.close()
+    except OSError:
+        pass

@@ -62,8 +62,11 @@ def spec_from_options(
     if text is not None:
         try:
             vocab = max(vocab, len(set(Path(text).read_text(encoding="utf-8"))))
-        except (OSError, UnicodeDecodeError) as e:
-            raise click.BadParameter(f"cannot read {text}: {e}", param_hint="--text") from None
+        except UnicodeDecodeError as e:
+            raise click.BadParameter(f"{text}: not UTF-8 text ({e.reason} at byte {e.start})",
+                                     param_hint="--text") from None
+        except OSError as e:
+            raise click.BadParameter(f"cannot read {text}: {e.strerror or e}", param_hint="--text") from None
     try:
         hid = tuple(int(h) for h in hidden.split(",") if h)
     except ValueError:
@@ -110,13 +113,15 @@ def spec_from_options(
     "spec_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="Read the whole spec from a JSON file instead of the options.",
+    help="Read the whole spec from a file (JSON, or TOML if named *.toml) instead of the options.",
 )
 def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
     """Train with controlled numerics and write spec, roots, logs and checkpoints to OUT."""
     try:
-        spec = TrainSpec.from_json(spec_path.read_text()) if spec_path else spec_from_options(**opts)
+        spec = TrainSpec.from_file(spec_path) if spec_path else spec_from_options(**opts)
         run = RunDir(out)
+        if out.exists() and not out.is_dir():
+            raise click.ClickException(f"--out {out}: exists and is not a folder")
         if (out / "roots.jsonl").exists():
             raise click.ClickException(f"{out} already holds a run; choose another --out")
         job = build_job(spec)
@@ -151,6 +156,8 @@ def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
         click.echo(json.dumps(summary))
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(_os_error(e)) from None
 
 
 @click.command("replay")
@@ -165,7 +172,13 @@ def replay_cmd(run_path: Path, from_step: int, to_step: int | None, mode: str | 
         spec = run.read_spec()
         job = build_job(spec)
         roots = run.read_roots()
+        if not roots:
+            raise click.ClickException(f"{run.path / 'roots.jsonl'} records no steps: nothing to replay")
         last = to_step or max(roots)
+        if last <= from_step:
+            raise click.ClickException(f"--to-step {last} is not after --from-step {from_step}")
+        if last > max(roots):
+            raise click.ClickException(f"--to-step {last}: the run records steps up to {max(roots)} only")
         state = run.read_checkpoint(from_step, job.graph)
         first_bad = None
         matched = 0
@@ -191,6 +204,13 @@ def replay_cmd(run_path: Path, from_step: int, to_step: int | None, mode: str | 
             sys.exit(1)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(_os_error(e)) from None
+
+
+def _os_error(e: OSError) -> str:
+    """One line for a file-system error: what failed and on which file."""
+    return f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
 
 
 COMMANDS = [train_cmd, replay_cmd]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vtrain.errors import VtrainError
+from vtrain.errors import DatasetError
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,10 @@ def synthetic_corpus(n_chars: int = 200_000, seed: int = 0) -> str:
 def text_dataset(text: str, context: int) -> Dataset:
     """Character-level samples of ``context + 1`` tokens (non-overlapping windows)."""
     if len(text) < context + 1:
-        raise VtrainError(f"text too short: expected at least {context + 1} characters, got {len(text)}")
+        raise DatasetError(f"text too short: expected at least {context + 1} characters, got {len(text)}")
     vocab = sorted(set(text))
     if len(vocab) > 2**24:
-        raise VtrainError("vocabulary too large for exact FP32 token ids")
+        raise DatasetError("vocabulary too large for exact FP32 token ids")
     lut = {c: i for i, c in enumerate(vocab)}
     ids = np.fromiter((lut[c] for c in text), dtype=np.float32, count=len(text))
     L = context + 1
@@ -78,8 +78,18 @@ def text_dataset(text: str, context: int) -> Dataset:
 
 
 def load_text_file(path: Path, context: int) -> Dataset:
+    """A user's UTF-8 text file as character-level samples; DatasetError names the file and problem."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise VtrainError(f"cannot read text dataset {path}: {e}") from None
-    return text_dataset(text, context)
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise DatasetError(f"text dataset {path}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"text dataset {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text:
+        raise DatasetError(f"text dataset {path}: the file is empty")
+    try:
+        return text_dataset(text, context)
+    except DatasetError as e:
+        raise DatasetError(f"text dataset {path}: {e}") from None

@@ -27,3 +27,11 @@ class CorruptLog(CorruptArtifact):
 
 class GraphError(VtrainError):
     """Raised when a graph is built with inconsistent shapes or attributes."""
+
+
+class SpecError(VtrainError):
+    """Raised when a training spec (file, dict or options) is malformed: the message names the key."""
+
+
+class DatasetError(VtrainError):
+    """Raised when a dataset is missing, empty, unreadable or the wrong shape for the model."""

@@ -13,6 +13,7 @@ Every file is written atomically (temp file + rename), so a crash never leaves h
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from vtrain.graph import Graph
 from vtrain.logfile import decode_step_log, encode_step_log
 from vtrain.spec import TrainSpec
 
+log = logging.getLogger(__name__)
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder, fsync and rename."""
@@ -87,7 +89,7 @@ class RunDir:
         p = self.path / "spec.json"
         if not p.exists():
             raise MissingArtifact(f"no spec.json in run folder {self.path}")
-        return TrainSpec.from_json(p.read_text())
+        return TrainSpec.from_file(p)
 
     # logs
     def log_path(self, step: int) -> Path:
@@ -119,9 +121,21 @@ class RunDir:
 
     # roots
     def append_roots(self, step: int, loss: float, state_root: bytes, log_root: bytes) -> None:
+        """Append one record. A record is complete once its newline is on disk; a torn last line
+        (a crash mid-append) is cut off first, so the file only ever holds whole records."""
         line = json.dumps({"step": step, "loss": loss, "state_root": state_root.hex(), "log_root": log_root.hex()})
-        with open(self.path / "roots.jsonl", "a") as f:
-            f.write(line + "\n")
+        p = self.path / "roots.jsonl"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "a+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(max(0, size - 4096))
+                tail = f.read()
+                if not tail.endswith(b"\n"):
+                    keep = size - len(tail) + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+                    f.truncate(keep)
+                    f.seek(0, os.SEEK_END)
+            f.write((line + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
 
@@ -130,11 +144,15 @@ class RunDir:
         if not p.exists():
             raise MissingArtifact(f"no roots.jsonl in run folder {self.path}")
         out: dict[int, dict] = {}
-        for n, line in enumerate(p.read_text().splitlines(), 1):
+        text = p.read_bytes().decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        if lines and lines[-1]:  # no newline yet: an append torn by a crash, not a record
+            log.warning("%s: ignoring a torn last line (%d bytes)", p, len(lines[-1]))
+        for n, line in enumerate(lines[:-1], 1):
             try:
                 r = json.loads(line)
                 out[int(r["step"])] = r
-            except (json.JSONDecodeError, KeyError, ValueError) as e:
+            except (json.JSONDecodeError, KeyError, ValueError, TypeError) as e:
                 raise CorruptArtifact(f"{p}: line {n} is not a roots record ({e})") from None
         return out
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vtrain.data import Dataset, digits_dataset, load_text_file, synthetic_corpus, text_dataset
-from vtrain.errors import VtrainError
+from vtrain.errors import DatasetError, SpecError
 from vtrain.graph import Graph, GraphBuilder
 from vtrain.nn import (
     GPTConfig,
@@ -43,14 +45,7 @@ class TrainSpec:
     corpus_chars: int = 20_000
 
     def __post_init__(self) -> None:
-        if self.model not in ("mlp", "gpt"):
-            raise VtrainError(f"model: expected 'mlp' or 'gpt', got {self.model!r}")
-        Mode(self.mode)
-        for name in ("batch_size", "steps", "interval"):
-            if getattr(self, name) <= 0:
-                raise VtrainError(f"{name}: expected a positive integer, got {getattr(self, name)}")
-        if self.model == "gpt" and self.gpt.d_model % self.gpt.n_head:
-            raise VtrainError(f"gpt: d_model {self.gpt.d_model} is not divisible by n_head {self.gpt.n_head}")
+        _validate(self)
 
     @property
     def data_seed(self) -> bytes:
@@ -66,23 +61,131 @@ class TrainSpec:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> TrainSpec:
-        try:
-            d = dict(d)
-            opt = dict(d.pop("optimizer", {"name": "sgd"}))
-            cls = {"sgd": SGDConfig, "adamw": AdamWConfig}[opt.get("name", "sgd")]
-            mlp = d.pop("mlp", {})
-            mlp = MLPConfig(**{**mlp, "hidden": tuple(mlp.get("hidden", MLPConfig().hidden))})
-            return TrainSpec(mlp=mlp, gpt=GPTConfig(**d.pop("gpt", {})), optimizer=cls(**opt), **d)
-        except (TypeError, KeyError) as e:
-            raise VtrainError(f"invalid training spec: {e}") from None
+    def from_dict(d: Any) -> TrainSpec:
+        """A spec from its :meth:`to_dict` form; unknown keys, wrong types and out-of-range values
+        raise :class:`SpecError` naming the key."""
+        if not isinstance(d, dict):
+            raise SpecError(f"spec: expected an object of settings, got {type(d).__name__}")
+        d = dict(d)
+        _known("spec", d, TrainSpec)
+        opt = d.pop("optimizer", {"name": "sgd"})
+        if not isinstance(opt, dict):
+            raise SpecError(f"spec: optimizer: expected an object, got {type(opt).__name__}")
+        name = opt.get("name", "sgd")
+        classes = {"sgd": SGDConfig, "adamw": AdamWConfig}
+        if name not in classes:
+            raise SpecError(f"spec: optimizer.name: expected one of {sorted(classes)}, got {name!r}")
+        cls = classes[name]
+        _known("optimizer", opt, cls)
+        mlp = d.pop("mlp", {})
+        gpt = d.pop("gpt", {})
+        for key, sub, sub_cls in (("mlp", mlp, MLPConfig), ("gpt", gpt, GPTConfig)):
+            if not isinstance(sub, dict):
+                raise SpecError(f"spec: {key}: expected an object, got {type(sub).__name__}")
+            _known(key, sub, sub_cls)
+        hidden = mlp.get("hidden", list(MLPConfig().hidden))
+        if not isinstance(hidden, list | tuple):
+            raise SpecError(f"spec: mlp.hidden: expected a list of positive integers, got {hidden!r}")
+        return TrainSpec(mlp=MLPConfig(**{**mlp, "hidden": tuple(hidden)}), gpt=GPTConfig(**gpt),
+                         optimizer=cls(**opt), **d)
 
     @staticmethod
     def from_json(text: str) -> TrainSpec:
         try:
             return TrainSpec.from_dict(json.loads(text))
         except json.JSONDecodeError as e:
-            raise VtrainError(f"invalid training spec JSON: {e}") from None
+            raise SpecError(f"invalid training spec JSON: {e}") from None
+
+    @staticmethod
+    def from_toml(text: str) -> TrainSpec:
+        """The same settings as TOML (``[optimizer]``, ``[mlp]``, ``[gpt]`` tables)."""
+        import tomllib
+
+        try:
+            return TrainSpec.from_dict(tomllib.loads(text))
+        except tomllib.TOMLDecodeError as e:
+            raise SpecError(f"invalid training spec TOML: {e}") from None
+
+    @staticmethod
+    def from_file(path: str | Path) -> TrainSpec:
+        """Read a spec file: TOML when its name ends in ``.toml``, else JSON. Errors name the file."""
+        path = Path(path)
+        try:
+            raw = path.read_bytes()
+        except OSError as e:
+            raise SpecError(f"spec file {path}: {e.strerror or e}") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SpecError(f"spec file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        try:
+            return TrainSpec.from_toml(text) if path.suffix.lower() == ".toml" else TrainSpec.from_json(text)
+        except SpecError as e:
+            raise SpecError(f"spec file {path}: {e}") from None
+
+
+_U256 = 2**256
+
+
+def _known(where: str, d: dict, cls: type) -> None:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(str(k) for k in d if k not in names)
+    if unknown:
+        raise SpecError(f"spec: {where}: unknown key(s) {', '.join(map(repr, unknown))} "
+                        f"(known: {', '.join(sorted(names))})")
+
+
+def _int(where: str, v: Any, lo: int = 1, hi: int = 2**31 - 1) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SpecError(f"spec: {where}: expected an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise SpecError(f"spec: {where}: expected an integer in [{lo}, {hi}], got {v}")
+
+
+def _float(where: str, v: Any, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise SpecError(f"spec: {where}: expected a finite number, got {v!r}")
+    if v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
+        raise SpecError(f"spec: {where}: expected a number in {'(' if lo_open else '['}{lo}, {hi}"
+                        f"{')' if hi_open else ']'}, got {v}")
+
+
+def _validate(s: TrainSpec) -> None:
+    """Types and ranges of every setting (a spec is also built from options and code)."""
+    if s.model not in ("mlp", "gpt"):
+        raise SpecError(f"spec: model: expected 'mlp' or 'gpt', got {s.model!r}")
+    modes = [m.value for m in Mode]
+    if s.mode not in modes:
+        raise SpecError(f"spec: mode: expected one of {modes}, got {s.mode!r}")
+    for name in ("batch_size", "steps", "interval"):
+        _int(name, getattr(s, name))
+    _int("seed", s.seed, 0, _U256 - 1)
+    _int("corpus_chars", s.corpus_chars, 1, 10**9)
+    if s.text_path is not None and not isinstance(s.text_path, str):
+        raise SpecError(f"spec: text_path: expected a file name, got {s.text_path!r}")
+    if not isinstance(s.mlp, MLPConfig) or not isinstance(s.gpt, GPTConfig):
+        raise SpecError("spec: mlp/gpt: expected MLPConfig and GPTConfig")
+    _int("mlp.n_in", s.mlp.n_in, 1, 1 << 20)
+    _int("mlp.n_out", s.mlp.n_out, 1, 1 << 20)
+    if not isinstance(s.mlp.hidden, tuple):
+        raise SpecError(f"spec: mlp.hidden: expected a list of positive integers, got {s.mlp.hidden!r}")
+    for k, h in enumerate(s.mlp.hidden):
+        _int(f"mlp.hidden[{k}]", h, 1, 1 << 20)
+    for name in ("vocab", "context", "n_layer", "n_head", "d_model"):
+        _int(f"gpt.{name}", getattr(s.gpt, name), 1, 1 << 24)
+    if s.model == "gpt" and s.gpt.d_model % s.gpt.n_head:
+        raise SpecError(f"spec: gpt: d_model {s.gpt.d_model} is not divisible by n_head {s.gpt.n_head}")
+    o = s.optimizer
+    if not isinstance(o, SGDConfig | AdamWConfig):
+        raise SpecError(f"spec: optimizer: expected SGD or AdamW settings, got {type(o).__name__}")
+    _float("optimizer.lr", o.lr, 0.0, 1e6, lo_open=True)
+    _float("optimizer.weight_decay", o.weight_decay, 0.0, 1e6)
+    if isinstance(o, SGDConfig):
+        _float("optimizer.momentum", o.momentum, 0.0, 1.0, hi_open=True)
+    else:
+        _float("optimizer.beta1", o.beta1, 0.0, 1.0, hi_open=True)
+        _float("optimizer.beta2", o.beta2, 0.0, 1.0, hi_open=True)
+        _float("optimizer.eps", o.eps, 0.0, 1.0, lo_open=True)
 
 
 @dataclass
@@ -109,10 +212,11 @@ def build_job(spec: TrainSpec) -> Job:
     if spec.model == "mlp":
         pspec = mlp_params(spec.mlp)
         if ds.sample_len != spec.mlp.n_in + 1:
-            raise VtrainError(f"mlp: expected samples of {spec.mlp.n_in + 1} values, got {ds.sample_len}")
+            raise DatasetError(f"mlp: the dataset's samples have {ds.sample_len - 1} features, the spec's "
+                               f"mlp.n_in is {spec.mlp.n_in}")
     else:
         if ds.vocab is None or len(ds.vocab) > spec.gpt.vocab:
-            raise VtrainError(f"gpt: vocab {spec.gpt.vocab} too small for {len(ds.vocab or [])} symbols")
+            raise DatasetError(f"gpt: vocab {spec.gpt.vocab} too small for {len(ds.vocab or [])} symbols")
         pspec = gpt_params(spec.gpt)
     g = GraphBuilder()
     params = [g.input(n, s) for n, s, _ in pspec]
