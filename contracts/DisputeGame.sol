@@ -348,6 +348,7 @@ contract DisputeGame is IDisputeGame {
         v.numel = g.numel;
         v.index = g.index;
         v.claimed = g.claimed;
+        v.chunk = g.chunk;
     }
 
     /// @inheritdoc IDisputeGame

@@ -32,6 +32,7 @@ interface IDisputeGame {
     /// @param size Leaves under the disputed node.
     /// @param left Revealed left child (0 until revealed).
     /// @param right Revealed right child (0 until revealed).
+    /// @param chunk The chunk disputed at the chunk level (0 before `disputeChunk`).
     struct GameView {
         JobId job;
         uint64 interval;
@@ -58,6 +59,7 @@ interface IDisputeGame {
         uint64 numel;
         uint64 index;
         uint32 claimed;
+        uint64 chunk;
     }
 
     /// @notice Emitted when a game starts. The first move is the trainer's.
