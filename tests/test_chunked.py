@@ -84,12 +84,16 @@ def test_models_with_long_reductions_are_disputable() -> None:
     assert all(0 < n <= X.MAX_TERMS for n in terms), terms
     long_ones = [d for d, n in zip(descs, terms, strict=True) if n > X.MAX_DIRECT_TERMS]
     assert long_ones, terms
-    # The honest claim of such an element stands when ruled from its partials.
-    d = X.OpDesc.of(long_ones[0])
+    # The honest claim of such an element (the shortest) stands when ruled from its partials.
+    d = X.OpDesc.of(min(long_ones, key=X.reduction_terms))
     rng = np.random.default_rng(3)
     ins = [rng.uniform(-1, 1, s).astype(np.float32) for s in d.in_shapes]
-    claimed = X.rn32(X.exact_value(d, ins, 0))
-    assert X.judge_partials(d, X.element_partials(d, ins, 0), 0, claimed, None)
+    enc = X.enclosure(d, ins, 0)
+    assert enc is not None and enc.lo == enc.hi  # uniform inputs: exact
+    claimed = X.rn32(enc.value(enc.lo))
+    p = X.element_partials(d, ins, 0)
+    assert X.judge_partials(d, p, 0, claimed, None)
+    assert not X.judge_partials(d, p, 0, X.neighbour(claimed, False), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,3 +309,80 @@ def test_65536_term_reduction_fits_every_transaction(op: str) -> None:
     print(f"chunk level, {op} of {X.MAX_TERMS} terms:", gas)
     assert 0 < gas["max"] < TX_CAP, gas
     assert gas["settlePartials (chunk check)"] > gas["settlePartials (rule)"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The agents (protocol/game.py strategies) play the chunk level on their own
+
+
+@pytest.mark.slow
+def test_agents_play_the_chunk_level_on_a_long_weight_gradient() -> None:
+    """An MLP whose weight gradients sum over 4,200 batch rows; the trainer moves one element of
+    such a MATMUL up by an ulp. The auditor's game descends to it, the trainer posts the
+    (honest) partials, the auditor accepts them and the element is ruled from them."""
+    import tempfile
+    from dataclasses import dataclass
+
+    import torch
+
+    from protocol.auditor import AuditorAgent
+    from protocol.chain import Chain
+    from protocol.demo import create_job
+    from protocol.deploy import deploy
+    from protocol.game import PHASE_PARTIALS, STATUS_CHALLENGER_WON, STATUS_IN_PROGRESS
+    from protocol.jobs import JobContext, Terms
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+    from vtrain.spec import TrainSpec
+    from vtrain.train import Cheat
+
+    @dataclass
+    class NudgeLongMatmul(Cheat):
+        step: int
+        done: bool = False
+
+        def op_hook(self, step: int):
+            if step != self.step:
+                return None
+
+            def hook(op, ins, out: torch.Tensor, log) -> torch.Tensor:
+                if self.done or op.kind != OpKind.MATMUL or ins[0].shape[-1] <= X.MAX_DIRECT_TERMS:
+                    return out
+                self.done = True
+                flat = out.reshape(-1).clone()
+                flat[0] = torch.nextafter(flat[0], torch.tensor(np.inf, dtype=torch.float32))
+                return flat.reshape(out.shape)
+
+            return hook
+
+    terms = Terms()
+    chain = Chain.connect(None)
+    a = chain.accounts()
+    proto = deploy(chain, a[0])
+    ctx = JobContext.of(TrainSpec(model="mlp", batch_size=4200, steps=1, interval=1))
+    with tempfile.TemporaryDirectory() as d:
+        store = ArtifactStore(d)
+        job = create_job(proto, a[1], a[2], ctx, terms)
+        cheat = NudgeLongMatmul(1)
+        trainer = TrainerAgent(proto, a[2], ctx, store, job, cheat=cheat)
+        trainer.accept(terms)
+        assert trainer.run_interval() == 0 and cheat.done
+        auditor = AuditorAgent(proto, a[3], ctx, store, job)
+        bad = auditor.audit()
+        assert bad == 0
+        gid = auditor.challenge(bad, terms)
+        phases = []
+        for _ in range(200):
+            trainer.play()
+            auditor.play()
+            v = auditor.player.view(gid)
+            phases.append(v.phase)
+            if v.status != STATUS_IN_PROGRESS:
+                break
+        assert v.status == STATUS_CHALLENGER_WON, v
+        assert PHASE_PARTIALS in phases
+        op = ctx.job.graph.ops[v.op]
+        assert op.kind == OpKind.MATMUL and v.index == 0
+        max_gas = max(trainer.player.stats.max_gas.get(gid, 0), auditor.player.stats.max_gas.get(gid, 0))
+        log.info("agents' game through the chunk level: largest tx %d gas", max_gas)
+        assert max_gas < TX_CAP
