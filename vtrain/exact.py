@@ -11,6 +11,10 @@ For one output element of one op (a descriptor, its FP32 input tensors and a fla
   bit for bit what ``Adjudicator.adjudicate`` returns for a well-formed proof;
 - :func:`reads` -- the input elements the contract reads, in the order the proof opens them
   (used by ``protocol/proofs.py``).
+- the chunk level of long reductions (``ChunkAdjudicator``, docs/protocol.md "Chunk level"):
+  :func:`element_partials` (what the trainer posts), :func:`first_wrong_chunk` (what a challenger
+  disputes), :func:`chunk_reads` (the chunk check's openings) and :func:`judge_partials` (the
+  ruling from the partials, bit for bit the one-step ruling when the partials are right).
 
 Conventions shared with Solidity: an FP32 value is its bit pattern (an int); zero is canonical
 (``+0``: a zero result is bits 0, a claimed ``-0`` never stands); NaN/inf inputs raise
