@@ -329,7 +329,7 @@ def test_agents_play_the_chunk_level_on_a_long_weight_gradient() -> None:
     from protocol.chain import Chain
     from protocol.demo import create_job
     from protocol.deploy import deploy
-    from protocol.game import PHASE_PARTIALS, STATUS_CHALLENGER_WON, STATUS_IN_PROGRESS
+    from protocol.game import PHASE_PARTIALS_RULE, STATUS_CHALLENGER_WON, STATUS_IN_PROGRESS
     from protocol.jobs import JobContext, Terms
     from protocol.store import ArtifactStore
     from protocol.trainer import TrainerAgent
@@ -381,7 +381,10 @@ def test_agents_play_the_chunk_level_on_a_long_weight_gradient() -> None:
             if v.status != STATUS_IN_PROGRESS or not sent:
                 break
         assert v.status == STATUS_CHALLENGER_WON, v
-        assert PHASE_PARTIALS in phases
+        assert PHASE_PARTIALS_RULE in phases  # the trainer posted, the auditor accepted in the same round
+        ev = proto.game.events
+        assert ev.PartialsPosted.get_logs(from_block=0, argument_filters={"game": gid})
+        assert ev.PartialsAccepted.get_logs(from_block=0, argument_filters={"game": gid})
         op = ctx.job.graph.ops[v.op]
         assert op.kind == OpKind.MATMUL and v.index == 0
         max_gas = max(trainer.player.stats.max_gas.get(gid, 0), auditor.player.stats.max_gas.get(gid, 0))
