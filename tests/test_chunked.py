@@ -220,7 +220,14 @@ def test_timeouts_at_the_chunk_level(dep, runs) -> None:
     assert v["toMove"] == H.Party.CHALLENGER
     with H.reverts("ClockNotExpired"):
         dep.tx(dep.game.functions.claimTimeout(gid), dep.trainer)
+    at_partials = dep.snapshot()
+    dep.at(v["deadline"])  # the deadline second is still the challenger's
+    dep.tx(dep.game.functions.acceptPartials(gid), dep.challenger)
+    assert dep.view(gid)["phase"] == H.Phase.PARTIALS_RULE
+    dep.revert(at_partials)
     dep.at(v["deadline"] + 1)
+    with H.reverts("ClockExpired"):
+        dep.dry(dep.game.functions.acceptPartials(gid), dep.challenger)
     dep.tx(dep.game.functions.claimTimeout(gid), dep.trainer)
     assert dep.view(gid)["status"] == H.GameStatus.TRAINER_WON
     # The trainer does not get the chunk ruled (nor does anyone): the challenger wins on time.
