@@ -3,10 +3,13 @@ pragma solidity 0.8.28;
 // Block time is the protocol's clock by design (challenge windows, chess clocks): see docs/lint.md.
 // solhint-disable not-rely-on-time
 
+import {ChunkAdjudicator} from "contracts/ChunkAdjudicator.sol";
 import {IAdjudicator} from "contracts/interfaces/IAdjudicator.sol";
+import {IChunkAdjudicator} from "contracts/interfaces/IChunkAdjudicator.sol";
 import {IDisputeGame} from "contracts/interfaces/IDisputeGame.sol";
 import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
 import {Bisection} from "contracts/lib/Bisection.sol";
+import {ChunkedSum} from "contracts/lib/ChunkedSum.sol";
 import {Clock, LibClock} from "contracts/lib/Clock.sol";
 // GameTypes is the shared vocabulary (ids, structs, errors, constants) used throughout this contract.
 // solhint-disable-next-line no-global-import
@@ -29,6 +32,9 @@ contract DisputeGame is IDisputeGame {
     IAdjudicator public immutable adjudicator;
 
     /// @inheritdoc IDisputeGame
+    IChunkAdjudicator public immutable chunkAdjudicator;
+
+    /// @inheritdoc IDisputeGame
     uint64 public gameCount;
 
     mapping(GameId game => Game record) internal _games;
@@ -39,6 +45,7 @@ contract DisputeGame is IDisputeGame {
     constructor(IJobRegistry registry_, IAdjudicator adjudicator_) {
         registry = registry_;
         adjudicator = adjudicator_;
+        chunkAdjudicator = new ChunkAdjudicator();
     }
 
     // ------------------------------------------------------------ moves
@@ -225,32 +232,69 @@ contract DisputeGame is IDisputeGame {
     function oneStep(GameId game, bytes calldata descriptor, bytes32[] calldata inputRoots, bytes calldata proof)
         external
     {
-        Game storage g = _live(game);
-        if (g.phase != Phase.OneStep) revert WrongPhase(game, g.phase);
-        // INVARIANT: only the two parties ask for the ruling (either may: the truth does not
-        // depend on who asks); the trainer's clock bounds the phase.
-        if (msg.sender != g.trainer && msg.sender != g.challenger) revert Unauthorized(msg.sender, g.trainer);
-        // SAFETY: reverts with ClockExpired after the trainer's deadline (then: claimTimeout).
-        g.trainerClock = g.trainerClock.stop(block.timestamp);
-        bytes32 dh = keccak256(descriptor);
-        if (dh != g.descriptorHash) revert OpeningMismatch(g.descriptorHash, dh);
-        bytes32 ih = keccak256(abi.encodePacked(inputRoots));
-        if (ih != g.inputRootsHash) revert OpeningMismatch(g.inputRootsHash, ih);
-        JobParams memory p = registry.jobParams(g.job);
-        IAdjudicator.ElementClaim memory claim = IAdjudicator.ElementClaim({
-            descriptor: descriptor,
-            inputRoots: inputRoots,
-            index: g.index,
-            claimed: g.claimed,
-            opLogRoot: g.opLogRoot,
-            step: g.step,
-            dataRoot: p.dataRoot,
-            dataSeed: p.dataSeed,
-            nSamples: p.nSamples
-        });
+        Game storage g = _party(game, Phase.OneStep, Phase.OneStep);
+        IAdjudicator.ElementClaim memory claim = _claim(g, descriptor, inputRoots);
+        uint256 n = chunkAdjudicator.terms(descriptor);
+        // INVARIANT: a long reduction is ruled through the chunk level (postPartials), never at once.
+        if (n > ChunkedSum.MAX_DIRECT_TERMS) revert ChunkedElement(n, ChunkedSum.MAX_DIRECT_TERMS);
         // SAFETY: a view call (STATICCALL), so no reentrancy; a revert (bad proof, out of gas)
         // propagates and leaves the game unchanged.
         bool trainerRight = adjudicator.adjudicate(claim, proof);
+        _resolve(game, g, trainerRight ? Party.Trainer : Party.Challenger, Ruling.Adjudicated);
+    }
+
+    /// @inheritdoc IDisputeGame
+    function postPartials(GameId game, bytes calldata descriptor, Partial[] calldata partials) external {
+        Game storage g = _enter(game, Party.Trainer);
+        if (g.phase != Phase.OneStep) revert WrongPhase(game, g.phase);
+        bytes32 dh = keccak256(descriptor);
+        if (dh != g.descriptorHash) revert OpeningMismatch(g.descriptorHash, dh);
+        uint256 n = chunkAdjudicator.terms(descriptor);
+        if (n <= ChunkedSum.MAX_DIRECT_TERMS) revert NotChunked(n, ChunkedSum.MAX_DIRECT_TERMS);
+        // SAFETY: at most MAX_CHUNKS partials, each bounded, so every later sum fits (ChunkedSum.check).
+        ChunkedSum.check(partials, n);
+        g.partialsHash = keccak256(abi.encode(partials));
+        g.phase = Phase.Partials;
+        emit PartialsPosted(game, g.index, n, partials);
+        _startClock(g);
+    }
+
+    /// @inheritdoc IDisputeGame
+    function disputeChunk(GameId game, Partial[] calldata partials, uint64 chunk) external {
+        Game storage g = _enter(game, Party.Challenger);
+        if (g.phase != Phase.Partials) revert WrongPhase(game, g.phase);
+        _checkPartials(g, partials);
+        if (chunk >= partials.length) revert ChunkOutOfRange(chunk, partials.length);
+        g.chunk = chunk;
+        g.phase = Phase.ChunkCheck;
+        emit ChunkDisputed(game, chunk);
+        _startClock(g);
+    }
+
+    /// @inheritdoc IDisputeGame
+    function acceptPartials(GameId game) external {
+        Game storage g = _enter(game, Party.Challenger);
+        if (g.phase != Phase.Partials) revert WrongPhase(game, g.phase);
+        g.phase = Phase.PartialsRule;
+        emit PartialsAccepted(game);
+        _startClock(g);
+    }
+
+    /// @inheritdoc IDisputeGame
+    function settlePartials(
+        GameId game,
+        bytes calldata descriptor,
+        bytes32[] calldata inputRoots,
+        Partial[] calldata partials,
+        bytes calldata proof
+    ) external {
+        Game storage g = _party(game, Phase.ChunkCheck, Phase.PartialsRule);
+        IAdjudicator.ElementClaim memory claim = _claim(g, descriptor, inputRoots);
+        _checkPartials(g, partials);
+        // SAFETY: view calls (STATICCALL); a revert leaves the game unchanged.
+        bool trainerRight = g.phase == Phase.ChunkCheck
+            ? chunkAdjudicator.checkChunk(claim, partials, g.chunk, proof)
+            : chunkAdjudicator.ruleFromPartials(claim, partials, proof);
         _resolve(game, g, trainerRight ? Party.Trainer : Party.Challenger, Ruling.Adjudicated);
     }
 
@@ -309,6 +353,7 @@ contract DisputeGame is IDisputeGame {
         v.numel = g.numel;
         v.index = g.index;
         v.claimed = g.claimed;
+        v.chunk = g.chunk;
     }
 
     /// @inheritdoc IDisputeGame
@@ -344,6 +389,47 @@ contract DisputeGame is IDisputeGame {
         else g.challengerClock = g.challengerClock.stop(block.timestamp);
     }
 
+    /// @dev A ruling move (either party, the trainer's clock runs): checks the phase and the sender
+    ///      and stops the trainer's clock (reverts after its deadline; then: claimTimeout).
+    function _party(GameId id, Phase a, Phase b) internal returns (Game storage g) {
+        g = _live(id);
+        if (g.phase != a && g.phase != b) revert WrongPhase(id, g.phase);
+        // INVARIANT: only the two parties ask for the ruling (either may: the truth does not
+        // depend on who asks); the trainer's clock bounds the phase.
+        if (msg.sender != g.trainer && msg.sender != g.challenger) revert Unauthorized(msg.sender, g.trainer);
+        g.trainerClock = g.trainerClock.stop(block.timestamp);
+    }
+
+    /// @dev The picked element's claim, with the descriptor and input roots opened by `openOp`.
+    function _claim(Game storage g, bytes calldata descriptor, bytes32[] calldata inputRoots)
+        internal
+        view
+        returns (IAdjudicator.ElementClaim memory)
+    {
+        bytes32 dh = keccak256(descriptor);
+        if (dh != g.descriptorHash) revert OpeningMismatch(g.descriptorHash, dh);
+        bytes32 ih = keccak256(abi.encodePacked(inputRoots));
+        if (ih != g.inputRootsHash) revert OpeningMismatch(g.inputRootsHash, ih);
+        JobParams memory p = registry.jobParams(g.job);
+        return IAdjudicator.ElementClaim({
+            descriptor: descriptor,
+            inputRoots: inputRoots,
+            index: g.index,
+            claimed: g.claimed,
+            opLogRoot: g.opLogRoot,
+            step: g.step,
+            dataRoot: p.dataRoot,
+            dataSeed: p.dataSeed,
+            nSamples: p.nSamples
+        });
+    }
+
+    /// @dev Reverts unless `partials` are the ones the trainer posted (their stored hash).
+    function _checkPartials(Game storage g, Partial[] calldata partials) internal view {
+        bytes32 h = keccak256(abi.encode(partials));
+        if (h != g.partialsHash) revert OpeningMismatch(g.partialsHash, h);
+    }
+
     /// @dev Starts the clock of the side to move after a move.
     function _startClock(Game storage g) internal {
         Party p = _toMove(g);
@@ -359,8 +445,8 @@ contract DisputeGame is IDisputeGame {
             Descent storage d = g.descent;
             return (!d.isLeaf() && d.isRevealed()) ? Party.Challenger : Party.Trainer;
         }
-        if (phase == Phase.Pick) return Party.Challenger;
-        return Party.Trainer; // TraceCommit, OneStep
+        if (phase == Phase.Pick || phase == Phase.Partials) return Party.Challenger;
+        return Party.Trainer; // TraceCommit, OneStep, ChunkCheck, PartialsRule
     }
 
     function _resolve(GameId id, Game storage g, Party winner, Ruling ruling) internal {

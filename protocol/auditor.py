@@ -22,6 +22,7 @@ from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactReader, ArtifactStore, ArtifactUnavailable, StepRecord
 from vtrain.commit import LogEntry, interval_root, state_root
 from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
+from vtrain.exact import Partial
 from vtrain.executor import state_tensors
 from vtrain.graph import OpNode
 from vtrain.logfile import decode_step_log
@@ -384,6 +385,10 @@ class AuditorAgent:
         logs = self.proto.game.events.ChunkOpened.get_logs(from_block=0, argument_filters={"game": gid})
         return bytes(logs[-1]["args"]["data"]) if logs else None
 
+    def _partials(self, gid: int) -> list[Partial] | None:
+        logs = self.proto.game.events.PartialsPosted.get_logs(from_block=0, argument_filters={"game": gid})
+        return [Partial.of(p) for p in logs[-1]["args"]["partials"]] if logs else None
+
     def _target_step(self, interval: int) -> int | None:
         first, n = self.ctx.interval_span(interval)
         return next((s for s in sorted(self.overruled_steps) if first <= s < first + n), None)
@@ -397,6 +402,7 @@ class AuditorAgent:
             self._chunk,
             honest=self.honest,
             target_step=self._target_step,
+            partials_of=self._partials,
         )
         sent = 0
         for gid in self.disputed:

@@ -14,6 +14,7 @@ import numpy as np
 from protocol.jobs import JobContext
 from protocol.store import StepRecord
 from vtrain.commit import CHUNK_ELEMS, chunk_bytes, interval_tree, roots_tree
+from vtrain.exact import Partial, element_partials, first_wrong_chunk, is_chunked
 from vtrain.graph import OpKind
 from vtrain.merkle import MerkleTree
 from vtrain.trace import StepTrace, op_log_entries
@@ -24,9 +25,23 @@ log = logging.getLogger(__name__)
 PHASE_NONE, PHASE_STEPS, PHASE_TRACE_COMMIT, PHASE_TRACE, PHASE_ELEMENT, PHASE_PICK, PHASE_ONE_STEP, PHASE_DONE = range(
     8
 )
+# The chunk level of long reductions (after Done in the enum).
+PHASE_PARTIALS, PHASE_CHUNK_CHECK, PHASE_PARTIALS_RULE = range(8, 11)
 PARTY_NONE, PARTY_TRAINER, PARTY_CHALLENGER = range(3)
 STATUS_NONE, STATUS_IN_PROGRESS, STATUS_TRAINER_WON, STATUS_CHALLENGER_WON, STATUS_CLOSED = range(5)
-PHASE_NAMES = ["none", "steps", "trace-commit", "trace", "element", "pick", "one-step", "done"]
+PHASE_NAMES = [
+    "none",
+    "steps",
+    "trace-commit",
+    "trace",
+    "element",
+    "pick",
+    "one-step",
+    "done",
+    "partials",
+    "chunk-check",
+    "partials-rule",
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,7 @@ class GameView:
     numel: int
     index: int
     claimed: int
+    chunk: int = 0  # the chunk disputed at the chunk level
 
     @staticmethod
     def decode(t: Any) -> GameView:
@@ -145,6 +161,8 @@ class TrainerStrategy:
             return Move("reveal", _children(t.tensor_tree(v.op), v.lo, v.size))
         if v.phase == PHASE_ONE_STEP:
             return one_step_move(self.ctx, self.trace(v.step), v)
+        if v.phase in (PHASE_CHUNK_CHECK, PHASE_PARTIALS_RULE):
+            return settle_partials_move(self.ctx, self.trace(v.step), v)
         return None
 
     def _open_step(self, s: int) -> Move:
@@ -181,18 +199,53 @@ class TrainerStrategy:
 
 
 def one_step_move(ctx: JobContext, t: StepTrace, v: GameView) -> Move:
-    """The adjudication call for the picked element: inputs from the (agreed) trace, the log entry."""
+    """The adjudication call for the picked element: inputs from the (agreed) trace, the log entry.
+    For a reduction longer than ``MAX_DIRECT_TERMS`` terms: the element's partials (chunk level)."""
     from protocol.proofs import build_element_proof
 
     j = v.op
     op = ctx.job.graph.ops[j]
     desc = ctx.graph.descriptors[j]
     inputs = t.inputs_of(j)
+    if is_chunked(desc):
+        partials = element_partials(desc, inputs, v.index)
+        return Move("postPartials", (desc, [p.as_tuple() for p in partials]))
     kw: dict[str, Any] = {}
     if op.kind == OpKind.DATA:
         kw = {"dataset": ctx.job.dataset.samples, "seed": ctx.spec.data_seed, "step": v.step}
     proof = build_element_proof(desc, inputs, v.index, op_log_entries(t.log, j), **kw)
     return Move("oneStep", (desc, [t.op_roots[i] for i in op.inputs], proof))
+
+
+def settle_partials_move(ctx: JobContext, t: StepTrace, v: GameView) -> Move:
+    """The chunk level's ruling call: the disputed chunk's input rows (ChunkCheck) or the element's
+    log entry (PartialsRule), with the partials this trace gives (the ones its trainer posted)."""
+    from protocol.proofs import build_chunk_proof, build_log_proof
+
+    j = v.op
+    op = ctx.job.graph.ops[j]
+    desc = ctx.graph.descriptors[j]
+    inputs = t.inputs_of(j)
+    partials = [p.as_tuple() for p in element_partials(desc, inputs, v.index)]
+    if v.phase == PHASE_CHUNK_CHECK:
+        proof = build_chunk_proof(desc, inputs, v.index, v.chunk)
+    else:
+        proof = build_log_proof(op_log_entries(t.log, j), v.index)
+    return Move("settlePartials", (desc, [t.op_roots[i] for i in op.inputs], partials, proof))
+
+
+def partials_move(ctx: JobContext, t: StepTrace, v: GameView, posted: list[Partial], honest: bool = True) -> Move:
+    """The challenger's answer to posted partials: dispute the first chunk whose partial differs
+    from its recomputation at the posted scale, else accept (``honest=False``: always dispute
+    chunk 0, a false challenge)."""
+    tuples = [p.as_tuple() for p in posted]
+    if not honest:
+        return Move("disputeChunk", (tuples, 0))
+    desc = ctx.graph.descriptors[v.op]
+    bad = first_wrong_chunk(desc, t.inputs_of(v.op), v.index, posted)
+    if bad is None:
+        return Move("acceptPartials", ())
+    return Move("disputeChunk", (tuples, bad))
 
 
 @dataclass
@@ -210,6 +263,7 @@ class ChallengerStrategy:
     chunk_of: Callable[[int], bytes | None]  # game -> the opened chunk bytes
     honest: bool = True
     target_step: Callable[[int], int | None] | None = None  # interval -> a step with an overruled log entry
+    partials_of: Callable[[int], list[Partial] | None] | None = None  # game -> the posted partials
 
     def move(self, gid: int, v: GameView) -> Move | None:
         if v.status != STATUS_IN_PROGRESS or v.to_move != PARTY_CHALLENGER:
@@ -230,6 +284,11 @@ class ChallengerStrategy:
                 diff = np.nonzero(theirs != mine[c0 : c0 + len(theirs)])[0]
                 off = int(diff[0]) if len(diff) else 0
             return Move("pickElement", (chunk, off))
+        if v.phase == PHASE_PARTIALS and self.partials_of is not None:
+            posted = self.partials_of(gid)
+            if posted is None:
+                return None
+            return partials_move(self.ctx, self.trace(v.step), v, posted, self.honest)
         return None
 
     def _go_right(self, gid: int, v: GameView) -> bool:

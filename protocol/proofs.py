@@ -27,12 +27,16 @@ from vtrain.commit import (
     decode_log_leaf,
     op_log_leaves,
 )
-from vtrain.exact import DATA_INPUT, DataContext, OpDesc, reads
+from vtrain.exact import DATA_INPUT, DataContext, OpDesc, Read, chunk_reads, reads
 from vtrain.merkle import MerkleTree
 
 __all__ = [
+    "CHUNK_PROOF_TYPES",
+    "LOG_PROOF_TYPES",
     "OPENING_TYPES",
+    "build_chunk_proof",
     "build_element_proof",
+    "build_log_proof",
     "element_openings",
     "encode_proof",
     "log_opening",
@@ -41,6 +45,10 @@ __all__ = [
 
 #: ``abi.encode`` types of the proof: ``(Opening[] openings, LogOpening log)``.
 OPENING_TYPES = ("(bytes,bytes32[])[]", "(uint256,uint256,bytes,bytes32[])")
+#: Chunk level (``ChunkAdjudicator``): ``checkChunk``'s proof ``abi.encode(Opening[])`` and
+#: ``ruleFromPartials``'s ``abi.encode(LogOpening)``.
+CHUNK_PROOF_TYPES = ("(bytes,bytes32[])[]",)
+LOG_PROOF_TYPES = ("(uint256,uint256,bytes,bytes32[])",)
 
 
 def _split(n: int) -> int:
@@ -144,14 +152,36 @@ def element_openings(
     trees = _Trees(inputs)
     openings: list[tuple[bytes, list[bytes]]] = []
     for r in reads(desc, inputs, index, data):
-        if r.input == DATA_INPUT:
-            assert data is not None
-            tree = MerkleTree.from_chunks(data.dataset.view(np.uint8), 4 * data.dataset.shape[1])
-            openings.append((data.dataset[r.start].tobytes(), range_siblings(tree, r.start, r.start + 1)))
+        if r.input != DATA_INPUT:
+            openings.append(_range_opening(trees, r))
             continue
-        flat = trees.flat[r.input]
-        c0 = r.start // CHUNK_ELEMS
-        c1 = (r.start + r.length - 1) // CHUNK_ELEMS + 1
-        chunk_data = flat[CHUNK_ELEMS * c0 : CHUNK_ELEMS * c1].tobytes()
-        openings.append((chunk_data, range_siblings(trees.tree(r.input), c0, c1)))
+        assert data is not None
+        tree = MerkleTree.from_chunks(data.dataset.view(np.uint8), 4 * data.dataset.shape[1])
+        openings.append((data.dataset[r.start].tobytes(), range_siblings(tree, r.start, r.start + 1)))
     return openings, log_opening(list(log_entries), index)
+
+
+def _range_opening(trees: _Trees, r: Read) -> tuple[bytes, list[bytes]]:
+    """The whole 64-element chunks of input ``r.input`` holding elements ``[start, start + length)``."""
+    flat = trees.flat[r.input]
+    c0 = r.start // CHUNK_ELEMS
+    c1 = (r.start + r.length - 1) // CHUNK_ELEMS + 1
+    return flat[CHUNK_ELEMS * c0 : CHUNK_ELEMS * c1].tobytes(), range_siblings(trees.tree(r.input), c0, c1)
+
+
+def build_chunk_proof(descriptor: Any, inputs: Sequence[np.ndarray], index: int, chunk: int) -> bytes:
+    """``ChunkAdjudicator.checkChunk``'s proof for chunk ``chunk`` of element ``index`` of a long
+    reduction: ``abi.encode(Opening[])`` of the reads of :func:`vtrain.exact.chunk_reads`."""
+    from eth_abi import encode
+
+    trees = _Trees(inputs)
+    openings = [_range_opening(trees, r) for r in chunk_reads(OpDesc.of(descriptor), inputs, index, chunk)]
+    return bytes(encode(list(CHUNK_PROOF_TYPES), [[(d, list(s)) for d, s in openings]]))
+
+
+def build_log_proof(log_entries: Sequence[LogEntry], index: int) -> bytes:
+    """``ChunkAdjudicator.ruleFromPartials``'s proof: ``abi.encode(LogOpening)`` of element ``index``."""
+    from eth_abi import encode
+
+    p, size, leaves, sib = log_opening(list(log_entries), index)
+    return bytes(encode(list(LOG_PROOF_TYPES), [(p, size, leaves, list(sib))]))

@@ -307,12 +307,31 @@ def gpt_disputes(cheats: tuple[str, ...] = ("tamper-attention", "abuse-log")) ->
             assert r.max_tx_gas < TX_GAS_CAP
 
 
+def chunk_level(sizes: tuple[int, ...] = (16_384, 65_536)) -> None:
+    """The chunk level of long reductions: posting the partials, disputing one chunk and having it
+    recomputed (a full 2048-term chunk), or accepting and ruling from the partials; MATMUL
+    ``[1, n] x [1, n]`` and SUM of ``[1, n]`` (65,536 = ExactSum.MAX_TERMS, the longest)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from game_harness import chunk_level_gas
+
+    moves = ("postPartials", "disputeChunk", "settlePartials (chunk check)", "acceptPartials", "settlePartials (rule)")
+    print("\n## chunk level of long reductions (py-evm; 2048 terms per chunk)\n")
+    print("| op | terms | " + " | ".join(moves) + " | largest tx in the game |")
+    print("|---|---:|" + "---:|" * (len(moves) + 1))
+    for op, label in (("mm", "MATMUL"), ("sm", "SUM")):
+        for n in sizes:
+            g = chunk_level_gas(n, op=op)
+            print(f"| {label} | {n:,} | " + " | ".join(f"{g[m]:,}" for m in moves) + f" | {g['max']:,} |")
+            assert g["max"] < TX_GAS_CAP, g
+
+
 TABLES: dict[str, Callable[[], None]] = {
     "adjudicator": lambda: print_rows("adjudicate() per op kind (py-evm, cancun)", adjudicator_table()),
     "moves": game_moves,
     "disputes": full_disputes,
     "gpt": gpt_table,
     "gpt-disputes": gpt_disputes,
+    "chunks": chunk_level,
 }
 
 

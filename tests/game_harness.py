@@ -70,6 +70,9 @@ class Phase(IntEnum):
     PICK = 5
     ONE_STEP = 6
     DONE = 7
+    PARTIALS = 8
+    CHUNK_CHECK = 9
+    PARTIALS_RULE = 10
 
 
 class Party(IntEnum):
@@ -113,7 +116,7 @@ _ERROR_TABLE: dict[bytes, tuple[str, list[str]]] = {}
 
 def _error_table() -> dict[bytes, tuple[str, list[str]]]:
     if not _ERROR_TABLE:
-        for name in ("JobRegistry", "DisputeGame", "ToyAdjudicator", "ReentrantReceiver"):
+        for name in ("JobRegistry", "DisputeGame", "ToyAdjudicator", "ReentrantReceiver", "ChunkAdjudicator"):
             for item in load_artifact(name).abi:
                 if item["type"] != "error":
                     continue
@@ -1037,8 +1040,214 @@ def gas_per_move(
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Chunk level: long reductions with their real semantics (the chunk adjudicator is real)
+
+KIND_MATMUL, KIND_MEAN = 30, 32
+_REDUCTIONS = (KIND_MATMUL, KIND_SUM, KIND_MEAN)
+
+
+def long_graph(k: int, rows: int = 2, cols: int = 3, bias: bool = True) -> Graph:
+    """make_graph(2)'s ops plus long reductions over synthetic inputs: ``mm`` = MATMUL of ``xa
+    [rows, k]`` and ``xb [cols, k]`` (+ ``xbias [cols]``), ``sm`` = SUM and ``mean`` = MEAN of
+    ``xs [rows, k]``. The synthetic ops (kind ADD of ``data``) are random, as in :func:`simulate`."""
+    ops = list(make_graph(2).ops)
+    j = len(ops)
+    ops.append(OpSpec("xa", KIND_ADD, (0,), (rows, k)))
+    ops.append(OpSpec("xb", KIND_ADD, (0,), (cols, k)))
+    ops.append(OpSpec("xbias", KIND_ADD, (0,), (cols,)))
+    ops.append(OpSpec("mm", KIND_MATMUL, (j, j + 1, j + 2) if bias else (j, j + 1), (rows, cols)))
+    ops.append(OpSpec("xs", KIND_ADD, (0,), (rows, k)))
+    ops.append(OpSpec("sm", KIND_SUM, (j + 4,), (rows, 1)))
+    ops.append(OpSpec("mean", KIND_MEAN, (j + 4,), (rows, 1)))
+    return graph_of(ops)
+
+
+def honest_reduction(desc: bytes, inputs: Sequence[np.ndarray], numel: int) -> np.ndarray:
+    """Every output element of a MATMUL/SUM/MEAN rounded to nearest from its exact value."""
+    from vtrain import exact as X
+
+    bits = []
+    for i in range(numel):
+        enc = X.enclosure(desc, inputs, i)  # integer arithmetic; exact unless terms span > 2^72
+        assert enc is not None
+        e = enc.value(enc.lo) if enc.lo == enc.hi else X.exact_value(desc, inputs, i)
+        bits.append(X.rn32(e))
+    return np.array(bits, dtype=np.uint32).view(np.float32)
+
+
+def simulate_real(cfg: JobConfig, graph: Graph, cheat: Cheat | None = None) -> Run:
+    """:func:`simulate` where MATMUL/SUM/MEAN ops compute their real semantics (no log entries)
+    from synthetic inputs; the other ops stay synthetic."""
+    global synth_output
+    synth = synth_output
+    produced: dict[bytes, np.ndarray] = {}
+
+    def real(s: int, j: int, input_roots: Sequence[bytes], numel: int) -> np.ndarray:
+        if graph.ops[j].kind in _REDUCTIONS:
+            missing = [r.hex() for r in input_roots if r not in produced]
+            if missing:
+                raise ValueError(f"op {graph.ops[j].name}: inputs must be synthetic ops, missing {missing}")
+            return honest_reduction(graph.descriptors[j], [produced[r] for r in input_roots], numel)
+        out = synth(s, j, input_roots, numel)
+        produced[C.tensor_root(out)] = out
+        return out
+
+    synth_output = real
+    try:
+        return simulate(cfg, cheat, graph)
+    finally:
+        synth_output = synth
+
+
+def op_log(run: Run, s: int, j: int) -> list[C.LogEntry]:
+    """The op log entries :func:`simulate` commits for op ``j`` at step ``s``."""
+    op = run.graph.ops[j]
+    return synth_log(s, j, op.numel) if op.name == "update0" else []
+
+
+def posted_partials(dep: Deployment, gid: int) -> list[Any]:
+    """The partials of the game's PartialsPosted event."""
+    from vtrain.exact import Partial
+
+    ev = dep.events(dep.game, "PartialsPosted", game=gid)[-1]
+    return [Partial.of(p) for p in ev.partials]
+
+
+class ChunkTrainer(Trainer):
+    """A :class:`Trainer` that also plays the chunk level: posts the partials of its own run
+    (through ``tamper`` when given: a cheat) and asks for the chunk level's ruling (``settles``)."""
+
+    def __init__(
+        self,
+        dep: Deployment,
+        run: Run,
+        addr: str | None = None,
+        tamper: Callable[[list[Any]], list[Any]] | None = None,
+        settles: bool = True,
+    ) -> None:
+        super().__init__(dep, run, addr)
+        self.tamper = tamper
+        self.settles = settles
+
+    def tensors(self, v: dict[str, Any]) -> tuple[bytes, list[np.ndarray]]:
+        rec = self.run.steps[v["step"]]
+        j = v["op"]
+        return self.run.graph.descriptors[j], [rec.outputs[i] for i in self.run.graph.ops[j].inputs]
+
+    def partials(self, v: dict[str, Any]) -> list[Any]:
+        from vtrain import exact as X
+
+        desc, ins = self.tensors(v)
+        p = X.element_partials(desc, ins, v["index"])
+        return self.tamper(p) if self.tamper is not None else p
+
+    def move(self, gid: int, v: dict[str, Any]) -> bool:
+        from protocol.proofs import build_chunk_proof, build_log_proof
+        from vtrain import exact as X
+
+        g = self.dep.game.functions
+        phase = v["phase"]
+        if phase == Phase.ONE_STEP and X.is_chunked(self.run.graph.descriptors[v["op"]]):
+            desc, _ = self.tensors(v)
+            return self.send(g.postPartials(gid, desc, [p.as_tuple() for p in self.partials(v)]))
+        if phase in (Phase.CHUNK_CHECK, Phase.PARTIALS_RULE):
+            desc, ins = self.tensors(v)
+            if not self.settles:
+                self.last_error = Reverted("TrainerDeclinesRuling", (), b"")
+                return False
+            if phase == Phase.CHUNK_CHECK:
+                proof = build_chunk_proof(desc, ins, v["index"], v["chunk"])
+            else:
+                proof = build_log_proof(op_log(self.run, v["step"], v["op"]), v["index"])
+            _, roots = self.op_inputs(v["step"], v["op"])
+            tuples = [p.as_tuple() for p in self.partials(v)]
+            return self.send(g.settlePartials(gid, desc, roots, tuples, proof))
+        return super().move(gid, v)
+
+
+class ChunkChallenger(HonestChallenger):
+    """An :class:`HonestChallenger` that also answers posted partials: disputes the first chunk
+    whose partial differs from its recomputation at the posted scale, else accepts."""
+
+    def move(self, gid: int, v: dict[str, Any]) -> bool:
+        from vtrain import exact as X
+
+        if v["phase"] != Phase.PARTIALS:
+            return super().move(gid, v)
+        g = self.dep.game.functions
+        posted = posted_partials(self.dep, gid)
+        j = v["op"]
+        rec = self.honest.steps[v["step"]]
+        ins = [rec.outputs[i] for i in self.honest.graph.ops[j].inputs]
+        bad = X.first_wrong_chunk(self.honest.graph.descriptors[j], ins, v["index"], posted)
+        if bad is None:
+            return self.send(g.acceptPartials(gid))
+        return self.send(g.disputeChunk(gid, [p.as_tuple() for p in posted], bad))
+
+
+class FalseChunkChallenger(FalseChallenger):
+    """A :class:`FalseChallenger` that, at the chunk level, disputes chunk ``chunk`` whatever the
+    partials (``chunk=None``: accepts them)."""
+
+    def __init__(self, dep: Deployment, op: int, element: int = 0, chunk: int | None = 0) -> None:
+        super().__init__(dep, position=-1, op=op, element=element)
+        self.disputed = chunk
+
+    def move(self, gid: int, v: dict[str, Any]) -> bool:
+        if v["phase"] != Phase.PARTIALS:
+            return super().move(gid, v)
+        g = self.dep.game.functions
+        if self.disputed is None:
+            return self.send(g.acceptPartials(gid))
+        posted = [p.as_tuple() for p in posted_partials(self.dep, gid)]
+        return self.send(g.disputeChunk(gid, posted, self.disputed))
+
+
+def chunk_level_gas(terms: int, op: str = "mm", dep: Deployment | None = None) -> dict[str, int]:
+    """Gas of the chunk level for one element of a ``terms``-term reduction (``mm``: MATMUL of
+    ``[1, terms]`` by ``[1, terms]``, no bias; ``sm``: SUM of ``[1, terms]``), honest trainer:
+    postPartials, then either disputeChunk + settlePartials (the chunk check of the last full
+    chunk) or acceptPartials + settlePartials (the ruling from the partials). Returns
+    ``{move: gas}`` plus ``max`` (the largest transaction of the whole game)."""
+    cfg = JobConfig(n_steps=1, interval_length=1)
+    graph = long_graph(terms, rows=1, cols=1, bias=False)
+    run = simulate_real(cfg, graph)
+    dep = dep or deploy()
+    dep.gas_log.clear()
+    job = active_job(dep, run)
+    gid = challenge(dep, job, 0)
+    j = graph.index[op]
+    trainer = ChunkTrainer(dep, run)
+    n_chunks = -(-terms // 2048)
+    res = play(dep, gid, trainer, FalseChunkChallenger(dep, op=j), until=lambda v: v["phase"] == Phase.PARTIALS)
+    assert res.status == GameStatus.IN_PROGRESS, res
+    start = len(dep.gas_log)
+    snap = dep.snapshot()
+    out: dict[str, int] = {"postPartials": dict(dep.gas_log)["postPartials"]}
+    last_full = terms // 2048 - 1 if terms % 2048 == 0 else max(0, n_chunks - 2)
+    res = play(dep, gid, trainer, FalseChunkChallenger(dep, op=j, chunk=last_full))
+    assert res.status == GameStatus.TRAINER_WON, res
+    log = dict(dep.gas_log[start:])
+    out["disputeChunk"], out["settlePartials (chunk check)"] = log["disputeChunk"], log["settlePartials"]
+    whole = max(g for _, g in dep.gas_log)
+    dep.revert(snap)
+    res = play(dep, gid, trainer, FalseChunkChallenger(dep, op=j, chunk=None))
+    assert res.status == GameStatus.TRAINER_WON, res
+    log = dict(dep.gas_log)
+    out["acceptPartials"], out["settlePartials (rule)"] = log["acceptPartials"], log["settlePartials"]
+    out["max"] = max(whole, max(g for _, g in dep.gas_log))
+    return out
+
+
 __all__ = [
     "Cheat",
+    "ChunkChallenger",
+    "ChunkTrainer",
+    "FalseChunkChallenger",
+    "chunk_level_gas",
+    "long_graph",
+    "simulate_real",
     "Deployment",
     "FalseChallenger",
     "GameResult",

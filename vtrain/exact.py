@@ -11,6 +11,10 @@ For one output element of one op (a descriptor, its FP32 input tensors and a fla
   bit for bit what ``Adjudicator.adjudicate`` returns for a well-formed proof;
 - :func:`reads` -- the input elements the contract reads, in the order the proof opens them
   (used by ``protocol/proofs.py``).
+- the chunk level of long reductions (``ChunkAdjudicator``, docs/protocol.md "Chunk level"):
+  :func:`element_partials` (what the trainer posts), :func:`first_wrong_chunk` (what a challenger
+  disputes), :func:`chunk_reads` (the chunk check's openings) and :func:`judge_partials` (the
+  ruling from the partials, bit for bit the one-step ruling when the partials are right).
 
 Conventions shared with Solidity: an FP32 value is its bit pattern (an int); zero is canonical
 (``+0``: a zero result is bits 0, a claimed ``-0`` never stands); NaN/inf inputs raise
@@ -21,7 +25,7 @@ descriptor raises :class:`MalformedOp` where the contract reverts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -33,7 +37,21 @@ from vtrain.errors import NonFiniteValue, VtrainError
 from vtrain.graph import OpKind
 
 __all__ = [
+    "CHUNK_TERMS",
     "DATA_INPUT",
+    "MAX_CHUNKS",
+    "MAX_DIRECT_TERMS",
+    "Partial",
+    "chunk_count",
+    "chunk_partial",
+    "chunk_reads",
+    "element_partials",
+    "first_wrong_chunk",
+    "is_chunked",
+    "judge_partials",
+    "partials_enclosure",
+    "partials_scale",
+    "reduction_terms",
     "DataContext",
     "Enclosure",
     "MalformedOp",
@@ -605,24 +623,35 @@ def _enclose(sem: _Sem) -> Enclosure | None:
         big = m << s
         r = math.isqrt(big)
         return Enclosure(r, r if r * r == big else r + 1, 0, (e - s) // 2, 1)
+    total, abs_sum, inexact, lsb = _accumulate(_packed_terms(sem))
+    if not sem.bound:
+        return Enclosure(total, total + inexact, 0, lsb, 1)
+    return _bound_enclosure(sem.op, sem.n, total, abs_sum, inexact, lsb)
+
+
+def _packed_terms(sem: _Sem) -> list[tuple[bool, int, int]]:
+    """The ExactSum terms ``(neg, M, est)`` of a mul/dot/sum/mean element, in term order."""
     if sem.op == "mul":
-        terms = [_product(*sem.bits)]
-    elif sem.op == "dot":
+        return [_product(*sem.bits)]
+    if sem.op == "dot":
         b = sem.bits
         terms = [_product(b[2 * i], b[2 * i + 1]) for i in range(len(b) // 2)]
         if sem.bias:
             terms.append(_product(b[-1], ONE))
-    else:
-        negs = sem.negate or (False,) * len(sem.bits)
-        terms = []
-        for x, flip in zip(sem.bits, negs, strict=True):
-            neg, m, est = _product(x, ONE)
-            terms.append((neg != flip and m != 0, m, est))
-    total, abs_sum, inexact, lsb = _accumulate(terms)
-    if not sem.bound:
-        return Enclosure(total, total + inexact, 0, lsb, 1)
-    n = sem.n
-    if sem.op == "mean":
+        return terms
+    negs = sem.negate or (False,) * len(sem.bits)
+    terms = []
+    for x, flip in zip(sem.bits, negs, strict=True):
+        neg, m, est = _product(x, ONE)
+        terms.append((neg != flip and m != 0, m, est))
+    return terms
+
+
+def _bound_enclosure(op: str, n: int, total: int, abs_sum: int, inexact: int, lsb: int) -> Enclosure:
+    """ExactSum.sumEnclosure / meanEnclosure of an accumulation of ``n`` terms."""
+    if n > MAX_TERMS:
+        raise MalformedOp(f"reduction: expected at most {MAX_TERMS} terms, got {n}")
+    if op == "mean":
         f = TWO53 * (TWO53 - n)
         return Enclosure(
             total * f,
@@ -681,3 +710,183 @@ def judge_element(
         raise ValueError(f"entry: expected one for element {index}, got {entry.index}")
     code, value = (entry.code, entry.value_bits) if entry is not None else (NONE, 0)
     return judge(enclosure(desc, tensors, index, data), claimed_bits, code, value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunk level of long reductions (mirror of contracts/lib/ChunkedSum.sol and ChunkAdjudicator.sol)
+
+#: Reductions (MATMUL, SUM, MEAN) of more terms than this are ruled from per-chunk partials.
+MAX_DIRECT_TERMS = 4096
+#: Terms per chunk of the chunk level (the last chunk may be short).
+CHUNK_TERMS = 2048
+#: Most chunks of one element (the accumulator's headroom over the chunk size).
+MAX_CHUNKS = MAX_TERMS // CHUNK_TERMS
+
+
+@dataclass(frozen=True)
+class Partial:
+    """One chunk's share of an element's ExactSum accumulation, in quanta ``2^(E - 372)`` with
+    ``E`` the largest ``max_exp`` of the element's chunks (``GameTypes.Partial``)."""
+
+    max_exp: int
+    sum: int
+    abs_sum: int
+    inexact: int
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        """The ABI tuple ``(maxExp, sum, absSum, inexact)``."""
+        return (self.max_exp, self.sum, self.abs_sum, self.inexact)
+
+    @classmethod
+    def of(cls, t: Any) -> Partial:
+        """From the ABI tuple or a decoded struct (a mapping with the Solidity field names)."""
+        if isinstance(t, Mapping):
+            t = (t["maxExp"], t["sum"], t["absSum"], t["inexact"])
+        return cls(*(int(x) for x in t))
+
+
+def reduction_terms(desc: Any) -> int:
+    """``ChunkAdjudicator.terms``: the term count of a well-formed MATMUL (K, +1 with a bias), SUM or
+    MEAN descriptor; 0 for other kinds and malformed descriptors."""
+    d = OpDesc.of(desc)
+    k, shape, ins = d.kind, d.shape, d.in_shapes
+    if k not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) or len(ins) != len(d.inputs):
+        return 0
+    if not shape or len(shape) > 6:
+        return 0
+    r = len(shape)
+    if k != OpKind.MATMUL:
+        if len(ins) != 1 or not _same_except(ins[0], shape, r - 1) or shape[-1] != 1 or ins[0][-1] == 0:
+            return 0
+        return ins[0][-1]
+    if len(ins) not in (2, 3) or r < 2:
+        return 0
+    sa, sb = ins[0], ins[1]
+    if len(sa) != r or len(sb) != r or sa[:-2] != shape[:-2] or sb[:-2] != shape[:-2]:
+        return 0
+    m, n_cols, kk = shape[-2], shape[-1], sa[-1]
+    if sa[-2] != m or kk == 0 or sb[-2] != n_cols or sb[-1] != kk or m == 0 or n_cols == 0:
+        return 0
+    if len(ins) == 3 and tuple(ins[2]) != (n_cols,):
+        return 0
+    return kk + (len(ins) == 3)
+
+
+def is_chunked(desc: Any) -> bool:
+    """True when an element of this op is ruled through the chunk level (more than MAX_DIRECT_TERMS terms)."""
+    return reduction_terms(desc) > MAX_DIRECT_TERMS
+
+
+def chunk_count(n: int) -> int:
+    """Number of chunks of an ``n``-term element."""
+    return (n + CHUNK_TERMS - 1) // CHUNK_TERMS
+
+
+def _partial_at(terms: Sequence[tuple[bool, int, int]], top: int) -> Partial:
+    """ChunkedSum.partialAt: the chunk's partial at the element's scale ``top``."""
+    mine = max((est for _, m, est in terms if m), default=0)
+    if mine == 0 or mine > top:
+        return Partial(mine, 0, 0, 0)
+    total = abs_sum = inexact = 0
+    for neg, m, est in terms:
+        if not m:
+            continue
+        d = est + _GUARD - top
+        if d >= 0:
+            q, lost = m << d, 0
+        else:
+            q = m >> -d
+            lost = int(q << -d != m)
+        abs_sum += q
+        inexact += lost
+        total += -(q + lost) if neg else q
+    return Partial(mine, total, abs_sum, inexact)
+
+
+def _reduction_sem(desc: Any, tensors: Sequence[np.ndarray], index: int) -> tuple[OpDesc, _Sem]:
+    d = OpDesc.of(desc)
+    if reduction_terms(d) == 0:
+        raise MalformedOp(f"chunk level: op kind {d.kind} is not a well-formed MATMUL/SUM/MEAN")
+    return d, _semantics(d, tensors, index, None)
+
+
+def element_partials(desc: Any, tensors: Sequence[np.ndarray], index: int, scale: int | None = None) -> list[Partial]:
+    """The partials of element ``index``, one per chunk of CHUNK_TERMS terms, at the element's own
+    scale (``scale=None``: what an honest trainer posts) or at a given one (what the contract
+    recomputes against posted partials whose largest ``max_exp`` is ``scale``)."""
+    _, sem = _reduction_sem(desc, tensors, index)
+    terms = _packed_terms(sem)
+    if len(terms) > MAX_TERMS:
+        raise MalformedOp(f"reduction: expected at most {MAX_TERMS} terms, got {len(terms)}")
+    top = max((est for _, m, est in terms if m), default=0) if scale is None else scale
+    return [_partial_at(terms[c * CHUNK_TERMS : (c + 1) * CHUNK_TERMS], top) for c in range(chunk_count(len(terms)))]
+
+
+def partials_scale(partials: Sequence[Partial]) -> int:
+    """ChunkedSum.scale: the largest posted ``max_exp``."""
+    return max((p.max_exp for p in partials), default=0)
+
+
+def chunk_partial(desc: Any, tensors: Sequence[np.ndarray], index: int, chunk: int, scale: int) -> Partial:
+    """``ChunkAdjudicator.checkChunk``'s recomputation of chunk ``chunk`` at ``scale``."""
+    _, sem = _reduction_sem(desc, tensors, index)
+    terms = _packed_terms(sem)
+    return _partial_at(terms[chunk * CHUNK_TERMS : (chunk + 1) * CHUNK_TERMS], scale)
+
+
+def first_wrong_chunk(desc: Any, tensors: Sequence[np.ndarray], index: int, posted: Sequence[Partial]) -> int | None:
+    """The first posted partial that differs from its recomputation at the posted scale (what a
+    challenger disputes), or None when every chunk stands."""
+    mine = element_partials(desc, tensors, index, partials_scale(posted))
+    if len(mine) != len(posted):
+        raise MalformedOp(f"partials: expected {len(mine)}, got {len(posted)}")
+    return next((c for c, (a, b) in enumerate(zip(mine, posted, strict=True)) if a != b), None)
+
+
+def partials_enclosure(desc: Any, partials: Sequence[Partial]) -> Enclosure:
+    """``ChunkAdjudicator.ruleFromPartials``'s enclosure: the partials summed (ChunkedSum.total) and
+    bounded as the one-transaction ruling would (MEAN: meanEnclosure, else sumEnclosure)."""
+    d = OpDesc.of(desc)
+    n = reduction_terms(d)
+    if n == 0 or len(partials) != chunk_count(n):
+        raise MalformedOp(f"partials: expected {chunk_count(n)} for {n} terms, got {len(partials)}")
+    top = partials_scale(partials)
+    if top == 0:
+        total = abs_sum = inexact = lsb = 0
+    else:
+        total = sum(p.sum for p in partials)
+        abs_sum = sum(p.abs_sum for p in partials)
+        inexact = sum(p.inexact for p in partials)
+        lsb = top - _LSB_OFFSET
+    return _bound_enclosure("mean" if d.kind == OpKind.MEAN else "sum", n, total, abs_sum, inexact, lsb)
+
+
+def judge_partials(
+    desc: Any, partials: Sequence[Partial], index: int, claimed_bits: int, entry: LogEntry | None
+) -> bool:
+    """What ``ChunkAdjudicator.ruleFromPartials`` returns for a well-formed log opening."""
+    if entry is not None and entry.index != index:
+        raise ValueError(f"entry: expected one for element {index}, got {entry.index}")
+    code, value = (entry.code, entry.value_bits) if entry is not None else (NONE, 0)
+    return judge(partials_enclosure(desc, partials), claimed_bits, code, value)
+
+
+def chunk_reads(desc: Any, tensors: Sequence[np.ndarray], index: int, chunk: int) -> list[Read]:
+    """The openings ``checkChunk`` expects for chunk ``chunk``, in proof order: the chunk's segment of
+    a's row and of b's (MATMUL) or of the reduced row (SUM/MEAN), then bias[j] when the chunk
+    holds the bias term."""
+    d, sem = _reduction_sem(desc, tensors, index)
+    n = reduction_terms(d)
+    if not 0 <= chunk < chunk_count(n):
+        raise MalformedOp(f"chunk: expected 0 <= chunk < {chunk_count(n)}, got {chunk}")
+    lo = chunk * CHUNK_TERMS
+    hi = min(lo + CHUNK_TERMS, n)
+    rows = sem.reads[:2] if d.kind == OpKind.MATMUL else sem.reads[:1]
+    k = rows[0].length
+    out: list[Read] = []
+    row_end = min(hi, k)
+    if lo < row_end:
+        out += [Read(r.input, r.start + lo, row_end - lo) for r in rows]
+    if sem.bias and hi == n:
+        out.append(sem.reads[2])
+    return out

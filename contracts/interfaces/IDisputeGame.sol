@@ -2,8 +2,9 @@
 pragma solidity 0.8.28;
 
 import {IAdjudicator} from "contracts/interfaces/IAdjudicator.sol";
+import {IChunkAdjudicator} from "contracts/interfaces/IChunkAdjudicator.sol";
 import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
-import {GameId, JobId, OpOpening, Party, Phase, GameStatus, Ruling} from "contracts/lib/GameTypes.sol";
+import {GameId, JobId, OpOpening, Partial, Party, Phase, GameStatus, Ruling} from "contracts/lib/GameTypes.sol";
 
 /// @title IDisputeGame
 /// @notice Bisection game between a job's trainer and one challenger over one posted interval
@@ -31,6 +32,7 @@ interface IDisputeGame {
     /// @param size Leaves under the disputed node.
     /// @param left Revealed left child (0 until revealed).
     /// @param right Revealed right child (0 until revealed).
+    /// @param chunk The chunk disputed at the chunk level (0 before `disputeChunk`).
     struct GameView {
         JobId job;
         uint64 interval;
@@ -57,6 +59,7 @@ interface IDisputeGame {
         uint64 numel;
         uint64 index;
         uint32 claimed;
+        uint64 chunk;
     }
 
     /// @notice Emitted when a game starts. The first move is the trainer's.
@@ -105,6 +108,13 @@ interface IDisputeGame {
     event ChunkOpened(GameId indexed game, uint64 chunk, bytes data);
     /// @notice Emitted when the challenger names the element at flat index `index`, claimed FP32 bits `claimed`.
     event ElementPicked(GameId indexed game, uint64 index, uint32 claimed);
+    /// @notice Emitted when the trainer posts the partials of a long reduction element (`terms` terms,
+    ///         one partial per chunk of ChunkedSum.CHUNK_TERMS terms).
+    event PartialsPosted(GameId indexed game, uint64 index, uint256 terms, Partial[] partials);
+    /// @notice Emitted when the challenger disputes the partial of chunk `chunk`.
+    event ChunkDisputed(GameId indexed game, uint64 chunk);
+    /// @notice Emitted when the challenger accepts the partials (the element is then ruled from them).
+    event PartialsAccepted(GameId indexed game);
     /// @notice Emitted when a game ends with a winner.
     event GameResolved(GameId indexed game, JobId indexed job, Party winner, Ruling ruling);
     /// @notice Emitted when a game is closed because its job was proven fraudulent in another game.
@@ -191,6 +201,45 @@ interface IDisputeGame {
     function oneStep(GameId game, bytes calldata descriptor, bytes32[] calldata inputRoots, bytes calldata proof)
         external;
 
+    /// @notice Trainer, in phase OneStep, for a MATMUL/SUM/MEAN element of more than
+    ///         ChunkedSum.MAX_DIRECT_TERMS terms (for which `oneStep` reverts): posts the element's
+    ///         exact partial sums, one per chunk of ChunkedSum.CHUNK_TERMS terms (docs/protocol.md,
+    ///         "Chunk level"). Only their hash is stored; the challenger moves next.
+    /// @param game The game.
+    /// @param descriptor The op's descriptor, as opened by `openOp`.
+    /// @param partials One partial per chunk, in chunk order.
+    function postPartials(GameId game, bytes calldata descriptor, Partial[] calldata partials) external;
+
+    /// @notice Challenger, in phase Partials: disputes the partial of one chunk; the chunk is then
+    ///         recomputed from the inputs by `settlePartials`.
+    /// @param game The game.
+    /// @param partials The posted partials (checked against the stored hash).
+    /// @param chunk The disputed chunk.
+    function disputeChunk(GameId game, Partial[] calldata partials, uint64 chunk) external;
+
+    /// @notice Challenger, in phase Partials: accepts the posted partials; the element is then ruled
+    ///         from their sum by `settlePartials`.
+    /// @param game The game.
+    function acceptPartials(GameId game) external;
+
+    /// @notice Either party, in phase ChunkCheck or PartialsRule (the trainer's clock runs): asks the
+    ///         chunk adjudicator for the ruling. ChunkCheck: the disputed chunk's partial is recomputed
+    ///         (equal -> trainer wins, else challenger wins). PartialsRule: the element is ruled from
+    ///         the partials with the rounding rule and its log entry. A revert leaves the game unchanged.
+    /// @param game The game.
+    /// @param descriptor The op's descriptor, as opened by `openOp`.
+    /// @param inputRoots The op's input roots, as opened by `openOp`.
+    /// @param partials The posted partials (checked against the stored hash).
+    /// @param proof ChunkCheck: `abi.encode(Opening[])` of the chunk's input rows; PartialsRule:
+    ///        `abi.encode(LogOpening)` of the element's log entry (see IChunkAdjudicator).
+    function settlePartials(
+        GameId game,
+        bytes calldata descriptor,
+        bytes32[] calldata inputRoots,
+        Partial[] calldata partials,
+        bytes calldata proof
+    ) external;
+
     /// @notice Anyone: ends the game when the side to move has run out of time; the other side wins.
     /// @param game The game.
     function claimTimeout(GameId game) external;
@@ -205,6 +254,9 @@ interface IDisputeGame {
 
     /// @notice The one-step adjudicator.
     function adjudicator() external view returns (IAdjudicator);
+
+    /// @notice The chunk level's adjudicator (deployed by this game's constructor).
+    function chunkAdjudicator() external view returns (IChunkAdjudicator);
 
     /// @notice Number of games created; ids run from 1 to gameCount().
     function gameCount() external view returns (uint64);

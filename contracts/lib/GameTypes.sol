@@ -31,8 +31,13 @@ enum JobStatus {
 ///      Trace:       bisect the trace tree (nOps leaves); at a leaf the trainer calls `openOp`.
 ///      Element:     bisect the op's output tensor tree (chunks); at a leaf the trainer calls `openChunk`.
 ///      Pick:        the challenger calls `pickElement`.
-///      OneStep:     either party calls `oneStep` (the trainer's clock runs).
+///      OneStep:     either party calls `oneStep` (the trainer's clock runs); for a reduction of more
+///                   than ChunkedSum.MAX_DIRECT_TERMS terms the trainer calls `postPartials` instead.
 ///      Done:        resolved or closed; no more moves.
+///      Partials:    the challenger calls `disputeChunk` or `acceptPartials`.
+///      ChunkCheck:  either party calls `settlePartials` (disputed chunk recomputed; trainer's clock).
+///      PartialsRule: either party calls `settlePartials` (element ruled from the partials; trainer's clock).
+///      (The chunk level's phases come after Done so that the earlier values stay as they were.)
 enum Phase {
     None,
     Steps,
@@ -41,7 +46,10 @@ enum Phase {
     Element,
     Pick,
     OneStep,
-    Done
+    Done,
+    Partials,
+    ChunkCheck,
+    PartialsRule
 }
 
 /// @notice A side of a game.
@@ -171,10 +179,24 @@ struct OpOpening {
     bytes32[] bindProof;
 }
 
+/// @notice One chunk's share of a long reduction's exact accumulation (ExactSum, docs/protocol.md
+///         "Chunk level"): terms `[c * CHUNK_TERMS, min((c + 1) * CHUNK_TERMS, n))` of the element,
+///         in quanta `2^L` with `L = E - 372`, `E` the largest `maxExp` over all of the element's chunks.
+/// @param maxExp Largest term exponent `est` among the chunk's non-zero terms (0: all terms are zero).
+/// @param sum Sum of the chunk's terms, each floored to the quantum, in quanta.
+/// @param absSum Sum of the chunk's |terms| (floored), in quanta: the chunk's share of `S` for `dc`.
+/// @param inexact Number of the chunk's terms with bits below the quantum.
+struct Partial {
+    uint256 maxExp;
+    int256 sum;
+    uint256 absSum;
+    uint256 inexact;
+}
+
 /// @notice A game's storage record (DisputeGame).
 /// @dev Slot layout (packed): [job, interval, step, phase, status] [trainer, op, nOps] [challenger]
-///      [trainerClock, challengerClock] [descent: 4 slots] [7 opened roots] [numel, index, claimed].
-///      Fields after `descent` are zero until the move that opens them.
+///      [trainerClock, challengerClock] [descent: 4 slots] [7 opened roots] [numel, index, claimed]
+///      [partialsHash] [chunk]. Fields after `descent` are zero until the move that opens them.
 struct Game {
     JobId job;
     uint64 interval;
@@ -198,6 +220,8 @@ struct Game {
     uint64 numel;
     uint64 index;
     uint32 claimed;
+    bytes32 partialsHash;
+    uint64 chunk;
 }
 
 // ---------------------------------------------------------------- op kinds bound by the game
@@ -299,3 +323,9 @@ error DescriptorOutOfBounds(string what, uint256 value, uint256 max);
 error OffsetOutOfRange(uint256 offset, uint256 elements);
 /// @notice Thrown when the descriptor or input roots given to `oneStep` are not the ones opened.
 error OpeningMismatch(bytes32 expected, bytes32 actual);
+/// @notice Thrown when `postPartials` is called for an element short enough for `oneStep`.
+error NotChunked(uint256 terms, uint256 maxDirect);
+/// @notice Thrown when `oneStep` is called for a reduction longer than `maxDirect` terms (post partials).
+error ChunkedElement(uint256 terms, uint256 maxDirect);
+/// @notice Thrown when a disputed chunk is not one of the posted partials.
+error ChunkOutOfRange(uint256 chunk, uint256 nChunks);

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: MIT
+pragma solidity 0.8.28;
+
+import {IAdjudicator} from "contracts/interfaces/IAdjudicator.sol";
+import {IChunkAdjudicator} from "contracts/interfaces/IChunkAdjudicator.sol";
+import {ChunkedSum} from "contracts/lib/ChunkedSum.sol";
+import {ExactSum} from "contracts/lib/ExactSum.sol";
+import {Partial} from "contracts/lib/GameTypes.sol";
+import {OpKinds} from "contracts/lib/OpKinds.sol";
+import {RoundingRule} from "contracts/lib/RoundingRule.sol";
+import {TensorIndex} from "contracts/lib/TensorIndex.sol";
+import {TensorProof} from "contracts/lib/TensorProof.sol";
+
+/// @title ChunkAdjudicator
+/// @notice Rulings of the chunk level (IChunkAdjudicator): one chunk of a long MATMUL/SUM/MEAN
+///         element recomputed from opened input rows, and the element ruled from its partials.
+///         Deployed by DisputeGame's constructor; kept apart from Adjudicator so that neither
+///         contract nears the EIP-170 size limit.
+/// @dev Term `t` of element `index`: MATMUL `a[row, t] * b[batch, j, t]` for `t < K` and `bias[j]`
+///      for `t = K`; SUM/MEAN `a[index, t]` (the same shape rules as Adjudicator `_matmul`/`_reduce`).
+contract ChunkAdjudicator is IChunkAdjudicator {
+    /// @notice One range opening of tensor chunks (as Adjudicator.Opening).
+    struct Opening {
+        bytes data;
+        bytes32[] siblings;
+    }
+
+    /// @notice Two adjacent leaves of the op log tree and their range proof (as Adjudicator.LogOpening).
+    struct LogOpening {
+        uint256 position;
+        uint256 size;
+        bytes leaves;
+        bytes32[] siblings;
+    }
+
+    /// @dev Where the terms of one element are.
+    struct Layout {
+        uint8 kind;
+        uint256 n; // terms
+        uint256 k; // terms read from rows (MATMUL: K; SUM/MEAN: n)
+        bool bias;
+        uint256 aStart; // flat index of the element's first term in input 0
+        uint256 bStart; // MATMUL: flat index of b[batch, j, 0]
+        uint256 j; // MATMUL: output column (bias index)
+        uint32[][] inShapes;
+    }
+
+    /// @notice Thrown when the descriptor is not a well-formed MATMUL/SUM/MEAN or the claim does not fit it.
+    error NotChunkable(uint8 kind);
+    /// @notice Thrown when the proof carries fewer or more openings than the chunk reads.
+    error OpeningCount(uint256 supplied, uint256 needed);
+    /// @notice Thrown when the opened log leaves do not bracket the element's key.
+    error LogBracket(uint256 keyBelow, uint256 keyAbove, uint256 key);
+    /// @notice Thrown when the output index is beyond the log's key space.
+    error IndexOutOfRange(uint256 index, uint256 limit);
+
+    uint256 private constant LOG_LEAF = 9;
+    uint256 private constant HIGH_KEY = 0xFFFFFFFF;
+
+    /// @inheritdoc IChunkAdjudicator
+    function terms(bytes calldata descriptor) external pure returns (uint256 n) {
+        (bool ok, Layout memory l) = _layout(descriptor, 0, type(uint256).max);
+        return ok ? l.n : 0;
+    }
+
+    /// @inheritdoc IChunkAdjudicator
+    function checkChunk(
+        IAdjudicator.ElementClaim calldata claim,
+        Partial[] calldata partials,
+        uint256 chunk,
+        bytes calldata proof
+    ) external view returns (bool trainerRight) {
+        Layout memory l = _claimLayout(claim);
+        Partial[] memory p = partials;
+        ChunkedSum.check(p, l.n);
+        if (chunk >= p.length) revert ChunkedSum.ChunkCount(chunk, p.length);
+        Opening[] memory o = abi.decode(proof, (Opening[]));
+        uint256 lo = chunk * ChunkedSum.CHUNK_TERMS;
+        uint256 hi = lo + ChunkedSum.chunkTerms(l.n, chunk);
+        uint256[] memory ts = new uint256[](hi - lo);
+        uint256 next;
+        uint256 rowEnd = hi < l.k ? hi : l.k;
+        if (lo < rowEnd) {
+            uint256 count = rowEnd - lo;
+            (bytes memory aData, uint256 aOff) = _readRow(claim.inputRoots[0], l.inShapes[0], l.aStart + lo, count, o, next++);
+            bytes memory bData;
+            uint256 bOff;
+            if (l.kind == OpKinds.MATMUL) {
+                (bData, bOff) = _readRow(claim.inputRoots[1], l.inShapes[1], l.bStart + lo, count, o, next++);
+            }
+            ExactSum.fill(aData, aOff, bData, bOff, ts, count);
+        }
+        if (l.bias && hi == l.n) {
+            (bytes memory d, uint256 off) = _readRow(claim.inputRoots[2], l.inShapes[2], l.j, 1, o, next++);
+            ts[hi - lo - 1] = ExactSum.value(TensorProof.f32At(d, off));
+        }
+        // INVARIANT: every supplied opening was read, so a proof has one canonical form.
+        if (next != o.length) revert OpeningCount(o.length, next);
+        Partial memory mine = ChunkedSum.partialAt(ts, ChunkedSum.scale(p));
+        Partial memory theirs = p[chunk];
+        return mine.maxExp == theirs.maxExp && mine.sum == theirs.sum && mine.absSum == theirs.absSum
+            && mine.inexact == theirs.inexact;
+    }
+
+    /// @inheritdoc IChunkAdjudicator
+    function ruleFromPartials(
+        IAdjudicator.ElementClaim calldata claim,
+        Partial[] calldata partials,
+        bytes calldata proof
+    ) external view returns (bool trainerRight) {
+        Layout memory l = _claimLayout(claim);
+        Partial[] memory p = partials;
+        ChunkedSum.check(p, l.n);
+        LogOpening memory lg = abi.decode(proof, (LogOpening));
+        (uint8 code, uint32 value) = _logEntry(claim.opLogRoot, claim.index, lg);
+        ExactSum.Accumulation memory acc = ChunkedSum.total(p);
+        RoundingRule.Enclosure memory x =
+            l.kind == OpKinds.MEAN ? ExactSum.meanEnclosure(acc, l.n) : ExactSum.sumEnclosure(acc, l.n);
+        return RoundingRule.judge(x, claim.claimed, code, value);
+    }
+
+    // ---------------------------------------------------------------------------------------------
+
+    function _claimLayout(IAdjudicator.ElementClaim calldata claim) private pure returns (Layout memory l) {
+        bool ok;
+        (ok, l) = _layout(claim.descriptor, claim.index, claim.inputRoots.length);
+        if (!ok) revert NotChunkable(l.kind);
+    }
+
+    /// @dev The terms' layout of element `index`; `ok` false for other kinds, malformed shapes, an
+    ///      index outside the output, or `nRoots` (max: not checked) not one per input.
+    function _layout(bytes calldata descriptor, uint256 index, uint256 nRoots)
+        private
+        pure
+        returns (bool ok, Layout memory l)
+    {
+        uint32[] memory inputs;
+        uint32[] memory shape;
+        (l.kind, inputs, shape, l.inShapes,) = abi.decode(descriptor, (uint8, uint32[], uint32[], uint32[][], uint256[]));
+        uint8 kind = l.kind;
+        if (kind != OpKinds.MATMUL && kind != OpKinds.SUM && kind != OpKinds.MEAN) return (false, l);
+        uint256 nIn = inputs.length;
+        if (l.inShapes.length != nIn || (nRoots != type(uint256).max && nRoots != nIn)) return (false, l);
+        if (shape.length == 0 || shape.length > TensorIndex.MAX_RANK) return (false, l);
+        if (nRoots != type(uint256).max && index >= TensorIndex.numel(shape)) return (false, l);
+        uint256 r = shape.length;
+        if (kind != OpKinds.MATMUL) {
+            if (nIn != 1) return (false, l);
+            uint32[] memory sa = l.inShapes[0];
+            if (!TensorIndex.sameExcept(sa, shape, r - 1) || shape[r - 1] != 1 || sa[r - 1] == 0) return (false, l);
+            l.n = sa[r - 1];
+            l.k = l.n;
+            l.aStart = index * l.n;
+            return (true, l);
+        }
+        if (nIn != 2 && nIn != 3) return (false, l);
+        l.bias = nIn == 3;
+        uint32[] memory a = l.inShapes[0];
+        uint32[] memory b = l.inShapes[1];
+        if (r < 2 || a.length != r || b.length != r) return (false, l);
+        uint256 m = shape[r - 2];
+        uint256 nOut = shape[r - 1];
+        uint256 kk = a[r - 1];
+        for (uint256 i = 0; i + 2 < r; ++i) {
+            if (a[i] != shape[i] || b[i] != shape[i]) return (false, l);
+        }
+        if (a[r - 2] != m || kk == 0 || b[r - 2] != nOut || b[r - 1] != kk || nOut == 0 || m == 0) return (false, l);
+        if (l.bias && (l.inShapes[2].length != 1 || l.inShapes[2][0] != nOut)) return (false, l);
+        l.j = index % nOut;
+        uint256 row = index / nOut;
+        l.k = kk;
+        l.n = l.bias ? kk + 1 : kk;
+        l.aStart = row * kk;
+        l.bStart = ((row / m) * nOut + l.j) * kk;
+        return (true, l);
+    }
+
+    /// @dev Verifies opening `at` as the chunks of elements [start, start + len) of a tensor; returns
+    ///      the opened bytes and the position of element `start` in them.
+    function _readRow(
+        bytes32 root,
+        uint32[] memory shape,
+        uint256 start,
+        uint256 len,
+        Opening[] memory o,
+        uint256 at
+    ) private view returns (bytes memory, uint256) {
+        if (at >= o.length) revert OpeningCount(o.length, at + 1);
+        uint256 base = TensorProof.verifyElements(root, TensorIndex.numel(shape), start, len, o[at].data, o[at].siblings);
+        return (o[at].data, start - base);
+    }
+
+    /// @dev The log entry of `index` from two adjacent leaves of the op log tree (as Adjudicator).
+    function _logEntry(bytes32 root, uint256 index, LogOpening memory o) private view returns (uint8 code, uint32 value) {
+        uint256 key = index + 1;
+        if (key >= HIGH_KEY) revert IndexOutOfRange(index, HIGH_KEY - 1);
+        if (o.leaves.length != 2 * LOG_LEAF) revert TensorProof.OpeningLength(o.leaves.length, 2 * LOG_LEAF);
+        TensorProof.verifyRange(root, o.position, o.size, o.leaves, LOG_LEAF, o.siblings);
+        bytes memory lv = o.leaves;
+        uint256 below = _be(lv, 0, 4);
+        uint256 above = _be(lv, LOG_LEAF, 4);
+        // INVARIANT: adjacent leaves of a sorted log: the unique pair around the key.
+        if (!(below < key && key <= above)) revert LogBracket(below, above, key);
+        if (above == key) {
+            code = uint8(_be(lv, LOG_LEAF + 4, 1));
+            value = uint32(_be(lv, LOG_LEAF + 5, 4));
+        }
+    }
+
+    function _be(bytes memory b, uint256 off, uint256 len) private pure returns (uint256 r) {
+        assembly ("memory-safe") {
+            r := shr(sub(256, shl(3, len)), mload(add(add(b, 32), off)))
+        }
+    }
+}

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: MIT
+pragma solidity 0.8.28;
+
+import {ExactSum} from "contracts/lib/ExactSum.sol";
+import {Partial} from "contracts/lib/GameTypes.sol";
+
+/// @title ChunkedSum
+/// @notice The chunk level of a long reduction (docs/protocol.md, "Chunk level"): the element's
+///         ExactSum accumulation split into per-chunk partials that add up to exactly what
+///         `ExactSum.accumulate` computes over all terms at once.
+/// @dev All chunks use the element's scale `E = max est` (the largest posted `maxExp`), so each
+///      term is floored to the same quantum as in the one-transaction accumulation and the sums,
+///      |sums| and inexact counts are additive. Mirror: `vtrain/exact.py` (`chunk_partial`,
+///      `partials_accumulation`).
+library ChunkedSum {
+    /// @notice Thrown when the number of partials is not the element's chunk count.
+    error ChunkCount(uint256 given, uint256 expected);
+    /// @notice Thrown when a posted partial is outside what its chunk's terms can produce.
+    error PartialOutOfBounds(uint256 chunk);
+
+    /// @dev Reductions of more terms than this are ruled through the chunk level (the threshold).
+    uint256 internal constant MAX_DIRECT_TERMS = 4096;
+    /// @dev Terms per chunk (the last chunk may be short).
+    uint256 internal constant CHUNK_TERMS = 2048;
+    /// @dev Most chunks of one element: the accumulator's headroom over the chunk size.
+    uint256 internal constant MAX_CHUNKS = ExactSum.MAX_TERMS / CHUNK_TERMS;
+    /// @dev Largest term exponent of finite FP32 products (254 + 254).
+    uint256 internal constant MAX_EST = 508;
+    /// @dev Quanta of one term are below 2^120 (ExactSum.GUARD + 48-bit products).
+    uint256 internal constant TERM_QUANTA_BITS = 120;
+
+    /// @notice Number of chunks of an `n`-term element.
+    function chunkCount(uint256 n) internal pure returns (uint256) {
+        return (n + CHUNK_TERMS - 1) / CHUNK_TERMS;
+    }
+
+    /// @notice Terms in chunk `c` of an `n`-term element.
+    function chunkTerms(uint256 n, uint256 c) internal pure returns (uint256) {
+        uint256 lo = c * CHUNK_TERMS;
+        return n - lo < CHUNK_TERMS ? n - lo : CHUNK_TERMS;
+    }
+
+    /// @notice Reverts unless `p` holds one partial per chunk of an `n`-term element, each within
+    ///         what its chunk's terms can produce (so later sums cannot overflow).
+    function check(Partial[] memory p, uint256 n) internal pure {
+        uint256 nc = chunkCount(n);
+        // SAFETY: bounds every loop over the partials.
+        if (n > ExactSum.MAX_TERMS) revert ExactSum.TooManyTerms(n, ExactSum.MAX_TERMS);
+        if (p.length != nc) revert ChunkCount(p.length, nc);
+        for (uint256 c = 0; c < nc; ++c) {
+            uint256 t = chunkTerms(n, c);
+            uint256 cap = t << TERM_QUANTA_BITS;
+            Partial memory q = p[c];
+            bool bad = q.maxExp > MAX_EST || q.absSum >= cap || q.inexact > t || q.sum > int256(cap)
+                || q.sum < -int256(cap);
+            if (bad) revert PartialOutOfBounds(c);
+        }
+    }
+
+    /// @notice The element's scale: the largest `maxExp` of the partials.
+    function scale(Partial[] memory p) internal pure returns (uint256 top) {
+        for (uint256 c = 0; c < p.length; ++c) {
+            if (p[c].maxExp > top) top = p[c].maxExp;
+        }
+    }
+
+    /// @notice The accumulation of the whole element from its partials (what `ExactSum.accumulate`
+    ///         returns over all terms when the partials are right).
+    function total(Partial[] memory p) internal pure returns (ExactSum.Accumulation memory acc) {
+        uint256 top = scale(p);
+        if (top == 0) return acc;
+        for (uint256 c = 0; c < p.length; ++c) {
+            acc.sum += p[c].sum;
+            acc.absSum += p[c].absSum;
+            acc.inexact += p[c].inexact;
+        }
+        acc.lsbExp = int256(top) - ExactSum.LSB_OFFSET;
+    }
+
+    /// @notice One chunk's partial of packed terms at the element's scale `top`.
+    /// @dev A chunk whose own largest exponent exceeds `top` returns only that exponent: it differs
+    ///      from any posted partial (each posted `maxExp` is at most `top`).
+    function partialAt(uint256[] memory terms, uint256 top) internal pure returns (Partial memory p) {
+        uint256 n = terms.length;
+        uint256 mine;
+        assembly ("memory-safe") {
+            let ptr := add(terms, 32)
+            for { let i := 0 } lt(i, n) { i := add(i, 1) } {
+                let est := and(shr(64, mload(add(ptr, shl(5, i)))), 0xffff)
+                if gt(est, mine) { mine := est }
+            }
+        }
+        p.maxExp = mine;
+        if (mine == 0 || mine > top) return p;
+        int256 sum;
+        uint256 absSum;
+        uint256 inexact;
+        // SAFETY: every term's est <= top, so the shifts stay below 2^120 per term (as in ExactSum).
+        assembly ("memory-safe") {
+            let ptr := add(terms, 32)
+            let mask := sub(shl(64, 1), 1)
+            for { let i := 0 } lt(i, n) { i := add(i, 1) } {
+                let t := mload(add(ptr, shl(5, i)))
+                let m := and(t, mask)
+                if m {
+                    let d := add(and(shr(64, t), 0xffff), 72)
+                    let q := 0
+                    let lost := 0
+                    switch lt(d, top)
+                    case 0 { q := shl(sub(d, top), m) }
+                    default {
+                        let sh := sub(top, d)
+                        q := shr(sh, m)
+                        lost := iszero(eq(shl(sh, q), m))
+                    }
+                    absSum := add(absSum, q)
+                    inexact := add(inexact, lost)
+                    switch shr(255, t)
+                    case 0 { sum := add(sum, q) }
+                    default { sum := sub(sum, add(q, lost)) }
+                }
+            }
+        }
+        p.sum = sum;
+        p.absSum = absSum;
+        p.inexact = inexact;
+    }
+}
