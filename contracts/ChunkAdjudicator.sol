@@ -207,7 +207,10 @@ contract ChunkAdjudicator is IChunkAdjudicator {
         }
     }
 
+    /// @dev Big-endian unsigned integer of `len` bytes at `off` in `b` (bounds checked by the caller).
     function _be(bytes memory b, uint256 off, uint256 len) private pure returns (uint256 r) {
+        // One word load instead of `len` bounds-checked byte reads; read-only, in bounds (see @dev).
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             r := shr(sub(256, shl(3, len)), mload(add(add(b, 32), off)))
         }

@@ -83,6 +83,8 @@ library ChunkedSum {
     function partialAt(uint256[] memory terms, uint256 top) internal pure returns (Partial memory p) {
         uint256 n = terms.length;
         uint256 mine;
+        // The chunk's largest exponent in one read-only pass over memory the caller built (bounded by n).
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             let ptr := add(terms, 32)
             for { let i := 0 } lt(i, n) { i := add(i, 1) } {
@@ -96,6 +98,8 @@ library ChunkedSum {
         uint256 absSum;
         uint256 inexact;
         // SAFETY: every term's est <= top, so the shifts stay below 2^120 per term (as in ExactSum).
+        // The same exact accumulation as ExactSum's assembly loop, over this chunk only (bounded by n).
+        // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
             let ptr := add(terms, 32)
             let mask := sub(shl(64, 1), 1)
