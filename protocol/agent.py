@@ -37,6 +37,21 @@ def checkpoint_state(ctx: JobContext, data: bytes, what: str) -> list[torch.Tens
     return out
 
 
+_JOB_BLOCKS: dict[tuple[str, int], int] = {}
+
+
+def job_first_block(proto: Protocol, job_id: int) -> int:
+    """The block of ``job_id``'s JobCreated event (looked up once per registry and job): event
+    searches about a job start there, not at block 0, so they do not slow down as the chain grows."""
+    key = (proto.registry.address, job_id)
+    if key not in _JOB_BLOCKS:
+        logs = proto.registry.events.JobCreated.get_logs(from_block=0, argument_filters={"job": job_id})
+        if not logs:
+            return 0  # not mined yet (or another registry): search everything, cache nothing
+        _JOB_BLOCKS[key] = int(logs[0]["blockNumber"])
+    return _JOB_BLOCKS[key]
+
+
 @dataclass
 class MoveStats:
     """Moves and gas one agent spent, per game."""
@@ -100,5 +115,5 @@ class Player:
 
     def games_of(self, job_id: int) -> list[int]:
         ev = self.proto.game.events.GameCreated
-        logs = ev.get_logs(from_block=0, argument_filters={"job": job_id})
+        logs = ev.get_logs(from_block=job_first_block(self.proto, job_id), argument_filters={"job": job_id})
         return sorted(int(e["args"]["game"]) for e in logs)

@@ -52,8 +52,15 @@ EXIT_TIMEOUT = 3
 JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
 _DONE = ("finalized", "fraudulent", "cancelled")
 #: protocol.cheats.CHEATS' names (not imported here: that pulls in torch, and `--help` stays quick).
-CHEAT_NAMES = ("abuse-log", "forge-explicit", "poison-sample", "skip-step", "tamper-attention", "tamper-weight",
-               "wrong-lr")
+CHEAT_NAMES = (
+    "abuse-log",
+    "forge-explicit",
+    "poison-sample",
+    "skip-step",
+    "tamper-attention",
+    "tamper-weight",
+    "wrong-lr",
+)
 
 
 # -- shared plumbing --------------------------------------------------------------------------------
@@ -136,22 +143,39 @@ def clean_errors(f):
 
 
 def rpc_options(f):
-    f = click.option("--rpc-deadline", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
-                     help="Seconds one request may spend retrying an unreachable node before giving up.")(f)
-    f = click.option("--rpc-retries", type=click.IntRange(0, 50), default=8, show_default=True,
-                     help="Retries (exponential backoff with jitter, at most 5 s apart) of a request that "
-                          "could not reach the node.")(f)
-    f = click.option("--deployment", "deployment_path", required=True,
-                     type=click.Path(dir_okay=False, path_type=Path),
-                     help="deployment.json written by `vtrain deploy` (contract addresses, chain id).")(f)
+    f = click.option(
+        "--rpc-deadline",
+        type=click.FloatRange(0.1, 3600),
+        default=60.0,
+        show_default=True,
+        help="Seconds one request may spend retrying an unreachable node before giving up.",
+    )(f)
+    f = click.option(
+        "--rpc-retries",
+        type=click.IntRange(0, 50),
+        default=8,
+        show_default=True,
+        help="Retries (exponential backoff with jitter, at most 5 s apart) of a request that could not reach the node.",
+    )(f)
+    f = click.option(
+        "--deployment",
+        "deployment_path",
+        required=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="deployment.json written by `vtrain deploy` (contract addresses, chain id).",
+    )(f)
     f = click.option("--rpc", required=True, metavar="URL", help="JSON-RPC endpoint of the node.")(f)
     return f
 
 
 def key_option(f):
-    return click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                        help="A file holding this party's private key (64 hex digits, 0x optional): sign "
-                             "transactions locally instead of using an unlocked account of the node.")(f)
+    return click.option(
+        "--key-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="A file holding this party's private key (64 hex digits, 0x optional): sign "
+        "transactions locally instead of using an unlocked account of the node.",
+    )(f)
 
 
 #: Order of secp256k1: a private key is an integer in [1, N-1].
@@ -171,15 +195,18 @@ def read_key_file(path: Path):
     try:
         text = raw.decode("ascii").strip()
     except UnicodeDecodeError:
-        raise click.ClickException(f"--key-file {path}: not a private key (expected 64 hex digits, got binary "
-                                   "data)") from None
+        raise click.ClickException(
+            f"--key-file {path}: not a private key (expected 64 hex digits, got binary data)"
+        ) from None
     digits = text[2:] if text[:2].lower() == "0x" else text
     if not digits or any(c not in string.hexdigits for c in digits):
-        raise click.ClickException(f"--key-file {path}: not a private key (expected 64 hex digits, 0x optional; "
-                                   f"found non-hex characters)")
+        raise click.ClickException(
+            f"--key-file {path}: not a private key (expected 64 hex digits, 0x optional; found non-hex characters)"
+        )
     if len(digits) != 64:
-        raise click.ClickException(f"--key-file {path}: a private key is 32 bytes (64 hex digits), "
-                                   f"got {len(digits)} hex digits")
+        raise click.ClickException(
+            f"--key-file {path}: a private key is 32 bytes (64 hex digits), got {len(digits)} hex digits"
+        )
     if not 0 < int(digits, 16) < SECP256K1_N:
         raise click.ClickException(f"--key-file {path}: not a valid secp256k1 private key (zero or out of range)")
     return Account.from_key(bytes.fromhex(digits))
@@ -201,16 +228,31 @@ def use_key(chain, key_file: Path | None, index: int, what: str) -> str:
 
 
 def spec_option(f):
-    return click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-                        help="The training spec (JSON, or TOML if named *.toml) the job commits to.")(f)
+    return click.option(
+        "--spec",
+        "spec_path",
+        required=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="The training spec (JSON, or TOML if named *.toml) the job commits to.",
+    )(f)
 
 
 def agent_options(f):
     f = click.option("--events", is_flag=True, help="Stream JSON-line events on stdout (for an orchestrator).")(f)
-    f = click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True,
-                     help="Seconds between passes when there is nothing to do.")(f)
-    f = click.option("--timeout", type=click.FloatRange(min=0), default=3600.0, show_default=True,
-                     help="Give up after this many seconds (0: never); exit status 3.")(f)
+    f = click.option(
+        "--poll",
+        type=click.FloatRange(0.05, 60),
+        default=0.5,
+        show_default=True,
+        help="Seconds between passes when there is nothing to do.",
+    )(f)
+    f = click.option(
+        "--timeout",
+        type=click.FloatRange(min=0),
+        default=3600.0,
+        show_default=True,
+        help="Give up after this many seconds (0: never); exit status 3.",
+    )(f)
     return f
 
 
@@ -259,10 +301,13 @@ def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.
         bound = chain.call(proto.registry.functions.disputeGame())
     except Exception as e:  # a different contract: revert, or output that does not decode
         raise click.ClickException(
-            f"deployment {deployment_path}: {d.registry} on {rpc} is not a JobRegistry ({e})") from None
+            f"deployment {deployment_path}: {d.registry} on {rpc} is not a JobRegistry ({e})"
+        ) from None
     if Web3.to_checksum_address(bound) != Web3.to_checksum_address(d.game):
-        raise click.ClickException(f"deployment {deployment_path}: the registry at {d.registry} is bound to the game "
-                                   f"{bound}, not {d.game} (addresses from another deployment?)")
+        raise click.ClickException(
+            f"deployment {deployment_path}: the registry at {d.registry} is bound to the game "
+            f"{bound}, not {d.game} (addresses from another deployment?)"
+        )
     return chain, proto
 
 
@@ -296,8 +341,10 @@ def save_deployment(proto, path: Path) -> None:
     """The deployment file with the deployed contracts' ABIs (``attach_with_abis`` reads them)."""
     from vtrain.rundir import atomic_write
 
-    d = {**proto.deployment.__dict__, "abis": {n: c.abi for n, c in zip(
-        _CONTRACTS, (proto.registry, proto.game, proto.adjudicator), strict=True)}}
+    d = {
+        **proto.deployment.__dict__,
+        "abis": {n: c.abi for n, c in zip(_CONTRACTS, (proto.registry, proto.game, proto.adjudicator), strict=True)},
+    }
     atomic_write(Path(path), json.dumps(d).encode())
 
 
@@ -429,19 +476,35 @@ def client() -> None:
 @key_option
 @click.option("--account-index", type=int, default=1, show_default=True, help="The client's unlocked account.")
 @click.option("--trainer-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
-@click.option("--trainer", "trainer_addr", default=None, metavar="ADDRESS",
-              help="The trainer's address (instead of --trainer-index).")
+@click.option(
+    "--trainer",
+    "trainer_addr",
+    default=None,
+    metavar="ADDRESS",
+    help="The trainer's address (instead of --trainer-index).",
+)
 @click.option("--payment", type=WEI, default=None, help="Payment in wei (e.g. 1e18 or 1eth). [default: 1 ETH]")
 @click.option("--trainer-stake", type=WEI, default=None, help="Trainer's stake in wei. [default: 2 ETH]")
 @click.option("--challenger-bond", type=WEI, default=None, help="Challenger's bond in wei. [default: 0.5 ETH]")
-@click.option("--challenge-window", type=click.IntRange(min=1), default=None,
-              help="Seconds per interval. [default: 3600]")
-@click.option("--clock", type=click.IntRange(min=1), default=None,
-              help="Chess clock per party, seconds. [default: 1800]")
+@click.option(
+    "--challenge-window", type=click.IntRange(min=1), default=None, help="Seconds per interval. [default: 3600]"
+)
+@click.option(
+    "--clock", type=click.IntRange(min=1), default=None, help="Chess clock per party, seconds. [default: 1800]"
+)
 @clean_errors
-def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, spec_path: Path,
-                   key_file: Path | None, account_index: int, trainer_index: int, trainer_addr: str | None,
-                   **terms_opts: int | None) -> None:
+def create_job_cmd(
+    rpc: str,
+    deployment_path: Path,
+    rpc_retries: int,
+    rpc_deadline: float,
+    spec_path: Path,
+    key_file: Path | None,
+    account_index: int,
+    trainer_index: int,
+    trainer_addr: str | None,
+    **terms_opts: int | None,
+) -> None:
     """Create (and pay for) a job training SPEC; prints {"job": ID, ...}."""
     from web3 import Web3
 
@@ -466,11 +529,23 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadli
         job = create_job(proto, client_acct, trainer, ctx, terms)
     except VtrainError as e:
         raise click.ClickException(f"createJob: {e}") from None
-    Out.make("client", job, False).say(f"created job {job} for trainer {trainer} ({spec.steps} steps, "
-                                       f"{ctx.n_intervals} intervals, payment {terms.payment / 1e18:g} ETH)")
-    Out._line({"job": job, "client": client_acct, "trainer": trainer, "registry": proto.registry.address,
-               "payment": terms.payment, "trainer_stake": terms.trainer_stake, "challenger_bond": terms.challenger_bond,
-               "challenge_window": terms.challenge_window, "clock": terms.clock})
+    Out.make("client", job, False).say(
+        f"created job {job} for trainer {trainer} ({spec.steps} steps, "
+        f"{ctx.n_intervals} intervals, payment {terms.payment / 1e18:g} ETH)"
+    )
+    Out._line(
+        {
+            "job": job,
+            "client": client_acct,
+            "trainer": trainer,
+            "registry": proto.registry.address,
+            "payment": terms.payment,
+            "trainer_stake": terms.trainer_stake,
+            "challenger_bond": terms.challenger_bond,
+            "challenge_window": terms.challenge_window,
+            "clock": terms.clock,
+        }
+    )
 
 
 # -- trainer ----------------------------------------------------------------------------------------
@@ -481,18 +556,42 @@ def create_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadli
 @click.option("--job", "job_id", type=click.IntRange(min=1), required=True)
 @spec_option
 @key_option
-@click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder of the trainer's artifact store (created if missing).")
+@click.option(
+    "--store",
+    "store_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder of the trainer's artifact store (created if missing).",
+)
 @click.option("--cheat", type=click.Choice(CHEAT_NAMES), default=None, help="Cheat once (demo and tests).")
 @click.option("--cheat-step", type=click.IntRange(min=1), default=None, help="Step of the cheat. [default: K+2]")
 @click.option("--account-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
-@click.option("--serve-store", "serve_port", type=click.IntRange(0, 65535), default=None,
-              help="Serve the store read-only over HTTP on 127.0.0.1:PORT (0: any free port).")
+@click.option(
+    "--serve-store",
+    "serve_port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve the store read-only over HTTP on 127.0.0.1:PORT (0: any free port).",
+)
 @agent_options
 @clean_errors
-def trainer_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, job_id: int, spec_path: Path,
-                key_file: Path | None, store_dir: Path, cheat: str | None, cheat_step: int | None, account_index: int,
-                serve_port: int | None, timeout: float, poll: float, events: bool) -> None:
+def trainer_cmd(
+    rpc: str,
+    deployment_path: Path,
+    rpc_retries: int,
+    rpc_deadline: float,
+    job_id: int,
+    spec_path: Path,
+    key_file: Path | None,
+    store_dir: Path,
+    cheat: str | None,
+    cheat_step: int | None,
+    account_index: int,
+    serve_port: int | None,
+    timeout: float,
+    poll: float,
+    events: bool,
+) -> None:
     """Train JOB and post its intervals, defend every game, finalize and withdraw."""
     from protocol.cheats import CHEATS
     from protocol.jobs import JobContext
@@ -560,8 +659,14 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
     while True:
         if time.monotonic() > deadline:
             out.say("[red]timed out[/]")
-            return {"ok": False, "error": "timeout", "status": agent.status(), "posted": posted,
-                    "games": games_json(agent.player.stats), "withdrawn": 0}
+            return {
+                "ok": False,
+                "error": "timeout",
+                "status": agent.status(),
+                "posted": posted,
+                "games": games_json(agent.player.stats),
+                "withdrawn": 0,
+            }
         block = block_number(chain)
         status = agent.status()
         sent = False
@@ -596,8 +701,13 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
         else:  # finalized, fraudulent or cancelled: collect what is owed and stop
             owed = agent.withdraw()
             out.say(f"job {status}; withdrew {owed / 1e18:g} ETH")
-            return {"ok": True, "status": status, "posted": posted, "games": games_json(agent.player.stats),
-                    "withdrawn": owed}
+            return {
+                "ok": True,
+                "status": status,
+                "posted": posted,
+                "games": games_json(agent.player.stats),
+                "withdrawn": owed,
+            }
         if not sent:
             idle(block)
             time.sleep(poll)
@@ -612,18 +722,35 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
 @spec_option
 @key_option
 @click.option("--store-url", required=True, metavar="URL", help="The trainer's artifact store, served over HTTP.")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for the auditor's own progress (replayed records and states): a restart resumes "
-                   "there instead of replaying the whole job again.")
-@click.option("--false-challenger", is_flag=True,
-              help="Challenge interval 0 without cause, once, and play blindly (demo).")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder for the auditor's own progress (replayed records and states): a restart resumes "
+    "there instead of replaying the whole job again.",
+)
+@click.option(
+    "--false-challenger", is_flag=True, help="Challenge interval 0 without cause, once, and play blindly (demo)."
+)
 @click.option("--account-index", type=int, default=3, show_default=True, help="The auditor's unlocked account.")
 @agent_options
 @clean_errors
-def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, job_id: int, spec_path: Path,
-                key_file: Path | None, store_url: str, state_dir: Path | None, false_challenger: bool,
-                account_index: int,
-                timeout: float, poll: float, events: bool) -> None:
+def auditor_cmd(
+    rpc: str,
+    deployment_path: Path,
+    rpc_retries: int,
+    rpc_deadline: float,
+    job_id: int,
+    spec_path: Path,
+    key_file: Path | None,
+    store_url: str,
+    state_dir: Path | None,
+    false_challenger: bool,
+    account_index: int,
+    timeout: float,
+    poll: float,
+    events: bool,
+) -> None:
     """Audit JOB: replay each posted interval, challenge a mismatch, play the game, withdraw."""
     from protocol.auditor import AuditorAgent
     from protocol.jobs import JobContext
@@ -671,7 +798,9 @@ def auditor_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline:
 
 def my_games(proto, job: int, who: str) -> list[int]:
     """Games on ``job`` this account opened (read back from GameCreated events)."""
-    logs = proto.game.events.GameCreated.get_logs(from_block=0, argument_filters={"job": job})
+    from protocol.agent import job_first_block
+
+    logs = proto.game.events.GameCreated.get_logs(from_block=job_first_block(proto, job), argument_filters={"job": job})
     return sorted(int(e["args"]["game"]) for e in logs if e["args"]["challenger"].lower() == who.lower())
 
 
@@ -694,8 +823,15 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
         for g in agent.disputed:
             games.setdefault(str(g), {"moves": 0, "gas": 0})
             games[str(g)]["outcome"] = outcome.get(agent.player.view(g).status, "in progress")
-        return {"ok": ok, "status": status, "verified": agent.verified, "games": games, "withdrawn": withdrawn,
-                "missed": gave_up, **extra}
+        return {
+            "ok": ok,
+            "status": status,
+            "verified": agent.verified,
+            "games": games,
+            "withdrawn": withdrawn,
+            "missed": gave_up,
+            **extra,
+        }
 
     while True:
         if time.monotonic() > deadline:
@@ -884,8 +1020,11 @@ def agents_main(verbose: int) -> None:
     from rich.logging import RichHandler
 
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(level=level, format="%(name)s: %(message)s",
-                        handlers=[RichHandler(console=Console(stderr=True), show_path=False)])
+    logging.basicConfig(
+        level=level,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
+    )
 
 
 for _cmd in AGENT_COMMANDS:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from web3.logs import DISCARD
 
-from protocol.agent import Player, checkpoint_bytes, checkpoint_state
+from protocol.agent import Player, checkpoint_bytes, checkpoint_state, job_first_block
 from protocol.deploy import Protocol
 from protocol.game import PARTY_CHALLENGER, ChallengerStrategy, StepBook
 from protocol.jobs import JobContext, Terms
@@ -378,15 +378,21 @@ class AuditorAgent:
         return StepTrace.of(s, self.ctx.job.graph, o.result)
 
     def _opened_components(self, gid: int) -> list[bytes] | None:
-        logs = self.proto.game.events.StepOpened.get_logs(from_block=0, argument_filters={"game": gid})
+        logs = self.proto.game.events.StepOpened.get_logs(
+            from_block=job_first_block(self.proto, self.job_id), argument_filters={"game": gid}
+        )
         return [bytes(c) for c in logs[-1]["args"]["components"]] if logs else None
 
     def _chunk(self, gid: int) -> bytes | None:
-        logs = self.proto.game.events.ChunkOpened.get_logs(from_block=0, argument_filters={"game": gid})
+        logs = self.proto.game.events.ChunkOpened.get_logs(
+            from_block=job_first_block(self.proto, self.job_id), argument_filters={"game": gid}
+        )
         return bytes(logs[-1]["args"]["data"]) if logs else None
 
     def _partials(self, gid: int) -> list[Partial] | None:
-        logs = self.proto.game.events.PartialsPosted.get_logs(from_block=0, argument_filters={"game": gid})
+        logs = self.proto.game.events.PartialsPosted.get_logs(
+            from_block=job_first_block(self.proto, self.job_id), argument_filters={"game": gid}
+        )
         return [Partial.of(p) for p in logs[-1]["args"]["partials"]] if logs else None
 
     def _target_step(self, interval: int) -> int | None:
