@@ -492,6 +492,12 @@ def client() -> None:
 @click.option(
     "--clock", type=click.IntRange(min=1), default=None, help="Chess clock per party, seconds. [default: 1800]"
 )
+@click.option(
+    "--posting-period",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Seconds the trainer has per interval after accepting; then the client may reclaim. [default: 86400]",
+)
 @clean_errors
 def create_job_cmd(
     rpc: str,
@@ -544,8 +550,69 @@ def create_job_cmd(
             "challenger_bond": terms.challenger_bond,
             "challenge_window": terms.challenge_window,
             "clock": terms.clock,
+            "posting_period": terms.posting_period,
         }
     )
+
+
+@client.command("reclaim-job")
+@rpc_options
+@key_option
+@click.option("--job", "job_id", type=click.IntRange(min=1), required=True)
+@click.option("--account-index", type=int, default=1, show_default=True, help="The client's unlocked account.")
+@clean_errors
+def reclaim_job_cmd(
+    rpc: str,
+    deployment_path: Path,
+    rpc_retries: int,
+    rpc_deadline: float,
+    key_file: Path | None,
+    job_id: int,
+    account_index: int,
+) -> None:
+    """Reclaim JOB whose trainer is late posting an interval: the payment and the trainer's stake
+    are credited to the client, then withdrawn. Prints {"job": ID, "reclaimed": WEI, ...}."""
+    from web3.logs import DISCARD
+
+    from protocol.chain import Reverted
+
+    if key_file is not None:
+        read_key_file(key_file)
+    chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
+    client_acct = use_key(chain, key_file, account_index, "--account-index")
+    try:
+        r = chain.send(proto.registry.functions.reclaimJob(job_id), client_acct, what=f"reclaimJob({job_id})")
+    except Reverted as e:
+        raise click.ClickException(f"job {job_id} cannot be reclaimed: {e}") from None
+    ev = proto.registry.events.JobReclaimed().process_receipt(r, errors=DISCARD)
+    refund = int(ev[0]["args"]["refund"]) if ev else 0
+    withdrawn = _withdraw(chain, proto, client_acct)
+    Out.make("client", job_id, False).say(f"reclaimed job {job_id}: {refund / 1e18:g} ETH credited, withdrawn")
+    Out._line({"job": job_id, "client": client_acct, "reclaimed": refund, "withdrawn": withdrawn})
+
+
+@client.command("withdraw")
+@rpc_options
+@key_option
+@click.option("--account-index", type=int, default=1, show_default=True, help="The client's unlocked account.")
+@clean_errors
+def withdraw_cmd(
+    rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, key_file: Path | None, account_index: int
+) -> None:
+    """Withdraw everything the registry owes this account (refunds of cancelled, fraudulent or
+    reclaimed jobs). Prints {"account": ADDRESS, "withdrawn": WEI}."""
+    if key_file is not None:
+        read_key_file(key_file)
+    chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
+    acct = use_key(chain, key_file, account_index, "--account-index")
+    Out._line({"account": acct, "withdrawn": _withdraw(chain, proto, acct)})
+
+
+def _withdraw(chain, proto, acct: str) -> int:
+    owed = int(chain.call(proto.registry.functions.owed(acct)))
+    if owed:
+        chain.send(proto.registry.functions.withdraw(), acct, what="withdraw")
+    return owed
 
 
 # -- trainer ----------------------------------------------------------------------------------------
