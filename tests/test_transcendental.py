@@ -18,7 +18,7 @@ import mpmath
 import numpy as np
 import pytest
 import torch
-from test_adjudicator import Case, check, honest, on_chain, variant
+from test_adjudicator import Case, check, honest, variant
 
 import nodes
 from protocol.auditor import exact_resolver
@@ -74,9 +74,15 @@ SPECIAL = {
 }
 
 #: Inputs where the honest trainer's value lies within 2d of an FP32 midpoint, so it logs a
-#: down/up entry (found by scanning every FP32 input of the op's finite range with the executor's
-#: torch value, /tmp scan; a test below checks each still gets an entry).
-HARD: dict[OpKind, list[int]] = {K.EXP: [], K.LOG: [], K.TANH: []}
+#: down/up entry (about one input in 2^26). Found by running the executor's FP64 torch functions
+#: and ``round_output`` on ~10^9 FP32 inputs (exp: all of [2^-7, 88.7] and [-87, -2^-7]); the
+#: tests below check that each one still gets its entry, so they cannot pass vacuously.
+HARD: dict[OpKind, list[int]] = {
+    K.EXP: [0x40315B33, 0x4001B249, 0xC16912CD],
+    K.LOG: [0x464D5B2B, 0x4665A9A6, 0x44BC4360, 0x1A8446CB, 0x2423C085, 0x3E2B3421, 0x0F61FF63, 0x6F31A8EC]
+    + [0x66A8C860, 0x22925AD4, 0x62B467BA, 0x064CB44B, 0x14907055, 0x4C5D65A5, 0x1B81AB52],
+    K.TANH: [0x3AC37DE2, 0xBAC37DE2],
+}
 
 
 def random_bits(rng: np.random.Generator, kind: OpKind, n: int) -> list[int]:
@@ -202,3 +208,163 @@ def test_the_rule_picks_the_correctly_rounded_value():
             assert exact.judge(e, want, exact.NONE)
             assert not exact.judge(e, exact.neighbour(want, True), exact.NONE)
             assert not exact.judge(e, exact.neighbour(want, False), exact.NONE)
+
+
+# ---------------------------------------------------------------------------------------------
+# The contracts against the mirror
+
+
+@pytest.fixture(scope="module")
+def adj():
+    w3 = nodes.eth_tester_w3()
+    art = load_artifact("Adjudicator")
+    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 8_000_000})
+    addr = w3.eth.get_transaction_receipt(tx)["contractAddress"]
+    return w3.eth.contract(address=addr, abi=art.abi)
+
+
+@pytest.fixture(scope="module")
+def tr(adj):
+    art = load_artifact("Transcendental")
+    return adj.w3.eth.contract(address=adj.functions.transcendental().call(), abi=art.abi)
+
+
+def on_chain_enclosure(tr, kind: OpKind, b: int) -> tuple[int, int, int, int, int] | None:
+    (lo, hi, dc, e, den), defined = tr.functions.enclose(int(kind), b).call()
+    return (lo, hi, dc, e, den) if defined else None
+
+
+def run_contract_enclosures(tr, n_random: int, seed: int) -> int:
+    rng = np.random.default_rng(seed)
+    n = 0
+    for kind in KINDS:
+        special = [b for b in SPECIAL[kind] if rng.random() < max(0.2, n_random / 400)]
+        for b in special + HARD[kind] + random_bits(rng, kind, n_random):
+            assert on_chain_enclosure(tr, kind, b) == transcendental.enclose(kind, b), (kind.name, hex(b))
+            n += 1
+    return n
+
+
+def test_contract_enclosures_equal_the_mirror(tr):
+    assert run_contract_enclosures(tr, 60, 5) > 200
+
+
+@pytest.mark.slow
+def test_contract_enclosures_equal_the_mirror_thousands(tr):
+    assert run_contract_enclosures(tr, 1500, 6) > 4500
+
+
+def elementwise_case(kind: OpKind, xs: list[int]) -> Case:
+    a = np.array(xs, np.uint32).view(np.float32)
+    return Case(exact.OpDesc(int(kind), (0,), a.shape, (a.shape,), ()), (a,))
+
+
+def run_adjudicated(adj, n: int, seed: int, variants: int) -> int:
+    """Random elements through the Adjudicator with real proofs: the honest claim stands (or, with no
+    finite value, nothing does) and contract == mirror on nearby tampered claims."""
+    rng = np.random.default_rng(seed)
+    ruled = 0
+    for kind in KINDS:
+        xs = random_bits(rng, kind, n)
+        case = elementwise_case(kind, xs)
+        for i in range(n):
+            h = honest(case, i)
+            if h is None:
+                assert transcendental.enclose(kind, xs[i]) is None or kind == K.EXP
+                claimed, entries = FLT_MAX, []
+                assert not check(adj, case, i, claimed, entries)
+            else:
+                claimed, entries = h
+                assert check(adj, case, i, claimed, entries), "an honest claim must stand"
+            for _ in range(variants):
+                c, e = variant(rng, case, i, claimed, entries)
+                check(adj, case, i, c, e)
+            ruled += 1 + variants
+    return ruled
+
+
+def test_adjudicator_rules_like_the_mirror_and_honest_claims_stand(adj):
+    assert run_adjudicated(adj, 24, 7, 1) == 144
+
+
+@pytest.mark.slow
+def test_adjudicator_rules_like_the_mirror_thousands(adj):
+    assert run_adjudicated(adj, 400, 8, 2) == 3600
+
+
+# ---------------------------------------------------------------------------------------------
+# Logged elements: the honest trainer never loses, tampers are caught
+
+
+def ruling(adj, case: Case, i: int, claimed: int, entries: list[LogEntry]) -> bool:
+    """The contract's ruling (asserted equal to the mirror's) with ``adj``, else the mirror's."""
+    if adj is not None:
+        return check(adj, case, i, claimed, entries)
+    entry = next((e for e in entries if e.index == i), None)
+    return exact.judge_element(case.desc, case.inputs, i, claimed, entry)
+
+
+def run_logged(adj_or_none, per_kind: int | None) -> int:
+    checked = 0
+    for kind in KINDS:
+        xs = HARD[kind][:per_kind]
+        assert xs, f"no logged {kind.name} inputs"
+        case = elementwise_case(kind, xs)
+        for i in range(len(xs)):
+            h = honest(case, i)
+            assert h is not None
+            claimed, entries = h
+            assert len(entries) == 1 and entries[0].code in (exact.DOWN, exact.UP), (kind.name, hex(xs[i]))
+            code = entries[0].code
+            assert ruling(adj_or_none, case, i, claimed, entries), "an honest logged claim must stand"
+            # the honest value with an explicit entry stands too (the window reaches both sides)
+            assert ruling(adj_or_none, case, i, claimed, [LogEntry(i, exact.EXPLICIT, claimed)])
+            for up in (True, False):  # a one-ulp tamper under the same entry
+                assert not ruling(adj_or_none, case, i, exact.neighbour(claimed, up), entries)
+            assert not ruling(adj_or_none, case, i, claimed, [LogEntry(i, 3 - code, 0)])  # wrong direction
+            assert not ruling(adj_or_none, case, i, claimed, [LogEntry(i, 4, 0)])  # no such code
+            for k in (-2, 2, 5):  # forged explicit values beyond the window
+                forged = exact.from_ordered(exact.to_ordered(claimed) + k)
+                assert not ruling(adj_or_none, case, i, forged, [LogEntry(i, exact.EXPLICIT, forged)])
+            # unlogged, the claim stands exactly when it is the correctly rounded value
+            assert ruling(adj_or_none, case, i, claimed, []) == (claimed == exact.rn32(mp_value(kind, xs[i])))
+            checked += 1
+    return checked
+
+
+def test_honest_logged_elements_stand_and_tampers_fail_in_the_mirror():
+    assert run_logged(None, None) == sum(len(v) for v in HARD.values())
+
+
+def test_honest_logged_elements_stand_and_tampers_fail_on_chain(adj):
+    assert run_logged(adj, 2) == 6
+
+
+@pytest.mark.slow
+def test_honest_logged_elements_all_on_chain(adj):
+    assert run_logged(adj, None) == sum(len(v) for v in HARD.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# The auditor's resolver
+
+
+def test_auditor_resolver_overrules_a_wrong_unlogged_value_and_keeps_a_right_one():
+    rng = np.random.default_rng(9)
+    for kind in KINDS:
+        xs = [b for b in random_bits(rng, kind, 12) if transcendental.enclose(kind, b) is not None]
+        xs = [b for b in xs if honest(elementwise_case(kind, [b]), 0) is not None] + HARD[kind][:2]
+        case = elementwise_case(kind, xs)
+        want = [exact.rn32(mp_value(kind, b)) for b in xs]
+        ctx = SimpleNamespace(graph=SimpleNamespace(descriptors={0: case.desc.encode()}))
+        op = OpNode(0, kind, (0,), case.desc.shape, ())
+        overruled: list[tuple[int, int]] = []
+        resolve = exact_resolver(ctx, overruled)(op, [torch.from_numpy(case.inputs[0])])
+        idx = np.arange(len(xs), dtype=np.int64)
+        # every other proposal off by one ulp (away from zero, so it stays a valid pattern)
+        proposed = np.array(
+            [exact.neighbour(w, not w & SIGN) if i % 2 else w for i, w in enumerate(want)], np.uint32
+        ).view(np.float32)
+        got = resolve(idx, proposed, np.zeros(len(xs), np.uint8)).view(np.uint32)
+        assert [int(g) for g in got] == want, kind.name
+        assert overruled == [(0, i) for i in range(1, len(xs), 2)]
