@@ -24,6 +24,7 @@ The bound is ``dc = 4u L (1 - 2^-40)`` (``u = 2^-53``, ``L`` the enclosure's low
 
 from __future__ import annotations
 
+from vtrain.errors import VtrainError
 from vtrain.graph import OpKind
 
 __all__ = ["F", "LN2_F", "enclose", "enclose_exp", "enclose_log", "enclose_tanh", "dc_of"]
@@ -191,4 +192,4 @@ def enclose(kind: int, b: int) -> Enc | None:
         return enclose_log(b)
     if kind == OpKind.TANH:
         return enclose_tanh(b)
-    raise ValueError(f"op kind {kind} is not a transcendental op")
+    raise VtrainError(f"op kind {kind} is not a transcendental op (expected EXP, LOG or TANH)")
