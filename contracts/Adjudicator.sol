@@ -8,14 +8,16 @@ import {OpKinds} from "contracts/lib/OpKinds.sol";
 import {RoundingRule} from "contracts/lib/RoundingRule.sol";
 import {TensorIndex} from "contracts/lib/TensorIndex.sol";
 import {TensorProof} from "contracts/lib/TensorProof.sol";
+import {Transcendental} from "contracts/Transcendental.sol";
 
 /// @title Adjudicator
 /// @notice The one-step check: recomputes one output element of one op from Merkle-opened inputs,
 ///         exactly (or in a tight enclosure, see ExactSum), and applies the rounding rule of
 ///         docs/numerics.md to the claimed value and the committed log entry (RoundingRule).
 ///         Supported kinds: ADD SUB MUL DIV ADD_S MUL_S DIV_S RSUB_S SQRT MATMUL SUM MEAN MAX RELU
-///         RELU_GRAD OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND ONE_HOT GATHER DATA. EXP LOG TANH (and
-///         the bind ops INPUT CONST, ruled by the game) revert with `UnsupportedOp`.
+///         RELU_GRAD OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND ONE_HOT GATHER DATA EXP LOG TANH (the
+///         last three enclosed by the `Transcendental` contract this one deploys). The bind ops
+///         INPUT CONST (ruled by the game) and unknown codes revert with `UnsupportedOp`.
 ///
 ///         One-step proof encoding (also docs/protocol.md, "One-step proof encoding"):
 ///         `proof = abi.encode(Opening[] openings, LogOpening log)` with
@@ -62,7 +64,7 @@ contract Adjudicator is IAdjudicator {
         uint256 next;
     }
 
-    /// @notice Thrown for op kinds this adjudicator does not rule on (EXP LOG TANH, bind ops, unknown codes).
+    /// @notice Thrown for op kinds this adjudicator does not rule on (bind ops, unknown codes).
     error UnsupportedOp(uint8 kind);
     /// @notice Thrown when the number of input roots or input shapes does not fit the op.
     error InputCount(uint8 kind, uint256 actual, uint256 expected);
@@ -81,6 +83,14 @@ contract Adjudicator is IAdjudicator {
 
     uint256 private constant LOG_LEAF = 9;
     uint256 private constant HIGH_KEY = 0xFFFFFFFF;
+
+    /// @notice The enclosures of EXP LOG TANH (a separate contract keeps this one under EIP-170).
+    Transcendental public immutable transcendental;
+
+    /// @notice Deploys the `Transcendental` contract this adjudicator calls for EXP LOG TANH.
+    constructor() {
+        transcendental = new Transcendental();
+    }
 
     /// @inheritdoc IAdjudicator
     function adjudicate(ElementClaim calldata claim, bytes calldata proof) external view returns (bool trainerRight) {
@@ -141,6 +151,11 @@ contract Adjudicator is IAdjudicator {
             return (RoundingRule.exactly(_positive(a) ? a : 0), true);
         }
         if (k == OpKinds.OUTPUT || (k >= OpKinds.RESHAPE && k <= OpKinds.EXPAND)) return (_move(c), true);
+        if (k == OpKinds.EXP || k == OpKinds.LOG || k == OpKinds.TANH) {
+            _inputs(c, 1);
+            _sameShape(c, 0);
+            return transcendental.enclose(k, _read(c, 0, c.index));
+        }
         revert UnsupportedOp(k);
     }
 

@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = None):
     """Resolver factory for :func:`vtrain.numerics.apply_log`: keep the trainer's value where the
-    contract would uphold it, else take the exact rounding (``vtrain.exact``). Every overruled
-    element (op, index) is appended to ``overruled``."""
+    contract would uphold it, else take the exact rounding (``vtrain.exact``; EXP LOG TANH: the
+    value at 400 bits, mpmath, whose RN32 is the correctly rounded result). Every overruled element
+    (op, index) is appended to ``overruled``."""
     from vtrain.exact import UnsupportedOp, exact_value, judge_element, rn32
 
     descs = ctx.graph.descriptors
@@ -56,7 +57,7 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
                     if overruled is not None:
                         overruled.append((op.id, int(i)))
                 except UnsupportedOp:
-                    continue  # not adjudicable on-chain yet: follow the log
+                    continue  # a kind the adjudicator does not rule on (none rounds today): follow the log
             return out
 
         return resolve

@@ -150,7 +150,29 @@ def op_cases() -> list[BenchCase]:
             _f32(rng, (60000, 784)),
         ),
     ]
-    return cases + matmul_cases()
+    return cases + transcendental_cases() + matmul_cases()
+
+
+def transcendental_cases() -> list[BenchCase]:
+    """EXP LOG TANH (256x256 inputs): a typical element, and one from each costlier branch."""
+    rng = np.random.default_rng(2)
+    s = (256, 256)
+    x = _f32(rng, s)
+    mid = 256 * 100 + 37
+    out = []
+    for kind, name, value in (
+        (K.EXP, "EXP", None),
+        (K.EXP, "EXP (x = -100)", -100.0),
+        (K.LOG, "LOG", None),
+        (K.LOG, "LOG (x = 2^-140)", 2.0**-140),
+        (K.TANH, "TANH", None),
+        (K.TANH, "TANH (x = 5)", 5.0),
+    ):
+        a = np.abs(x) if kind == K.LOG else x.copy()
+        if value is not None:
+            a.reshape(-1)[mid] = np.float32(value)
+        out.append(BenchCase(name, exact.OpDesc(kind, (0,), s, (s,), ()), (a,), mid))
+    return out
 
 
 def matmul_cases(sizes: tuple[int, ...] = (64, 768, 4096)) -> list[BenchCase]:

@@ -6,7 +6,8 @@ For one output element of one op (a descriptor, its FP32 input tensors and a fla
 - :func:`contract_bound` -- the certified bound ``dc`` of docs/numerics.md, on the exact ``S``;
 - :func:`enclosure` -- the enclosure ``[lo, hi]`` of ``e`` and the bound the contract actually
   works with (``contracts/lib/ExactSum.sol``: one int256 accumulator; exact unless terms span more
-  than ~2^72, width <= 2^-19 * dc; its bound uses an upper bound of ``S`` within 2^-19);
+  than ~2^72, width <= 2^-19 * dc; its bound uses an upper bound of ``S`` within 2^-19; EXP LOG
+  TANH: ``vtrain.transcendental``, width about 2^-110 relative, ``dc = 4u (1 - 2^-40) |e|_low``);
 - :func:`judge_element` -- the contract's rule on a claimed value and the committed log entry,
   bit for bit what ``Adjudicator.adjudicate`` returns for a well-formed proof;
 - :func:`reads` -- the input elements the contract reads, in the order the proof opens them
@@ -35,6 +36,7 @@ import numpy as np
 from vtrain.commit import LogEntry, decode_op_descriptor, encode_op_descriptor, sample_index
 from vtrain.errors import NonFiniteValue, VtrainError
 from vtrain.graph import OpKind
+from vtrain.transcendental import enclose as _enclose_transcendental
 
 __all__ = [
     "CHUNK_TERMS",
@@ -90,7 +92,7 @@ class MalformedOp(VtrainError):
 
 
 class UnsupportedOp(VtrainError):
-    """Raised for op kinds the adjudicator does not rule on (EXP LOG TANH, INPUT, CONST)."""
+    """Raised for op kinds the adjudicator does not rule on (INPUT, CONST, unknown codes)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +247,7 @@ class _Sem:
     """One element's exact semantics: the reads and what is computed from them."""
 
     reads: tuple[Read, ...]
-    op: str  # copy | sum | mul | div | sqrt | dot | mean | undefined
+    op: str  # copy | sum | mul | div | sqrt | dot | mean | exp | log | tanh
     bits: tuple[int, ...] = ()  # operands (FP32 bits); dot: a0, b0, a1, b1, ... (+ bias)
     negate: tuple[bool, ...] = ()  # sum (dc = 0): negate operand i
     n: int = 0  # reductions: the bound's term count
@@ -323,6 +325,12 @@ class _Reader:
         return self.row(i, flat, 1)[0]
 
 
+_TRANSCENDENTAL = {OpKind.EXP: "exp", OpKind.LOG: "log", OpKind.TANH: "tanh"}
+_TRANSCENDENTAL_KIND = {v: k for k, v in _TRANSCENDENTAL.items()}
+#: Working precision (bits) of the auditor's reference value of exp/log/tanh (mpmath).
+MP_PREC = 400
+
+
 def _semantics(desc: OpDesc, tensors: Sequence[np.ndarray], index: int, data: DataContext | None) -> _Sem:
     k, shape, ins, attrs = desc.kind, desc.shape, desc.in_shapes, desc.attrs
     if len(desc.inputs) != len(ins):
@@ -375,6 +383,11 @@ def _semantics(desc: OpDesc, tensors: Sequence[np.ndarray], index: int, data: Da
         if k == OpKind.SQRT:
             return done("sqrt", a)
         return done("copy", a if _positive(a) else 0)
+    if k in _TRANSCENDENTAL:
+        need(1)
+        if not _same_except(ins[0], shape):
+            raise MalformedOp(f"input 0: expected shape {shape}, got {ins[0]}")
+        return done(_TRANSCENDENTAL[OpKind(k)], rd.one(0, index))
     if k == OpKind.MATMUL:
         if len(ins) not in (2, 3):
             raise MalformedOp(f"MATMUL: expected 2 or 3 inputs, got {len(ins)}")
@@ -504,6 +517,8 @@ def _terms(sem: _Sem) -> list[Fraction]:
 
 def _exact(sem: _Sem) -> Fraction | None:
     """The exact value, or None where it is undefined (division by zero, sqrt of a negative)."""
+    if sem.op in _TRANSCENDENTAL_KIND:
+        return _transcendental_value(sem.op, sem.bits[0])
     v = [value_of(b) for b in sem.bits]
     if sem.op == "copy":
         return v[0]
@@ -523,12 +538,34 @@ def _exact(sem: _Sem) -> Fraction | None:
     return total / sem.n if sem.op == "mean" else total
 
 
+def _transcendental_value(op: str, b: int) -> Fraction | None:
+    """exp/log/tanh of FP32 ``b`` rounded to MP_PREC bits (mpmath), or None where the contract has
+    no finite value (exp(x) for x >= 89, log(x) for x <= 0). Exact where the value is rational
+    (exp 0 = 1, log 1 = 0, tanh 0 = 0). Below 2^-1100 (exp of x < -762) the result is clamped to
+    2^-1100, which rounds to the same FP32 zero."""
+    import mpmath
+
+    if _enclose_transcendental(_TRANSCENDENTAL_KIND[op], b) is None:
+        return None
+    x = value_of(b)
+    with mpmath.workprec(MP_PREC):
+        y = getattr(mpmath, op)(mpmath.mpf(x.numerator) / x.denominator)
+        sign, man, exp, _ = y._mpf_
+    if man == 0:
+        return Fraction(0)
+    if exp + int(man).bit_length() < -1100:
+        return Fraction(-1 if sign else 1, 1 << 1100)
+    v = Fraction(int(man)) * _pow2(int(exp))
+    return -v if sign else v
+
+
 def exact_value(desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None) -> Fraction:
     """The exact real value ``e`` of output element ``index`` (docs/protocol.md op semantics).
 
     For SQRT of a non-square the value is irrational: this returns ``sqrt`` truncated to about
-    2^-100 relative (:func:`enclosure` brackets it rigorously). Raises NonFiniteValue where ``e``
-    is undefined (division by zero, square root of a negative number) or an input is NaN/inf.
+    2^-100 relative (:func:`enclosure` brackets it rigorously); EXP LOG TANH: the value rounded to
+    400 bits (mpmath). Raises NonFiniteValue where ``e`` is undefined (division by zero, square root
+    or log of a negative number, log 0, exp(x) for x >= 89) or an input is NaN/inf.
     """
     sem = _semantics(OpDesc.of(desc), tensors, index, data)
     e = _exact(sem)
@@ -540,8 +577,12 @@ def exact_value(desc: Any, tensors: Sequence[np.ndarray], index: int, data: Data
 def contract_bound(desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None) -> Fraction:
     """The certified bound ``dc`` on the exact ``S = sum|t_k|`` (0 for exact ops and copies):
     MATMUL/SUM ``g(n) S``, MEAN ``(g(n) + 2u) S / n``, ``g(n) = n u / (1 - n u)``, ``u = 2^-53``,
-    ``n`` the number of terms (MATMUL: ``K``, plus 1 with a bias)."""
+    ``n`` the number of terms (MATMUL: ``K``, plus 1 with a bias); EXP LOG TANH: the enclosure's
+    ``dc`` (0 where the value is undefined)."""
     sem = _semantics(OpDesc.of(desc), tensors, index, data)
+    if sem.op in _TRANSCENDENTAL_KIND:
+        enc = _enclose(sem)  # dc = 4u (1 - 2^-40) times the enclosure's lower bound of |e|
+        return Fraction(0) if enc is None else enc.value(enc.dc)
     if not sem.bound:
         return Fraction(0)
     return _dc(sem.n, sum((abs(t) for t in _terms(sem)), Fraction(0)), sem.op == "mean")
@@ -603,6 +644,9 @@ def _accumulate(terms: Sequence[tuple[bool, int, int]]) -> tuple[int, int, int, 
 
 
 def _enclose(sem: _Sem) -> Enclosure | None:
+    if sem.op in _TRANSCENDENTAL_KIND:
+        enc = _enclose_transcendental(_TRANSCENDENTAL_KIND[sem.op], sem.bits[0])
+        return None if enc is None else Enclosure(*enc)
     if sem.op == "copy":
         neg, m, e = decode(sem.bits[0])
         return Enclosure(-m if neg else m, -m if neg else m, 0, e, 1)
