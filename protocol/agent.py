@@ -37,19 +37,16 @@ def checkpoint_state(ctx: JobContext, data: bytes, what: str) -> list[torch.Tens
     return out
 
 
-_JOB_BLOCKS: dict[tuple[str, int], int] = {}
-
-
 def job_first_block(proto: Protocol, job_id: int) -> int:
-    """The block of ``job_id``'s JobCreated event (looked up once per registry and job): event
-    searches about a job start there, not at block 0, so they do not slow down as the chain grows."""
-    key = (proto.registry.address, job_id)
-    if key not in _JOB_BLOCKS:
+    """The block of ``job_id``'s JobCreated event (looked up once per deployment object and job):
+    event searches about a job start there, not at block 0, so they do not slow down as the chain
+    grows. Cached on ``proto``, never globally: two chains can hold a registry at one address."""
+    if job_id not in proto.job_blocks:
         logs = proto.registry.events.JobCreated.get_logs(from_block=0, argument_filters={"job": job_id})
         if not logs:
-            return 0  # not mined yet (or another registry): search everything, cache nothing
-        _JOB_BLOCKS[key] = int(logs[0]["blockNumber"])
-    return _JOB_BLOCKS[key]
+            return 0  # not mined yet: search everything, cache nothing
+        proto.job_blocks[job_id] = int(logs[0]["blockNumber"])
+    return proto.job_blocks[job_id]
 
 
 @dataclass

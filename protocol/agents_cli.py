@@ -58,6 +58,7 @@ CHEAT_NAMES = (
     "poison-sample",
     "skip-step",
     "tamper-attention",
+    "tamper-softmax",
     "tamper-weight",
     "wrong-lr",
 )

@@ -144,9 +144,10 @@ class ForgeExplicit(_LogCheat):
         log.sparse[op] = OpLog(np.array([self.element]), np.array([Code.EXPLICIT], np.uint8), value)
 
 
-ATTENTION_TARGETS = ("scores", "values")
-"""The attention MATMULs :class:`TamperAttention` can hit: ``scores`` = ``q @ k^T`` (before the
-1/sqrt(hs) scale and the mask), ``values`` = ``softmax(scores) @ v``."""
+ATTENTION_TARGETS = ("scores", "values", "softmax")
+"""The attention ops :class:`TamperAttention` can hit: ``scores`` = ``q @ k^T`` (a MATMUL, before
+the 1/sqrt(hs) scale and the mask), ``values`` = ``softmax(scores) @ v`` (a MATMUL), ``softmax`` =
+the softmax's EXP (``exp(scores - max)``, a transcendental op ruled by contracts/Transcendental.sol)."""
 
 
 def attention_matmuls(graph: Graph) -> list[tuple[int, int]]:
@@ -173,9 +174,9 @@ def attention_matmuls(graph: Graph) -> list[tuple[int, int]]:
 
 @dataclass
 class TamperAttention(Cheat):
-    """Adds ``delta`` to one element of one attention MATMUL's output at step ``step`` (the trace
-    keeps the tampered value, so the dispute lands on that op and element; MATMUL is adjudicated
-    on-chain today). ``op`` is the graph id of the MATMUL; :meth:`of` finds it in a GPT spec.
+    """Adds ``delta`` to one element of one attention op's output at step ``step`` (the trace keeps
+    the tampered value, so the dispute lands on that op and element: a MATMUL, or the softmax's EXP).
+    ``op`` is the graph id of the op; :meth:`of` finds it in a GPT spec.
 
     The default element of the scores, ``[0, 0, 1, 0]`` (batch 0, head 0, query 1, key 0), is
     below the causal mask's diagonal and in a row with two unmasked keys, so the edit moves the
@@ -199,10 +200,16 @@ class TamperAttention(Cheat):
         layers = attention_matmuls(graph)
         if not 0 <= layer < len(layers):
             raise GraphError(f"tamper-attention: layer {layer} not in [0, {len(layers)})")
-        op = layers[layer][ATTENTION_TARGETS.index(target)]
+        scores, values = layers[layer]
+        if target == "softmax":  # values' first input is the softmax's DIV(exp, sum(exp))
+            op = graph.ops[graph.ops[values].inputs[0]].inputs[0]
+            if graph.ops[op].kind != OpKind.EXP:
+                raise GraphError(f"attention: op {op} feeding the softmax of layer {layer} is not an EXP")
+        else:
+            op = scores if target == "scores" else values
         shape = graph.ops[op].shape
-        if element is None:
-            element = shape[-1] if target == "scores" else 0  # scores: query 1, key 0 (see above)
+        if element is None:  # scores and softmax: query 1, key 0 (see above); values: element 0
+            element = 0 if target == "values" else shape[-1]
         if not 0 <= element < graph.ops[op].numel:
             raise GraphError(f"tamper-attention: element {element} outside op {op} of shape {shape}")
         return TamperAttention(step, op, element, delta)
@@ -229,5 +236,6 @@ CHEATS = {
     "abuse-log": lambda spec, s: AbuseLog(s),
     "forge-explicit": lambda spec, s: ForgeExplicit(s),
     "tamper-attention": lambda spec, s: TamperAttention.of(spec, s),
+    "tamper-softmax": lambda spec, s: TamperAttention.of(spec, s, target="softmax"),
 }
 """Cheating modes by name (``vtrain demo --cheat NAME``)."""

@@ -25,6 +25,7 @@ CHEAT_NAMES = (
     "abuse-log",
     "forge-explicit",
     "tamper-attention",
+    "tamper-softmax",
 )
 
 log = logging.getLogger("vtrain")

@@ -154,7 +154,7 @@ SCENARIOS = [
 ]
 
 MODELS = ("mlp", "gpt")
-DEFAULT_CHEAT = {"mlp": "abuse-log", "gpt": "tamper-attention"}
+DEFAULT_CHEAT = {"mlp": "abuse-log", "gpt": "tamper-softmax"}
 """The demo's cheat per model when none is given: one whose dispute the auditor wins today (the
 GPT's lands on an attention MATMUL, op and element named by :class:`protocol.cheats.TamperAttention`)."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from web3.contract import Contract
 
@@ -20,6 +20,8 @@ class Protocol:
     registry: Contract
     game: Contract
     adjudicator: Contract
+    job_blocks: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    """Block of each job's JobCreated event, once looked up (see ``protocol.agent.job_first_block``)."""
 
     @property
     def deployment(self) -> Deployment:

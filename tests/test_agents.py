@@ -90,3 +90,23 @@ def test_a_restarted_auditor_resumes_the_game_from_the_chain(world) -> None:
         if restarted.player.view(gid).status != 1:
             break
     assert restarted.player.view(gid).status == 3  # challenger won
+
+
+def test_job_event_searches_start_at_the_job_on_each_chain_of_their_own() -> None:
+    """Two chains can hold the registry at one address, with job 1 created at different blocks:
+    each deployment finds its own job's block (a cache shared across chains would hide events)."""
+    from protocol.agent import job_first_block
+
+    ctx = JobContext.of(default_spec("mlp"))
+    blocks = []
+    for padding in (5, 0):
+        chain = Chain.connect(None)
+        a = chain.accounts()
+        proto = deploy(chain, a[0])
+        for _ in range(padding):  # move job 1 to a later block on the first chain
+            chain.w3.eth.send_transaction({"from": a[0], "to": a[9], "value": 1})
+        job = create_job(proto, a[1], a[2], ctx, TERMS)
+        blocks.append((proto.registry.address, job, job_first_block(proto, job), chain.w3.eth.block_number))
+    (addr_a, job_a, first_a, head_a), (addr_b, job_b, first_b, head_b) = blocks
+    assert addr_a == addr_b and job_a == job_b == 1
+    assert first_a == head_a and first_b == head_b and first_b == first_a - 5

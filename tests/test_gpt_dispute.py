@@ -6,9 +6,9 @@ attention MATMUL is caught, the game narrows to that very op and element, the Ad
 and the trainer's stake moves to the auditor; a false challenger loses its bond.
 
 Then, for every op kind in the GPT graph, whether the Adjudicator's rule (``vtrain.exact``, the
-contract's rule in Python) stands the honest value of real elements: EXP/LOG/TANH are expected to
-fail until transcendental adjudication lands (strict xfail: the day it lands they XPASS, which
-fails the run, and the marks are to be removed).
+contract's rule in Python) stands the honest value of real elements, EXP/LOG/TANH included
+(contracts/Transcendental.sol); and a trainer that tampers with the attention softmax's EXP loses
+a game that the Adjudicator settles on that EXP element.
 
 Default tests: ~16 s CPU in all with imports (attention cheat ~7 s, false challenger ~2 s on a
 fresh chain, honest ~1 s, op-kind walk ~1 s); wall time more on a busy machine. The ``values``
@@ -45,7 +45,6 @@ SPEC = default_spec("gpt")
 CHEAT_STEP = SPEC.interval + 2  # where the demo's cheats strike (run_scenario), in interval 1
 RULING_ADJUDICATED = 3
 WINNER_CHALLENGER = 2
-TRANSCENDENTAL = frozenset({OpKind.EXP, OpKind.LOG, OpKind.TANH})
 BIND_KINDS = frozenset({OpKind.INPUT, OpKind.CONST})
 """Ruled at the game's bind (openOp), never by the Adjudicator: ``vtrain.exact`` refuses them."""
 ONE_TX_TERMS = 4096
@@ -126,7 +125,11 @@ def test_tamper_attention_targets_the_attention_matmuls_of_the_gpt(ctx) -> None:
     assert (cheat.op, cheat.element, cheat.step) == (scores, T, CHEAT_STEP)  # query 1, key 0: unmasked
     assert TamperAttention.of(SPEC, CHEAT_STEP, target="values").op == values
     assert isinstance(CHEATS["tamper-attention"](SPEC, CHEAT_STEP), TamperAttention)
-    assert DEFAULT_CHEAT["gpt"] == "tamper-attention"
+    assert DEFAULT_CHEAT["gpt"] == "tamper-softmax"
+    softmax = TamperAttention.of(SPEC, CHEAT_STEP, target="softmax")
+    assert g.ops[softmax.op].kind == OpKind.EXP and scores < softmax.op < values
+    assert softmax.element == T  # query 1, key 0: unmasked
+    assert isinstance(CHEATS["tamper-softmax"](SPEC, CHEAT_STEP), TamperAttention)
     check_cheat("gpt", "tamper-attention")
     with pytest.raises(GraphError, match="has no attention"):
         check_cheat("mlp", "tamper-attention")
@@ -161,6 +164,27 @@ def test_attention_cheat_is_caught_at_the_tampered_op_and_element_and_loses_the_
     assert exact.judge_element(desc, inputs, cheat.element, honest, entry)
     assert not exact.judge_element(desc, inputs, cheat.element, claimed, entry)
     assert any(f"op {cheat.op} (MATMUL), element {cheat.element}" in line for line in lines), lines
+
+
+def test_softmax_exp_cheat_is_adjudicated_on_the_exp_element(world, ctx) -> None:
+    """The demo's GPT cheat: one element of the attention softmax's EXP. The game narrows to that
+    EXP op and element, and the Adjudicator (through contracts/Transcendental.sol) rules for the
+    auditor; the contract's rule in Python stands the honest value and rejects the claimed one."""
+    proto = world[0]
+    cheat = TamperAttention.of(SPEC, CHEAT_STEP, target="softmax")
+    r, lines = _run(world, "gpt cheat tamper-softmax", cheat="tamper-softmax")
+    assert (r.verdict, r.ruling, r.final_status) == ("challenger won", "adjudicated", "fraudulent"), lines
+    assert r.bonds == "trainer -2.00, auditor +2.00"
+    game = _game_of(proto, r.job)
+    assert (game["step"], game["op"], game["index"], game["kind"]) == (cheat.step, cheat.op, cheat.element, OpKind.EXP)
+    assert (game["winner"], game["ruling"]) == (WINNER_CHALLENGER, RULING_ADJUDICATED)
+    t = _honest_trace(ctx, cheat.step)
+    honest = int(t.outputs[cheat.op].view(np.uint32)[cheat.element])
+    entry = {e.index: e for e in op_log_entries(t.log, cheat.op)}.get(cheat.element)
+    desc, inputs = ctx.graph.descriptors[cheat.op], t.inputs_of(cheat.op)
+    assert exact.judge_element(desc, inputs, cheat.element, honest, entry)
+    assert not exact.judge_element(desc, inputs, cheat.element, game["claimed"], entry)
+    assert any(f"op {cheat.op} (EXP), element {cheat.element}" in line for line in lines), lines
 
 
 @pytest.mark.slow
@@ -234,9 +258,6 @@ GPT_KINDS = sorted(Counter(o.kind for o in JobContext.of(SPEC).job.graph.ops))
 
 
 def _kind_param(k: OpKind):
-    if k in TRANSCENDENTAL:
-        return pytest.param(k, id=k.name, marks=pytest.mark.xfail(reason="issue 8: transcendental adjudication",
-                                                                   raises=exact.UnsupportedOp, strict=True))
     return pytest.param(k, id=k.name)
 
 
