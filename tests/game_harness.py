@@ -97,6 +97,23 @@ class Ruling(IntEnum):
     JOB_FRAUDULENT = 4
 
 
+def label_of(v: dict[str, Any]) -> str:
+    """The kind of move a game view waits for (e.g. ``steps.reveal``, ``trace.open``, ``pick``)."""
+    name = {
+        Phase.STEPS: "steps",
+        Phase.TRACE_COMMIT: "trace.commit",
+        Phase.TRACE: "trace",
+        Phase.ELEMENT: "element",
+        Phase.PICK: "pick",
+        Phase.ONE_STEP: "onestep",
+    }[v["phase"]]
+    if v["phase"] in (Phase.STEPS, Phase.TRACE, Phase.ELEMENT):
+        if v["toMove"] == Party.CHALLENGER:
+            return name + ".choose"
+        return name + (".open" if v["size"] == 1 else ".reveal")
+    return name
+
+
 # ---------------------------------------------------------------------------------------------
 # Reverts
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import game_harness as H
 import pytest
-from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Ruling, reverts
+from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Ruling, label_of, reverts
 
 CFG = H.JobConfig()  # 6 steps, K = 4 (intervals [1..4], [5..6]), 2 slots, 10 ops, clock 500 s
 EIP170 = 24_576
@@ -58,18 +58,6 @@ LABELS = [
     "trace.open", "element.reveal", "element.choose", "element.open", "pick", "onestep",
 ]
 TRAINER_LABELS = [x for x in LABELS if not x.endswith(("choose", "pick"))]
-
-
-def label_of(v: dict) -> str:
-    name = {
-        Phase.STEPS: "steps", Phase.TRACE_COMMIT: "trace.commit", Phase.TRACE: "trace",
-        Phase.ELEMENT: "element", Phase.PICK: "pick", Phase.ONE_STEP: "onestep",
-    }[v["phase"]]
-    if v["phase"] in (Phase.STEPS, Phase.TRACE, Phase.ELEMENT):
-        if v["toMove"] == Party.CHALLENGER:
-            return name + ".choose"
-        return name + (".open" if v["size"] == 1 else ".reveal")
-    return name
 
 
 @dataclass
