@@ -1016,6 +1016,25 @@ def play(
     return GameResult(gid, v["status"], ruling, phases, trainer.last_error or challenger.last_error)
 
 
+def play_keeping_snapshots(
+    dep: Deployment, gid: int, trainer: Trainer, challenger: Challenger, oracle: Oracle
+) -> tuple[dict[str, tuple[Snapshot, dict[str, Any]]], GameResult]:
+    """Plays game ``gid`` to the end, keeping a snapshot and the view at the first move of each
+    kind (:func:`label_of`); at the one-step move the oracle knows the claim before the snapshot."""
+    snaps: dict[str, tuple[Snapshot, dict[str, Any]]] = {}
+
+    def keep(v: dict[str, Any]) -> bool:
+        label = label_of(v)
+        if label not in snaps:
+            if label == "onestep":
+                oracle.register(gid)
+                v = dep.view(gid)
+            snaps[label] = (dep.snapshot(), v)
+        return False
+
+    return snaps, play(dep, gid, trainer, challenger, oracle=oracle, until=keep)
+
+
 # ---------------------------------------------------------------------------------------------
 # Gas
 

@@ -487,19 +487,7 @@ def scenario(chain: H.Deployment, honest: H.Run) -> Scenario:
     job = H.active_job(dep, honest)
     gid = H.challenge(dep, job, 1)
     ch = H.FalseChallenger(dep, position=0, op=honest.graph.index["update0"], element=100)
-    oracle = H.Oracle(dep, honest.graph, CFG)
-    snaps: dict[str, tuple[H.Snapshot, dict[str, Any]]] = {}
-
-    def keep(v: dict[str, Any]) -> bool:
-        label = label_of(v)
-        if label not in snaps:
-            if label == "onestep":
-                oracle.register(gid)
-                v = dep.view(gid)
-            snaps[label] = (dep.snapshot(), v)
-        return False
-
-    res = H.play(dep, gid, H.Trainer(dep, honest), ch, oracle=oracle, until=keep)
+    snaps, res = H.play_keeping_snapshots(dep, gid, H.Trainer(dep, honest), ch, H.Oracle(dep, honest.graph, CFG))
     assert res.status == GameStatus.TRAINER_WON
     return Scenario(gid, snaps)
 

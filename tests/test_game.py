@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import game_harness as H
 import pytest
-from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Ruling, label_of, reverts
+from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Ruling, reverts
 
 CFG = H.JobConfig()  # 6 steps, K = 4 (intervals [1..4], [5..6]), 2 slots, 10 ops, clock 500 s
 EIP170 = 24_576
@@ -77,19 +77,7 @@ def scenario(chain: H.Deployment, honest: H.Run, posted: H.Snapshot) -> Scenario
     gid = H.challenge(dep, 1, 1)
     trainer = H.Trainer(dep, honest)
     ch = H.FalseChallenger(dep, position=0, op=honest.graph.index["update0"], element=100)
-    oracle = H.Oracle(dep, honest.graph, CFG)
-    snaps: dict[str, tuple[H.Snapshot, dict]] = {}
-
-    def record(v: dict) -> bool:
-        label = label_of(v)
-        if label not in snaps:
-            if label == "onestep":
-                oracle.register(gid)
-                v = dep.view(gid)
-            snaps[label] = (dep.snapshot(), v)
-        return False
-
-    result = H.play(dep, gid, trainer, ch, oracle=oracle, until=record)
+    snaps, result = H.play_keeping_snapshots(dep, gid, trainer, ch, H.Oracle(dep, honest.graph, CFG))
     assert sorted(snaps) == sorted(LABELS)
     return Scenario(gid, snaps, dep.snapshot(), result)
 
