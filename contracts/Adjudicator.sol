@@ -4,6 +4,7 @@ pragma solidity 0.8.28;
 import {IAdjudicator} from "contracts/interfaces/IAdjudicator.sol";
 import {ExactSum} from "contracts/lib/ExactSum.sol";
 import {Float32} from "contracts/lib/Float32.sol";
+import {LogLeaf} from "contracts/lib/LogLeaf.sol";
 import {OpKinds} from "contracts/lib/OpKinds.sol";
 import {RoundingRule} from "contracts/lib/RoundingRule.sol";
 import {TensorIndex} from "contracts/lib/TensorIndex.sol";
@@ -22,7 +23,7 @@ import {Transcendental} from "contracts/Transcendental.sol";
 ///         One-step proof encoding (also docs/protocol.md, "One-step proof encoding"):
 ///         `proof = abi.encode(Opening[] openings, LogOpening log)` with
 ///         `Opening = (bytes data, bytes32[] siblings)` and
-///         `LogOpening = (uint256 position, uint256 size, bytes leaves, bytes32[] siblings)`.
+///         `LogOpening = (uint256 position, uint256 size, bytes leaves, bytes32[] siblings)` (LogLeaf.Opening).
 ///         - An `Opening` is a TensorProof range opening whose position the contract derives: the
 ///           FP32 LE bytes of the whole 64-element chunks that hold the elements read (one element,
 ///           or a whole contiguous row for MATMUL/SUM/MEAN/MAX), against the input's tensor root;
@@ -41,14 +42,6 @@ contract Adjudicator is IAdjudicator {
     /// @notice One range opening of tensor chunks or of a dataset sample (positions are derived).
     struct Opening {
         bytes data;
-        bytes32[] siblings;
-    }
-
-    /// @notice Two adjacent leaves of the op log tree and the range proof of them.
-    struct LogOpening {
-        uint256 position;
-        uint256 size;
-        bytes leaves;
         bytes32[] siblings;
     }
 
@@ -74,15 +67,10 @@ contract Adjudicator is IAdjudicator {
     error BadAttrs(uint8 kind, uint256 position);
     /// @notice Thrown when the proof carries fewer or more input openings than the element reads.
     error OpeningCount(uint256 supplied, uint256 needed);
-    /// @notice Thrown when the opened log leaves do not bracket the element's key.
-    error LogBracket(uint256 keyBelow, uint256 keyAbove, uint256 key);
-    /// @notice Thrown when the output index is outside the output tensor or beyond the log's key space.
+    /// @notice Thrown when the output index is outside the output tensor (LogLeaf: beyond the log's key space).
     error IndexOutOfRange(uint256 index, uint256 limit);
     /// @notice Thrown when a DATA op is ruled for a job without samples.
     error NoSamples();
-
-    uint256 private constant LOG_LEAF = 9;
-    uint256 private constant HIGH_KEY = 0xFFFFFFFF;
 
     /// @notice The enclosures of EXP LOG TANH (a separate contract keeps this one under EIP-170).
     Transcendental public immutable transcendental;
@@ -98,8 +86,8 @@ contract Adjudicator is IAdjudicator {
         uint32[] memory inputs;
         (c.kind, inputs, c.shape, c.inShapes, c.attrs) =
             abi.decode(claim.descriptor, (uint8, uint32[], uint32[], uint32[][], uint256[]));
-        LogOpening memory logOpening;
-        (c.openings, logOpening) = abi.decode(proof, (Opening[], LogOpening));
+        LogLeaf.Opening memory logOpening;
+        (c.openings, logOpening) = abi.decode(proof, (Opening[], LogLeaf.Opening));
         c.index = claim.index;
         c.roots = claim.inputRoots;
         // INVARIANT: one agreed root and one shape per descriptor input.
@@ -108,7 +96,7 @@ contract Adjudicator is IAdjudicator {
         }
         uint256 n = TensorIndex.numel(c.shape);
         if (c.index >= n) revert IndexOutOfRange(c.index, n);
-        (uint8 code, uint32 value) = _logEntry(claim.opLogRoot, c.index, logOpening);
+        (uint8 code, uint32 value) = LogLeaf.entry(claim.opLogRoot, c.index, logOpening);
 
         (RoundingRule.Enclosure memory x, bool defined) = _exactValue(c, claim);
         // INVARIANT: every supplied opening was read, so a proof has one canonical form.
@@ -233,21 +221,8 @@ contract Adjudicator is IAdjudicator {
     function _matmul(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
         bool hasBias = c.roots.length == 3;
         if (c.roots.length != 2 && !hasBias) revert InputCount(c.kind, c.roots.length, 2);
-        uint256 r = c.shape.length;
-        uint32[] memory sa = c.inShapes[0];
-        uint32[] memory sb = c.inShapes[1];
-        if (r < 2 || sa.length != r) revert ShapeMismatch(c.kind, 0);
-        if (sb.length != r) revert ShapeMismatch(c.kind, 1);
-        uint256 m = c.shape[r - 2];
-        uint256 nOut = c.shape[r - 1];
-        uint256 kk = sa[r - 1];
-        for (uint256 i = 0; i + 2 < r; ++i) {
-            if (sa[i] != c.shape[i]) revert ShapeMismatch(c.kind, 0);
-            if (sb[i] != c.shape[i]) revert ShapeMismatch(c.kind, 1);
-        }
-        if (sa[r - 2] != m || kk == 0) revert ShapeMismatch(c.kind, 0);
-        if (sb[r - 2] != nOut || sb[r - 1] != kk) revert ShapeMismatch(c.kind, 1);
-        if (hasBias && (c.inShapes[2].length != 1 || c.inShapes[2][0] != nOut)) revert ShapeMismatch(c.kind, 2);
+        (uint256 bad, uint256 m, uint256 nOut, uint256 kk) = TensorIndex.matmulDims(c.shape, c.inShapes);
+        if (bad != type(uint256).max) revert ShapeMismatch(c.kind, bad);
 
         uint256 j = c.index % nOut;
         uint256 row = c.index / nOut; // batch * M + i
@@ -264,13 +239,8 @@ contract Adjudicator is IAdjudicator {
     /// @dev SUM MEAN MAX over the last axis of a [..., n]; out [..., 1].
     function _reduce(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
         _inputs(c, 1);
-        uint32[] memory sa = c.inShapes[0];
-        if (c.shape.length == 0) revert ShapeMismatch(c.kind, 0);
-        uint256 last = c.shape.length - 1;
-        if (!TensorIndex.sameExcept(sa, c.shape, last) || c.shape[last] != 1 || sa[last] == 0) {
-            revert ShapeMismatch(c.kind, 0);
-        }
-        uint256 n = sa[last];
+        uint256 n = TensorIndex.reducedLength(c.shape, c.inShapes[0]);
+        if (n == 0) revert ShapeMismatch(c.kind, 0);
         // The output's last dim is 1, so its flat index is the row number.
         (bytes memory data, uint256 off) = _readRow(c, 0, c.index * n, n);
         if (c.kind == OpKinds.MAX) {
@@ -386,26 +356,8 @@ contract Adjudicator is IAdjudicator {
     }
 
     // ---------------------------------------------------------------------------------------------
-    // Openings and the log entry
+    // Openings
     // ---------------------------------------------------------------------------------------------
-
-    /// @dev The log entry of `index` from two adjacent leaves of the op log tree.
-    function _logEntry(bytes32 root, uint256 index, LogOpening memory o) private view returns (uint8 code, uint32 value) {
-        uint256 key = index + 1;
-        if (key >= HIGH_KEY) revert IndexOutOfRange(index, HIGH_KEY - 1);
-        if (o.leaves.length != 2 * LOG_LEAF) revert TensorProof.OpeningLength(o.leaves.length, 2 * LOG_LEAF);
-        TensorProof.verifyRange(root, o.position, o.size, o.leaves, LOG_LEAF, o.siblings);
-        bytes memory l = o.leaves;
-        uint256 below = _be(l, 0, 4);
-        uint256 above = _be(l, LOG_LEAF, 4);
-        // INVARIANT: the leaves are adjacent (positions are bound by the range opening), so in a
-        // sorted log they are the unique pair around the key.
-        if (!(below < key && key <= above)) revert LogBracket(below, above, key);
-        if (above == key) {
-            code = uint8(_be(l, LOG_LEAF + 4, 1));
-            value = uint32(_be(l, LOG_LEAF + 5, 4));
-        }
-    }
 
     /// @dev The verified, finite FP32 element `flat` of input `input` (one chunk opening).
     function _read(Ctx memory c, uint256 input, uint256 flat) private view returns (uint32 v) {
@@ -460,14 +412,5 @@ contract Adjudicator is IAdjudicator {
         uint256 sh = uint256(-e);
         if (sh >= 24 || (m & ((1 << sh) - 1)) != 0) return (false, 0);
         return (true, m >> sh);
-    }
-
-    /// @dev Big-endian unsigned integer of `len` bytes at `off` in `b` (bounds checked by the caller).
-    function _be(bytes memory b, uint256 off, uint256 len) private pure returns (uint256 r) {
-        // One word load instead of `len` bounds-checked byte reads; read-only, in bounds (see @dev).
-        // solhint-disable-next-line no-inline-assembly
-        assembly ("memory-safe") {
-            r := shr(sub(256, shl(3, len)), mload(add(add(b, 32), off)))
-        }
     }
 }

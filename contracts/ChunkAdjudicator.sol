@@ -6,6 +6,7 @@ import {IChunkAdjudicator} from "contracts/interfaces/IChunkAdjudicator.sol";
 import {ChunkedSum} from "contracts/lib/ChunkedSum.sol";
 import {ExactSum} from "contracts/lib/ExactSum.sol";
 import {Partial} from "contracts/lib/GameTypes.sol";
+import {LogLeaf} from "contracts/lib/LogLeaf.sol";
 import {OpKinds} from "contracts/lib/OpKinds.sol";
 import {RoundingRule} from "contracts/lib/RoundingRule.sol";
 import {TensorIndex} from "contracts/lib/TensorIndex.sol";
@@ -17,19 +18,12 @@ import {TensorProof} from "contracts/lib/TensorProof.sol";
 ///         Deployed by DisputeGame's constructor; kept apart from Adjudicator so that neither
 ///         contract nears the EIP-170 size limit.
 /// @dev Term `t` of element `index`: MATMUL `a[row, t] * b[batch, j, t]` for `t < K` and `bias[j]`
-///      for `t = K`; SUM/MEAN `a[index, t]` (the same shape rules as Adjudicator `_matmul`/`_reduce`).
+///      for `t = K`; SUM/MEAN `a[index, t]` (the shape rules of TensorIndex `matmulDims`/`reducedLength`,
+///      as Adjudicator `_matmul`/`_reduce`).
 contract ChunkAdjudicator is IChunkAdjudicator {
     /// @notice One range opening of tensor chunks (as Adjudicator.Opening).
     struct Opening {
         bytes data;
-        bytes32[] siblings;
-    }
-
-    /// @notice Two adjacent leaves of the op log tree and their range proof (as Adjudicator.LogOpening).
-    struct LogOpening {
-        uint256 position;
-        uint256 size;
-        bytes leaves;
         bytes32[] siblings;
     }
 
@@ -49,13 +43,6 @@ contract ChunkAdjudicator is IChunkAdjudicator {
     error NotChunkable(uint8 kind);
     /// @notice Thrown when the proof carries fewer or more openings than the chunk reads.
     error OpeningCount(uint256 supplied, uint256 needed);
-    /// @notice Thrown when the opened log leaves do not bracket the element's key.
-    error LogBracket(uint256 keyBelow, uint256 keyAbove, uint256 key);
-    /// @notice Thrown when the output index is beyond the log's key space.
-    error IndexOutOfRange(uint256 index, uint256 limit);
-
-    uint256 private constant LOG_LEAF = 9;
-    uint256 private constant HIGH_KEY = 0xFFFFFFFF;
 
     /// @inheritdoc IChunkAdjudicator
     function terms(bytes calldata descriptor) external pure returns (uint256 n) {
@@ -111,8 +98,8 @@ contract ChunkAdjudicator is IChunkAdjudicator {
         Layout memory l = _claimLayout(claim);
         Partial[] memory p = partials;
         ChunkedSum.check(p, l.n);
-        LogOpening memory lg = abi.decode(proof, (LogOpening));
-        (uint8 code, uint32 value) = _logEntry(claim.opLogRoot, claim.index, lg);
+        LogLeaf.Opening memory lg = abi.decode(proof, (LogLeaf.Opening));
+        (uint8 code, uint32 value) = LogLeaf.entry(claim.opLogRoot, claim.index, lg);
         ExactSum.Accumulation memory acc = ChunkedSum.total(p);
         RoundingRule.Enclosure memory x =
             l.kind == OpKinds.MEAN ? ExactSum.meanEnclosure(acc, l.n) : ExactSum.sumEnclosure(acc, l.n);
@@ -143,29 +130,18 @@ contract ChunkAdjudicator is IChunkAdjudicator {
         if (l.inShapes.length != nIn || (nRoots != type(uint256).max && nRoots != nIn)) return (false, l);
         if (shape.length == 0 || shape.length > TensorIndex.MAX_RANK) return (false, l);
         if (nRoots != type(uint256).max && index >= TensorIndex.numel(shape)) return (false, l);
-        uint256 r = shape.length;
         if (kind != OpKinds.MATMUL) {
             if (nIn != 1) return (false, l);
-            uint32[] memory sa = l.inShapes[0];
-            if (!TensorIndex.sameExcept(sa, shape, r - 1) || shape[r - 1] != 1 || sa[r - 1] == 0) return (false, l);
-            l.n = sa[r - 1];
+            l.n = TensorIndex.reducedLength(shape, l.inShapes[0]);
+            if (l.n == 0) return (false, l);
             l.k = l.n;
             l.aStart = index * l.n;
             return (true, l);
         }
         if (nIn != 2 && nIn != 3) return (false, l);
         l.bias = nIn == 3;
-        uint32[] memory a = l.inShapes[0];
-        uint32[] memory b = l.inShapes[1];
-        if (r < 2 || a.length != r || b.length != r) return (false, l);
-        uint256 m = shape[r - 2];
-        uint256 nOut = shape[r - 1];
-        uint256 kk = a[r - 1];
-        for (uint256 i = 0; i + 2 < r; ++i) {
-            if (a[i] != shape[i] || b[i] != shape[i]) return (false, l);
-        }
-        if (a[r - 2] != m || kk == 0 || b[r - 2] != nOut || b[r - 1] != kk || nOut == 0 || m == 0) return (false, l);
-        if (l.bias && (l.inShapes[2].length != 1 || l.inShapes[2][0] != nOut)) return (false, l);
+        (uint256 bad, uint256 m, uint256 nOut, uint256 kk) = TensorIndex.matmulDims(shape, l.inShapes);
+        if (bad != type(uint256).max) return (false, l);
         l.j = index % nOut;
         uint256 row = index / nOut;
         l.k = kk;
@@ -188,31 +164,5 @@ contract ChunkAdjudicator is IChunkAdjudicator {
         if (at >= o.length) revert OpeningCount(o.length, at + 1);
         uint256 base = TensorProof.verifyElements(root, TensorIndex.numel(shape), start, len, o[at].data, o[at].siblings);
         return (o[at].data, start - base);
-    }
-
-    /// @dev The log entry of `index` from two adjacent leaves of the op log tree (as Adjudicator).
-    function _logEntry(bytes32 root, uint256 index, LogOpening memory o) private view returns (uint8 code, uint32 value) {
-        uint256 key = index + 1;
-        if (key >= HIGH_KEY) revert IndexOutOfRange(index, HIGH_KEY - 1);
-        if (o.leaves.length != 2 * LOG_LEAF) revert TensorProof.OpeningLength(o.leaves.length, 2 * LOG_LEAF);
-        TensorProof.verifyRange(root, o.position, o.size, o.leaves, LOG_LEAF, o.siblings);
-        bytes memory lv = o.leaves;
-        uint256 below = _be(lv, 0, 4);
-        uint256 above = _be(lv, LOG_LEAF, 4);
-        // INVARIANT: adjacent leaves of a sorted log: the unique pair around the key.
-        if (!(below < key && key <= above)) revert LogBracket(below, above, key);
-        if (above == key) {
-            code = uint8(_be(lv, LOG_LEAF + 4, 1));
-            value = uint32(_be(lv, LOG_LEAF + 5, 4));
-        }
-    }
-
-    /// @dev Big-endian unsigned integer of `len` bytes at `off` in `b` (bounds checked by the caller).
-    function _be(bytes memory b, uint256 off, uint256 len) private pure returns (uint256 r) {
-        // One word load instead of `len` bounds-checked byte reads; read-only, in bounds (see @dev).
-        // solhint-disable-next-line no-inline-assembly
-        assembly ("memory-safe") {
-            r := shr(sub(256, shl(3, len)), mload(add(add(b, 32), off)))
-        }
     }
 }

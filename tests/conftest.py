@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from web3 import Web3
@@ -58,3 +60,31 @@ def dep(chain):
     d = chain.reset()
     yield d
     d.check_solvency()
+
+
+# -- the demo's world: the real protocol on a fresh embedded chain (test_e2e, test_gpt_dispute, ...) --
+def _demo_world() -> Iterator[tuple[Any, Any, dict[str, str]]]:
+    """``(proto, store, accounts)``: the protocol deployed by account 0 on a new eth-tester chain, an
+    artifact store in a temporary folder, and the demo's roles on accounts 1-4."""
+    from protocol.chain import Chain
+    from protocol.deploy import deploy
+    from protocol.store import ArtifactStore
+
+    chain = Chain.connect(None)
+    a = chain.accounts()
+    proto = deploy(chain, a[0])
+    accounts = {"client": a[1], "trainer": a[2], "auditor": a[3], "false_challenger": a[4]}
+    with tempfile.TemporaryDirectory() as d:
+        yield proto, ArtifactStore(d), accounts
+
+
+@pytest.fixture(scope="module")
+def demo_world() -> Iterator[tuple[Any, Any, dict[str, str]]]:
+    """The demo's world, shared by the tests of one module."""
+    yield from _demo_world()
+
+
+@pytest.fixture
+def fresh_demo_world() -> Iterator[tuple[Any, Any, dict[str, str]]]:
+    """The demo's world on a new chain per test (eth-tester's log queries slow down as a chain grows)."""
+    yield from _demo_world()

@@ -97,6 +97,23 @@ class Ruling(IntEnum):
     JOB_FRAUDULENT = 4
 
 
+def label_of(v: dict[str, Any]) -> str:
+    """The kind of move a game view waits for (e.g. ``steps.reveal``, ``trace.open``, ``pick``)."""
+    name = {
+        Phase.STEPS: "steps",
+        Phase.TRACE_COMMIT: "trace.commit",
+        Phase.TRACE: "trace",
+        Phase.ELEMENT: "element",
+        Phase.PICK: "pick",
+        Phase.ONE_STEP: "onestep",
+    }[v["phase"]]
+    if v["phase"] in (Phase.STEPS, Phase.TRACE, Phase.ELEMENT):
+        if v["toMove"] == Party.CHALLENGER:
+            return name + ".choose"
+        return name + (".open" if v["size"] == 1 else ".reveal")
+    return name
+
+
 # ---------------------------------------------------------------------------------------------
 # Reverts
 
@@ -997,6 +1014,25 @@ def play(
     (ev,) = dep.events(dep.game, "GameResolved", game=gid) or [None]
     ruling = Ruling(ev.ruling) if ev is not None else Ruling.NONE
     return GameResult(gid, v["status"], ruling, phases, trainer.last_error or challenger.last_error)
+
+
+def play_keeping_snapshots(
+    dep: Deployment, gid: int, trainer: Trainer, challenger: Challenger, oracle: Oracle
+) -> tuple[dict[str, tuple[Snapshot, dict[str, Any]]], GameResult]:
+    """Plays game ``gid`` to the end, keeping a snapshot and the view at the first move of each
+    kind (:func:`label_of`); at the one-step move the oracle knows the claim before the snapshot."""
+    snaps: dict[str, tuple[Snapshot, dict[str, Any]]] = {}
+
+    def keep(v: dict[str, Any]) -> bool:
+        label = label_of(v)
+        if label not in snaps:
+            if label == "onestep":
+                oracle.register(gid)
+                v = dep.view(gid)
+            snaps[label] = (dep.snapshot(), v)
+        return False
+
+    return snaps, play(dep, gid, trainer, challenger, oracle=oracle, until=keep)
 
 
 # ---------------------------------------------------------------------------------------------

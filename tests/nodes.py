@@ -115,6 +115,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def dead_endpoint_files(folder: Path) -> tuple[Path, Path, str]:
+    """An agent's inputs with no node behind them: ``(spec, deployment, url)``, the default spec and a
+    deployment file (addresses that hold nothing, chain id 31337) in ``folder``, and the URL of a free
+    port on 127.0.0.1."""
+    from protocol.demo import default_spec
+
+    spec = folder / "spec.json"
+    spec.write_text(default_spec().to_json())
+    dep = folder / "deployment.json"
+    addresses = {"registry": "0x" + "11" * 20, "game": "0x" + "22" * 20, "adjudicator": "0x" + "33" * 20}
+    dep.write_text(json.dumps({**addresses, "chain_id": 31337}))
+    return spec, dep, f"http://127.0.0.1:{free_port()}"
+
+
 def rpc(url: str, method: str, params: list[Any] | None = None, timeout: float = 2.0) -> Any:
     """One JSON-RPC call over HTTP; returns `result` or raises NodeError."""
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []})

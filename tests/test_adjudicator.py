@@ -63,8 +63,8 @@ RULED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def adj():
+def deploy_adjudicator():
+    """The Adjudicator (which deploys its Transcendental) on a fresh eth-tester chain."""
     w3 = nodes.eth_tester_w3()
     art = load_artifact("Adjudicator")
     tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 8_000_000})
@@ -72,9 +72,19 @@ def adj():
     return w3.eth.contract(address=addr, abi=art.abi)
 
 
+def adjudicator_errors(adj) -> dict:
+    """The custom errors the Adjudicator and its libraries revert with, by selector."""
+    return error_table(adj.abi, *(load_artifact(n).abi for n in ("Float32", "TensorProof", "TensorIndex", "ExactSum")))
+
+
+@pytest.fixture(scope="module")
+def adj():
+    return deploy_adjudicator()
+
+
 @pytest.fixture(scope="module")
 def errors(adj):
-    return error_table(adj.abi, *(load_artifact(n).abi for n in ("Float32", "TensorProof", "TensorIndex", "ExactSum")))
+    return adjudicator_errors(adj)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 import game_harness as H
 import pytest
-from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Reverted, Ruling, reverts
+from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Reverted, Ruling, label_of, reverts
 from security_report import record
 
 #: Two full intervals of 4 steps (an old interval root fits the next interval's slot), 2 slots.
@@ -60,19 +60,6 @@ def fraud_settled(dep: H.Deployment, job: int, challenger: str) -> None:
     escrow = dep.call(dep.registry.functions.escrowOf(job))
     assert escrow == dep.job(job)["openGames"] * CFG.challenger_bond
     dep.check_solvency()
-
-
-def label_of(v: dict[str, Any]) -> str:
-    """The kind of move a game view waits for (e.g. ``steps.reveal``, ``trace.open``, ``pick``)."""
-    name = {
-        Phase.STEPS: "steps", Phase.TRACE_COMMIT: "trace.commit", Phase.TRACE: "trace",
-        Phase.ELEMENT: "element", Phase.PICK: "pick", Phase.ONE_STEP: "onestep",
-    }[v["phase"]]
-    if v["phase"] in (Phase.STEPS, Phase.TRACE, Phase.ELEMENT):
-        if v["toMove"] == Party.CHALLENGER:
-            return name + ".choose"
-        return name + (".open" if v["size"] == 1 else ".reveal")
-    return name
 
 
 # ================================================================== posting attacks
@@ -500,19 +487,7 @@ def scenario(chain: H.Deployment, honest: H.Run) -> Scenario:
     job = H.active_job(dep, honest)
     gid = H.challenge(dep, job, 1)
     ch = H.FalseChallenger(dep, position=0, op=honest.graph.index["update0"], element=100)
-    oracle = H.Oracle(dep, honest.graph, CFG)
-    snaps: dict[str, tuple[H.Snapshot, dict[str, Any]]] = {}
-
-    def keep(v: dict[str, Any]) -> bool:
-        label = label_of(v)
-        if label not in snaps:
-            if label == "onestep":
-                oracle.register(gid)
-                v = dep.view(gid)
-            snaps[label] = (dep.snapshot(), v)
-        return False
-
-    res = H.play(dep, gid, H.Trainer(dep, honest), ch, oracle=oracle, until=keep)
+    snaps, res = H.play_keeping_snapshots(dep, gid, H.Trainer(dep, honest), ch, H.Oracle(dep, honest.graph, CFG))
     assert res.status == GameStatus.TRAINER_WON
     return Scenario(gid, snaps)
 
@@ -671,19 +646,9 @@ def test_forged_bind_proof_reverts_and_the_honest_bind_wins(dep, honest, op):
 @pytest.fixture(scope="module")
 def adjudicator():
     import test_adjudicator as TA
-    from revert_helpers import error_table
 
-    import nodes
-    from protocol.build import load_artifact
-
-    w3 = nodes.eth_tester_w3()
-    art = load_artifact("Adjudicator")
-    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 8_000_000})
-    adj = w3.eth.contract(address=w3.eth.get_transaction_receipt(tx)["contractAddress"], abi=art.abi)
-    errors = error_table(
-        adj.abi, *(load_artifact(n).abi for n in ("Float32", "TensorProof", "TensorIndex", "ExactSum"))
-    )
-    return TA, adj, errors
+    adj = TA.deploy_adjudicator()
+    return TA, adj, TA.adjudicator_errors(adj)
 
 
 ADJ_FORGED = [
@@ -821,16 +786,6 @@ def test_auditor_with_logs_of_one_interval_withheld_replays_the_rest_and_does_no
 # ================================================================== every cheat of protocol/cheats.py (real agents)
 
 
-@pytest.fixture(scope="module")
-def agents():
-    from protocol.store import ArtifactStore
-
-    proto, a = _agent_world()
-    accounts = {"client": a[1], "trainer": a[2], "auditor": a[3], "false_challenger": a[4]}
-    with tempfile.TemporaryDirectory() as d:
-        yield proto, ArtifactStore(d), accounts
-
-
 def _cheat_names() -> list[str]:
     from protocol.cheats import CHEATS
 
@@ -839,11 +794,11 @@ def _cheat_names() -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cheat", _cheat_names())
-def test_every_cheat_loses_its_stake_to_the_honest_auditor(agents, cheat):
+def test_every_cheat_loses_its_stake_to_the_honest_auditor(demo_world, cheat):
     from protocol.demo import default_spec, run_scenario
     from protocol.jobs import Terms
 
-    proto, store, accounts = agents
+    proto, store, accounts = demo_world
     with trial(f"cheat-{cheat}"):
         r = run_scenario(proto, default_spec("mlp"), Terms(), store, accounts, cheat, cheat, False, lambda _: None)
         assert (r.verdict, r.final_status) == ("challenger won", "fraudulent")

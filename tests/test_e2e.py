@@ -5,41 +5,26 @@ challenger loses its bond to the honest trainer. Balances move exactly as the ru
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 
-from protocol.chain import Chain
 from protocol.cheats import CHEATS
 from protocol.demo import default_spec, run_scenario
-from protocol.deploy import deploy
 from protocol.jobs import Terms
-from protocol.store import ArtifactStore
 
 TERMS = Terms()
 ETH = 10**18
 
 
-@pytest.fixture(scope="module")
-def world():
-    chain = Chain.connect(None)
-    a = chain.accounts()
-    proto = deploy(chain, a[0])
-    accounts = {"client": a[1], "trainer": a[2], "auditor": a[3], "false_challenger": a[4]}
-    with tempfile.TemporaryDirectory() as d:
-        yield proto, ArtifactStore(d), accounts
-
-
-def _run(world, name, cheat=None, false=False):
-    proto, store, accounts = world
+def _run(demo_world, name, cheat=None, false=False):
+    proto, store, accounts = demo_world
     lines: list[str] = []
     r = run_scenario(proto, default_spec("mlp"), TERMS, store, accounts, name, cheat, false, lines.append)
     registry_balance = proto.chain.w3.eth.get_balance(proto.registry.address)
     return r, lines, registry_balance
 
 
-def test_honest_trainer_finalizes_and_is_paid_stake_plus_payment(world) -> None:
-    r, lines, _ = _run(world, "honest")
+def test_honest_trainer_finalizes_and_is_paid_stake_plus_payment(demo_world) -> None:
+    r, lines, _ = _run(demo_world, "honest")
     assert r.verdict == "no dispute"
     assert r.final_status == "finalized"
     assert r.bonds == "client -1.00, trainer +1.00"  # the payment moved; the stake came back
@@ -56,16 +41,16 @@ def test_honest_trainer_finalizes_and_is_paid_stake_plus_payment(world) -> None:
         pytest.param("forge-explicit", marks=pytest.mark.slow),
     ],
 )
-def test_cheating_trainer_loses_to_the_honest_auditor(world, cheat: str) -> None:
-    r, lines, _ = _run(world, f"cheat {cheat}", cheat=cheat)
+def test_cheating_trainer_loses_to_the_honest_auditor(demo_world, cheat: str) -> None:
+    r, lines, _ = _run(demo_world, f"cheat {cheat}", cheat=cheat)
     assert r.verdict == "challenger won", lines
     assert r.final_status == "fraudulent"
     assert r.bonds == "trainer -2.00, auditor +2.00"  # stake to the auditor; the client is refunded
     assert r.moves > 10
 
 
-def test_false_challenger_loses_its_bond_to_the_honest_trainer(world) -> None:
-    r, lines, registry_balance = _run(world, "false", false=True)
+def test_false_challenger_loses_its_bond_to_the_honest_trainer(demo_world) -> None:
+    r, lines, registry_balance = _run(demo_world, "false", false=True)
     assert r.verdict == "trainer won", lines
     assert r.final_status == "finalized"
     assert r.bonds == "client -1.00, trainer +1.50, false_challenger -0.50"

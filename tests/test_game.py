@@ -60,18 +60,6 @@ LABELS = [
 TRAINER_LABELS = [x for x in LABELS if not x.endswith(("choose", "pick"))]
 
 
-def label_of(v: dict) -> str:
-    name = {
-        Phase.STEPS: "steps", Phase.TRACE_COMMIT: "trace.commit", Phase.TRACE: "trace",
-        Phase.ELEMENT: "element", Phase.PICK: "pick", Phase.ONE_STEP: "onestep",
-    }[v["phase"]]
-    if v["phase"] in (Phase.STEPS, Phase.TRACE, Phase.ELEMENT):
-        if v["toMove"] == Party.CHALLENGER:
-            return name + ".choose"
-        return name + (".open" if v["size"] == 1 else ".reveal")
-    return name
-
-
 @dataclass
 class Scenario:
     """Honest trainer vs a false challenger aiming at step 5 (interval 1, its prev step in
@@ -89,19 +77,7 @@ def scenario(chain: H.Deployment, honest: H.Run, posted: H.Snapshot) -> Scenario
     gid = H.challenge(dep, 1, 1)
     trainer = H.Trainer(dep, honest)
     ch = H.FalseChallenger(dep, position=0, op=honest.graph.index["update0"], element=100)
-    oracle = H.Oracle(dep, honest.graph, CFG)
-    snaps: dict[str, tuple[H.Snapshot, dict]] = {}
-
-    def record(v: dict) -> bool:
-        label = label_of(v)
-        if label not in snaps:
-            if label == "onestep":
-                oracle.register(gid)
-                v = dep.view(gid)
-            snaps[label] = (dep.snapshot(), v)
-        return False
-
-    result = H.play(dep, gid, trainer, ch, oracle=oracle, until=record)
+    snaps, result = H.play_keeping_snapshots(dep, gid, trainer, ch, H.Oracle(dep, honest.graph, CFG))
     assert sorted(snaps) == sorted(LABELS)
     return Scenario(gid, snaps, dep.snapshot(), result)
 

@@ -17,21 +17,16 @@ variant of the cheat (~8 s) and the other cheats on the GPT (~10 s each) are mar
 
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
 
 import numpy as np
 import pytest
-import torch
 
 from protocol.auditor import AuditorAgent
-from protocol.chain import Chain
 from protocol.cheats import CHEATS, TamperAttention, attention_matmuls
 from protocol.demo import DEFAULT_CHEAT, check_cheat, create_job, default_spec, run_scenario
-from protocol.deploy import deploy
 from protocol.game import STATUS_IN_PROGRESS
 from protocol.jobs import JobContext, Terms
-from protocol.store import ArtifactStore
 from protocol.trainer import TrainerAgent
 from vtrain import exact
 from vtrain.errors import GraphError, VtrainError
@@ -50,32 +45,13 @@ BIND_KINDS = frozenset({OpKind.INPUT, OpKind.CONST})
 ONE_TX_TERMS = 4096
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The GPT's tensors are tiny: intra-op threads only contend (100x slower on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def ctx() -> JobContext:
     return JobContext.of(SPEC)
 
 
-@pytest.fixture(scope="module")
-def world():
-    chain = Chain.connect(None)
-    a = chain.accounts()
-    proto = deploy(chain, a[0])
-    accounts = {"client": a[1], "trainer": a[2], "auditor": a[3], "false_challenger": a[4]}
-    with tempfile.TemporaryDirectory() as d:
-        yield proto, ArtifactStore(d), accounts
-
-
-def _run(world, name, cheat=None, false=False):
-    proto, store, accounts = world
+def _run(demo_world, name, cheat=None, false=False):
+    proto, store, accounts = demo_world
     lines: list[str] = []
     r = run_scenario(proto, SPEC, TERMS, store, accounts, name, cheat, false, lines.append)
     return r, lines
@@ -139,10 +115,10 @@ def test_tamper_attention_targets_the_attention_matmuls_of_the_gpt(ctx) -> None:
         check_cheat("rnn", "tamper-weight")
 
 
-def test_attention_cheat_is_caught_at_the_tampered_op_and_element_and_loses_the_stake(world, ctx) -> None:
-    proto = world[0]
+def test_attention_cheat_is_caught_at_the_tampered_op_and_element_and_loses_the_stake(demo_world, ctx) -> None:
+    proto = demo_world[0]
     cheat = TamperAttention.of(SPEC, CHEAT_STEP)
-    r, lines = _run(world, "gpt cheat tamper-attention", cheat="tamper-attention")
+    r, lines = _run(demo_world, "gpt cheat tamper-attention", cheat="tamper-attention")
     assert r.verdict == "challenger won", lines
     assert r.ruling == "adjudicated"
     assert r.final_status == "fraudulent"
@@ -166,13 +142,13 @@ def test_attention_cheat_is_caught_at_the_tampered_op_and_element_and_loses_the_
     assert any(f"op {cheat.op} (MATMUL), element {cheat.element}" in line for line in lines), lines
 
 
-def test_softmax_exp_cheat_is_adjudicated_on_the_exp_element(world, ctx) -> None:
+def test_softmax_exp_cheat_is_adjudicated_on_the_exp_element(demo_world, ctx) -> None:
     """The demo's GPT cheat: one element of the attention softmax's EXP. The game narrows to that
     EXP op and element, and the Adjudicator (through contracts/Transcendental.sol) rules for the
     auditor; the contract's rule in Python stands the honest value and rejects the claimed one."""
-    proto = world[0]
+    proto = demo_world[0]
     cheat = TamperAttention.of(SPEC, CHEAT_STEP, target="softmax")
-    r, lines = _run(world, "gpt cheat tamper-softmax", cheat="tamper-softmax")
+    r, lines = _run(demo_world, "gpt cheat tamper-softmax", cheat="tamper-softmax")
     assert (r.verdict, r.ruling, r.final_status) == ("challenger won", "adjudicated", "fraudulent"), lines
     assert r.bonds == "trainer -2.00, auditor +2.00"
     game = _game_of(proto, r.job)
@@ -188,9 +164,9 @@ def test_softmax_exp_cheat_is_adjudicated_on_the_exp_element(world, ctx) -> None
 
 
 @pytest.mark.slow
-def test_cheat_on_softmax_times_values_is_caught_there_too(world, ctx) -> None:
+def test_cheat_on_softmax_times_values_is_caught_there_too(demo_world, ctx) -> None:
     """The other attention MATMUL, ``softmax(scores) @ v``, driven agent by agent."""
-    proto, store, accounts = world
+    proto, store, accounts = demo_world
     cheat = TamperAttention.of(SPEC, CHEAT_STEP, target="values")
     job = create_job(proto, accounts["client"], accounts["trainer"], ctx, TERMS)
     trainer = TrainerAgent(proto, accounts["trainer"], ctx, store, job, cheat=cheat)
@@ -212,24 +188,13 @@ def test_cheat_on_softmax_times_values_is_caught_there_too(world, ctx) -> None:
     assert trainer.status() == "fraudulent"
 
 
-@pytest.fixture
-def fresh_world():
-    """A new chain per test: eth-tester's log queries slow down as one chain grows."""
-    chain = Chain.connect(None)
-    a = chain.accounts()
-    proto = deploy(chain, a[0])
-    accounts = {"client": a[1], "trainer": a[2], "auditor": a[3], "false_challenger": a[4]}
-    with tempfile.TemporaryDirectory() as d:
-        yield proto, ArtifactStore(d), accounts
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("cheat", sorted(set(CHEATS) - {"tamper-attention"}))
-def test_every_other_cheat_on_the_gpt_job_loses_to_the_auditor(fresh_world, cheat: str) -> None:
+def test_every_other_cheat_on_the_gpt_job_loses_to_the_auditor(fresh_demo_world, cheat: str) -> None:
     """The MLP's cheats on the GPT (measured: poison-sample lands on DATA, wrong-lr on MUL_S,
     abuse-log and forge-explicit on the embedding MATMUL, all adjudicated; skip-step and
     tamper-weight on an OUTPUT the trainer cannot bind, lost on time)."""
-    r, lines = _run(fresh_world, f"gpt cheat {cheat}", cheat=cheat)
+    r, lines = _run(fresh_demo_world, f"gpt cheat {cheat}", cheat=cheat)
     assert r.verdict == "challenger won", lines
     assert r.ruling in ("adjudicated", "timeout"), lines
     assert r.bonds == "trainer -2.00, auditor +2.00"
@@ -238,15 +203,15 @@ def test_every_other_cheat_on_the_gpt_job_loses_to_the_auditor(fresh_world, chea
 # -- honest trainer, false challenger ---------------------------------------------------------------
 
 
-def test_honest_gpt_job_finalizes_and_pays_the_trainer(world) -> None:
-    r, lines = _run(world, "gpt honest")
+def test_honest_gpt_job_finalizes_and_pays_the_trainer(demo_world) -> None:
+    r, lines = _run(demo_world, "gpt honest")
     assert r.verdict == "no dispute", lines
     assert r.final_status == "finalized"
     assert r.bonds == "client -1.00, trainer +1.00"
 
 
-def test_false_challenger_on_the_gpt_job_loses_its_bond(fresh_world) -> None:
-    r, lines = _run(fresh_world, "gpt false challenger", false=True)
+def test_false_challenger_on_the_gpt_job_loses_its_bond(fresh_demo_world) -> None:
+    r, lines = _run(fresh_demo_world, "gpt false challenger", false=True)
     assert r.verdict == "trainer won", lines
     assert r.final_status == "finalized"
     assert r.bonds == "client -1.00, trainer +1.50, false_challenger -0.50"
@@ -294,7 +259,6 @@ def test_the_gpt_demo_has_no_reduction_beyond_one_transaction(ctx) -> None:
     g = ctx.job.graph
     longest = max(g.ops[o.inputs[0]].shape[-1] for o in g.ops if o.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN))
     assert 0 < longest <= ONE_TX_TERMS
-
 
 
 def test_demo_command_offers_the_gpt_and_refuses_a_cheat_the_model_cannot_play() -> None:

@@ -15,7 +15,6 @@ from click.testing import CliRunner
 import nodes
 from protocol.agents_cli import CHEAT_NAMES, auditor_cmd, caching_reader, client, trainer_cmd
 from protocol.cheats import CHEATS
-from protocol.demo import default_spec
 from protocol.multiproc import ProcessDemo
 from vtrain.spec import TrainSpec
 
@@ -171,12 +170,7 @@ def test_agent_commands_report_clear_errors(demo: ProcessDemo, tmp_path: Path) -
 
 
 def test_dead_rpc_endpoint_is_a_clear_error(tmp_path: Path) -> None:
-    spec = tmp_path / "spec.json"
-    spec.write_text(default_spec().to_json())
-    dep = tmp_path / "deployment.json"
-    dep.write_text(json.dumps({"registry": "0x" + "11" * 20, "game": "0x" + "22" * 20,
-                               "adjudicator": "0x" + "33" * 20, "chain_id": 31337}))
-    url = f"http://127.0.0.1:{nodes.free_port()}"
+    spec, dep, url = nodes.dead_endpoint_files(tmp_path)
     runner = CliRunner()
     r = runner.invoke(trainer_cmd, ["--rpc", url, "--rpc-retries", "0", "--deployment", str(dep), "--spec", str(spec),
                                     "--job", "1", "--store", str(tmp_path / "s")])

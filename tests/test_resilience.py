@@ -125,14 +125,7 @@ def test_malformed_rpc_url_is_refused_before_any_request(url: str) -> None:
 
 
 def test_agent_started_against_a_dead_url_exits_with_a_message(tmp_path: Path) -> None:
-    from protocol.demo import default_spec
-
-    spec = tmp_path / "spec.json"
-    spec.write_text(default_spec().to_json())
-    dep = tmp_path / "deployment.json"
-    dep.write_text(json.dumps({"registry": "0x" + "11" * 20, "game": "0x" + "22" * 20,
-                               "adjudicator": "0x" + "33" * 20, "chain_id": 31337}))
-    url = f"http://127.0.0.1:{nodes.free_port()}"
+    spec, dep, url = nodes.dead_endpoint_files(tmp_path)
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "protocol.agents_cli", "trainer", "--rpc", url, "--rpc-deadline", "1",
                         "--deployment", str(dep), "--spec", str(spec), "--job", "1", "--store", str(tmp_path / "s")],

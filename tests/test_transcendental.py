@@ -18,9 +18,8 @@ import mpmath
 import numpy as np
 import pytest
 import torch
-from test_adjudicator import Case, check, honest, variant
+from test_adjudicator import Case, check, deploy_adjudicator, honest, variant
 
-import nodes
 from protocol.auditor import exact_resolver
 from protocol.build import load_artifact
 from vtrain import exact, transcendental
@@ -216,11 +215,7 @@ def test_the_rule_picks_the_correctly_rounded_value():
 
 @pytest.fixture(scope="module")
 def adj():
-    w3 = nodes.eth_tester_w3()
-    art = load_artifact("Adjudicator")
-    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 8_000_000})
-    addr = w3.eth.get_transaction_receipt(tx)["contractAddress"]
-    return w3.eth.contract(address=addr, abi=art.abi)
+    return deploy_adjudicator()
 
 
 @pytest.fixture(scope="module")

@@ -624,9 +624,19 @@ def _accumulate(terms: Sequence[tuple[bool, int, int]]) -> tuple[int, int, int, 
     """ExactSum.accumulate: ``(sum, absSum, inexact, lsbExp)``."""
     if len(terms) > MAX_TERMS:
         raise MalformedOp(f"reduction: expected at most {MAX_TERMS} terms, got {len(terms)}")
-    top = max((est for _, m, est in terms if m), default=0)
+    top = _max_est(terms)
     if top == 0:
         return 0, 0, 0, 0
+    return (*_sum_at(terms, top), top - _LSB_OFFSET)
+
+
+def _max_est(terms: Sequence[tuple[bool, int, int]]) -> int:
+    """ExactSum.maxEst: the scale, the largest ``est`` of the non-zero terms (0 when there are none)."""
+    return max((est for _, m, est in terms if m), default=0)
+
+
+def _sum_at(terms: Sequence[tuple[bool, int, int]], top: int) -> tuple[int, int, int]:
+    """ExactSum.sumAt: ``(sum, absSum, inexact)`` in quanta ``2^(top - 372)``; every ``est <= top``."""
     total = abs_sum = inexact = 0
     for neg, m, est in terms:
         if not m:
@@ -640,7 +650,7 @@ def _accumulate(terms: Sequence[tuple[bool, int, int]]) -> tuple[int, int, int, 
         abs_sum += q
         inexact += lost
         total += -(q + lost) if neg else q
-    return total, abs_sum, inexact, top - _LSB_OFFSET
+    return total, abs_sum, inexact
 
 
 def _enclose(sem: _Sem) -> Enclosure | None:
@@ -828,23 +838,10 @@ def chunk_count(n: int) -> int:
 
 def _partial_at(terms: Sequence[tuple[bool, int, int]], top: int) -> Partial:
     """ChunkedSum.partialAt: the chunk's partial at the element's scale ``top``."""
-    mine = max((est for _, m, est in terms if m), default=0)
+    mine = _max_est(terms)
     if mine == 0 or mine > top:
         return Partial(mine, 0, 0, 0)
-    total = abs_sum = inexact = 0
-    for neg, m, est in terms:
-        if not m:
-            continue
-        d = est + _GUARD - top
-        if d >= 0:
-            q, lost = m << d, 0
-        else:
-            q = m >> -d
-            lost = int(q << -d != m)
-        abs_sum += q
-        inexact += lost
-        total += -(q + lost) if neg else q
-    return Partial(mine, total, abs_sum, inexact)
+    return Partial(mine, *_sum_at(terms, top))
 
 
 def _reduction_sem(desc: Any, tensors: Sequence[np.ndarray], index: int) -> tuple[OpDesc, _Sem]:

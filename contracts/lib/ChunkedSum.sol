@@ -81,52 +81,10 @@ library ChunkedSum {
     /// @dev A chunk whose own largest exponent exceeds `top` returns only that exponent: it differs
     ///      from any posted partial (each posted `maxExp` is at most `top`).
     function partialAt(uint256[] memory terms, uint256 top) internal pure returns (Partial memory p) {
-        uint256 n = terms.length;
-        uint256 mine;
-        // The chunk's largest exponent in one read-only pass over memory the caller built (bounded by n).
-        // solhint-disable-next-line no-inline-assembly
-        assembly ("memory-safe") {
-            let ptr := add(terms, 32)
-            for { let i := 0 } lt(i, n) { i := add(i, 1) } {
-                let est := and(shr(64, mload(add(ptr, shl(5, i)))), 0xffff)
-                if gt(est, mine) { mine := est }
-            }
-        }
+        uint256 mine = ExactSum.maxEst(terms);
         p.maxExp = mine;
         if (mine == 0 || mine > top) return p;
-        int256 sum;
-        uint256 absSum;
-        uint256 inexact;
-        // SAFETY: every term's est <= top, so the shifts stay below 2^120 per term (as in ExactSum).
-        // The same exact accumulation as ExactSum's assembly loop, over this chunk only (bounded by n).
-        // solhint-disable-next-line no-inline-assembly
-        assembly ("memory-safe") {
-            let ptr := add(terms, 32)
-            let mask := sub(shl(64, 1), 1)
-            for { let i := 0 } lt(i, n) { i := add(i, 1) } {
-                let t := mload(add(ptr, shl(5, i)))
-                let m := and(t, mask)
-                if m {
-                    let d := add(and(shr(64, t), 0xffff), 72)
-                    let q := 0
-                    let lost := 0
-                    switch lt(d, top)
-                    case 0 { q := shl(sub(d, top), m) }
-                    default {
-                        let sh := sub(top, d)
-                        q := shr(sh, m)
-                        lost := iszero(eq(shl(sh, q), m))
-                    }
-                    absSum := add(absSum, q)
-                    inexact := add(inexact, lost)
-                    switch shr(255, t)
-                    case 0 { sum := add(sum, q) }
-                    default { sum := sub(sum, add(q, lost)) }
-                }
-            }
-        }
-        p.sum = sum;
-        p.absSum = absSum;
-        p.inexact = inexact;
+        // The same exact accumulation as ExactSum.accumulate, over this chunk only, at the element's scale.
+        (p.sum, p.absSum, p.inexact) = ExactSum.sumAt(terms, top);
     }
 }

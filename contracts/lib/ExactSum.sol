@@ -127,10 +127,18 @@ library ExactSum {
     function accumulate(uint256[] memory terms) internal pure returns (Accumulation memory acc) {
         uint256 n = terms.length;
         if (n > MAX_TERMS) revert TooManyTerms(n, MAX_TERMS);
-        uint256 top;
-        // Read-only pass over the packed terms without per-element bounds checks (n checked above).
+        uint256 top = maxEst(terms);
+        if (top == 0) return acc;
+        (int256 sum, uint256 absSum, uint256 inexact) = sumAt(terms, top);
+        acc = Accumulation(sum, absSum, inexact, int256(top) - LSB_OFFSET);
+    }
+
+    /// @notice The scale `E`: the largest `est` of the packed terms (0 when every term is zero).
+    function maxEst(uint256[] memory terms) internal pure returns (uint256 top) {
+        // Read-only pass over the packed terms without per-element bounds checks (bounded by their length).
         // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
+            let n := mload(terms)
             let p := add(terms, 32)
             for { let i := 0 } lt(i, n) { i := add(i, 1) } {
                 // A zero term packs to 0 (est 0), so it never raises the scale.
@@ -138,14 +146,22 @@ library ExactSum {
                 if gt(est, top) { top := est }
             }
         }
-        if (top == 0) return acc;
-        int256 sum;
-        uint256 absSum;
-        uint256 inexact;
+    }
+
+    /// @notice The sums of the packed terms in quanta `2^(top - LSB_OFFSET)`: `sum` of the floored
+    ///         terms, `absSum` of their magnitudes and the count `inexact` of floored terms.
+    /// @dev Callers guarantee `est <= top` for every term and at most MAX_TERMS terms (accumulate:
+    ///      `top = maxEst`; ChunkedSum.partialAt: the chunk's own maxEst is at most `top`).
+    function sumAt(uint256[] memory terms, uint256 top)
+        internal
+        pure
+        returns (int256 sum, uint256 absSum, uint256 inexact)
+    {
         // SAFETY: q < 2^120 per term and n <= 2^16, so the sums stay below 2^137 (no wrap-around).
         // Unchecked arithmetic is deliberate (bound above); the loop reads only terms[0..n).
         // solhint-disable-next-line no-inline-assembly
         assembly ("memory-safe") {
+            let n := mload(terms)
             let p := add(terms, 32)
             let mask := sub(shl(64, 1), 1)
             for { let i := 0 } lt(i, n) { i := add(i, 1) } {
@@ -171,7 +187,6 @@ library ExactSum {
                 }
             }
         }
-        acc = Accumulation(sum, absSum, inexact, int256(top) - LSB_OFFSET);
     }
 
     /// @notice Enclosure of a sum of `n` terms with `dc = g(n) * S = n * S / (2^53 - n)`

@@ -52,6 +52,41 @@ library TensorIndex {
         return true;
     }
 
+    /// @notice The dims of MATMUL `out [..., M, N] = a [..., M, K] x b [..., N, K]^T (+ bias [N])` with
+    ///         input shapes `inShapes` (two, or three with the bias; the caller checks the count).
+    /// @return bad The first input (0 a, 1 b, 2 bias) whose shape does not fit `shape`, in the order
+    ///         checked; `type(uint256).max` when all fit (then M, N, K >= 1).
+    function matmulDims(uint32[] memory shape, uint32[][] memory inShapes)
+        internal
+        pure
+        returns (uint256 bad, uint256 m, uint256 nOut, uint256 kk)
+    {
+        uint256 r = shape.length;
+        uint32[] memory a = inShapes[0];
+        uint32[] memory b = inShapes[1];
+        if (r < 2 || a.length != r) return (0, 0, 0, 0);
+        if (b.length != r) return (1, 0, 0, 0);
+        m = shape[r - 2];
+        nOut = shape[r - 1];
+        kk = a[r - 1];
+        for (uint256 i = 0; i + 2 < r; ++i) {
+            if (a[i] != shape[i]) return (0, 0, 0, 0);
+            if (b[i] != shape[i]) return (1, 0, 0, 0);
+        }
+        if (a[r - 2] != m || kk == 0 || m == 0) return (0, 0, 0, 0);
+        if (b[r - 2] != nOut || b[r - 1] != kk || nOut == 0) return (1, 0, 0, 0);
+        if (inShapes.length == 3 && (inShapes[2].length != 1 || inShapes[2][0] != nOut)) return (2, 0, 0, 0);
+        bad = type(uint256).max;
+    }
+
+    /// @notice The row length n of a reduction over the last axis, `a [..., n]` to `out [..., 1]`;
+    ///         0 when `inShape` and `outShape` do not fit that (n >= 1 otherwise).
+    function reducedLength(uint32[] memory outShape, uint32[] memory inShape) internal pure returns (uint256) {
+        uint256 r = outShape.length;
+        if (r == 0 || !sameExcept(inShape, outShape, r - 1) || outShape[r - 1] != 1) return 0;
+        return inShape[r - 1];
+    }
+
     /// @notice True when both shapes have the same rank and agree on every dim except `skip`
     ///         (pass `type(uint256).max` to compare all dims).
     function sameExcept(uint32[] memory a, uint32[] memory b, uint256 skip) internal pure returns (bool) {
