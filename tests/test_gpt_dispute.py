@@ -189,7 +189,7 @@ def test_cheat_on_softmax_times_values_is_caught_there_too(demo_world, ctx) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cheat", sorted(set(CHEATS) - {"tamper-attention"}))
+@pytest.mark.parametrize("cheat", sorted(set(CHEATS) - {"tamper-attention", "tamper-softmax"}))
 def test_every_other_cheat_on_the_gpt_job_loses_to_the_auditor(fresh_demo_world, cheat: str) -> None:
     """The MLP's cheats on the GPT (measured: poison-sample lands on DATA, wrong-lr on MUL_S,
     abuse-log and forge-explicit on the embedding MATMUL, all adjudicated; skip-step and
