@@ -301,7 +301,7 @@ def gpt_table() -> None:
     assert worst < TX_GAS_CAP
 
 
-def gpt_disputes(cheats: tuple[str, ...] = ("tamper-attention", "abuse-log")) -> None:
+def gpt_disputes(cheats: tuple[str, ...] = ("tamper-softmax", "tamper-attention", "abuse-log")) -> None:
     """Whole disputes on the demo's GPT job (8 steps, K=4, 454 ops/step): moves, total gas, largest tx."""
     import tempfile
 
