@@ -136,6 +136,8 @@ job_specs = st.fixed_dictionaries(
     }
 )
 picks = st.integers(0, 99)
+#: None, or a time offset from a boundary (deadline, window end): -1, the last valid second, +1.
+boundary = st.sampled_from([None, None, None, 0, 1, -1])
 challenges = st.fixed_dictionaries(
     {
         "honest": st.booleans(),  # honest: disputes the first wrong interval (if any) honestly
@@ -146,6 +148,7 @@ challenges = st.fixed_dictionaries(
         "element": st.integers(0, 129),
         "delta": st.sampled_from([0, 0, 0, 0, 1]),  # wrong bond
         "moves": st.integers(0, 4),  # moves played at once (initial games only)
+        "at": boundary,  # first moves time to the window's end + at
     }
 )
 
@@ -441,7 +444,7 @@ class ContractMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules
 
-    @initialize(specs=st.lists(job_specs, min_size=1, max_size=2), games=st.lists(challenges, max_size=2))
+    @initialize(specs=st.lists(job_specs, min_size=1, max_size=2), games=st.lists(challenges, min_size=1, max_size=3))
     @_step
     def ready_jobs(self, specs: list[dict[str, Any]], games: list[dict[str, Any]]) -> None:
         """Jobs created, accepted and fully posted with the trainer's own roots; games on the first."""
@@ -526,6 +529,8 @@ class ContractMachine(RuleBasedStateMachine):
             interval = len(j.posted)  # not posted (yet)
         challenger = self.challenger_addrs[c["who"]]
         value = j.bond + c["delta"]
+        if c["at"] is not None and interval < len(j.posted):
+            self._jump_to(j.window_end(interval) + c["at"])
         r, t = self._send(
             self.dep.game.functions.challenge(j.job, interval), challenger,
             lambda t: self.model.expect_challenge(j.job, interval, value, t), f"challenge({j.job}, {interval})",
@@ -633,10 +638,14 @@ class ContractMachine(RuleBasedStateMachine):
         self._jump_to(times[i % len(times)] + delta if times else self.dep.now() + seconds)
 
     @precondition(lambda self: self.model.games)
-    @rule(i=picks, who=st.integers(0, 6))
+    @rule(i=picks, who=st.integers(0, 6), at=boundary)
     @_step
-    def claim_timeout(self, i: int, who: int) -> None:
-        self._claim_timeout(self._game(i), self.accounts[who])
+    def claim_timeout(self, i: int, who: int, at: int | None) -> None:
+        """Anyone claims a timeout (``at``: first moves time to the mover's deadline + at)."""
+        g = self._game(i)
+        if at is not None and g.live:
+            self._jump_to(g.deadline() + at)
+        self._claim_timeout(g, self.accounts[who])
 
     @precondition(lambda self: self.model.games)
     @rule(i=picks, who=st.integers(0, 6))
@@ -647,11 +656,14 @@ class ContractMachine(RuleBasedStateMachine):
         self._close(self._pick(games, i, frozen), self.accounts[who])
 
     @precondition(lambda self: any(j.status == JobStatus.ACTIVE for j in self.model.jobs.values()))
-    @rule(i=picks, who=st.integers(0, 6))
+    @rule(i=picks, who=st.integers(0, 6), at=boundary)
     @_step
-    def finalize(self, i: int, who: int) -> None:
+    def finalize(self, i: int, who: int, at: int | None) -> None:
+        """Anyone finalizes (``at``: first moves time to the last window's end + at)."""
         jobs = list(self.model.jobs.values())
         j = self._pick(jobs, i, [x for x in jobs if x.status == JobStatus.ACTIVE and len(x.posted) == x.n_intervals])
+        if at is not None and j.posted:
+            self._jump_to(j.window_end(len(j.posted) - 1) + at)
         r, _ = self._send(
             self.dep.registry.functions.finalize(j.job), self.accounts[who],
             lambda t: self.model.expect_finalize(j.job, t), f"finalize({j.job})",
