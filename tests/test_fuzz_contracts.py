@@ -128,7 +128,7 @@ job_specs = st.fixed_dictionaries(
         "payment": amounts,
         "stake": amounts,
         "bond": amounts,
-        "window": st.sampled_from([3000, 600, 601, 1000, 1001, 2000, 4000, 5000, 6000, 7000, 1, 2]),
+        "window": st.sampled_from([3000, 600, 150, 601, 1000, 1001, 300, 2000, 4000, 5000, 6000, 7000, 1, 2]),
         "clock": st.integers(MIN_CLOCK, 1000),
         "client": st.integers(0, 1),
         "trainer": st.integers(0, 1),
@@ -230,7 +230,7 @@ class ContractMachine(RuleBasedStateMachine):
                 raise self._violation(
                     "expectation", f"{what} at t={t} reverted with {e}; the model expected one of {sorted(expected)}"
                 ) from None
-            self.stats.counts[f"reverted.{what.split('(')[0]}.{e.name}"] += 1
+            self.stats.counts[f"reverted.{what.split('(')[0].split(' on game')[0]}.{e.name}"] += 1
             return None, t
         if expected is None or expected:
             raise self._violation(
