@@ -33,6 +33,12 @@ the registry left holding exactly the escrow of unfinished jobs.
 ``SABOTAGE`` (tests/fuzz_model.py) breaks one expectation on purpose: the tests below show each
 invariant fails when it should. Counts (sequences, steps, checks, violations) go to
 tests/security_report.py.
+
+Mutation checks (run by hand on a copy, never committed), each caught within the default budget
+unless noted: withdraw keeps the credit (solvency); Clock.expired at the deadline second
+(expectation: claimTimeout accepted one second early; caught by 60 x 30); finalize ignores open
+games (expectation); closeGame without its GameOver check (finished_games_frozen); a won game
+leaves the job Active (solvency); a closed game's bond refunded to the trainer (expectation).
 """
 
 from __future__ import annotations
