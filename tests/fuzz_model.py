@@ -1,0 +1,362 @@
+"""Python model of the contracts for the stateful fuzzer (tests/test_fuzz_contracts.py).
+
+The model knows, independently of the chain:
+
+- every job's terms, status, posted roots and open games, and so its escrow;
+- every game's chess clocks (each move charges the mover, exactly one clock runs);
+- what every account is owed, was credited in total and has withdrawn (ETH actually received);
+- who is honest: a trainer whose every posted root is the honest run's, a challenger that
+  disputes the first wrong interval of a job with the honest strategy.
+
+It predicts whether each registry call and each timeout/close succeeds and, if not, which custom
+errors may explain the revert (a set, so that the order of the contract's checks is free). Who
+wins an adjudicated game comes from the chain (``GameResolved``); the model then applies the
+settlement rules itself, and the invariants hold the chain's outcomes against honesty.
+
+``sabotage`` deliberately breaks one expectation so that a test can show the matching invariant
+fails (see ``SABOTAGES``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from game_harness import GameStatus, JobStatus, Party
+
+#: Deliberately wrong expectations, one per invariant (tests prove each invariant can fail):
+#: ``escrow``: the model forgets challenger bonds in an Active job's escrow (solvency);
+#: ``double_pay``: the model books every withdrawal twice (paid once);
+#: ``honest``: the model takes every challenger for honest (honest parties never lose);
+#: ``bound``: the model expects every game to be over after one clock instead of two (games end);
+#: ``frozen``: the model takes a game for finished after its first move (finished games frozen).
+SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen")
+
+
+class Violation(AssertionError):
+    """An invariant or an expectation of the model does not hold; the message names which."""
+
+    def __init__(self, invariant: str, message: str) -> None:
+        super().__init__(f"INVARIANT {invariant} violated: {message}")
+        self.invariant = invariant
+
+
+@dataclass
+class JobModel:
+    job: int
+    client: str
+    trainer: str
+    payment: int
+    stake: int
+    bond: int
+    window: int
+    clock: int
+    n_intervals: int
+    honest_roots: list[bytes]
+    honest_run: bool  # the trainer plays from the honest run
+    status: JobStatus = JobStatus.OPEN
+    posted: list[bytes] = field(default_factory=list)
+    posted_at: list[int] = field(default_factory=list)
+    open_games: int = 0
+
+    @property
+    def honest_trainer(self) -> bool:
+        """Honest: plays the honest run and every root it posted is the honest one."""
+        return self.honest_run and all(r == h for r, h in zip(self.posted, self.honest_roots, strict=False))
+
+    def first_bad_interval(self) -> int | None:
+        for i, root in enumerate(self.posted):
+            if root != self.honest_roots[i]:
+                return i
+        return None
+
+    def window_end(self, index: int) -> int:
+        return self.posted_at[index] + self.window
+
+    def escrow(self, sabotage: str | None = None) -> int:
+        bonds = 0 if sabotage == "escrow" else self.open_games * self.bond
+        if self.status == JobStatus.OPEN:
+            return self.payment
+        if self.status == JobStatus.ACTIVE:
+            return self.payment + self.stake + bonds
+        if self.status == JobStatus.FRAUDULENT:
+            return bonds
+        return 0
+
+
+@dataclass
+class GameModel:
+    game: int
+    job: int
+    interval: int
+    trainer: str
+    challenger: str
+    honest_challenger: bool
+    t0: int
+    clock: int
+    status: GameStatus = GameStatus.IN_PROGRESS
+    trainer_left: int = 0
+    challenger_left: int = 0
+    running: Party = Party.TRAINER
+    started: int = 0
+    moves: int = 0
+
+    def __post_init__(self) -> None:
+        self.trainer_left = self.challenger_left = self.clock
+        self.started = self.t0
+
+    @property
+    def live(self) -> bool:
+        return self.status == GameStatus.IN_PROGRESS
+
+    def left(self, party: Party) -> int:
+        return self.trainer_left if party == Party.TRAINER else self.challenger_left
+
+    def deadline(self) -> int:
+        """Last second at which the side to move may still move."""
+        return self.started + self.left(self.running)
+
+    def bound(self, sabotage: str | None = None) -> int:
+        """Last second a game can still be live with nobody able to end it: both clocks spent."""
+        return self.t0 + (1 if sabotage == "bound" else 2) * self.clock
+
+    def expired(self, now: int) -> bool:
+        return now > self.deadline()
+
+    def charge(self, t: int) -> None:
+        """The clock of the side to move stops at ``t`` (a move): the elapsed time is charged."""
+        used = t - self.started
+        if used < 0 or used > self.left(self.running):
+            raise Violation("games_end", f"game {self.game}: a move at {t} outside the mover's clock "
+                            f"(started {self.started}, {self.left(self.running)} s left)")
+        if self.running == Party.TRAINER:
+            self.trainer_left -= used
+        else:
+            self.challenger_left -= used
+
+    def start(self, party: Party, t: int) -> None:
+        self.running, self.started = party, t
+
+
+@dataclass
+class Ledger:
+    """Wei owed to, credited to and withdrawn by each account; wei deposited in total."""
+
+    owed: dict[str, int] = field(default_factory=dict)
+    credited: dict[str, int] = field(default_factory=dict)
+    withdrawn: dict[str, int] = field(default_factory=dict)
+    deposited: int = 0
+    touched: set[str] = field(default_factory=set)
+
+    def credit(self, account: str, amount: int) -> None:
+        self.owed[account] = self.owed.get(account, 0) + amount
+        self.credited[account] = self.credited.get(account, 0) + amount
+        self.touched.add(account)
+
+    def paid(self, account: str, received: int, times: int = 1) -> None:
+        """``account`` withdrew and received ``received`` wei (booked ``times`` times)."""
+        self.withdrawn[account] = self.withdrawn.get(account, 0) + times * received
+        self.owed[account] = 0
+        self.touched.add(account)
+
+    @property
+    def total_owed(self) -> int:
+        return sum(self.owed.values())
+
+    @property
+    def total_withdrawn(self) -> int:
+        return sum(self.withdrawn.values())
+
+
+@dataclass
+class Model:
+    sabotage: str | None = None
+    jobs: dict[int, JobModel] = field(default_factory=dict)
+    games: dict[int, GameModel] = field(default_factory=dict)
+    ledger: Ledger = field(default_factory=Ledger)
+    touched_jobs: set[int] = field(default_factory=set)
+    finished: list[int] = field(default_factory=list)  # games over since the last check
+
+    def __post_init__(self) -> None:
+        if self.sabotage is not None and self.sabotage not in SABOTAGES:
+            raise ValueError(f"unknown sabotage {self.sabotage!r}; expected one of {SABOTAGES}")
+
+    # -- totals
+
+    def escrow_total(self) -> int:
+        return sum(j.escrow(self.sabotage) for j in self.jobs.values())
+
+    def live_games(self) -> list[GameModel]:
+        return [g for g in self.games.values() if g.live]
+
+    def claims_honest_challenger(self, g: GameModel) -> bool:
+        return g.honest_challenger or self.sabotage == "honest"
+
+    # -- expectations: the custom errors that may explain a revert; empty: the call must succeed
+
+    def expect_cancel(self, job: int, sender: str) -> set[str]:
+        j = self.jobs[job]
+        errs = set()
+        if sender != j.client:
+            errs.add("Unauthorized")
+        if j.status != JobStatus.OPEN:
+            errs.add("WrongJobStatus")
+        return errs
+
+    def expect_accept(self, job: int, sender: str, value: int) -> set[str]:
+        j = self.jobs[job]
+        errs = set()
+        if sender != j.trainer:
+            errs.add("Unauthorized")
+        if j.status != JobStatus.OPEN:
+            errs.add("WrongJobStatus")
+        if value != j.stake:
+            errs.add("WrongValue")
+        return errs
+
+    def expect_post(self, job: int, sender: str, index: int, root: bytes) -> set[str]:
+        j = self.jobs[job]
+        errs = set()
+        if sender != j.trainer:
+            errs.add("Unauthorized")
+        if j.status != JobStatus.ACTIVE:
+            errs.add("WrongJobStatus")
+        if index != len(j.posted) or index >= j.n_intervals:
+            errs.add("WrongInterval")
+        if root == b"\x00" * 32:
+            errs.add("ZeroRoot")
+        return errs
+
+    def expect_finalize(self, job: int, now: int) -> set[str]:
+        j = self.jobs[job]
+        errs = set()
+        if j.status != JobStatus.ACTIVE:
+            errs.add("WrongJobStatus")
+        if len(j.posted) != j.n_intervals:
+            errs.add("IntervalsMissing")
+        elif now <= j.window_end(j.n_intervals - 1):
+            errs.add("WindowStillOpen")
+        if j.open_games:
+            errs.add("GamesOpen")
+        return errs
+
+    def expect_withdraw(self, account: str) -> set[str]:
+        return set() if self.ledger.owed.get(account, 0) > 0 else {"NothingOwed"}
+
+    def expect_challenge(self, job: int, interval: int, value: int, now: int) -> set[str]:
+        j = self.jobs[job]
+        errs = set()
+        if j.status != JobStatus.ACTIVE:
+            errs.add("WrongJobStatus")
+        if interval >= len(j.posted):
+            errs.add("IntervalNotPosted")
+        elif now > j.window_end(interval):
+            errs.add("WindowClosed")
+        if value != j.bond:
+            errs.add("WrongValue")
+        return errs
+
+    def expect_live(self, game: int) -> set[str]:
+        """Errors of any move on ``game`` before the turn and clock checks."""
+        g = self.games[game]
+        errs = set()
+        if not g.live:
+            errs.add("GameOver")
+        if self.jobs[g.job].status != JobStatus.ACTIVE:
+            errs.add("WrongJobStatus")
+        return errs
+
+    def expect_claim_timeout(self, game: int, now: int) -> set[str]:
+        errs = self.expect_live(game)
+        if not errs and not self.games[game].expired(now):
+            errs.add("ClockNotExpired")
+        return errs
+
+    def expect_close(self, game: int) -> set[str]:
+        g = self.games[game]
+        errs = set()
+        if not g.live:
+            errs.add("GameOver")
+        if self.jobs[g.job].status != JobStatus.FRAUDULENT:
+            errs.add("JobNotFraudulent")
+        return errs
+
+    # -- effects of successful calls
+
+    def create(self, job: JobModel) -> None:
+        if job.job in self.jobs:
+            raise Violation("solvency", f"job id {job.job} issued twice")
+        self.jobs[job.job] = job
+        self.ledger.deposited += job.payment
+        self.touched_jobs.add(job.job)
+
+    def cancel(self, job: int) -> None:
+        j = self.jobs[job]
+        j.status = JobStatus.CANCELLED
+        self.ledger.credit(j.client, j.payment)
+        self.touched_jobs.add(job)
+
+    def accept(self, job: int) -> None:
+        j = self.jobs[job]
+        j.status = JobStatus.ACTIVE
+        self.ledger.deposited += j.stake
+        self.touched_jobs.add(job)
+
+    def post(self, job: int, root: bytes, t: int) -> None:
+        j = self.jobs[job]
+        j.posted.append(root)
+        j.posted_at.append(t)
+        self.touched_jobs.add(job)
+
+    def finalize(self, job: int) -> None:
+        j = self.jobs[job]
+        j.status = JobStatus.FINALIZED
+        self.ledger.credit(j.trainer, j.payment + j.stake)
+        self.touched_jobs.add(job)
+
+    def withdraw(self, account: str, received: int) -> None:
+        self.ledger.paid(account, received, times=2 if self.sabotage == "double_pay" else 1)
+
+    def challenge(self, g: GameModel) -> None:
+        j = self.jobs[g.job]
+        j.open_games += 1
+        self.ledger.deposited += j.bond
+        self.games[g.game] = g
+        self.touched_jobs.add(g.job)
+
+    def moved(self, game: int, t: int, next_party: Party) -> None:
+        """A move at ``t`` that did not end the game; ``next_party`` moves next."""
+        g = self.games[game]
+        g.charge(t)
+        g.start(next_party, t)
+        g.moves += 1
+        if self.sabotage == "frozen" and g.moves == 1:
+            self.finished.append(game)
+
+    def resolve(self, game: int, trainer_won: bool) -> None:
+        """The game ended with a winner: the registry settles it."""
+        g = self.games[game]
+        j = self.jobs[g.job]
+        if not g.live:
+            raise Violation("finished_games_frozen", f"game {game} resolved again after {g.status.name}")
+        if j.status != JobStatus.ACTIVE:
+            raise Violation("solvency", f"game {game} resolved on job {j.job} in status {j.status.name}")
+        j.open_games -= 1
+        if trainer_won:
+            g.status = GameStatus.TRAINER_WON
+            self.ledger.credit(j.trainer, j.bond)
+        else:
+            g.status = GameStatus.CHALLENGER_WON
+            j.status = JobStatus.FRAUDULENT
+            self.ledger.credit(g.challenger, j.bond + j.stake)
+            self.ledger.credit(j.client, j.payment)
+        self.finished.append(game)
+        self.touched_jobs.add(j.job)
+
+    def close(self, game: int) -> None:
+        g = self.games[game]
+        j = self.jobs[g.job]
+        j.open_games -= 1
+        g.status = GameStatus.CLOSED
+        self.ledger.credit(g.challenger, j.bond)
+        self.finished.append(game)
+        self.touched_jobs.add(j.job)

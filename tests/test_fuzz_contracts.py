@@ -1,0 +1,964 @@
+"""Stateful fuzzing of JobRegistry + DisputeGame (+ the toy adjudicator) on eth-tester.
+
+A hypothesis ``RuleBasedStateMachine`` drives random sequences of: job creation (random payment,
+stake, bond, window, clock and interval count; sometimes an invalid parameter), cancel, accept
+(right and wrong stake), interval posts (the trainer's roots, honest roots, garbage, zero, out of
+order, wrong sender), challenges (honest and false challengers, several per job and per interval,
+right and wrong bond), game moves by honest and cheating actors of tests/game_harness.py (whole
+games played out; moves out of turn, by third parties and with wrong data, which must revert and
+leave the game unchanged), time jumps (to clock deadlines, window ends and game bounds, one second
+either side), claimTimeout, closeGame, finalize and withdrawals (twice).
+
+tests/fuzz_model.py keeps a model of every job, game clock and account; every call's success or
+revert (and its custom error) is predicted. Checked after every rule:
+
+- solvency: the registry's balance is exactly what is owed plus every job's escrow (payment,
+  stake, locked bonds); the game contract holds nothing; totalOwed, each touched account's credit
+  and each touched job's record and escrowOf match the model;
+- paid_once: for every account, ETH received by withdraw + still owed == credited; received +
+  owed + escrow == deposited (so withdrawing twice pays once, and nothing is paid twice);
+- honest_never_loses: a job whose trainer posted only honest roots never turns fraudulent, its
+  games are all won by the trainer; a game of an honest challenger (the first wrong interval,
+  honest strategy) never ends with the trainer winning;
+- games_end: a live game's mover has a deadline within t0 + 2 * clock and, past it, claimTimeout
+  (or closeGame on a fraudulent job) succeeds; no live game sits on a finalized or cancelled job;
+- finished_games_frozen: once over, a game rejects every move, timeout and close with GameOver;
+- clocks: each game's deadline and stopped clock match the model's chess clocks.
+
+Honest actors are diligent: before time passes, an honest side to move moves while it still has
+``RESERVE`` seconds left (an honest agent is online); dishonest actors move only when a rule says.
+Each sequence ends by draining: every game ended, every job settled, every account withdrawn, and
+the registry left holding exactly the escrow of unfinished jobs.
+
+``SABOTAGE`` (tests/fuzz_model.py) breaks one expectation on purpose: the tests below show each
+invariant fails when it should. Counts (sequences, steps, checks, violations) go to
+tests/security_report.py.
+
+Mutation checks (run by hand on a copy, never committed), each caught within the default budget
+unless noted: withdraw keeps the credit (solvency); Clock.expired at the deadline second
+(expectation: claimTimeout accepted one second early; caught by 60 x 30); finalize ignores open
+games (expectation); closeGame without its GameOver check (finished_games_frozen); a won game
+leaves the job Active (solvency); a closed game's bond refunded to the trainer (expectation).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import game_harness as H
+import pytest
+import security_report
+from eth_utils import keccak
+from fuzz_model import GameModel, JobModel, Model, Violation
+from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Reverted, Ruling
+from hypothesis import HealthCheck, settings
+from hypothesis import Phase as HPhase
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from web3.logs import DISCARD
+
+log = logging.getLogger(__name__)
+
+#: (nSteps, intervalLength) of the fuzzed jobs: 1 to 3 intervals, the last one sometimes short.
+CONFIGS = ((2, 1), (3, 2), (4, 2), (5, 2), (6, 4))
+CHEAT_KINDS = ("element", "record_length", "input_bind", "output_bind", "const_bind", "step_leaf", "initial_state")
+#: Fields of JobParams (index in Run.job_params) a bad createJob sets to zero.
+BAD_FIELDS = {"nSteps": 9, "intervalLength": 10, "challengeWindow": 13, "clock": 14}
+#: Honest sides move while at least this many seconds are left (each move costs 1-2 s; a game
+#: has at most ~16 moves per side), and clocks are at least MIN_CLOCK.
+RESERVE = 60
+MIN_CLOCK = 100
+MAX_LIVE_GAMES = 6
+MAX_JOBS = 5
+ZERO = b"\x00" * 32
+
+
+@dataclass
+class Stats:
+    """What one fuzz test ran (the machine's instances add to it)."""
+
+    sequences: int = 0
+    steps: int = 0
+    checks: int = 0
+    violations: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+def cheat_for(kind: str, n_steps: int) -> Cheat:
+    """A cheat of ``kind`` that falls within a run of ``n_steps`` steps."""
+    return {
+        "element": Cheat("element", step=min(3, n_steps), op="update0", index=129),
+        "record_length": Cheat("record_length", step=min(2, n_steps), op="update0"),
+        "input_bind": Cheat("input_bind", step=n_steps, slot=1),
+        "output_bind": Cheat("output_bind", step=n_steps, slot=0),
+        "const_bind": Cheat("const_bind", step=n_steps),
+        "step_leaf": Cheat("step_leaf", step=min(3, n_steps)),
+        "initial_state": Cheat("initial_state", step=1),
+    }[kind]
+
+
+@functools.cache
+def base_run(n_steps: int, interval_length: int, cheat: Cheat | None) -> H.Run:
+    return H.simulate(H.JobConfig(n_steps=n_steps, interval_length=interval_length), cheat)
+
+
+_DEPLOYMENT: list[H.Deployment] = []
+
+
+def fresh_deployment() -> H.Deployment:
+    """One deployment per process, rewound to just after deployment for each sequence."""
+    if not _DEPLOYMENT:
+        _DEPLOYMENT.append(H.deploy())
+    return _DEPLOYMENT[0].reset()
+
+
+# (hypothesis draws the first entry of a sampled_from most often: the ordinary case comes first.)
+amounts = st.one_of(st.sampled_from([10**18, 10**17, 1, 0]), st.integers(0, 5 * 10**18))
+job_specs = st.fixed_dictionaries(
+    {
+        "config": st.integers(0, len(CONFIGS) - 1),
+        "cheat": st.one_of(st.none(), st.sampled_from(CHEAT_KINDS)),
+        "payment": amounts,
+        "stake": amounts,
+        "bond": amounts,
+        "window": st.sampled_from([3000, 600, 150, 601, 1000, 1001, 300, 2000, 4000, 5000, 6000, 7000, 1, 2]),
+        "clock": st.integers(MIN_CLOCK, 1000),
+        "client": st.integers(0, 1),
+        "trainer": st.integers(0, 1),
+        "one_step": st.booleans(),  # a cheating trainer asks for the ruling it will lose
+    }
+)
+picks = st.integers(0, 99)
+#: None, or a time offset from a boundary (deadline, window end): -1, the last valid second, +1.
+boundary = st.sampled_from([None, None, None, 0, 1, -1])
+challenges = st.fixed_dictionaries(
+    {
+        "honest": st.booleans(),  # honest: disputes the first wrong interval (if any) honestly
+        "interval": st.integers(0, 3),  # 3: the next, unposted interval
+        "who": st.integers(0, 1),
+        "position": st.integers(-1, 3),  # a false challenger's target: step position, op, element
+        "op": st.integers(0, 9),
+        "element": st.integers(0, 129),
+        "delta": st.sampled_from([0, 0, 0, 0, 1]),  # wrong bond
+        "moves": st.integers(0, 4),  # moves played at once (initial games only)
+        "at": boundary,  # first moves time to the window's end + at
+    }
+)
+
+
+def _step(fn: Callable[..., None]) -> Callable[..., None]:
+    """Counts a rule and marks the sequence unchecked until the invariants ran."""
+
+    @functools.wraps(fn)
+    def wrapper(self: ContractMachine, **kwargs: Any) -> None:
+        self.clean = False
+        self.stats.steps += 1
+        self.stats.counts[f"rule.{fn.__name__}"] += 1
+        fn(self, **kwargs)
+
+    return wrapper
+
+
+class ContractMachine(RuleBasedStateMachine):
+    """Random protocol histories against the model (see the module docstring)."""
+
+    SABOTAGE: str | None = None
+    stats = Stats()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats.sequences += 1
+        self.dep = fresh_deployment()
+        self.model = Model(sabotage=self.SABOTAGE)
+        a = self.dep.w3.eth.accounts
+        self.clients = [a[1], a[7]]
+        self.trainer_addrs = [a[2], a[6]]
+        self.challenger_addrs = [a[3], a[4]]
+        self.anyone = a[5]
+        self.accounts = [a[1], a[7], a[2], a[6], a[3], a[4], a[5]]
+        self.names = dict(zip(self.accounts, ["client", "client2", "trainer", "trainer2", "challenger",
+                                              "challenger2", "anyone"], strict=True))
+        self.runs: dict[int, H.Run] = {}
+        self.honest_runs: dict[int, H.Run] = {}
+        self.one_step: dict[int, bool] = {}
+        self.trainers: dict[int, H.Trainer] = {}
+        self.challengers: dict[int, H.Challenger] = {}
+        self.truth: set[int] = set()
+        self._views: dict[int, dict[str, Any]] = {}
+        self.clean = True
+        self._diligent = False
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _violation(self, invariant: str, message: str) -> Violation:
+        self.clean = False
+        return Violation(invariant, message)
+
+    def _send(
+        self,
+        fn: Any,
+        sender: str,
+        expect: Callable[[int], set[str] | None],
+        what: str,
+        value: int = 0,
+        mine: bool = False,
+    ) -> tuple[Any, int]:
+        """Sends ``fn`` after the honest sides moved. ``expect(t)``: the errors that may explain
+        the predicted revert at block time t (empty: must succeed; None: must revert, any error).
+        A predicted revert runs on the pending block (exactly what the transaction would see)
+        unless ``mine``. Returns ``(receipt or None, t)``."""
+        t = self._diligence()
+        expected = expect(t)
+        try:
+            if expected != set() and not mine:
+                self.dep.dry(fn, sender, value=value)
+                r = None
+            else:
+                r = self.dep.tx(fn, sender, value=value)
+                self._views.clear()
+        except Reverted as e:
+            if expected is not None and not expected:
+                raise self._violation("expectation", f"{what} at t={t} reverted with {e}; expected success") from None
+            if expected and e.name not in expected:
+                raise self._violation(
+                    "expectation", f"{what} at t={t} reverted with {e}; the model expected one of {sorted(expected)}"
+                ) from None
+            self.stats.counts[f"reverted.{what.split('(')[0].split(' on game')[0]}.{e.name}"] += 1
+            return None, t
+        if expected is None or expected:
+            raise self._violation(
+                "expectation", f"{what} at t={t} succeeded; the model expected a revert ({sorted(expected or [])})"
+            )
+        return r, t
+
+    def _last_receipt(self) -> Any:
+        w3 = self.dep.w3
+        return w3.eth.get_transaction_receipt(w3.eth.get_block("latest")["transactions"][-1])
+
+    def _pick(self, items: list[Any], i: int, preferred: list[Any] | None = None) -> Any:
+        """Item ``i`` of ``preferred`` (when any) for i < 80, else of ``items`` (i < 100)."""
+        pool = preferred if preferred and i < 80 else items
+        return pool[i % len(pool)]
+
+    def _job(self, i: int, *statuses: JobStatus) -> JobModel:
+        jobs = list(self.model.jobs.values())
+        return self._pick(jobs, i, [j for j in jobs if j.status in statuses])
+
+    def _game(self, i: int, live: bool = True) -> GameModel:
+        games = list(self.model.games.values())
+        return self._pick(games, i, [g for g in games if g.live] if live else None)
+
+    def _honest_side(self, g: GameModel, party: Party) -> bool:
+        if party == Party.TRAINER:
+            return self.model.jobs[g.job].honest_trainer
+        return g.honest_challenger
+
+    # ------------------------------------------------------------------ games
+
+    def _view(self, g: GameModel) -> dict[str, Any]:
+        """The chain's view of ``g``, checked against the model's status and clocks."""
+        return self._check_view(g, self.dep.view(g.game))
+
+    def _check_view(self, g: GameModel, v: dict[str, Any]) -> dict[str, Any]:
+        if (v["status"] == GameStatus.IN_PROGRESS) != g.live or (not g.live and v["status"] != g.status):
+            raise self._violation("clocks", f"game {g.game} is {v['status'].name} on chain, {g.status.name} in model")
+        if not g.live:
+            return v
+        if v["toMove"] != g.running:
+            raise self._violation("clocks", f"game {g.game}: {v['toMove'].name} to move on chain, not {g.running.name}")
+        if v["deadline"] != g.deadline():
+            raise self._violation("clocks", f"game {g.game}: deadline {v['deadline']} on chain, model {g.deadline()}")
+        other = Party.CHALLENGER if g.running == Party.TRAINER else Party.TRAINER
+        stopped = v["challengerTime"] if other == Party.CHALLENGER else v["trainerTime"]
+        if stopped != g.left(other):
+            left = g.left(other)
+            raise self._violation("clocks", f"game {g.game}: {other.name} clock stopped at {stopped} s, not {left}")
+        return v
+
+    def _resolved(self, g: GameModel, receipt: Any) -> tuple[Party, Ruling] | None:
+        evs = self.dep.game.events.GameResolved().process_receipt(receipt, errors=DISCARD)
+        if not evs:
+            return None
+        (ev,) = evs
+        if ev.args.game != g.game or ev.args.job != g.job:
+            raise self._violation("expectation", f"GameResolved for game {ev.args.game}, expected {g.game}")
+        winner, ruling = Party(ev.args.winner), Ruling(ev.args.ruling)
+        self.model.resolve(g.game, winner == Party.TRAINER)
+        self.stats.counts[f"game.{winner.name.lower()}_won.{ruling.name.lower()}"] += 1
+        return winner, ruling
+
+    def _move_once(self, g: GameModel, asks: bool) -> bool:
+        """The side to move plays its actor's move; False when it cannot or will not. ``asks``:
+        the challenger asks for the ruling when the trainer does not."""
+        t = self._diligence()
+        if not g.live or self.model.jobs[g.job].status != JobStatus.ACTIVE:
+            return False
+        v = self._views.pop(g.game, None) or self._view(g)
+        mover = v["toMove"]
+        actor: H.Actor = self.trainers[g.game] if mover == Party.TRAINER else self.challengers[g.game]
+        ok = actor.move(g.game, v)
+        if not ok and mover == Party.TRAINER and v["phase"] == Phase.ONE_STEP and asks:
+            t = self.dep.now()
+            actor = self.challengers[g.game]
+            ok = actor.one_step(g.game)
+        if not ok:
+            err = actor.last_error
+            if self._honest_side(g, mover) and t <= g.deadline():
+                raise self._violation(
+                    "honest_never_loses", f"the honest {mover.name.lower()} of game {g.game} cannot move at "
+                    f"t={t} (deadline {g.deadline()}): {err}"
+                )
+            if err is not None and err.name == "ClockExpired" and t <= g.deadline():
+                raise self._violation("clocks", f"game {g.game}: move at {t} rejected as late, deadline {g.deadline()}")
+            self.stats.counts["move.rejected"] += 1
+            return False
+        self.stats.counts["move.ok"] += 1
+        receipt = self.dep.receipts[-1]
+        if self.dep.game.events.GameResolved().process_receipt(receipt, errors=DISCARD):
+            g.charge(t)  # raises when the move came after the deadline
+            self._resolved(g, receipt)
+            return True
+        v = self.dep.view(g.game)
+        if v["toMove"] == Party.NONE:
+            raise self._violation("clocks", f"game {g.game} in progress with nobody to move")
+        self.model.moved(g.game, t, v["toMove"])
+        self._check_view(g, v)
+        if v["phase"] == Phase.ONE_STEP and g.game not in self.truth:
+            H.Oracle(self.dep, self.runs[g.job].graph, self.runs[g.job].cfg).register(g.game)
+            self.truth.add(g.game)
+        self._views[g.game] = v  # the next move starts from it (only moves change a game's view)
+        return True
+
+    def _diligence(self, horizon: int | None = None) -> int:
+        """Honest sides to move whose deadline falls before ``horizon`` (default: now) +
+        ``RESERVE`` move now. Returns the time the next transaction gets."""
+        now = self.dep.now()
+        if self._diligent:
+            return now
+        horizon = now if horizon is None else horizon
+        self._diligent = True
+        try:
+            for _ in range(200):
+                urgent = [
+                    g for g in self.model.live_games()
+                    if self.model.jobs[g.job].status == JobStatus.ACTIVE
+                    and self._honest_side(g, g.running) and g.deadline() <= horizon + RESERVE
+                ]
+                if not urgent:
+                    return now
+                g = min(urgent, key=GameModel.deadline)
+                self._move_once(g, asks=True)  # an honest side that cannot move raises
+                self.stats.counts["move.diligent"] += 1
+                now = self.dep.now()
+            raise self._violation("games_end", "honest sides kept moving for 200 moves")
+        finally:
+            self._diligent = False
+
+    def _jump_to(self, t: int) -> None:
+        if t > self._diligence(t):
+            self.dep.at(t)
+
+    def _claim_timeout(self, g: GameModel, sender: str) -> None:
+        mover = g.running
+        r, _ = self._send(
+            self.dep.game.functions.claimTimeout(g.game), sender,
+            lambda t: self.model.expect_claim_timeout(g.game, t), f"claimTimeout({g.game})",
+        )
+        if r is None:
+            return
+        res = self._resolved(g, r)
+        expected = Party.CHALLENGER if mover == Party.TRAINER else Party.TRAINER
+        if res != (expected, Ruling.TIMEOUT):
+            raise self._violation("expectation", f"claimTimeout({g.game}) ruled {res}, not {expected.name} on time")
+
+    def _close(self, g: GameModel, sender: str) -> None:
+        r, _ = self._send(
+            self.dep.game.functions.closeGame(g.game), sender, lambda t: self.model.expect_close(g.game),
+            f"closeGame({g.game})",
+        )
+        if r is None:
+            return
+        if not self.dep.game.events.GameClosed().process_receipt(r, errors=DISCARD):
+            raise self._violation("expectation", f"closeGame({g.game}) emitted no GameClosed")
+        self.model.close(g.game)
+        self.stats.counts["game.closed"] += 1
+
+    # ------------------------------------------------------------------ jobs
+
+    def _create(self, spec: dict[str, Any], bad: str | None = None) -> JobModel | None:
+        n_steps, k = CONFIGS[spec["config"]]
+        cheat = cheat_for(spec["cheat"], n_steps) if spec["cheat"] else None
+        cfg = replace(
+            base_run(n_steps, k, None).cfg, payment=spec["payment"], trainer_stake=spec["stake"],
+            challenger_bond=spec["bond"], challenge_window=spec["window"], clock=spec["clock"],
+        )
+        run = replace(base_run(n_steps, k, cheat), cfg=cfg)
+        honest = replace(base_run(n_steps, k, None), cfg=cfg)
+        client, trainer = self.clients[spec["client"]], self.trainer_addrs[spec["trainer"]]
+        params = list(run.job_params(trainer))
+        if bad is not None:
+            params[BAD_FIELDS[bad]] = 0
+        r, _ = self._send(
+            self.dep.registry.functions.createJob(tuple(params)), client,
+            lambda t: {"InvalidJobParam"} if bad else set(), f"createJob({bad or 'valid'})", value=cfg.payment,
+        )
+        if r is None:
+            return None
+        (ev,) = self.dep.registry.events.JobCreated().process_receipt(r, errors=DISCARD)
+        job = int(ev.args.job)
+        if job != len(self.model.jobs) + 1:
+            raise self._violation("expectation", f"createJob returned job {job}, expected {len(self.model.jobs) + 1}")
+        jm = JobModel(
+            job, client, trainer, cfg.payment, cfg.trainer_stake, cfg.challenger_bond, cfg.challenge_window,
+            cfg.clock, cfg.n_intervals, honest.interval_roots, cheat is None,
+        )
+        self.model.create(jm)
+        self.runs[job], self.honest_runs[job] = run, honest
+        self.one_step[job] = cheat is None or spec["one_step"]
+        self.stats.counts["job.created" + (".cheat" if cheat else "")] += 1
+        return jm
+
+    def _accept(self, j: JobModel, sender: str, value: int) -> None:
+        r, _ = self._send(
+            self.dep.registry.functions.acceptJob(j.job), sender,
+            lambda t: self.model.expect_accept(j.job, sender, value), f"acceptJob({j.job})", value=value,
+        )
+        if r is not None:
+            self.model.accept(j.job)
+
+    def _post(self, j: JobModel, sender: str, index: int, root: bytes) -> None:
+        r, t = self._send(
+            self.dep.registry.functions.postInterval(j.job, index, root), sender,
+            lambda t: self.model.expect_post(j.job, sender, index, root), f"postInterval({j.job}, {index})",
+        )
+        if r is not None:
+            self.model.post(j.job, root, t)
+            self.stats.counts["interval.posted" + ("" if root == j.honest_roots[index] else ".wrong")] += 1
+
+    # ------------------------------------------------------------------ rules
+
+    @initialize(specs=st.lists(job_specs, min_size=1, max_size=2), games=st.lists(challenges, min_size=1, max_size=3))
+    @_step
+    def ready_jobs(self, specs: list[dict[str, Any]], games: list[dict[str, Any]]) -> None:
+        """Jobs created, accepted and fully posted with the trainer's own roots; games on the first."""
+        for spec in specs:
+            j = self._create(spec)
+            assert j is not None
+            self._accept(j, j.trainer, j.stake)
+            for i in range(j.n_intervals):
+                self._post(j, j.trainer, i, self.runs[j.job].interval_roots[i])
+        for c in games:
+            g = self._challenge(self.model.jobs[1], c)
+            for _ in range(c["moves"] if g is not None else 0):
+                if not self._move_once(g, asks=False):
+                    break
+
+    @precondition(lambda self: len(self.model.jobs) < MAX_JOBS)
+    @rule(spec=job_specs, bad=st.sampled_from([None] * 6 + sorted(BAD_FIELDS)))
+    @_step
+    def create_job(self, spec: dict[str, Any], bad: str | None) -> None:
+        self._create(spec, bad)
+
+    @precondition(lambda self: any(j.status == JobStatus.OPEN for j in self.model.jobs.values()))
+    @rule(i=picks, as_client=st.sampled_from([True, True, True, False]))
+    @_step
+    def cancel_job(self, i: int, as_client: bool) -> None:
+        j = self._job(i, JobStatus.OPEN)
+        sender = j.client if as_client else j.trainer
+        r, _ = self._send(
+            self.dep.registry.functions.cancelJob(j.job), sender,
+            lambda t: self.model.expect_cancel(j.job, sender), f"cancelJob({j.job})",
+        )
+        if r is not None:
+            self.model.cancel(j.job)
+            self.stats.counts["job.cancelled"] += 1
+
+    @precondition(lambda self: any(j.status == JobStatus.OPEN for j in self.model.jobs.values()))
+    @rule(i=picks, as_trainer=st.sampled_from([True, True, True, False]), delta=st.sampled_from([0, 0, 0, 1, -1]))
+    @_step
+    def accept_job(self, i: int, as_trainer: bool, delta: int) -> None:
+        j = self._job(i, JobStatus.OPEN)
+        self._accept(j, j.trainer if as_trainer else self.anyone, max(0, j.stake + delta))
+
+    @precondition(
+        lambda self: any(j.status == JobStatus.ACTIVE and len(j.posted) < j.n_intervals
+            for j in self.model.jobs.values())
+    )
+    @rule(
+        i=picks,
+        root=st.sampled_from(["own", "own", "own", "honest", "garbage", "zero"]),
+        wrong=st.sampled_from([None, None, None, None, "index", "sender"]),
+    )
+    @_step
+    def post_interval(self, i: int, root: str, wrong: str | None) -> None:
+        j = self._job(i, JobStatus.ACTIVE)
+        index = len(j.posted) + (1 if wrong == "index" else 0)
+        k = min(index, j.n_intervals - 1)
+        value = {
+            "own": self.runs[j.job].interval_roots[k], "honest": j.honest_roots[k], "zero": ZERO,
+            "garbage": keccak(text=f"garbage {j.job} {index}"),
+        }[root]
+        self._post(j, self.anyone if wrong == "sender" else j.trainer, index, value)
+
+    @precondition(
+        lambda self: len(self.model.live_games()) < MAX_LIVE_GAMES and any(j.posted for j in self.model.jobs.values())
+    )
+    @rule(i=picks, c=challenges)
+    @_step
+    def challenge(self, i: int, c: dict[str, Any]) -> None:
+        jobs = [j for j in self.model.jobs.values() if j.posted]
+        self._challenge(self._pick(jobs, i, [x for x in jobs if x.status == JobStatus.ACTIVE]), c)
+
+    def _challenge(self, j: JobModel, c: dict[str, Any]) -> GameModel | None:
+        """A challenge of ``j`` by an honest challenger (on the first wrong interval, if any) or a
+        false one walking to ``(position, op, element)``."""
+        bad = j.first_bad_interval()
+        honest = c["honest"] and bad is not None
+        if honest:
+            interval = bad
+        elif c["interval"] < 3:
+            interval = c["interval"] % len(j.posted)
+        else:
+            interval = len(j.posted)  # not posted (yet)
+        challenger = self.challenger_addrs[c["who"]]
+        value = j.bond + c["delta"]
+        if c["at"] is not None and interval < len(j.posted):
+            self._jump_to(j.window_end(interval) + c["at"])
+        r, t = self._send(
+            self.dep.game.functions.challenge(j.job, interval), challenger,
+            lambda t: self.model.expect_challenge(j.job, interval, value, t), f"challenge({j.job}, {interval})",
+            value=value,
+        )
+        if r is None:
+            return None
+        (ev,) = self.dep.game.events.GameCreated().process_receipt(r, errors=DISCARD)
+        gid = int(ev.args.game)
+        if gid != len(self.model.games) + 1:
+            raise self._violation("expectation", f"challenge created game {gid}, expected {len(self.model.games) + 1}")
+        g = GameModel(gid, j.job, interval, j.trainer, challenger, honest, t, j.clock)
+        self.model.challenge(g)
+        self.trainers[gid] = H.Trainer(self.dep, self.runs[j.job], addr=j.trainer, one_step=self.one_step[j.job])
+        if honest:
+            self.challengers[gid] = H.HonestChallenger(self.dep, self.honest_runs[j.job], addr=challenger)
+        else:
+            self.challengers[gid] = H.FalseChallenger(self.dep, c["position"], c["op"], c["element"], addr=challenger)
+        self.stats.counts["game.created" + (".honest_challenger" if honest else "")] += 1
+        return g
+
+    @precondition(lambda self: self.model.live_games())
+    @rule(i=picks, n=st.integers(1, 10), asks=st.booleans())
+    @_step
+    def move(self, i: int, n: int, asks: bool) -> None:
+        g = self._game(i)
+        for _ in range(n):
+            if not self._move_once(g, asks):
+                return
+
+    @precondition(lambda self: self.model.live_games())
+    @rule(i=picks, asks=st.booleans())
+    @_step
+    def play_out(self, i: int, asks: bool) -> None:
+        """Plays a game to its end; a side that cannot or will not move is timed out."""
+        g = self._game(i)
+        for _ in range(100):
+            if not g.live or self.model.jobs[g.job].status != JobStatus.ACTIVE:
+                return
+            if not self._move_once(g, asks or g.honest_challenger):
+                self._jump_to(g.deadline() + 1)
+                winner = g.challenger if g.running == Party.TRAINER else g.trainer
+                self._claim_timeout(g, winner)
+                return
+        raise self._violation("games_end", f"game {g.game} still live after 100 moves")
+
+    @precondition(lambda self: self.model.games)
+    @rule(i=picks, kind=st.sampled_from(["out_of_turn", "third_party", "wrong_data"]))
+    @_step
+    def bad_move(self, i: int, kind: str) -> None:
+        """A move out of turn, by a third party or with wrong data (or any move of a finished
+        game): it must revert and leave the game as it was."""
+        g = self._game(i)
+        now = self._diligence()
+        gf = self.dep.game.functions
+        rand = keccak(text=f"bad {g.game} {now}")
+        trainer_move = gf.reveal(g.game, rand, keccak(rand))
+        challenger_move = gf.choose(g.game, True)
+        mover = g.running if g.live else Party.NONE
+        if kind == "out_of_turn":
+            fn, sender = (challenger_move, g.challenger) if mover == Party.TRAINER else (trainer_move, g.trainer)
+            expect: set[str] | None = self.model.expect_live(g.game) | {"NotYourTurn"}
+        elif kind == "third_party":
+            fn = trainer_move if mover == Party.TRAINER else challenger_move
+            sender = self.anyone
+            expect = self.model.expect_live(g.game) | {"NotYourTurn"}
+        else:
+            if mover == Party.CHALLENGER:
+                fn, sender = gf.pickElement(g.game, b"\x00" * 4, 0), g.challenger
+            elif g.live and self.dep.view(g.game)["phase"] == Phase.ONE_STEP:
+                fn, sender = gf.oneStep(g.game, b"\x01", [], b""), g.trainer
+            else:
+                fn, sender = trainer_move, g.trainer
+            expect = self.model.expect_live(g.game) or None
+        what = f"{kind} move on game {g.game} ({g.status.name})"
+        if kind != "wrong_data":  # rejected before any state is read: a call on the pending block
+            self._send(fn, sender, lambda t: expect, what)
+            return
+        before = self.dep.view(g.game)
+        self._send(fn, sender, lambda t: expect, what, mine=True)
+        after = self.dep.view(g.game)
+        volatile = ("trainerTime", "challengerTime")
+        changed = sorted(k for k in before if k not in volatile and before[k] != after[k])
+        if changed:
+            name = "finished_games_frozen" if not g.live else "expectation"
+            raise self._violation(name, f"a rejected {kind} move changed game {g.game}: {changed}")
+
+    @rule(
+        i=picks,
+        what=st.sampled_from(["seconds", "seconds", "deadline", "window", "bound"]),
+        seconds=st.one_of(st.integers(1, 100), st.integers(1, 100), st.integers(100, 2000)),
+        delta=st.sampled_from([-1, 0, 1]),
+    )
+    @_step
+    def jump(self, i: int, what: str, seconds: int, delta: int) -> None:
+        """Time moves on by ``seconds``, or to one second before, at or after a clock deadline, a
+        window end or a game bound (the honest sides to move move first)."""
+        if what == "window":
+            times = [j.window_end(k) for j in self.model.jobs.values() if j.status == JobStatus.ACTIVE
+                     for k in range(len(j.posted))]
+        elif what in ("deadline", "bound"):
+            times = [g.deadline() if what == "deadline" else g.bound() for g in self.model.live_games()]
+        else:
+            times = []
+        self._jump_to(times[i % len(times)] + delta if times else self.dep.now() + seconds)
+
+    @precondition(lambda self: self.model.games)
+    @rule(i=picks, who=st.integers(0, 6), at=boundary)
+    @_step
+    def claim_timeout(self, i: int, who: int, at: int | None) -> None:
+        """Anyone claims a timeout (``at``: first moves time to the mover's deadline + at)."""
+        g = self._game(i)
+        if at is not None and g.live:
+            self._jump_to(g.deadline() + at)
+        self._claim_timeout(g, self.accounts[who])
+
+    @precondition(lambda self: self.model.games)
+    @rule(i=picks, who=st.integers(0, 6))
+    @_step
+    def close_game(self, i: int, who: int) -> None:
+        games = list(self.model.games.values())
+        frozen = [g for g in games if g.live and self.model.jobs[g.job].status == JobStatus.FRAUDULENT]
+        self._close(self._pick(games, i, frozen), self.accounts[who])
+
+    @precondition(lambda self: any(j.status == JobStatus.ACTIVE for j in self.model.jobs.values()))
+    @rule(i=picks, who=st.integers(0, 6), at=boundary)
+    @_step
+    def finalize(self, i: int, who: int, at: int | None) -> None:
+        """Anyone finalizes (``at``: first moves time to the last window's end + at)."""
+        jobs = list(self.model.jobs.values())
+        j = self._pick(jobs, i, [x for x in jobs if x.status == JobStatus.ACTIVE and len(x.posted) == x.n_intervals])
+        if at is not None and j.posted:
+            self._jump_to(j.window_end(len(j.posted) - 1) + at)
+        r, _ = self._send(
+            self.dep.registry.functions.finalize(j.job), self.accounts[who],
+            lambda t: self.model.expect_finalize(j.job, t), f"finalize({j.job})",
+        )
+        if r is not None:
+            self.model.finalize(j.job)
+            self.stats.counts["job.finalized"] += 1
+
+    @precondition(lambda self: self.model.ledger.total_owed)
+    @rule(i=picks, twice=st.booleans())
+    @_step
+    def withdraw(self, i: int, twice: bool) -> None:
+        """An account (mostly one that is owed) withdraws, and sometimes at once again."""
+        owed = [a for a in self.accounts if self.model.ledger.owed.get(a, 0)]
+        account = self._pick(self.accounts, i, owed)
+        self._withdraw(account)
+        if twice:
+            self._withdraw(account)
+
+    def _withdraw(self, account: str) -> None:
+        w3 = self.dep.w3
+        self._diligence()
+        owed = self.model.ledger.owed.get(account, 0)
+        before = w3.eth.get_balance(account)
+        r, _ = self._send(
+            self.dep.registry.functions.withdraw(), account, lambda t: self.model.expect_withdraw(account),
+            f"withdraw by {self.names[account]}", mine=True,
+        )
+        receipt = r if r is not None else self._last_receipt()
+        received = w3.eth.get_balance(account) - before + receipt.gasUsed * receipt.effectiveGasPrice
+        if received != (owed if r is not None else 0):
+            raise self._violation(
+                "paid_once", f"withdraw by {self.names[account]} paid {received} wei; it was owed {owed}"
+                + ("" if r is not None else " and the call reverted")
+            )
+        if r is not None:
+            self.model.withdraw(account, received)
+            self.stats.counts["withdrawn"] += 1
+
+    # Rules that drive games are drawn twice as often as the others (hypothesis draws uniformly
+    # among rules whose precondition holds).
+    challenge_again = challenge
+    move_again = move
+    play_out_again = play_out
+    bad_move_again = bad_move
+    claim_timeout_again = claim_timeout
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def invariants(self) -> None:
+        self.check_solvency(full=False)
+        self.check_paid_once()
+        self.check_honest_never_loses()
+        self.check_games_end()
+        self.check_finished_games_frozen()
+        self.clean = True
+
+    def check_solvency(self, full: bool) -> None:
+        """The registry holds exactly what is owed plus escrow; the chain's credits and job records
+        are the model's (the accounts and jobs touched since the last check, or all)."""
+        self.stats.checks += 1
+        d, m = self.dep, self.model
+        owed, escrow = m.ledger.total_owed, m.escrow_total()
+        balance = d.w3.eth.get_balance(d.registry.address)
+        if balance != owed + escrow:
+            raise self._violation(
+                "solvency", f"registry holds {balance} wei; the model says owed {owed} + escrow {escrow} = "
+                f"{owed + escrow} (difference {balance - owed - escrow})"
+            )
+        if (held := d.w3.eth.get_balance(d.game.address)) != 0:
+            raise self._violation("solvency", f"the game contract holds {held} wei")
+        if (total := d.call(d.registry.functions.totalOwed())) != owed:
+            raise self._violation("solvency", f"totalOwed is {total}; the model's credits sum to {owed}")
+        for account in self.accounts if full else sorted(m.ledger.touched):
+            if (chain := d.owed(account)) != (model := m.ledger.owed.get(account, 0)):
+                raise self._violation("solvency", f"{self.names[account]} is owed {chain} on chain, {model} in model")
+        for job in m.jobs if full else sorted(m.touched_jobs):
+            j = m.jobs[job]
+            if full:
+                rec = d.job(job)
+                got = (JobStatus(rec["status"]), rec["openGames"], rec["nextInterval"], rec["payment"])
+                want: tuple[Any, ...] = (j.status, j.open_games, len(j.posted), j.payment)
+            else:
+                got, want = (d.job_status(job),), (j.status,)
+            if got != want:
+                raise self._violation("solvency", f"job {job}'s record (status, openGames, nextInterval, payment) "
+                                      f"is {got} on chain, {want} in the model")
+            if (e := d.call(d.registry.functions.escrowOf(job))) != j.escrow(m.sabotage):
+                raise self._violation("solvency", f"escrowOf({job}) is {e}; the model says {j.escrow(m.sabotage)}")
+        m.ledger.touched.clear()
+        m.touched_jobs.clear()
+
+    def check_paid_once(self) -> None:
+        """ETH received + still owed is exactly what was credited; nothing leaves twice."""
+        self.stats.checks += 1
+        L, escrow = self.model.ledger, self.model.escrow_total()
+        for account in sorted(set(L.credited) | set(L.withdrawn)):
+            got, owed, credited = L.withdrawn.get(account, 0), L.owed.get(account, 0), L.credited.get(account, 0)
+            if got + owed != credited:
+                raise self._violation(
+                    "paid_once", f"{self.names[account]} received {got} + is owed {owed} = {got + owed} wei but was "
+                    f"credited {credited}"
+                )
+        if L.total_withdrawn + L.total_owed + escrow != L.deposited:
+            raise self._violation(
+                "paid_once", f"withdrawn {L.total_withdrawn} + owed {L.total_owed} + escrow {escrow} != deposited "
+                f"{L.deposited}"
+            )
+
+    def check_honest_never_loses(self) -> None:
+        self.stats.checks += 1
+        m = self.model
+        for j in m.jobs.values():
+            if j.honest_trainer and j.status == JobStatus.FRAUDULENT:
+                raise self._violation("honest_never_loses", f"job {j.job}'s trainer posted only honest roots and "
+                                      "lost its stake (job Fraudulent)")
+        for g in m.games.values():
+            if m.claims_honest_challenger(g) and g.status == GameStatus.TRAINER_WON:
+                raise self._violation("honest_never_loses", f"the honest challenger of game {g.game} (job {g.job}, "
+                                      f"interval {g.interval}) lost its bond")
+
+    def check_games_end(self) -> None:
+        self.stats.checks += 1
+        d, m = self.dep, self.model
+        now = d.now()
+        for g in m.live_games():
+            status = m.jobs[g.job].status
+            bound = g.bound(m.sabotage)
+            if status not in (JobStatus.ACTIVE, JobStatus.FRAUDULENT):
+                raise self._violation("games_end", f"game {g.game} is live on job {g.job} in status {status.name}")
+            if status == JobStatus.ACTIVE and g.deadline() > bound:
+                raise self._violation("games_end", f"game {g.game}: the side to move has until {g.deadline()}, past "
+                                      f"the game's bound {bound}")
+            if now > bound:
+                fn = d.game.functions.claimTimeout if status == JobStatus.ACTIVE else d.game.functions.closeGame
+                try:
+                    d.dry(fn(g.game), self.anyone)
+                except Reverted as e:
+                    raise self._violation(
+                        "games_end", f"game {g.game} is live at t={now} > bound {bound} and {fn.fn_name} reverts {e}"
+                    ) from None
+
+    def check_finished_games_frozen(self) -> None:
+        self.stats.checks += 1
+        d, m = self.dep, self.model
+        gf = d.game.functions
+        for gid in m.finished:
+            g = m.games[gid]
+            tries = [
+                (gf.claimTimeout(gid), self.anyone), (gf.closeGame(gid), self.anyone),
+                (gf.reveal(gid, b"\x01" * 32, b"\x02" * 32), g.trainer), (gf.choose(gid, False), g.challenger),
+                (gf.oneStep(gid, b"", [], b""), g.trainer),
+            ]
+            for fn, sender in tries:
+                try:
+                    d.dry(fn, sender)
+                except Reverted as e:
+                    if e.name != "GameOver":
+                        raise self._violation("finished_games_frozen", f"{fn.fn_name} on finished game {gid} "
+                                              f"({g.status.name}) reverts {e}, not GameOver") from None
+                    continue
+                raise self._violation("finished_games_frozen", f"{fn.fn_name} on finished game {gid} "
+                                      f"({g.status.name}) succeeded")
+        m.finished.clear()
+
+    # ------------------------------------------------------------------ end of a sequence
+
+    def teardown(self) -> None:
+        if self.clean:
+            self.drain()
+
+    def drain(self) -> None:
+        """Ends every game, settles every job that can be, withdraws everything; then the
+        registry holds exactly the escrow of the jobs left Open-less and unfinished."""
+        d, m = self.dep, self.model
+        for _ in range(4 * len(m.games) + 10):
+            live = m.live_games()
+            if not live:
+                break
+            g = min(live, key=GameModel.deadline)
+            if m.jobs[g.job].status == JobStatus.FRAUDULENT:
+                self._close(g, self.anyone)
+            elif not g.expired(d.now()):
+                self._jump_to(g.deadline() + 1)  # the honest side (if to move) moves first
+            else:
+                self._claim_timeout(g, self.anyone)
+        else:
+            raise self._violation("games_end", f"games {[g.game for g in m.live_games()]} still live after draining")
+        for j in m.jobs.values():
+            if j.status == JobStatus.OPEN:
+                self._send(
+                    d.registry.functions.cancelJob(j.job), j.client,
+                    lambda t, j=j: m.expect_cancel(j.job, j.client), f"drain cancelJob({j.job})",
+                )
+                m.cancel(j.job)
+        done = [j for j in m.jobs.values() if j.status == JobStatus.ACTIVE and len(j.posted) == j.n_intervals]
+        if done:
+            self._jump_to(max(j.window_end(j.n_intervals - 1) for j in done) + 1)
+            for j in done:
+                self._send(
+                    d.registry.functions.finalize(j.job), self.anyone,
+                    lambda t, j=j: m.expect_finalize(j.job, t), f"drain finalize({j.job})",
+                )
+                m.finalize(j.job)
+        for account in self.accounts:
+            if m.ledger.owed.get(account, 0):
+                self._withdraw(account)
+        self.check_solvency(full=True)
+        self.check_paid_once()
+        self.check_honest_never_loses()
+        self.check_finished_games_frozen()
+        left = sum(j.escrow() for j in m.jobs.values())
+        if m.ledger.total_owed or d.w3.eth.get_balance(d.registry.address) != left:
+            raise self._violation("solvency", f"after draining the registry holds "
+                                  f"{d.w3.eth.get_balance(d.registry.address)} wei, expected {left}")
+        d.check_solvency()  # the harness's own check, from Credited/Withdrawn events
+        self.stats.counts["drained"] += 1
+
+
+# ---------------------------------------------------------------------- tests
+
+COMMON = {
+    "deadline": None,
+    "derandomize": True,
+    "database": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    "print_blob": False,
+}
+FAST = settings(max_examples=10, stateful_step_count=20, **COMMON)
+SLOW = settings(max_examples=200, stateful_step_count=40, **COMMON)
+
+
+def run_fuzz(name: str, budget: settings) -> Stats:
+    """Runs the machine under ``budget``, records the trial and returns its counts."""
+    stats = Stats()
+    ContractMachine.stats = stats
+    start = time.perf_counter()
+    try:
+        run_state_machine_as_test(ContractMachine, settings=budget)
+    except Exception:
+        stats.violations += 1
+        raise
+    finally:
+        seconds = round(time.perf_counter() - start, 1)
+        security_report.record(
+            "fuzz", name, stats.violations == 0, sequences=stats.sequences, steps=stats.steps,
+            checks=stats.checks, violations=stats.violations, seconds=seconds,
+        )
+        log.info("fuzz %s: %d sequences, %d steps, %d invariant checks, %d violations, %.1f s; %s", name,
+                 stats.sequences, stats.steps, stats.checks, stats.violations, seconds, dict(stats.counts))
+    return stats
+
+
+def test_fuzz_contracts_small_budget():
+    stats = run_fuzz("contracts_small", FAST)
+    assert stats.sequences >= FAST.max_examples and stats.violations == 0
+    # The budget reaches games that end (not only reverts): a sequence that never plays is no test.
+    assert stats.counts["game.created"] + stats.counts["game.created.honest_challenger"] > 0, stats.counts
+    assert stats.counts["drained"] == stats.sequences, stats.counts
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_fuzz_contracts_large_budget():
+    stats = run_fuzz("contracts_large", SLOW)
+    assert stats.sequences >= SLOW.max_examples and stats.violations == 0
+
+
+#: Small budget for the sabotage runs: a failure is reported as found, not shrunk.
+SABOTAGE_BUDGET = settings(FAST, max_examples=10, stateful_step_count=20, phases=[HPhase.generate])
+
+
+@pytest.mark.parametrize(
+    "sabotage,invariant",
+    [
+        ("escrow", "solvency"),
+        ("double_pay", "paid_once"),
+        ("honest", "honest_never_loses"),
+        ("bound", "games_end"),
+        ("frozen", "finished_games_frozen"),
+    ],
+)
+def test_fuzzer_finds_a_deliberately_wrong_expectation(sabotage, invariant):
+    """Each invariant can fail: with one expectation broken on purpose, the fuzzer reports it."""
+    machine = type(f"Sabotaged_{sabotage}", (ContractMachine,), {"SABOTAGE": sabotage, "stats": Stats()})
+    with pytest.raises(Violation) as info:
+        run_state_machine_as_test(machine, settings=SABOTAGE_BUDGET)
+    assert info.value.invariant == invariant, str(info.value)
+    assert f"INVARIANT {invariant} violated" in str(info.value)
+    log.info("sabotage %s found after %d sequences, %d steps: %s", sabotage, machine.stats.sequences,
+             machine.stats.steps, info.value)
