@@ -76,7 +76,9 @@ log = logging.getLogger(__name__)
 CONFIGS = ((2, 1), (3, 2), (4, 2), (5, 2), (6, 4))
 CHEAT_KINDS = ("element", "record_length", "input_bind", "output_bind", "const_bind", "step_leaf", "initial_state")
 #: Fields of JobParams (index in Run.job_params) a bad createJob sets to zero.
-BAD_FIELDS = {"nSteps": 9, "intervalLength": 10, "challengeWindow": 13, "clock": 14}
+BAD_FIELDS = {
+    "nSteps": 9, "intervalLength": 10, "challengerBond": 12, "challengeWindow": 13, "clock": 14, "postingPeriod": 15
+}
 #: Honest sides move while at least this many seconds are left (each move costs 1-2 s; a game
 #: has at most ~16 moves per side), and clocks are at least MIN_CLOCK.
 RESERVE = 60
@@ -133,7 +135,7 @@ job_specs = st.fixed_dictionaries(
         "cheat": st.one_of(st.none(), st.sampled_from(CHEAT_KINDS)),
         "payment": amounts,
         "stake": amounts,
-        "bond": amounts,
+        "bond": st.one_of(st.sampled_from([10**18, 10**17, 1]), st.integers(1, 5 * 10**18)),  # 0: a bad field
         "window": st.sampled_from([3000, 600, 150, 601, 1000, 1001, 300, 2000, 4000, 5000, 6000, 7000, 1, 2]),
         "clock": st.integers(MIN_CLOCK, 1000),
         "client": st.integers(0, 1),
