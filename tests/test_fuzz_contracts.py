@@ -47,7 +47,9 @@ Mutation checks (run by hand on a copy, never committed), each caught within the
 unless noted: withdraw keeps the credit (solvency); Clock.expired at the deadline second
 (expectation: claimTimeout accepted one second early; caught by 60 x 30); finalize ignores open
 games (expectation); closeGame without its GameOver check (finished_games_frozen); a won game
-leaves the job Active (solvency); a closed game's bond refunded to the trainer (expectation).
+leaves the job Active (solvency); a closed game's bond refunded to the trainer (expectation);
+reclaimJob at its posting deadline second (``<`` for ``<=``: expectation, reclaim accepted at the
+deadline; caught by 10 x 20).
 """
 
 from __future__ import annotations
@@ -999,6 +1001,11 @@ FAST = settings(max_examples=10, stateful_step_count=20, **COMMON)
 SLOW = settings(max_examples=200, stateful_step_count=40, **COMMON)
 
 
+def reclaims(stats: Stats) -> int:
+    """Jobs reclaimed (successful reclaimJob calls) in ``stats``."""
+    return stats.counts["job.reclaimed"] + stats.counts["job.reclaimed.cheat"]
+
+
 def run_fuzz(name: str, budget: settings) -> Stats:
     """Runs the machine under ``budget``, records the trial and returns its counts."""
     stats = Stats()
@@ -1013,10 +1020,11 @@ def run_fuzz(name: str, budget: settings) -> Stats:
         seconds = round(time.perf_counter() - start, 1)
         security_report.record(
             "fuzz", name, stats.violations == 0, sequences=stats.sequences, steps=stats.steps,
-            checks=stats.checks, violations=stats.violations, seconds=seconds,
+            checks=stats.checks, violations=stats.violations, seconds=seconds, reclaims=reclaims(stats),
         )
-        log.info("fuzz %s: %d sequences, %d steps, %d invariant checks, %d violations, %.1f s; %s", name,
-                 stats.sequences, stats.steps, stats.checks, stats.violations, seconds, dict(stats.counts))
+        log.info("fuzz %s: %d sequences, %d steps, %d invariant checks, %d reclaims, %d violations, %.1f s; %s",
+                 name, stats.sequences, stats.steps, stats.checks, reclaims(stats), stats.violations, seconds,
+                 dict(stats.counts))
     return stats
 
 
@@ -1027,7 +1035,7 @@ def test_fuzz_contracts_small_budget():
     assert stats.counts["game.created"] + stats.counts["game.created.honest_challenger"] > 0, stats.counts
     assert stats.counts["drained"] == stats.sequences, stats.counts
     # ... and reclaims that succeed (the job's games then close with their bonds back).
-    assert stats.counts["job.reclaimed"] + stats.counts["job.reclaimed.cheat"] > 0, stats.counts
+    assert reclaims(stats) > 0, stats.counts
 
 
 @pytest.mark.slow
