@@ -5,8 +5,10 @@ The model knows, independently of the chain:
 - every job's terms, status, posted roots and open games, and so its escrow;
 - every game's chess clocks (each move charges the mover, exactly one clock runs);
 - what every account is owed, was credited in total and has withdrawn (ETH actually received);
-- who is honest: a trainer whose every posted root is the honest run's, a challenger that
-  disputes the first wrong interval of a job with the honest strategy.
+- who is honest: a trainer whose every posted root is the honest run's and that posted every
+  interval by its posting deadline (``acceptedAt + (i+1) * postingPeriod``; a trainer that let one
+  pass is *late*, and its client may ``reclaimJob``), a challenger that disputes the first wrong
+  interval of a job with the honest strategy.
 
 It predicts whether each registry call and each timeout/close succeeds and, if not, which custom
 errors may explain the revert (a set, so that the order of the contract's checks is free). Who
@@ -28,8 +30,9 @@ from game_harness import GameStatus, JobStatus, Party
 #: ``double_pay``: the model books every withdrawal twice (paid once);
 #: ``honest``: the model takes every challenger for honest (honest parties never lose);
 #: ``bound``: the model expects every game to be over after one clock instead of two (games end);
-#: ``frozen``: the model takes a game for finished after its first move (finished games frozen).
-SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen")
+#: ``frozen``: the model takes a game for finished after its first move (finished games frozen);
+#: ``reclaim``: the model credits a reclaiming client only the payment, not the stake (solvency).
+SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen", "reclaim")
 
 
 class Violation(AssertionError):
@@ -53,15 +56,39 @@ class JobModel:
     n_intervals: int
     honest_roots: list[bytes]
     honest_run: bool  # the trainer plays from the honest run
+    posting_period: int = 10_000
     status: JobStatus = JobStatus.OPEN
     posted: list[bytes] = field(default_factory=list)
     posted_at: list[int] = field(default_factory=list)
     open_games: int = 0
+    accepted_at: int | None = None
+    late: bool = False  # an interval was not posted by its deadline (seen while Active)
+    reclaimed: bool = False
+
+    @property
+    def honest_posts(self) -> bool:
+        """Plays the honest run and every root it posted is the honest one (it wins every game)."""
+        return self.honest_run and all(r == h for r, h in zip(self.posted, self.honest_roots, strict=False))
 
     @property
     def honest_trainer(self) -> bool:
-        """Honest: plays the honest run and every root it posted is the honest one."""
-        return self.honest_run and all(r == h for r, h in zip(self.posted, self.honest_roots, strict=False))
+        """Honest: honest roots, each posted by its deadline (a late trainer may be reclaimed)."""
+        return self.honest_posts and not self.late
+
+    def posting_deadline(self, index: int) -> int:
+        """Last second at which interval ``index`` is on time (the registry's ``postingDeadline``)."""
+        assert self.accepted_at is not None
+        return self.accepted_at + (index + 1) * self.posting_period
+
+    def overdue(self, now: int) -> bool:
+        """Active, an interval still to post, and its deadline passed: the client may reclaim."""
+        nxt = len(self.posted)
+        return self.status == JobStatus.ACTIVE and nxt < self.n_intervals and now > self.posting_deadline(nxt)
+
+    def see(self, now: int) -> None:
+        """Marks the trainer late once a posting deadline passed with its interval unposted."""
+        if self.overdue(now):
+            self.late = True
 
     def first_bad_interval(self) -> int | None:
         for i, root in enumerate(self.posted):
@@ -99,6 +126,7 @@ class GameModel:
     running: Party = Party.TRAINER
     started: int = 0
     moves: int = 0
+    returned: int | None = None  # wei the chain credited the challenger when the game ended
 
     def __post_init__(self) -> None:
         self.trainer_left = self.challenger_left = self.clock
@@ -239,6 +267,17 @@ class Model:
             errs.add("GamesOpen")
         return errs
 
+    def expect_reclaim(self, job: int, sender: str, now: int) -> set[str]:
+        j = self.jobs[job]
+        errs = set()
+        if sender != j.client:
+            errs.add("Unauthorized")
+        if j.status != JobStatus.ACTIVE:
+            errs.add("WrongJobStatus")
+        elif not j.overdue(now):
+            errs.add("PostingNotOverdue")
+        return errs
+
     def expect_withdraw(self, account: str) -> set[str]:
         return set() if self.ledger.owed.get(account, 0) > 0 else {"NothingOwed"}
 
@@ -295,14 +334,17 @@ class Model:
         self.ledger.credit(j.client, j.payment)
         self.touched_jobs.add(job)
 
-    def accept(self, job: int) -> None:
+    def accept(self, job: int, t: int) -> None:
         j = self.jobs[job]
         j.status = JobStatus.ACTIVE
+        j.accepted_at = t
         self.ledger.deposited += j.stake
         self.touched_jobs.add(job)
 
     def post(self, job: int, root: bytes, t: int) -> None:
         j = self.jobs[job]
+        if t > j.posting_deadline(len(j.posted)):
+            j.late = True
         j.posted.append(root)
         j.posted_at.append(t)
         self.touched_jobs.add(job)
@@ -312,6 +354,18 @@ class Model:
         j.status = JobStatus.FINALIZED
         self.ledger.credit(j.trainer, j.payment + j.stake)
         self.touched_jobs.add(job)
+
+    def reclaim(self, job: int, t: int) -> int:
+        """The client reclaimed ``job`` at ``t``: Fraudulent, client credited payment + stake;
+        its open games can only close (bond refunded). Returns the refund."""
+        j = self.jobs[job]
+        j.see(t)
+        j.status = JobStatus.FRAUDULENT
+        j.reclaimed = True
+        refund = j.payment + (0 if self.sabotage == "reclaim" else j.stake)
+        self.ledger.credit(j.client, refund)
+        self.touched_jobs.add(job)
+        return refund
 
     def withdraw(self, account: str, received: int) -> None:
         self.ledger.paid(account, received, times=2 if self.sabotage == "double_pay" else 1)

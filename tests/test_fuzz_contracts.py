@@ -1,13 +1,15 @@
 """Stateful fuzzing of JobRegistry + DisputeGame (+ the toy adjudicator) on eth-tester.
 
 A hypothesis ``RuleBasedStateMachine`` drives random sequences of: job creation (random payment,
-stake, bond, window, clock and interval count; sometimes an invalid parameter), cancel, accept
-(right and wrong stake), interval posts (the trainer's roots, honest roots, garbage, zero, out of
-order, wrong sender), challenges (honest and false challengers, several per job and per interval,
-right and wrong bond), game moves by honest and cheating actors of tests/game_harness.py (whole
-games played out; moves out of turn, by third parties and with wrong data, which must revert and
-leave the game unchanged), time jumps (to clock deadlines, window ends and game bounds, one second
-either side), claimTimeout, closeGame, finalize and withdrawals (twice).
+stake, bond, window, clock, posting period (200 s up) and interval count; sometimes an invalid
+parameter), cancel, accept (right and wrong stake), interval posts (the trainer's roots, honest
+roots, garbage, zero, out of order, wrong sender), reclaimJob (by the client, the trainer or a
+third party; sometimes one second before, at or after the next posting deadline), challenges
+(honest and false challengers, several per job and per interval, right and wrong bond), game
+moves by honest and cheating actors of tests/game_harness.py (whole games played out; moves out
+of turn, by third parties and with wrong data, which must revert and leave the game unchanged),
+time jumps (to clock deadlines, window ends and game bounds, one second either side),
+claimTimeout, closeGame, finalize and withdrawals (twice).
 
 tests/fuzz_model.py keeps a model of every job, game clock and account; every call's success or
 revert (and its custom error) is predicted. Checked after every rule:
@@ -17,18 +19,25 @@ revert (and its custom error) is predicted. Checked after every rule:
   and each touched job's record and escrowOf match the model;
 - paid_once: for every account, ETH received by withdraw + still owed == credited; received +
   owed + escrow == deposited (so withdrawing twice pays once, and nothing is paid twice);
-- honest_never_loses: a job whose trainer posted only honest roots never turns fraudulent, its
-  games are all won by the trainer; a game of an honest challenger (the first wrong interval,
-  honest strategy) never ends with the trainer winning;
+- honest_never_loses: a job whose trainer posted only honest roots, each by its posting deadline,
+  never turns fraudulent; one that posted only honest roots but late can only be reclaimed (no
+  game takes its stake), and only once its next interval is overdue on chain; an on-time trainer
+  (``on_time`` jobs: it posts before time passes its deadline) is never late; a game of an
+  honest challenger (the first wrong interval, honest strategy) never ends with the trainer
+  winning, and every finished one credited it at least its bond (``Credited`` events: a closed
+  game on a reclaimed job refunds it);
 - games_end: a live game's mover has a deadline within t0 + 2 * clock and, past it, claimTimeout
   (or closeGame on a fraudulent job) succeeds; no live game sits on a finalized or cancelled job;
 - finished_games_frozen: once over, a game rejects every move, timeout and close with GameOver;
 - clocks: each game's deadline and stopped clock match the model's chess clocks.
 
 Honest actors are diligent: before time passes, an honest side to move moves while it still has
-``RESERVE`` seconds left (an honest agent is online); dishonest actors move only when a rule says.
-Each sequence ends by draining: every game ended, every job settled, every account withdrawn, and
-the registry left holding exactly the escrow of unfinished jobs.
+``RESERVE`` seconds left (an honest agent is online), and an on-time trainer posts its next
+interval (honest root) ``RESERVE`` seconds before its posting deadline; dishonest actors move, and
+other trainers post, only when a rule says. A trainer that lets a posting deadline pass is marked
+late (``JobModel.late``) and is no longer honest as a trainer (it still defends its games).
+Each sequence ends by draining: overdue jobs reclaimed, every game ended, every job settled,
+every account withdrawn, and the registry left holding exactly the escrow of unfinished jobs.
 
 ``SABOTAGE`` (tests/fuzz_model.py) breaks one expectation on purpose: the tests below show each
 invariant fails when it should. Counts (sequences, steps, checks, violations) go to
@@ -38,7 +47,9 @@ Mutation checks (run by hand on a copy, never committed), each caught within the
 unless noted: withdraw keeps the credit (solvency); Clock.expired at the deadline second
 (expectation: claimTimeout accepted one second early; caught by 60 x 30); finalize ignores open
 games (expectation); closeGame without its GameOver check (finished_games_frozen); a won game
-leaves the job Active (solvency); a closed game's bond refunded to the trainer (expectation).
+leaves the job Active (solvency); a closed game's bond refunded to the trainer (expectation);
+reclaimJob at its posting deadline second (``<`` for ``<=``: expectation, reclaim accepted at the
+deadline; caught by 10 x 20).
 """
 
 from __future__ import annotations
@@ -141,6 +152,10 @@ job_specs = st.fixed_dictionaries(
         "client": st.integers(0, 1),
         "trainer": st.integers(0, 1),
         "one_step": st.booleans(),  # a cheating trainer asks for the ruling it will lose
+        # Short periods too, so that trainers fall behind (and are reclaimed) within a sequence.
+        "posting": st.one_of(st.sampled_from([600, 10_000, 200, 201, 1000, 3000]), st.integers(200, 20_000)),
+        "on_time": st.booleans(),  # an honest-run trainer posts each interval by its deadline
+        "posts": st.sampled_from([3, 1, 3, 0, 2]),  # intervals the initial jobs post at once (at most all)
     }
 )
 picks = st.integers(0, 99)
@@ -196,6 +211,7 @@ class ContractMachine(RuleBasedStateMachine):
         self.runs: dict[int, H.Run] = {}
         self.honest_runs: dict[int, H.Run] = {}
         self.one_step: dict[int, bool] = {}
+        self.on_time: set[int] = set()  # jobs whose (honest-run) trainer posts by every deadline
         self.trainers: dict[int, H.Trainer] = {}
         self.challengers: dict[int, H.Challenger] = {}
         self.truth: set[int] = set()
@@ -265,7 +281,7 @@ class ContractMachine(RuleBasedStateMachine):
 
     def _honest_side(self, g: GameModel, party: Party) -> bool:
         if party == Party.TRAINER:
-            return self.model.jobs[g.job].honest_trainer
+            return self.model.jobs[g.job].honest_posts  # late or not, it defends its honest roots
         return g.honest_challenger
 
     # ------------------------------------------------------------------ games
@@ -298,9 +314,15 @@ class ContractMachine(RuleBasedStateMachine):
         if ev.args.game != g.game or ev.args.job != g.job:
             raise self._violation("expectation", f"GameResolved for game {ev.args.game}, expected {g.game}")
         winner, ruling = Party(ev.args.winner), Ruling(ev.args.ruling)
+        g.returned = self._credited(receipt, g.challenger)
         self.model.resolve(g.game, winner == Party.TRAINER)
         self.stats.counts[f"game.{winner.name.lower()}_won.{ruling.name.lower()}"] += 1
         return winner, ruling
+
+    def _credited(self, receipt: Any, account: str) -> int:
+        """Wei the registry credited ``account`` in ``receipt`` (its Credited events)."""
+        evs = self.dep.registry.events.Credited().process_receipt(receipt, errors=DISCARD)
+        return sum(int(e.args.amount) for e in evs if e.args.account == account)
 
     def _move_once(self, g: GameModel, asks: bool) -> bool:
         """The side to move plays its actor's move; False when it cannot or will not. ``asks``:
@@ -346,7 +368,8 @@ class ContractMachine(RuleBasedStateMachine):
 
     def _diligence(self, horizon: int | None = None) -> int:
         """Honest sides to move whose deadline falls before ``horizon`` (default: now) +
-        ``RESERVE`` move now. Returns the time the next transaction gets."""
+        ``RESERVE`` move now, and on-time trainers post an interval whose posting deadline falls
+        there. Returns the time the next transaction gets."""
         now = self.dep.now()
         if self._diligent:
             return now
@@ -359,11 +382,26 @@ class ContractMachine(RuleBasedStateMachine):
                     if self.model.jobs[g.job].status == JobStatus.ACTIVE
                     and self._honest_side(g, g.running) and g.deadline() <= horizon + RESERVE
                 ]
-                if not urgent:
+                due = [
+                    j for j in self.model.jobs.values()
+                    if j.job in self.on_time and j.status == JobStatus.ACTIVE and j.honest_posts
+                    and len(j.posted) < j.n_intervals and j.posting_deadline(len(j.posted)) <= horizon + RESERVE
+                ]
+                if not urgent and not due:
                     return now
-                g = min(urgent, key=GameModel.deadline)
-                self._move_once(g, asks=True)  # an honest side that cannot move raises
-                self.stats.counts["move.diligent"] += 1
+                post = min(due, key=lambda j: j.posting_deadline(len(j.posted)), default=None)
+                g = min(urgent, key=GameModel.deadline, default=None)
+                if post is not None and (g is None or post.posting_deadline(len(post.posted)) <= g.deadline()):
+                    n = len(post.posted)
+                    self._post(post, post.trainer, n, post.honest_roots[n])
+                    if len(post.posted) == n:
+                        raise self._violation("honest_never_loses", f"the on-time trainer of job {post.job} cannot "
+                                              f"post interval {n} at t={now}")
+                    self.stats.counts["interval.posted.diligent"] += 1
+                else:
+                    assert g is not None
+                    self._move_once(g, asks=True)  # an honest side that cannot move raises
+                    self.stats.counts["move.diligent"] += 1
                 now = self.dep.now()
             raise self._violation("games_end", "honest sides kept moving for 200 moves")
         finally:
@@ -395,6 +433,7 @@ class ContractMachine(RuleBasedStateMachine):
             return
         if not self.dep.game.events.GameClosed().process_receipt(r, errors=DISCARD):
             raise self._violation("expectation", f"closeGame({g.game}) emitted no GameClosed")
+        g.returned = self._credited(r, g.challenger)
         self.model.close(g.game)
         self.stats.counts["game.closed"] += 1
 
@@ -406,6 +445,7 @@ class ContractMachine(RuleBasedStateMachine):
         cfg = replace(
             base_run(n_steps, k, None).cfg, payment=spec["payment"], trainer_stake=spec["stake"],
             challenger_bond=spec["bond"], challenge_window=spec["window"], clock=spec["clock"],
+            posting_period=spec["posting"],
         )
         run = replace(base_run(n_steps, k, cheat), cfg=cfg)
         honest = replace(base_run(n_steps, k, None), cfg=cfg)
@@ -425,21 +465,26 @@ class ContractMachine(RuleBasedStateMachine):
             raise self._violation("expectation", f"createJob returned job {job}, expected {len(self.model.jobs) + 1}")
         jm = JobModel(
             job, client, trainer, cfg.payment, cfg.trainer_stake, cfg.challenger_bond, cfg.challenge_window,
-            cfg.clock, cfg.n_intervals, honest.interval_roots, cheat is None,
+            cfg.clock, cfg.n_intervals, honest.interval_roots, cheat is None, cfg.posting_period,
         )
         self.model.create(jm)
         self.runs[job], self.honest_runs[job] = run, honest
         self.one_step[job] = cheat is None or spec["one_step"]
+        if cheat is None and spec["on_time"]:
+            self.on_time.add(job)
         self.stats.counts["job.created" + (".cheat" if cheat else "")] += 1
         return jm
 
     def _accept(self, j: JobModel, sender: str, value: int) -> None:
-        r, _ = self._send(
+        r, t = self._send(
             self.dep.registry.functions.acceptJob(j.job), sender,
             lambda t: self.model.expect_accept(j.job, sender, value), f"acceptJob({j.job})", value=value,
         )
         if r is not None:
-            self.model.accept(j.job)
+            self.model.accept(j.job, t)
+            d = self.dep.call(self.dep.registry.functions.postingDeadline(j.job, 0))
+            if d != j.posting_deadline(0):
+                raise self._violation("expectation", f"postingDeadline({j.job}, 0) is {d}, not {j.posting_deadline(0)}")
 
     def _post(self, j: JobModel, sender: str, index: int, root: bytes) -> None:
         r, t = self._send(
@@ -455,12 +500,13 @@ class ContractMachine(RuleBasedStateMachine):
     @initialize(specs=st.lists(job_specs, min_size=1, max_size=2), games=st.lists(challenges, min_size=1, max_size=3))
     @_step
     def ready_jobs(self, specs: list[dict[str, Any]], games: list[dict[str, Any]]) -> None:
-        """Jobs created, accepted and fully posted with the trainer's own roots; games on the first."""
+        """Jobs created, accepted and posted (mostly all intervals) with the trainer's own roots;
+        games on the first."""
         for spec in specs:
             j = self._create(spec)
             assert j is not None
             self._accept(j, j.trainer, j.stake)
-            for i in range(j.n_intervals):
+            for i in range(min(j.n_intervals, spec["posts"])):
                 self._post(j, j.trainer, i, self.runs[j.job].interval_roots[i])
         for c in games:
             g = self._challenge(self.model.jobs[1], c)
@@ -531,7 +577,7 @@ class ContractMachine(RuleBasedStateMachine):
         honest = c["honest"] and bad is not None
         if honest:
             interval = bad
-        elif c["interval"] < 3:
+        elif c["interval"] < 3 and j.posted:
             interval = c["interval"] % len(j.posted)
         else:
             interval = len(j.posted)  # not posted (yet)
@@ -680,6 +726,38 @@ class ContractMachine(RuleBasedStateMachine):
             self.model.finalize(j.job)
             self.stats.counts["job.finalized"] += 1
 
+    @precondition(lambda self: any(j.status == JobStatus.ACTIVE for j in self.model.jobs.values()))
+    @rule(i=picks, who=st.sampled_from(["client"] * 4 + ["trainer", "anyone"]), at=st.sampled_from([0, 1, None, -1]))
+    @_step
+    def reclaim(self, i: int, who: str, at: int | None) -> None:
+        """The client (sometimes the trainer or a third party) reclaims a job, mostly an Active one
+        still posting (``at``: first moves time to its next posting deadline + at; on-time
+        trainers post first)."""
+        jobs = list(self.model.jobs.values())
+        active = [x for x in jobs if x.status == JobStatus.ACTIVE]
+        j = self._pick(jobs, i, [x for x in active if len(x.posted) < x.n_intervals] or active)
+        if at is not None and j.status == JobStatus.ACTIVE and len(j.posted) < j.n_intervals:
+            self._jump_to(j.posting_deadline(len(j.posted)) + at)
+        self._reclaim(j, {"client": j.client, "trainer": j.trainer, "anyone": self.anyone}[who])
+
+    def _reclaim(self, j: JobModel, sender: str) -> None:
+        nxt = len(j.posted)
+        r, t = self._send(
+            self.dep.registry.functions.reclaimJob(j.job), sender,
+            lambda t: self.model.expect_reclaim(j.job, sender, t), f"reclaimJob({j.job})",
+        )
+        if r is None:
+            return
+        (ev,) = self.dep.registry.events.JobReclaimed().process_receipt(r, errors=DISCARD)
+        want = (j.job, nxt, j.payment + j.stake)  # the terms, not the model's (sabotaged) credit
+        if (got := (int(ev.args.job), int(ev.args.overdue), int(ev.args.refund))) != want:
+            raise self._violation("expectation", f"JobReclaimed{got}; expected {want}")
+        if (d := self.dep.call(self.dep.registry.functions.postingDeadline(j.job, nxt))) >= t:
+            raise self._violation("honest_never_loses", f"job {j.job} reclaimed at t={t}, but interval {nxt} is due "
+                                  f"by {d}")
+        self.model.reclaim(j.job, t)
+        self.stats.counts["job.reclaimed" + ("" if j.honest_posts else ".cheat")] += 1
+
     @precondition(lambda self: self.model.ledger.total_owed)
     @rule(i=picks, twice=st.booleans())
     @_step
@@ -718,11 +796,15 @@ class ContractMachine(RuleBasedStateMachine):
     play_out_again = play_out
     bad_move_again = bad_move
     claim_timeout_again = claim_timeout
+    reclaim_again = reclaim
 
     # ------------------------------------------------------------------ invariants
 
     @invariant()
     def invariants(self) -> None:
+        now = self.dep.now()
+        for j in self.model.jobs.values():
+            j.see(now)
         self.check_solvency(full=False)
         self.check_paid_once()
         self.check_honest_never_loses()
@@ -787,12 +869,21 @@ class ContractMachine(RuleBasedStateMachine):
         m = self.model
         for j in m.jobs.values():
             if j.honest_trainer and j.status == JobStatus.FRAUDULENT:
+                raise self._violation("honest_never_loses", f"job {j.job}'s trainer posted only honest roots, each "
+                                      "on time, and lost its stake (job Fraudulent)")
+            if j.honest_posts and j.status == JobStatus.FRAUDULENT and not j.reclaimed:
                 raise self._violation("honest_never_loses", f"job {j.job}'s trainer posted only honest roots and "
-                                      "lost its stake (job Fraudulent)")
+                                      "lost a game")
+            if j.job in self.on_time and j.honest_posts and j.late:
+                raise self._violation("honest_never_loses", f"the on-time trainer of job {j.job} missed a posting "
+                                      "deadline")
         for g in m.games.values():
             if m.claims_honest_challenger(g) and g.status == GameStatus.TRAINER_WON:
                 raise self._violation("honest_never_loses", f"the honest challenger of game {g.game} (job {g.job}, "
                                       f"interval {g.interval}) lost its bond")
+            if g.honest_challenger and not g.live and (g.returned or 0) < m.jobs[g.job].bond:
+                raise self._violation("honest_never_loses", f"the honest challenger of game {g.game} "
+                                      f"({g.status.name}) got {g.returned} wei back, less than its bond")
 
     def check_games_end(self) -> None:
         self.stats.checks += 1
@@ -848,6 +939,11 @@ class ContractMachine(RuleBasedStateMachine):
         """Ends every game, settles every job that can be, withdraws everything; then the
         registry holds exactly the escrow of the jobs left Open-less and unfinished."""
         d, m = self.dep, self.model
+        now = self._diligence()
+        for j in list(m.jobs.values()):
+            if j.overdue(now):
+                self._reclaim(j, j.client)
+        self.check_solvency(full=False)  # the reclaims' credits, before anything is withdrawn
         for _ in range(4 * len(m.games) + 10):
             live = m.live_games()
             if not live:
@@ -905,6 +1001,11 @@ FAST = settings(max_examples=10, stateful_step_count=20, **COMMON)
 SLOW = settings(max_examples=200, stateful_step_count=40, **COMMON)
 
 
+def reclaims(stats: Stats) -> int:
+    """Jobs reclaimed (successful reclaimJob calls) in ``stats``."""
+    return stats.counts["job.reclaimed"] + stats.counts["job.reclaimed.cheat"]
+
+
 def run_fuzz(name: str, budget: settings) -> Stats:
     """Runs the machine under ``budget``, records the trial and returns its counts."""
     stats = Stats()
@@ -919,10 +1020,11 @@ def run_fuzz(name: str, budget: settings) -> Stats:
         seconds = round(time.perf_counter() - start, 1)
         security_report.record(
             "fuzz", name, stats.violations == 0, sequences=stats.sequences, steps=stats.steps,
-            checks=stats.checks, violations=stats.violations, seconds=seconds,
+            checks=stats.checks, violations=stats.violations, seconds=seconds, reclaims=reclaims(stats),
         )
-        log.info("fuzz %s: %d sequences, %d steps, %d invariant checks, %d violations, %.1f s; %s", name,
-                 stats.sequences, stats.steps, stats.checks, stats.violations, seconds, dict(stats.counts))
+        log.info("fuzz %s: %d sequences, %d steps, %d invariant checks, %d reclaims, %d violations, %.1f s; %s",
+                 name, stats.sequences, stats.steps, stats.checks, reclaims(stats), stats.violations, seconds,
+                 dict(stats.counts))
     return stats
 
 
@@ -932,6 +1034,8 @@ def test_fuzz_contracts_small_budget():
     # The budget reaches games that end (not only reverts): a sequence that never plays is no test.
     assert stats.counts["game.created"] + stats.counts["game.created.honest_challenger"] > 0, stats.counts
     assert stats.counts["drained"] == stats.sequences, stats.counts
+    # ... and reclaims that succeed (the job's games then close with their bonds back).
+    assert reclaims(stats) > 0, stats.counts
 
 
 @pytest.mark.slow
@@ -953,6 +1057,7 @@ SABOTAGE_BUDGET = settings(FAST, max_examples=10, stateful_step_count=20, phases
         ("honest", "honest_never_loses"),
         ("bound", "games_end"),
         ("frozen", "finished_games_frozen"),
+        ("reclaim", "solvency"),
     ],
 )
 def test_fuzzer_finds_a_deliberately_wrong_expectation(sabotage, invariant):
