@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
+import {ContractActor} from "contracts/test/ContractActor.sol";
+
 /// @title ReentrantCaller
 /// @notice Test actor that plays any role (client, trainer, challenger) through `exec` and, when
 ///         paid, re-enters any contract with a configured call (withdraw, finalize, claimTimeout,
 ///         challenge, ...) once per payment, recording what happened.
-contract ReentrantCaller {
+contract ReentrantCaller is ContractActor {
     /// @notice Contract re-entered on payment (zero: no re-entry).
     address public reentryTarget;
     /// @notice Calldata of the re-entry.
@@ -28,20 +30,6 @@ contract ReentrantCaller {
     function setReentry(address target, bytes calldata data) external {
         reentryTarget = target;
         reentryData = data;
-    }
-
-    /// @notice Calls `target` with `data` and the value sent, bubbling up a revert.
-    /// @param target Contract to call.
-    /// @param data Calldata.
-    /// @return result The call's return data.
-    function exec(address target, bytes calldata data) external payable returns (bytes memory result) {
-        bool ok;
-        (ok, result) = target.call{value: msg.value}(data);
-        if (!ok) {
-            assembly {
-                revert(add(result, 32), mload(result))
-            }
-        }
     }
 
     /// @notice Takes a payout and, when armed, re-enters the target with the stored call.

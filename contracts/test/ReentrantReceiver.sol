@@ -2,11 +2,12 @@
 pragma solidity 0.8.28;
 
 import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
+import {ContractActor} from "contracts/test/ContractActor.sol";
 
 /// @title ReentrantReceiver
 /// @notice Test actor that plays any role (client, trainer, challenger) through `exec` and, when
 ///         paid, tries to re-enter `JobRegistry.withdraw` once, recording what happened.
-contract ReentrantReceiver {
+contract ReentrantReceiver is ContractActor {
     /// @notice Thrown by `receive` while `rejectPayments` is set.
     error PaymentRejected();
 
@@ -30,17 +31,6 @@ contract ReentrantReceiver {
     /// @notice Makes this contract refuse (true) or accept (false) payments.
     function setRejectPayments(bool reject) external {
         rejectPayments = reject;
-    }
-
-    /// @notice Calls `target` with `data` and the value sent, bubbling up a revert.
-    function exec(address target, bytes calldata data) external payable returns (bytes memory result) {
-        bool ok;
-        (ok, result) = target.call{value: msg.value}(data);
-        if (!ok) {
-            assembly {
-                revert(add(result, 32), mload(result))
-            }
-        }
     }
 
     /// @notice Records the payment and tries to re-enter `registry.withdraw()` once.
