@@ -8,7 +8,7 @@ import {RoundingRule} from "contracts/lib/RoundingRule.sol";
 /// @title Transcendental
 /// @notice Rigorous enclosures of exp, log and tanh of one FP32 value, in integer arithmetic
 ///         (docs/numerics.md, "Transcendental ops on-chain"; mirrored bit for bit by
-///         `vtrain/transcendental.py`). Deployed by the Adjudicator's constructor and called with a
+///         `vtrain/numerics/transcendental.py`). Deployed by the Adjudicator's constructor and called with a
 ///         staticcall, so the Adjudicator's runtime code stays small.
 /// @dev Fixed point: `X` stands for `X * 2^-F`, F = 120. Every rounding is directed and every
 ///      truncated series carries a bound of its tail, so the exact value lies in `[lo, hi]`; the

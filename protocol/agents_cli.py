@@ -260,7 +260,7 @@ def agent_options(f):
 def load_spec(path: Path):
     """The spec file (JSON, or TOML for ``*.toml``), or a ClickException naming the problem."""
     from vtrain.errors import VtrainError
-    from vtrain.spec import TrainSpec
+    from vtrain.training.spec import TrainSpec
 
     try:
         return TrainSpec.from_file(path)
@@ -340,7 +340,7 @@ def attach_with_abis(chain, d, abis: dict[str, list]):
 
 def save_deployment(proto, path: Path) -> None:
     """The deployment file with the deployed contracts' ABIs (``attach_with_abis`` reads them)."""
-    from vtrain.rundir import atomic_write
+    from vtrain.training.rundir import atomic_write
 
     d = {
         **proto.deployment.__dict__,
@@ -1061,7 +1061,7 @@ def caching_reader(inner):
 def _why(agent, interval: int) -> str:
     if not agent.honest:
         return "without cause"
-    from vtrain.commit import interval_root
+    from vtrain.commit.roots import interval_root
 
     first, n = agent.ctx.interval_span(interval)
     posted = bytes(agent.proto.chain.call(agent.proto.registry.functions.getInterval(agent.job_id, interval))[0])

@@ -20,25 +20,25 @@ from protocol.deploy import Protocol
 from protocol.game import PARTY_CHALLENGER, ChallengerStrategy, StepBook
 from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactReader, ArtifactStore, ArtifactUnavailable, StepRecord
-from vtrain.commit import LogEntry, interval_root, state_root
+from vtrain.commit.roots import LogEntry, interval_root, state_root
+from vtrain.commit.trace import StepTrace
 from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
-from vtrain.exact import Partial
-from vtrain.executor import state_tensors
-from vtrain.graph import OpNode
-from vtrain.logfile import decode_step_log
-from vtrain.rundir import atomic_write
-from vtrain.trace import StepTrace
-from vtrain.train import component_roots, replay_steps, step_log_root_of
+from vtrain.graph.executor import state_tensors
+from vtrain.graph.step_graph import OpNode
+from vtrain.numerics.exact import Partial
+from vtrain.numerics.logfile import decode_step_log
+from vtrain.training.loop import component_roots, replay_steps, step_log_root_of
+from vtrain.training.rundir import atomic_write
 
 log = logging.getLogger(__name__)
 
 
 def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = None):
-    """Resolver factory for :func:`vtrain.numerics.apply_log`: keep the trainer's value where the
-    contract would uphold it, else take the exact rounding (``vtrain.exact``; EXP LOG TANH: the
+    """Resolver factory for :func:`vtrain.numerics.rounding.apply_log`: keep the trainer's value where the
+    contract would uphold it, else take the exact rounding (``vtrain.numerics.exact``; EXP LOG TANH: the
     value at 400 bits, mpmath, whose RN32 is the correctly rounded result). Every overruled element
     (op, index) is appended to ``overruled``."""
-    from vtrain.exact import UnsupportedOp, exact_value, judge_element, rn32
+    from vtrain.numerics.exact import UnsupportedOp, exact_value, judge_element, rn32
 
     descs = ctx.graph.descriptors
 

@@ -361,7 +361,7 @@ class Deployment:
     chain_id: int
 
     def save(self, path: Path) -> None:
-        from vtrain.rundir import atomic_write
+        from vtrain.training.rundir import atomic_write
 
         atomic_write(Path(path), json.dumps(self.__dict__, indent=2).encode())
 

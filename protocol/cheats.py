@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from vtrain.errors import GraphError
-from vtrain.executor import StepLog, StepResult
-from vtrain.graph import Graph, OpKind, OpNode, bits_f32
-from vtrain.numerics import Code, OpLog
-from vtrain.spec import TrainSpec, build_job
-from vtrain.train import Cheat
+from vtrain.graph.executor import StepLog, StepResult
+from vtrain.graph.step_graph import Graph, OpKind, OpNode, bits_f32
+from vtrain.numerics.rounding import Code, OpLog
+from vtrain.training.loop import Cheat
+from vtrain.training.spec import TrainSpec, build_job
 
 
 @dataclass

@@ -28,7 +28,7 @@ from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactStore
 from protocol.trainer import TrainerAgent
 from vtrain.errors import VtrainError
-from vtrain.spec import TrainSpec
+from vtrain.training.spec import TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def check_cheat(model: str, cheat: str) -> None:
 
 def default_spec(model: str = "mlp") -> TrainSpec:
     if model == "gpt":
-        from vtrain.nn import GPTConfig
+        from vtrain.models.nn import GPTConfig
 
         return TrainSpec(
             model="gpt",

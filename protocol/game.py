@@ -13,11 +13,11 @@ import numpy as np
 
 from protocol.jobs import JobContext
 from protocol.store import StepRecord
-from vtrain.commit import CHUNK_ELEMS, chunk_bytes, interval_tree, roots_tree
-from vtrain.exact import Partial, element_partials, first_wrong_chunk, is_chunked
-from vtrain.graph import OpKind
-from vtrain.merkle import MerkleTree
-from vtrain.trace import StepTrace, op_log_entries
+from vtrain.commit.merkle import MerkleTree
+from vtrain.commit.roots import CHUNK_ELEMS, chunk_bytes, interval_tree, roots_tree
+from vtrain.commit.trace import StepTrace, op_log_entries
+from vtrain.graph.step_graph import OpKind
+from vtrain.numerics.exact import Partial, element_partials, first_wrong_chunk, is_chunked
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from vtrain.commit import dataset_root, dataset_tree, spec_hash
-from vtrain.merkle import MerkleTree
-from vtrain.spec import Job, TrainSpec, build_job
-from vtrain.trace import GraphCommitment
-from vtrain.train import initial_commitment
+from vtrain.commit.merkle import MerkleTree
+from vtrain.commit.roots import dataset_root, dataset_tree, spec_hash
+from vtrain.commit.trace import GraphCommitment
+from vtrain.training.loop import initial_commitment
+from vtrain.training.spec import Job, TrainSpec, build_job
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from protocol.deploy import Protocol, deploy
 from protocol.game import PHASE_NAMES, STATUS_IN_PROGRESS, GameView
 from protocol.jobs import JobContext, Terms
 from vtrain.errors import VtrainError
-from vtrain.rundir import atomic_write
+from vtrain.training.rundir import atomic_write
 
 #: Short terms for a dev node: the orchestrator moves the clock anyway.
 DEMO_TERMS = Terms(challenge_window=600, clock=300)

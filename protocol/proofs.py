@@ -9,7 +9,7 @@ Encoding (docs/protocol.md, "One-step proof encoding"; Adjudicator's NatSpec)::
 Each opening is a *range opening* of an RFC 9162 tree: the data of consecutive leaves plus the
 roots of the maximal subtrees outside the range, depth-first, left to right (see
 ``contracts/lib/TensorProof.sol``). Input openings hold whole 64-element chunks, in the order of
-:func:`vtrain.exact.reads`; the log opening holds the two adjacent log leaves around the
+:func:`vtrain.numerics.exact.reads`; the log opening holds the two adjacent log leaves around the
 element's key.
 """
 
@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from vtrain.commit import (
+from vtrain.commit.merkle import MerkleTree
+from vtrain.commit.roots import (
     CHUNK_ELEMS,
     LogEntry,
     decode_log_leaf,
     op_log_leaves,
 )
-from vtrain.exact import DATA_INPUT, DataContext, OpDesc, Read, chunk_reads, reads
-from vtrain.merkle import MerkleTree
+from vtrain.numerics.exact import DATA_INPUT, DataContext, OpDesc, Read, chunk_reads, reads
 
 __all__ = [
     "CHUNK_PROOF_TYPES",
@@ -126,7 +126,7 @@ def build_element_proof(
 ) -> bytes:
     """The ``proof`` argument of ``Adjudicator.adjudicate`` for output element ``index``.
 
-    ``descriptor`` is the encoded descriptor (or an :class:`~vtrain.exact.OpDesc`), ``inputs``
+    ``descriptor`` is the encoded descriptor (or an :class:`~vtrain.numerics.exact.OpDesc`), ``inputs``
     the op's input tensors (float32, descriptor order), ``log_entries`` the op's rounding log.
     DATA ops also need ``dataset`` (``[nSamples, L]`` float32), ``seed`` (32 bytes) and ``step``.
     """
@@ -171,7 +171,7 @@ def _range_opening(trees: _Trees, r: Read) -> tuple[bytes, list[bytes]]:
 
 def build_chunk_proof(descriptor: Any, inputs: Sequence[np.ndarray], index: int, chunk: int) -> bytes:
     """``ChunkAdjudicator.checkChunk``'s proof for chunk ``chunk`` of element ``index`` of a long
-    reduction: ``abi.encode(Opening[])`` of the reads of :func:`vtrain.exact.chunk_reads`."""
+    reduction: ``abi.encode(Opening[])`` of the reads of :func:`vtrain.numerics.exact.chunk_reads`."""
     from eth_abi import encode
 
     trees = _Trees(inputs)

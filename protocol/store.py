@@ -12,7 +12,7 @@ Every read is verified: a blob must hash to its name, a step record's state root
 of its components, an index's size must match its blob. :class:`ArtifactStore` reads and writes a
 local folder; :func:`serve_store` serves the same layout read-only over HTTP and
 :class:`HttpArtifactReader` reads it with the same API. Rounding-log bytes are opaque here (their
-format belongs to ``vtrain.logfile``); checkpoints are safetensors bytes made by
+format belongs to ``vtrain.numerics.logfile``); checkpoints are safetensors bytes made by
 :func:`save_checkpoint`.
 """
 
@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from vtrain.commit import state_root as _state_root
-from vtrain.commit import step_leaf
+from vtrain.commit.roots import state_root as _state_root
+from vtrain.commit.roots import step_leaf
 from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
 from vtrain.types import Digest, Root
 

@@ -17,12 +17,12 @@ from protocol.deploy import Protocol
 from protocol.game import PARTY_TRAINER, StepBook, TrainerStrategy
 from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactStore, StepRecord
-from vtrain.commit import interval_root
+from vtrain.commit.roots import interval_root
+from vtrain.commit.trace import StepTrace
 from vtrain.errors import CorruptArtifact, MissingArtifact
-from vtrain.executor import state_tensors
-from vtrain.logfile import decode_step_log, encode_step_log
-from vtrain.trace import StepTrace
-from vtrain.train import Cheat, train_steps
+from vtrain.graph.executor import state_tensors
+from vtrain.numerics.logfile import decode_step_log, encode_step_log
+from vtrain.training.loop import Cheat, train_steps
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vtrain.commit import tensor_root, tensor_tree  # noqa: E402
-from vtrain.merkle import chunked_root  # noqa: E402
+from vtrain.commit.merkle import chunked_root  # noqa: E402
+from vtrain.commit.roots import tensor_root, tensor_tree  # noqa: E402
 
 
 def best_of(repeat: int, fn: Callable[[], Any]) -> float:
@@ -102,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
 def trace_regeneration_times() -> tuple[float, float]:
     """(one certified training step, one trace regeneration incl. every op root and the trace tree)
     for a small GPT, measured in this run. A trace is regenerated from the step's input state."""
-    from vtrain.executor import StepExecutor, state_tensors
-    from vtrain.nn import GPTConfig
-    from vtrain.optim import AdamWConfig
-    from vtrain.spec import TrainSpec, build_job
-    from vtrain.trace import StepTrace
-    from vtrain.train import batch_for
+    from vtrain.commit.trace import StepTrace
+    from vtrain.graph.executor import StepExecutor, state_tensors
+    from vtrain.models.nn import GPTConfig
+    from vtrain.models.optim import AdamWConfig
+    from vtrain.training.loop import batch_for
+    from vtrain.training.spec import TrainSpec, build_job
 
     job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
                               gpt=GPTConfig(vocab=32, context=32, n_layer=2, n_head=4, d_model=64)))

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from protocol.build import load_artifact  # noqa: E402
 from protocol.proofs import build_element_proof  # noqa: E402
-from vtrain import exact  # noqa: E402
-from vtrain.commit import LogEntry, dataset_root, op_log_root, tensor_root  # noqa: E402
-from vtrain.graph import OpKind as K  # noqa: E402
+from vtrain.commit.roots import LogEntry, dataset_root, op_log_root, tensor_root  # noqa: E402
+from vtrain.graph.step_graph import OpKind as K  # noqa: E402
+from vtrain.numerics import exact  # noqa: E402
 
 TX_GAS_CAP = 16_777_216
 SEED = hashlib.sha256(b"bench seed").digest()
@@ -256,8 +256,8 @@ def gpt_cases() -> list[tuple[str, BenchCase | None]]:
     transcendental adjudication lands: then they are measured here too) and the bind kinds."""
     from protocol.demo import default_spec
     from protocol.jobs import JobContext
-    from vtrain.executor import state_tensors
-    from vtrain.train import train_steps
+    from vtrain.graph.executor import state_tensors
+    from vtrain.training.loop import train_steps
 
     _one_torch_thread()
     ctx = JobContext.of(default_spec("gpt"))

@@ -44,16 +44,16 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-import vtrain.executor as vexec  # noqa: E402
-from vtrain.executor import state_tensors  # noqa: E402
-from vtrain.logfile import _HEADER as LOG_HEADER  # noqa: E402
-from vtrain.logfile import encode_step_log  # noqa: E402
-from vtrain.nn import GPTConfig, MLPConfig  # noqa: E402
-from vtrain.numerics import Mode  # noqa: E402
-from vtrain.optim import AdamWConfig, SGDConfig  # noqa: E402
-from vtrain.spec import Job, TrainSpec, build_job  # noqa: E402
+import vtrain.graph.executor as vexec  # noqa: E402
+from vtrain.graph.executor import state_tensors  # noqa: E402
+from vtrain.models.nn import GPTConfig, MLPConfig  # noqa: E402
+from vtrain.models.optim import AdamWConfig, SGDConfig  # noqa: E402
+from vtrain.numerics.logfile import _HEADER as LOG_HEADER  # noqa: E402
+from vtrain.numerics.logfile import encode_step_log  # noqa: E402
+from vtrain.numerics.rounding import Mode  # noqa: E402
 from vtrain.torch_ref import executor_for  # noqa: E402
-from vtrain.train import batch_for, component_roots  # noqa: E402
+from vtrain.training.loop import batch_for, component_roots  # noqa: E402
+from vtrain.training.spec import Job, TrainSpec, build_job  # noqa: E402
 
 MODES = ["fp32", "round-nolog", "certified", "paper"]
 

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vtrain import commit as C  # noqa: E402
-from vtrain.merkle import MerkleTree, leaf_hash  # noqa: E402
+from vtrain.commit import roots as C  # noqa: E402
+from vtrain.commit.merkle import MerkleTree, leaf_hash  # noqa: E402
 
 VECTORS_DIR = ROOT / "tests" / "vectors"
 

@@ -15,7 +15,7 @@ The run is synthetic: every non-bind op output is a pseudo-random FP32 tensor de
 ``(step, op, input roots)`` (:func:`synth_output`), so the toy adjudicator's truth for an element
 is a function of the agreed inputs (:class:`Oracle`), as the real adjudicator's would be.
 INPUT/OUTPUT/CONST ops are real binds to the state and constant roots. Commitments (tensor,
-state, step leaf, interval, log, trace and graph trees) are :mod:`vtrain.commit`'s.
+state, step leaf, interval, log, trace and graph trees) are :mod:`vtrain.commit.roots`'s.
 
 :func:`gas_per_move` plays one full game and returns the gas used per move type
 (``scripts/bench_gas.py`` calls it).
@@ -39,8 +39,8 @@ from web3 import EthereumTesterProvider, Web3
 from web3.logs import DISCARD
 
 from protocol.build import load_artifact
-from vtrain import commit as C
-from vtrain.merkle import MerkleTree
+from vtrain.commit import roots as C
+from vtrain.commit.merkle import MerkleTree
 
 #: Gas limit sent with every transaction (below the 2^24 per-transaction cap).
 TX_GAS = 16_000_000
@@ -1101,7 +1101,7 @@ def long_graph(k: int, rows: int = 2, cols: int = 3, bias: bool = True) -> Graph
 
 def honest_reduction(desc: bytes, inputs: Sequence[np.ndarray], numel: int) -> np.ndarray:
     """Every output element of a MATMUL/SUM/MEAN rounded to nearest from its exact value."""
-    from vtrain import exact as X
+    from vtrain.numerics import exact as X
 
     bits = []
     for i in range(numel):
@@ -1144,7 +1144,7 @@ def op_log(run: Run, s: int, j: int) -> list[C.LogEntry]:
 
 def posted_partials(dep: Deployment, gid: int) -> list[Any]:
     """The partials of the game's PartialsPosted event."""
-    from vtrain.exact import Partial
+    from vtrain.numerics.exact import Partial
 
     ev = dep.events(dep.game, "PartialsPosted", game=gid)[-1]
     return [Partial.of(p) for p in ev.partials]
@@ -1172,7 +1172,7 @@ class ChunkTrainer(Trainer):
         return self.run.graph.descriptors[j], [rec.outputs[i] for i in self.run.graph.ops[j].inputs]
 
     def partials(self, v: dict[str, Any]) -> list[Any]:
-        from vtrain import exact as X
+        from vtrain.numerics import exact as X
 
         desc, ins = self.tensors(v)
         p = X.element_partials(desc, ins, v["index"])
@@ -1180,7 +1180,7 @@ class ChunkTrainer(Trainer):
 
     def move(self, gid: int, v: dict[str, Any]) -> bool:
         from protocol.proofs import build_chunk_proof, build_log_proof
-        from vtrain import exact as X
+        from vtrain.numerics import exact as X
 
         g = self.dep.game.functions
         phase = v["phase"]
@@ -1207,7 +1207,7 @@ class ChunkChallenger(HonestChallenger):
     whose partial differs from its recomputation at the posted scale, else accepts."""
 
     def move(self, gid: int, v: dict[str, Any]) -> bool:
-        from vtrain import exact as X
+        from vtrain.numerics import exact as X
 
         if v["phase"] != Phase.PARTIALS:
             return super().move(gid, v)

@@ -1,5 +1,5 @@
-"""Adjudicator (Solidity) against vtrain.exact: random elements of every supported op kind, the
-honest trainer's claims (vtrain.executor + vtrain.numerics), tampered claims, log abuse, forged
+"""Adjudicator (Solidity) against vtrain.numerics.exact: random elements of every supported op kind, the
+honest trainer's claims (vtrain.graph.executor + vtrain.numerics.rounding), tampered claims, log abuse, forged
 explicit values and forged proofs."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from revert_helpers import error_table, expect_revert
 import nodes
 from protocol.build import load_artifact
 from protocol.proofs import build_element_proof, element_openings, encode_proof, log_opening, range_siblings
-from vtrain import exact
-from vtrain.commit import LogEntry, dataset_root, op_log_leaves, op_log_root, sample_index
+from vtrain.commit.merkle import MerkleTree
+from vtrain.commit.roots import LogEntry, dataset_root, op_log_leaves, op_log_root, sample_index
 from vtrain.errors import NonFiniteValue
-from vtrain.executor import _compute_fp64, _move
-from vtrain.graph import LOGGING_KINDS, ROUNDING_KINDS, OpKind, OpNode
-from vtrain.merkle import MerkleTree
-from vtrain.numerics import round_output
+from vtrain.graph.executor import _compute_fp64, _move
+from vtrain.graph.step_graph import LOGGING_KINDS, ROUNDING_KINDS, OpKind, OpNode
+from vtrain.numerics import exact
+from vtrain.numerics.rounding import round_output
 
 CALL_GAS = 16_000_000
 SEED = hashlib.sha256(b"test seed").digest()
@@ -143,7 +143,7 @@ def entry_for(entries: list[LogEntry], index: int) -> LogEntry | None:
 
 
 def check(adj, case: Case, index: int, claimed: int, entries: list[LogEntry]) -> bool:
-    """The contract's ruling, asserted equal to vtrain.exact's."""
+    """The contract's ruling, asserted equal to vtrain.numerics.exact's."""
     want = exact.judge_element(case.desc, case.inputs, index, claimed, entry_for(entries, index), case.data)
     got = on_chain(adj, case, index, claimed, entries)
     assert got == want, (case.desc, index, hex(claimed), entries)
@@ -331,7 +331,7 @@ def make_case(kind: OpKind, rng: np.random.Generator) -> Case:
 
 
 # ---------------------------------------------------------------------------------------------
-# The honest trainer (vtrain.executor's FP64 compute + vtrain.numerics' rounding and log)
+# The honest trainer (vtrain.graph.executor's FP64 compute + vtrain.numerics.rounding' rounding and log)
 
 
 def honest(case: Case, index: int) -> tuple[int, list[LogEntry]] | None:
@@ -364,7 +364,7 @@ def honest(case: Case, index: int) -> tuple[int, list[LogEntry]] | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Random elements of every op kind: contract == vtrain.exact, honest claims pass
+# Random elements of every op kind: contract == vtrain.numerics.exact, honest claims pass
 
 
 def variant(rng, case: Case, index: int, claimed: int, entries: list[LogEntry]) -> tuple[int, list[LogEntry]]:

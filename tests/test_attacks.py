@@ -510,7 +510,7 @@ def _step_opening(tr: H.Trainer, v: dict[str, Any], which: int, f: Callable[[Any
 
 
 def _chunk(tr: H.Trainer, v: dict[str, Any]) -> bytes:
-    import vtrain.commit as C
+    import vtrain.commit.roots as C
 
     return C.chunk_bytes(tr.step_of(v).outputs[v["op"]], v["lo"])
 
@@ -665,8 +665,8 @@ def test_forged_one_step_proof_reverts_at_the_adjudicator(adjudicator, name):
     from revert_helpers import expect_revert
 
     from protocol.proofs import element_openings, encode_proof, range_siblings
-    from vtrain.commit import LogEntry, op_log_leaves
-    from vtrain.merkle import MerkleTree
+    from vtrain.commit.merkle import MerkleTree
+    from vtrain.commit.roots import LogEntry, op_log_leaves
 
     with trial(f"adjudicator-{name}"):
         case = TA.basic_case()

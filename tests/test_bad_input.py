@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 
 from protocol.cli import main
 from vtrain.errors import DatasetError, SpecError
-from vtrain.spec import TrainSpec
+from vtrain.training.spec import TrainSpec
 
 #: A run small enough to train in a moment.
 TINY = ["--steps", "2", "--interval", "1", "--batch-size", "4", "--hidden", "8"]
@@ -154,7 +154,7 @@ def test_spec_file_that_is_not_text(tmp_path: Path) -> None:
 
 
 def test_dataset_of_the_wrong_shape_for_the_model(tmp_path: Path) -> None:
-    from vtrain.spec import build_job
+    from vtrain.training.spec import build_job
 
     with pytest.raises(DatasetError, match="64 features.*n_in is 10"):
         build_job(TrainSpec.from_dict({**GOOD, "mlp": {"n_in": 10}}))
@@ -245,7 +245,7 @@ def test_replay_options_out_of_range(copy: Path, tmp_path: Path) -> None:
 
 def test_a_torn_last_roots_line_is_cut_off_not_fatal(copy: Path) -> None:
     """A crash mid-append leaves part of a line without its newline: it is not a record."""
-    from vtrain.rundir import RunDir
+    from vtrain.training.rundir import RunDir
 
     roots = copy / "roots.jsonl"
     whole = roots.read_bytes()
@@ -262,7 +262,7 @@ def test_a_torn_last_roots_line_is_cut_off_not_fatal(copy: Path) -> None:
 
 @pytest.mark.parametrize("fail_at", ["write", "fsync", "replace"])
 def test_interrupted_atomic_write_keeps_the_old_file(tmp_path: Path, monkeypatch, fail_at: str) -> None:
-    from vtrain import rundir
+    from vtrain.training import rundir
 
     target = tmp_path / "deployment.json"
     target.write_bytes(b"old contents")
@@ -304,8 +304,8 @@ def test_interrupted_atomic_write_keeps_the_old_file(tmp_path: Path, monkeypatch
 def test_every_user_file_writer_is_atomic(tmp_path: Path, monkeypatch) -> None:
     """Checkpoints, logs, spec and deployment files: a crash at the rename keeps the old file."""
     from protocol.chain import Deployment
-    from vtrain import rundir
-    from vtrain.spec import build_job
+    from vtrain.training import rundir
+    from vtrain.training.spec import build_job
 
     spec = TrainSpec(steps=2, interval=1, batch_size=4)
     rd = rundir.RunDir(tmp_path / "run")

@@ -1,7 +1,7 @@
 """The chunk level of long reductions (issue 8, part 2): MATMUL/SUM/MEAN elements of more than
 MAX_DIRECT_TERMS terms are ruled from the trainer's per-chunk partial sums (DisputeGame
 postPartials / disputeChunk / acceptPartials / settlePartials, ChunkAdjudicator, ChunkedSum),
-mirrored by vtrain.exact. Games run on eth-tester with the real contracts and real Merkle proofs;
+mirrored by vtrain.numerics.exact. Games run on eth-tester with the real contracts and real Merkle proofs;
 the long ops compute their real semantics (tests/game_harness.py ``simulate_real``)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import game_harness as H
 import numpy as np
 import pytest
 
-from vtrain import exact as X
-from vtrain.graph import OpKind
+from vtrain.graph.step_graph import OpKind
+from vtrain.numerics import exact as X
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,8 @@ def test_chunk_reads_cover_the_terms_once() -> None:
 def test_models_with_long_reductions_are_disputable() -> None:
     """A model whose weight gradients sum over more than MAX_DIRECT_TERMS batch rows: every
     reduction fits the accumulator and the long ones go through the chunk level."""
-    from vtrain.spec import TrainSpec, build_job
-    from vtrain.trace import op_descriptors
+    from vtrain.commit.trace import op_descriptors
+    from vtrain.training.spec import TrainSpec, build_job
 
     g = build_job(TrainSpec(model="mlp", batch_size=5000)).graph
     descs = [d for op, d in zip(g.ops, op_descriptors(g), strict=True) if op.kind in (30, 31, 32)]
@@ -340,8 +340,8 @@ def test_agents_play_the_chunk_level_on_a_long_weight_gradient() -> None:
     from protocol.jobs import JobContext, Terms
     from protocol.store import ArtifactStore
     from protocol.trainer import TrainerAgent
-    from vtrain.spec import TrainSpec
-    from vtrain.train import Cheat
+    from vtrain.training.loop import Cheat
+    from vtrain.training.spec import TrainSpec
 
     @dataclass
     class NudgeLongMatmul(Cheat):

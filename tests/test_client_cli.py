@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from protocol.cli import main
-from vtrain.spec import TrainSpec
+from vtrain.training.spec import TrainSpec
 
 pytestmark = pytest.mark.node
 

@@ -1,4 +1,4 @@
-"""vtrain.commit: the commitment format of docs/protocol.md, and the shared vectors."""
+"""vtrain.commit.roots: the commitment format of docs/protocol.md, and the shared vectors."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from pymerkle import InmemoryTree
 
-from vtrain import commit as C
+from vtrain.commit import roots as C
+from vtrain.commit.merkle import EMPTY_ROOT, InclusionProof, MerkleTree, leaf_hash, verify_inclusion
 from vtrain.errors import InvalidProof
-from vtrain.merkle import EMPTY_ROOT, InclusionProof, MerkleTree, leaf_hash, verify_inclusion
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = ROOT / "tests" / "vectors"

@@ -1,4 +1,4 @@
-"""Float32 / ExactSum / RoundingRule (Solidity) against vtrain.exact, and vtrain.exact against
+"""Float32 / ExactSum / RoundingRule (Solidity) against vtrain.numerics.exact, and vtrain.numerics.exact against
 numpy's IEEE casts: RNE with ties, subnormals, exponent extremes, signed zero and overflow."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from web3 import Web3
 
 import nodes
 from protocol.build import load_artifact
-from vtrain import exact
 from vtrain.errors import NonFiniteValue
+from vtrain.numerics import exact
 
 CALL_GAS = 16_000_000
 FLT_MAX = 0x7F7FFFFF
@@ -84,7 +84,7 @@ def interesting_doubles(rng: random.Random, n: int) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------------
-# vtrain.exact.rn32 against numpy
+# vtrain.numerics.exact.rn32 against numpy
 
 
 def test_rn32_matches_numpy_cast_on_thousands_of_doubles():
@@ -124,7 +124,7 @@ def test_midpoint_and_neighbour_at_the_edges():
 
 
 # ---------------------------------------------------------------------------------------------
-# Solidity Float32 against vtrain.exact / numpy
+# Solidity Float32 against vtrain.numerics.exact / numpy
 
 
 def random_rationals(rng: random.Random, n: int) -> list[tuple[bool, int, int, int]]:

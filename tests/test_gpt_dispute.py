@@ -5,7 +5,7 @@ The real agents and strategies of the demo (``protocol.demo.run_scenario``) play
 attention MATMUL is caught, the game narrows to that very op and element, the Adjudicator rules
 and the trainer's stake moves to the auditor; a false challenger loses its bond.
 
-Then, for every op kind in the GPT graph, whether the Adjudicator's rule (``vtrain.exact``, the
+Then, for every op kind in the GPT graph, whether the Adjudicator's rule (``vtrain.numerics.exact``, the
 contract's rule in Python) stands the honest value of real elements, EXP/LOG/TANH included
 (contracts/Transcendental.sol); and a trainer that tampers with the attention softmax's EXP loses
 a game that the Adjudicator settles on that EXP element.
@@ -28,12 +28,12 @@ from protocol.demo import DEFAULT_CHEAT, check_cheat, create_job, default_spec, 
 from protocol.game import STATUS_IN_PROGRESS
 from protocol.jobs import JobContext, Terms
 from protocol.trainer import TrainerAgent
-from vtrain import exact
+from vtrain.commit.trace import StepTrace, op_log_entries
 from vtrain.errors import GraphError, VtrainError
-from vtrain.executor import state_tensors
-from vtrain.graph import OpKind
-from vtrain.trace import StepTrace, op_log_entries
-from vtrain.train import train_steps
+from vtrain.graph.executor import state_tensors
+from vtrain.graph.step_graph import OpKind
+from vtrain.numerics import exact
+from vtrain.training.loop import train_steps
 
 TERMS = Terms()
 SPEC = default_spec("gpt")
@@ -41,7 +41,7 @@ CHEAT_STEP = SPEC.interval + 2  # where the demo's cheats strike (run_scenario),
 RULING_ADJUDICATED = 3
 WINNER_CHALLENGER = 2
 BIND_KINDS = frozenset({OpKind.INPUT, OpKind.CONST})
-"""Ruled at the game's bind (openOp), never by the Adjudicator: ``vtrain.exact`` refuses them."""
+"""Ruled at the game's bind (openOp), never by the Adjudicator: ``vtrain.numerics.exact`` refuses them."""
 ONE_TX_TERMS = 4096
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from vtrain.errors import GraphError
-from vtrain.executor import _compute_fp64, _move
-from vtrain.graph import ROUNDING_KINDS, GraphBuilder, OpKind
-from vtrain.nn import GPTConfig
-from vtrain.optim import AdamWConfig, SGDConfig
-from vtrain.spec import TrainSpec, build_job
+from vtrain.graph.executor import _compute_fp64, _move
+from vtrain.graph.step_graph import ROUNDING_KINDS, GraphBuilder, OpKind
+from vtrain.models.nn import GPTConfig
+from vtrain.models.optim import AdamWConfig, SGDConfig
+from vtrain.training.spec import TrainSpec, build_job
 
 
 def _fp64_forward(graph, state, data, upto: int):
@@ -89,7 +89,7 @@ def test_matmul_requires_nt_layout() -> None:
 def test_every_reduction_in_the_models_is_disputable() -> None:
     """MATMUL/SUM/MEAN terms stay within the on-chain accumulator (ExactSum.MAX_TERMS); those over
     MAX_DIRECT_TERMS are ruled through the chunk level (tests/test_chunked.py)."""
-    from vtrain.exact import MAX_TERMS
+    from vtrain.numerics.exact import MAX_TERMS
 
     for spec in (TrainSpec(model="mlp", batch_size=32), TrainSpec(model="gpt", batch_size=8)):
         g = build_job(spec).graph

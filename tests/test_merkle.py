@@ -1,4 +1,4 @@
-"""vtrain.merkle: RFC 9162 trees, checked against pymerkle 7, the RFC 6962 reference data and a
+"""vtrain.commit.merkle: RFC 9162 trees, checked against pymerkle 7, the RFC 6962 reference data and a
 direct recursive transcription of RFC 9162."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pymerkle import InmemoryTree
 
-from vtrain import merkle
-from vtrain.errors import InvalidProof, VtrainError
-from vtrain.merkle import (
+from vtrain.commit import merkle
+from vtrain.commit.merkle import (
     EMPTY_ROOT,
     ConsistencyProof,
     InclusionProof,
@@ -27,6 +26,7 @@ from vtrain.merkle import (
     verify_consistency,
     verify_inclusion,
 )
+from vtrain.errors import InvalidProof, VtrainError
 
 # ---------------------------------------------------------------------------------------------
 # Reference code: RFC 9162 section 2.1, transcribed recursively.

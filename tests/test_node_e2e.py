@@ -16,7 +16,7 @@ import nodes
 from protocol.agents_cli import CHEAT_NAMES, auditor_cmd, caching_reader, client, trainer_cmd
 from protocol.cheats import CHEATS
 from protocol.multiproc import ProcessDemo
-from vtrain.spec import TrainSpec
+from vtrain.training.spec import TrainSpec
 
 
 class Narration(list):

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vtrain.errors import CorruptLog, NonFiniteValue
-from vtrain.executor import StepLog, _compute_fp64
-from vtrain.graph import OpKind, OpNode
-from vtrain.logfile import decode_step_log, encode_step_log
-from vtrain.numerics import Code, Mode, OpLog, U, apply_log, gamma, pack_trits, round_output, unpack_trits
+from vtrain.graph.executor import StepLog, _compute_fp64
+from vtrain.graph.step_graph import OpKind, OpNode
+from vtrain.numerics.logfile import decode_step_log, encode_step_log
+from vtrain.numerics.rounding import Code, Mode, OpLog, U, apply_log, gamma, pack_trits, round_output, unpack_trits
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -54,7 +54,7 @@ def test_matmul_fp64_value_is_within_the_certified_bound_of_the_exact_dot(pairs,
     dc = Fraction(gamma(len(a))) * s_exact  # the contract's bound
     assert abs(Fraction(float(v.item())) - e) <= dc
     assert Fraction(float(d.item())) >= dc  # the trainer's bound covers the contract's
-    from vtrain.executor import bound_is_tight
+    from vtrain.graph.executor import bound_is_tight
 
     if bool(bound_is_tight(_op(OpKind.MATMUL, (1, 1)), d).all()):
         assert Fraction(float(d.item())) <= Fraction(5, 4) * dc
@@ -190,7 +190,7 @@ def test_trits_pack_five_per_byte_and_round_trip() -> None:
 
 
 def _toy_graph():
-    from vtrain.spec import TrainSpec, build_job
+    from vtrain.training.spec import TrainSpec, build_job
 
     return build_job(TrainSpec(model="mlp", batch_size=4)).graph
 
@@ -220,8 +220,8 @@ def test_step_log_round_trips_and_names_the_step_when_damaged() -> None:
 @pytest.mark.parametrize("kind", [OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S])
 def test_direct_fp32_single_ops_equal_fp64_then_round_bit_for_bit(kind: OpKind) -> None:
     """The executor's FP32 fast path for single IEEE ops gives exactly RN32 of the exact value."""
-    from vtrain.executor import compute_exact_fp32
-    from vtrain.graph import f32_bits
+    from vtrain.graph.executor import compute_exact_fp32
+    from vtrain.graph.step_graph import f32_bits
 
     rng = np.random.default_rng(7)
     n = 20000

@@ -204,10 +204,10 @@ def _ref_path(store_root: Path, job: int, kind: str, n: int) -> Path:
 def _other_log(ctx, step: int) -> bytes:
     """A well-formed log of ``step`` for another seed: decodes fine, is not what was committed."""
     from protocol.jobs import JobContext
-    from vtrain.executor import state_tensors
-    from vtrain.logfile import encode_step_log
-    from vtrain.spec import TrainSpec
-    from vtrain.train import train_steps
+    from vtrain.graph.executor import state_tensors
+    from vtrain.numerics.logfile import encode_step_log
+    from vtrain.training.loop import train_steps
+    from vtrain.training.spec import TrainSpec
 
     other = JobContext.of(TrainSpec.from_dict({**ctx.spec.to_dict(), "seed": 99}))
     state = state_tensors(other.job.initial_state)

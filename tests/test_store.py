@@ -24,7 +24,7 @@ from protocol.store import (
     save_checkpoint,
     serve_store,
 )
-from vtrain.commit import state_root, step_leaf, tensor_root
+from vtrain.commit.roots import state_root, step_leaf, tensor_root
 from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from vtrain.errors import VtrainError
-from vtrain.executor import StepExecutor, state_tensors
-from vtrain.nn import GPTConfig, MLPConfig
-from vtrain.numerics import Mode
-from vtrain.optim import AdamWConfig, SGDConfig
-from vtrain.spec import TrainSpec, build_job
+from vtrain.graph.executor import StepExecutor, state_tensors
+from vtrain.models.nn import GPTConfig, MLPConfig
+from vtrain.models.optim import AdamWConfig, SGDConfig
+from vtrain.numerics.rounding import Mode
 from vtrain.torch_ref import TorchReference, _adam_step_count, executor_for
-from vtrain.train import batch_for, replay_steps, train_steps
+from vtrain.training.loop import batch_for, replay_steps, train_steps
+from vtrain.training.spec import TrainSpec, build_job
 
 STEPS = 3
 LOSS_RTOL = 1e-5

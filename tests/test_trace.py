@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from protocol.cheats import TamperWeight
-from vtrain.executor import state_tensors
-from vtrain.graph import OpKind
-from vtrain.nn import GPTConfig
-from vtrain.optim import AdamWConfig
-from vtrain.spec import TrainSpec, build_job
-from vtrain.trace import GraphCommitment, StepTrace, first_difference
-from vtrain.train import replay_steps, train_steps
+from vtrain.commit.trace import GraphCommitment, StepTrace, first_difference
+from vtrain.graph.executor import state_tensors
+from vtrain.graph.step_graph import OpKind
+from vtrain.models.nn import GPTConfig
+from vtrain.models.optim import AdamWConfig
+from vtrain.training.loop import replay_steps, train_steps
+from vtrain.training.spec import TrainSpec, build_job
 
 SPEC = TrainSpec(
     model="gpt",
@@ -66,7 +66,7 @@ def test_a_weight_tampered_after_the_step_leaves_the_trace_honest_and_breaks_one
 
 
 def test_graph_commitment_puts_const_roots_in_the_descriptors(run) -> None:
-    from vtrain.commit import decode_op_descriptor, tensor_root
+    from vtrain.commit.roots import decode_op_descriptor, tensor_root
 
     job, _ = run
     gc = GraphCommitment.of(job.graph)

@@ -1,6 +1,6 @@
 """EXP LOG TANH on-chain (docs/numerics.md, "Transcendental ops on-chain").
 
-- ``vtrain.transcendental``'s enclosures against mpmath at 400 bits on random and special FP32
+- ``vtrain.numerics.transcendental``'s enclosures against mpmath at 400 bits on random and special FP32
   inputs, with the soundness inequalities checked against the trainer's real torch values:
   ``|v - e| <= d``, ``dc <= d <= 4/3 dc``, width ``<= 2^-109 |e|`` (so far below ``d``);
 - the ``Transcendental`` contract and the ``Adjudicator`` against the Python mirror, bit for bit;
@@ -22,9 +22,9 @@ from test_adjudicator import Case, check, deploy_adjudicator, honest, variant
 
 from protocol.auditor import exact_resolver
 from protocol.build import load_artifact
-from vtrain import exact, transcendental
-from vtrain.commit import LogEntry
-from vtrain.graph import OpKind, OpNode
+from vtrain.commit.roots import LogEntry
+from vtrain.graph.step_graph import OpKind, OpNode
+from vtrain.numerics import exact, transcendental
 
 K = OpKind
 KINDS = (K.EXP, K.LOG, K.TANH)

@@ -13,13 +13,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from vtrain.errors import VtrainError
-from vtrain.executor import state_tensors
-from vtrain.nn import GPTConfig, MLPConfig
-from vtrain.numerics import Mode
-from vtrain.optim import AdamWConfig, SGDConfig
-from vtrain.rundir import RunDir, reset_roots
-from vtrain.spec import TrainSpec, build_job
-from vtrain.train import initial_commitment, replay_steps, train_steps
+from vtrain.graph.executor import state_tensors
+from vtrain.models.nn import GPTConfig, MLPConfig
+from vtrain.models.optim import AdamWConfig, SGDConfig
+from vtrain.numerics.rounding import Mode
+from vtrain.training.loop import initial_commitment, replay_steps, train_steps
+from vtrain.training.rundir import RunDir, reset_roots
+from vtrain.training.spec import TrainSpec, build_job
 
 console = Console(stderr=True)
 log = logging.getLogger(__name__)

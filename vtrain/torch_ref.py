@@ -1,7 +1,7 @@
 """Plain torch FP32 training of the job's model: the uncontrolled control (mode ``fp32``).
 
 The same models, parameter layout, initial values, data and optimizer hyper-parameters as the
-step graph (``vtrain.nn``, ``vtrain.optim``), but computed the ordinary way: fused torch kernels
+step graph (``vtrain.models.nn``, ``vtrain.models.optim``), but computed the ordinary way: fused torch kernels
 (``F.linear``, ``F.layer_norm``, ``F.gelu``, ``F.scaled_dot_product_attention``,
 ``F.cross_entropy``, ...), autograd and ``torch.optim``. Its results depend on the CPU kernels,
 the BLAS, the thread count and the batch shape, so it differs between environments from the
@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from vtrain.errors import NonFiniteValue, VtrainError
-from vtrain.executor import StepExecutor, StepLog, StepResult
-from vtrain.nn import GPTConfig, MLPConfig
-from vtrain.numerics import Mode, RoundingStats, canonical
-from vtrain.optim import AdamWConfig, SGDConfig
-from vtrain.spec import Job
+from vtrain.graph.executor import StepExecutor, StepLog, StepResult
+from vtrain.models.nn import GPTConfig, MLPConfig
+from vtrain.models.optim import AdamWConfig, SGDConfig
+from vtrain.numerics.rounding import Mode, RoundingStats, canonical
+from vtrain.training.spec import Job
 
 
 def _adam_step_count(b1p: float, b2p: float, cfg: AdamWConfig) -> int:

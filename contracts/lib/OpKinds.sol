@@ -3,7 +3,7 @@ pragma solidity 0.8.28;
 
 /// @title OpKinds
 /// @notice Primitive op codes of the step graph (docs/protocol.md, "Op kinds"); the same numbers as
-///         `vtrain.graph.OpKind`. Descriptors carry the code as their first field (`uint8 kind`).
+///         `vtrain.graph.step_graph.OpKind`. Descriptors carry the code as their first field (`uint8 kind`).
 library OpKinds {
     uint8 internal constant INPUT = 0;
     uint8 internal constant OUTPUT = 1;

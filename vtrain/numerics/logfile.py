@@ -14,9 +14,9 @@ import zlib
 import numpy as np
 
 from vtrain.errors import CorruptLog
-from vtrain.executor import StepLog
-from vtrain.graph import ROUNDING_KINDS, Graph
-from vtrain.numerics import DenseLog, Mode, OpLog, pack_trits, unpack_trits
+from vtrain.graph.executor import StepLog
+from vtrain.graph.step_graph import ROUNDING_KINDS, Graph
+from vtrain.numerics.rounding import DenseLog, Mode, OpLog, pack_trits, unpack_trits
 
 MAGIC = b"VTLOG"
 VERSION = 1

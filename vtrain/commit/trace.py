@@ -14,7 +14,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from vtrain.commit import (
+from vtrain.commit.merkle import MerkleTree
+from vtrain.commit.roots import (
     EMPTY_OP_LOG_ROOT,
     LogEntry,
     encode_op_descriptor,
@@ -24,9 +25,8 @@ from vtrain.commit import (
     tensor_root,
     tensor_tree,
 )
-from vtrain.executor import StepLog, StepResult
-from vtrain.graph import Graph, OpKind
-from vtrain.merkle import MerkleTree
+from vtrain.graph.executor import StepLog, StepResult
+from vtrain.graph.step_graph import Graph, OpKind
 
 
 def op_descriptors(graph: Graph) -> list[bytes]:

@@ -1,4 +1,4 @@
-"""Runs one step of a :class:`~vtrain.graph.Graph` under a numerics mode.
+"""Runs one step of a :class:`~vtrain.graph.step_graph.Graph` under a numerics mode.
 
 Trainer: computes each op in FP64, rounds to FP32 and writes the rounding log.
 Auditor: computes each op on its own hardware and applies the trainer's log, which reproduces the
@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from vtrain.errors import CorruptLog, GraphError, NonFiniteValue, VtrainError
-from vtrain.graph import LOGGING_KINDS, ROUNDING_KINDS, Graph, OpKind, OpNode, bits_f32
-from vtrain.numerics import (
+from vtrain.graph.step_graph import LOGGING_KINDS, ROUNDING_KINDS, Graph, OpKind, OpNode, bits_f32
+from vtrain.numerics.rounding import (
     TRAINER_BOUND_SLACK,
     DenseLog,
     LogViolation,

@@ -7,7 +7,7 @@ For one output element of one op (a descriptor, its FP32 input tensors and a fla
 - :func:`enclosure` -- the enclosure ``[lo, hi]`` of ``e`` and the bound the contract actually
   works with (``contracts/lib/ExactSum.sol``: one int256 accumulator; exact unless terms span more
   than ~2^72, width <= 2^-19 * dc; its bound uses an upper bound of ``S`` within 2^-19; EXP LOG
-  TANH: ``vtrain.transcendental``, width about 2^-110 relative, ``dc = 4u (1 - 2^-40) |e|_low``);
+  TANH: ``vtrain.numerics.transcendental``, width about 2^-110 relative, ``dc = 4u (1 - 2^-40) |e|_low``);
 - :func:`judge_element` -- the contract's rule on a claimed value and the committed log entry,
   bit for bit what ``Adjudicator.adjudicate`` returns for a well-formed proof;
 - :func:`reads` -- the input elements the contract reads, in the order the proof opens them
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from vtrain.commit import LogEntry, decode_op_descriptor, encode_op_descriptor, sample_index
+from vtrain.commit.roots import LogEntry, decode_op_descriptor, encode_op_descriptor, sample_index
 from vtrain.errors import NonFiniteValue, VtrainError
-from vtrain.graph import OpKind
-from vtrain.transcendental import enclose as _enclose_transcendental
+from vtrain.graph.step_graph import OpKind
+from vtrain.numerics.transcendental import enclose as _enclose_transcendental
 
 __all__ = [
     "CHUNK_TERMS",

@@ -2,7 +2,7 @@
 
 Everything a training step computes goes through :func:`round_output` (trainer) or
 :func:`apply_log` (auditor). The rule is documented in ``docs/numerics.md``; the contract applies
-the same rule to one element (``contracts/Adjudicator.sol``, ``vtrain/exact.py``).
+the same rule to one element (``contracts/Adjudicator.sol``, ``vtrain/numerics/exact.py``).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def round_output(
 AmbiguityResolver = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 """``resolver(indices, proposed, codes)``: for flat element indices of the current op, the values
 the replay proposes (FP32) and the trainer's codes there (0 = no entry), return the values the
-contract would uphold: the auditor's fallback to exact arithmetic (``vtrain.exact``)."""
+contract would uphold: the auditor's fallback to exact arithmetic (``vtrain.numerics.exact``)."""
 
 
 @dataclass

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from vtrain.data import Dataset, digits_dataset, load_text_file, synthetic_corpus, text_dataset
 from vtrain.errors import DatasetError, SpecError
-from vtrain.graph import Graph, GraphBuilder
-from vtrain.nn import (
+from vtrain.graph.step_graph import Graph, GraphBuilder
+from vtrain.models.nn import (
     GPTConfig,
     MLPConfig,
     gpt_forward,
@@ -24,8 +23,9 @@ from vtrain.nn import (
     mlp_forward,
     mlp_params,
 )
-from vtrain.numerics import Mode
-from vtrain.optim import AdamWConfig, SGDConfig, apply_optimizer, optimizer_slots
+from vtrain.models.optim import AdamWConfig, SGDConfig, apply_optimizer, optimizer_slots
+from vtrain.numerics.rounding import Mode
+from vtrain.training.data import Dataset, digits_dataset, load_text_file, synthetic_corpus, text_dataset
 
 
 @dataclass(frozen=True)

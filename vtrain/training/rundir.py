@@ -4,7 +4,7 @@ Layout of ``<run>/``::
 
     spec.json                       the TrainSpec
     roots.jsonl                     one line per step: step, loss, state_root, log_root (hex)
-    logs/step_000001.vtlog          rounding log of each step (vtrain.logfile)
+    logs/step_000001.vtlog          rounding log of each step (vtrain.numerics.logfile)
     checkpoints/step_000000.safetensors   state at each interval start (step 0, K, 2K, ...)
 
 Every file is written atomically (temp file + rename), so a crash never leaves half a file.
@@ -26,10 +26,10 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
-from vtrain.executor import StepLog, state_tensors
-from vtrain.graph import Graph
-from vtrain.logfile import decode_step_log, encode_step_log
-from vtrain.spec import TrainSpec
+from vtrain.graph.executor import StepLog, state_tensors
+from vtrain.graph.step_graph import Graph
+from vtrain.numerics.logfile import decode_step_log, encode_step_log
+from vtrain.training.spec import TrainSpec
 
 log = logging.getLogger(__name__)
 

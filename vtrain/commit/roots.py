@@ -2,7 +2,7 @@
 
 One format, shared with Solidity (``contracts/lib/Merkle.sol``, ``contracts/lib/Encoding.sol``)
 through the vectors in ``tests/vectors`` (written by ``scripts/gen_vectors.py``). Trees are the
-RFC 9162 trees of :mod:`vtrain.merkle`; indices are 0-based everywhere.
+RFC 9162 trees of :mod:`vtrain.commit.merkle`; indices are 0-based everywhere.
 
 | commitment | leaves | function |
 |---|---|---|
@@ -30,8 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from vtrain.errors import InvalidProof
-from vtrain.merkle import (
+from vtrain.commit.merkle import (
     EMPTY_ROOT,
     InclusionProof,
     MerkleTree,
@@ -40,6 +39,7 @@ from vtrain.merkle import (
     merkle_root,
     verify_inclusion,
 )
+from vtrain.errors import InvalidProof
 from vtrain.types import Digest, Root
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vtrain.graph import GraphBuilder, T
+from vtrain.graph.step_graph import GraphBuilder, T
 
 
 @dataclass(frozen=True)

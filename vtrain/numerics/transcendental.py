@@ -25,7 +25,7 @@ The bound is ``dc = 4u L (1 - 2^-40)`` (``u = 2^-53``, ``L`` the enclosure's low
 from __future__ import annotations
 
 from vtrain.errors import VtrainError
-from vtrain.graph import OpKind
+from vtrain.graph.step_graph import OpKind
 
 __all__ = ["F", "LN2_F", "enclose", "enclose_exp", "enclose_log", "enclose_tanh", "dc_of"]
 

@@ -14,17 +14,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vtrain.commit import (
+from vtrain.commit.roots import (
     batch_indices,
     state_root,
     step_log_root,
     tensor_root,
 )
-from vtrain.executor import StepLog, StepResult, state_tensors
-from vtrain.graph import Graph
-from vtrain.numerics import Mode
-from vtrain.spec import Job
+from vtrain.graph.executor import StepLog, StepResult, state_tensors
+from vtrain.graph.step_graph import Graph
+from vtrain.numerics.rounding import Mode
 from vtrain.torch_ref import executor_for
+from vtrain.training.spec import Job
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def component_roots(state: list[torch.Tensor]) -> list[bytes]:
 
 def step_log_root_of(log_: StepLog, graph: Graph) -> bytes:
     """logRoot_s: one leaf per op, each the root of that op's sparse log (empty for most ops)."""
-    from vtrain.trace import op_log_roots
+    from vtrain.commit.trace import op_log_roots
 
     return step_log_root(op_log_roots(log_, graph))
 

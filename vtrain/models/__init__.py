@@ -1,0 +1,1 @@
+"""Built-in models, losses and optimizers written against the step-graph builder (``nn``, ``optim``)."""
