@@ -174,8 +174,9 @@ def key_option(f):
         "--key-file",
         type=click.Path(dir_okay=False, path_type=Path),
         default=None,
-        help="A file holding this party's private key (64 hex digits, 0x optional): sign "
-        "transactions locally instead of using an unlocked account of the node.",
+        help="This party's key: a file of 64 hex digits (0x optional), or an encrypted JSON keystore "
+        "(password from $VTRAIN_KEY_PASSWORD_FILE, $VTRAIN_KEY_PASSWORD, or a prompt on a terminal). "
+        "Transactions are then signed locally instead of by an unlocked account of the node.",
     )(f)
 
 
@@ -193,6 +194,8 @@ def read_key_file(path: Path):
         raw = path.read_bytes()
     except OSError as e:
         raise click.ClickException(f"--key-file {path}: {e.strerror or e}") from None
+    if raw.lstrip()[:1] == b"{":
+        return _read_keystore(path, raw)
     try:
         text = raw.decode("ascii").strip()
     except UnicodeDecodeError:
@@ -211,6 +214,52 @@ def read_key_file(path: Path):
     if not 0 < int(digits, 16) < SECP256K1_N:
         raise click.ClickException(f"--key-file {path}: not a valid secp256k1 private key (zero or out of range)")
     return Account.from_key(bytes.fromhex(digits))
+
+
+def _keystore_password(path: Path) -> str:
+    """The keystore's password: $VTRAIN_KEY_PASSWORD_FILE's first line, $VTRAIN_KEY_PASSWORD, or a
+    prompt when stdin is a terminal; never a command-line argument (it would show in `ps`)."""
+    import os
+
+    pw_file = os.environ.get("VTRAIN_KEY_PASSWORD_FILE")
+    if pw_file:
+        try:
+            lines = Path(pw_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise click.ClickException(f"$VTRAIN_KEY_PASSWORD_FILE {pw_file}: {why}") from None
+        return lines[0] if lines else ""
+    if "VTRAIN_KEY_PASSWORD" in os.environ:
+        return os.environ["VTRAIN_KEY_PASSWORD"]
+    if sys.stdin is not None and sys.stdin.isatty():
+        return click.prompt(f"password of keystore {path}", hide_input=True)
+    raise click.ClickException(
+        f"--key-file {path} is an encrypted keystore: set $VTRAIN_KEY_PASSWORD_FILE or $VTRAIN_KEY_PASSWORD "
+        "(no terminal to prompt on)"
+    )
+
+
+def _read_keystore(path: Path, raw: bytes):
+    """The account of an encrypted JSON keystore (eth-account's V3 format, as geth and clef write)."""
+    from eth_account import Account
+
+    try:
+        keystore = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise click.ClickException(f"--key-file {path}: looks like a JSON keystore but is not JSON ({e})") from None
+    if not isinstance(keystore, dict) or not ({"crypto", "Crypto"} & keystore.keys()):
+        raise click.ClickException(f"--key-file {path}: a JSON keystore needs a 'crypto' section")
+    password = _keystore_password(path)
+    try:
+        key = Account.decrypt(keystore, password)
+    except ValueError as e:
+        text = str(e)
+        if "MAC mismatch" in text:
+            raise click.ClickException(f"--key-file {path}: wrong keystore password") from None
+        raise click.ClickException(f"--key-file {path}: unreadable keystore ({text})") from None
+    except (KeyError, TypeError) as e:
+        raise click.ClickException(f"--key-file {path}: malformed keystore (missing or bad field {e})") from None
+    return Account.from_key(key)
 
 
 def use_key(chain, key_file: Path | None, index: int, what: str) -> str:

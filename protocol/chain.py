@@ -24,6 +24,7 @@ from web3.contract import Contract
 from web3.exceptions import ContractCustomError, ContractLogicError, TimeExhausted
 
 from protocol.build import load_artifact
+from protocol.reverts import explain
 from vtrain.errors import VtrainError
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class Chain:
     deadline: float = 60.0
     """Overall limit (seconds) for one request and its retries."""
     rng: random.Random = field(default_factory=random.Random, repr=False)
-    _errors: dict[bytes, tuple[str, list[str]]] = field(default_factory=dict)
+    _errors: dict[bytes, tuple[str, list[str], list[dict]]] = field(default_factory=dict)
 
     # -- connecting -------------------------------------------------------------------------------
     @staticmethod
@@ -166,7 +167,7 @@ class Chain:
             if item.get("type") == "error":
                 types = [i["type"] if not i["type"].startswith("tuple") else _tuple_type(i) for i in item["inputs"]]
                 sig = f"{item['name']}({','.join(types)})"
-                self._errors[function_signature_to_4byte_selector(sig)] = (item["name"], types)
+                self._errors[function_signature_to_4byte_selector(sig)] = (item["name"], types, item["inputs"])
 
     def deploy(self, name: str, *args: Any, sender: str, gas: int = DEFAULT_GAS) -> Contract:
         art = load_artifact(name)
@@ -270,13 +271,14 @@ class Chain:
         if raw is not None and len(raw) >= 4:
             sel = raw[:4]
             if sel in self._errors:
-                name, types = self._errors[sel]
+                name, types, inputs = self._errors[sel]
                 try:
                     args = tuple(abi_decode(types, raw[4:]))
                 except Exception:
                     args = ()
                 shown = ", ".join(_show(a) for a in args)
-                return Reverted(f"{label}: reverted with {name}({shown})", name, args)
+                words = explain(label.split("(")[0], name, args, inputs if args else ())
+                return Reverted(f"{label}: {words} (reverted with {name}({shown}))", name, args)
         return Reverted(f"{label}: reverted ({e})")
 
     # -- time ---------------------------------------------------------------------------------------

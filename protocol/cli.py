@@ -14,7 +14,8 @@ import click
 from rich.console import Console
 from rich.logging import RichHandler
 
-from protocol.agents_cli import AGENT_COMMANDS
+from protocol.agents_cli import AGENT_COMMANDS, client
+from protocol.client_cli import CLIENT_COMMANDS, report_cmd
 from vtrain.cli import COMMANDS as VTRAIN_COMMANDS
 
 CHEAT_NAMES = (
@@ -118,6 +119,9 @@ def deploy(rpc: str | None, out: Path) -> None:
 
 main.add_command(demo)
 main.add_command(deploy)
+main.add_command(report_cmd)
+for _cmd in CLIENT_COMMANDS:
+    client.add_command(_cmd)
 for _cmd in AGENT_COMMANDS:
     main.add_command(_cmd)
 for _cmd in VTRAIN_COMMANDS:
