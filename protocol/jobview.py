@@ -9,6 +9,7 @@ its block time, and the events it emitted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +107,7 @@ class JobRecord:
 
 
 def _plain(x: Any) -> Any:
-    if isinstance(x, dict):
+    if isinstance(x, Mapping):
         return {str(k): _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_plain(v) for v in x]

@@ -65,3 +65,41 @@ def test_client_reclaims_a_job_whose_trainer_stops_posting(tmp_path: Path, anvil
     assert again == {"account": client, "withdrawn": 0}
     twice = run("client", "reclaim-job", *common, "--job", str(job), "--account-index", "6")
     assert twice.exit_code == 1 and f"job {job} cannot be reclaimed" in twice.output, twice.output
+
+
+def test_client_status_cancel_and_watch_of_a_job_never_accepted(tmp_path: Path, anvil_w3) -> None:
+    """A job nobody accepted: status shows it Open with its terms, cancel-job gives the payment back,
+    watch returns at once (the job is over), and a reclaim says in words why it cannot."""
+    from protocol.agents_cli import save_deployment
+    from protocol.chain import Chain
+    from protocol.deploy import deploy
+
+    url = anvil_w3.provider.endpoint_uri
+    chain = Chain.connect(url)
+    proto = deploy(chain, chain.accounts()[0])
+    dep = tmp_path / "dep.json"
+    save_deployment(proto, dep)
+    spec = tmp_path / "spec.json"
+    spec.write_text(TrainSpec(steps=8, interval=4).to_json())
+    common = ["--rpc", url, "--deployment", str(dep)]
+    job = last_json(run("client", "create-job", *common, "--spec", str(spec), "--account-index", "6",
+                        "--trainer-index", "7", "--payment", "1eth"))["job"]
+
+    st = run("client", "status", *common, "--job", str(job))
+    assert st.exit_code == 0 and f"job {job}: Open" in st.output and "payment 1 ETH" in st.output, st.output
+    as_json = last_json(run("client", "status", *common, "--job", str(job), "--json"))
+    assert as_json["status"] == "Open" and as_json["games"] == [] and as_json["payment"] == 10**18
+
+    cancelled = last_json(run("client", "cancel-job", *common, "--job", str(job), "--account-index", "6"))
+    assert cancelled["refund"] == 10**18 and cancelled["withdrawn"] == 10**18, cancelled
+    assert last_json(run("client", "status", *common, "--job", str(job), "--json"))["status"] == "Cancelled"
+
+    w = run("client", "watch", *common, "--job", str(job), "--poll", "0.1", "--timeout", "30")
+    assert w.exit_code == 0 and "JobCreated" in w.output and "JobCancelled" in w.output, w.output
+
+    again = run("client", "reclaim-job", *common, "--job", str(job), "--account-index", "6")
+    assert again.exit_code == 1 and f"job {job} is Cancelled; reclaimJob needs Active" in again.output, again.output
+    twice = run("client", "cancel-job", *common, "--job", str(job), "--account-index", "6")
+    assert twice.exit_code == 1 and f"job {job} is Cancelled; cancelJob needs Open" in twice.output, twice.output
+    missing = run("client", "status", *common, "--job", "99")
+    assert missing.exit_code == 1 and "job 99 does not exist" in missing.output and "Traceback" not in missing.output
