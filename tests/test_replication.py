@@ -208,3 +208,20 @@ def test_full_matrix(tmp_path) -> None:
     failures = check_replays(runs, envs, SLOW_STEPS)
     assert not failures, "\n".join(failures)
 
+
+
+def test_trainers_in_different_environments_write_identical_logs(fast_runs, tmp_path) -> None:
+    """The canonical log (vtrain/numerics/canonical.py): a second trainer under environment C (other
+    kernels) writes the same rounding log, byte for byte, at every step, not just the same states;
+    so does one under B. The log is a function of the exact values, not of this machine."""
+    ref = fast_runs[("gpt", "adamw", "certified")]
+    others = {e: tmp_path / e for e in ("B", "C")}
+    procs = parallel([(TRAIN, train_args(run, "gpt", "adamw", "certified", FAST_STEPS), ENVS[e])
+                      for e, run in others.items()])
+    for p in procs:
+        assert p.rc == 0, p.stderr[-3000:]
+    ref_logs = sorted((ref / "logs").glob("*.vtlog"))
+    assert len(ref_logs) == FAST_STEPS
+    for e, run in others.items():
+        for log in ref_logs:
+            assert (run / "logs" / log.name).read_bytes() == log.read_bytes(), f"{log.name} differs under {e}"

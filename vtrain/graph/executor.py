@@ -15,6 +15,7 @@ import torch
 
 from vtrain.errors import CorruptLog, GraphError, NonFiniteValue, VtrainError
 from vtrain.graph.step_graph import LOGGING_KINDS, ROUNDING_KINDS, Graph, OpKind, OpNode, bits_f32
+from vtrain.numerics.canonical import round_canonical
 from vtrain.numerics.rounding import (
     TRAINER_BOUND_SLACK,
     DenseLog,
@@ -65,9 +66,13 @@ class StepResult:
 class StepExecutor:
     """Executes a graph step by step; one instance per (graph, mode)."""
 
-    def __init__(self, graph: Graph, mode: Mode | str = Mode.CERTIFIED) -> None:
+    def __init__(self, graph: Graph, mode: Mode | str = Mode.CERTIFIED, canonical_log: bool = True) -> None:
+        """``canonical_log`` (certified trainer): decide every near-tie on the exact value, so the output
+        and the log do not depend on this machine's FP64 results (:mod:`vtrain.numerics.canonical`);
+        False keeps the per-``v`` rule of :func:`round_output` (benchmarks compare the two)."""
         self.graph = graph
         self.mode = Mode(mode)
+        self.canonical_log = canonical_log
         if self.mode == Mode.FP32:
             raise VtrainError("fp32 is plain torch training: use vtrain.torch_ref.executor_for(job, 'fp32')")
         self._last_use = self._compute_last_use()
@@ -179,8 +184,12 @@ class StepExecutor:
         # certified
         bound = d if k in LOGGING_KINDS else None
         if log_in is None:
-            tight = bound_is_tight(op, d) if bound is not None else None
-            out, entries = round_output(v, bound, what, directed_ok=tight)
+            if bound is not None and self.canonical_log:
+                out, entries, slow = round_canonical(self.graph, op, ins, v, bound, what)
+                stats.ambiguous_resolved += slow
+            else:
+                tight = bound_is_tight(op, d) if bound is not None else None
+                out, entries = round_output(v, bound, what, directed_ok=tight)
             if len(entries):
                 out_log.sparse[op.id] = entries
                 stats.logged += len(entries)

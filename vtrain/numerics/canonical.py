@@ -1,0 +1,315 @@
+"""The canonical rounding log: the trainer's log as a function of the exact values alone.
+
+The certified rule (``rounding.round_output``) decides from the trainer's own FP64 value ``v``:
+two honest trainers whose FP64 sums differ in the last bits (another summation order, another
+device, a data-parallel all-reduce) may log a near-tie on different sides, or store different
+explicit values, and then produce different bits. Here every decision is taken on the exact value
+``e`` instead, so the output and the log are the same for every FP64 evaluation that meets the
+certified bound: on any hardware, in any summation order, at any world size.
+
+For one output element with exact value ``e``, contract bound ``dc`` and canonical bound ``Dc``
+(an upper bound of every honest FP64 evaluation's bound ``d``, a function of the exact terms):
+
+* ``c = RN32(e)`` is the output (always the correctly rounded value);
+* no entry when neither midpoint next to ``c`` is within ``2 Dc`` of ``e``;
+* ``down``/``up`` when exactly one is, ``16 Dc <= s`` (its pair's spacing) and ``Dc <= 2 dc``
+  (the contract's window ``4 dc`` then covers ``2 Dc``); the code names the side ``c`` is on;
+* ``explicit`` (value ``c``) otherwise.
+
+The trainer finds the elements that may need an entry from its own ``v`` and ``d``: any element
+with a midpoint within ``2 Dc`` of ``e`` has one within ``d + 2 Dc <= 4 d`` of ``v`` (``Dc <= 1.5 d``,
+docs/numerics.md), so only elements within ``4 d`` of a midpoint are evaluated exactly; for all
+others ``RN32(v) = RN32(e)`` and no entry is due. Those candidates are evaluated by a vectorised
+double-double sum whose error bound decides almost every comparison; an undecided one (an exact
+tie, or ``e`` closer to a threshold than about ``n u^2 S``) falls back to exact rational arithmetic
+(:mod:`vtrain.numerics.exact`). Replay is unchanged (``rounding.apply_log``), and every entry is
+one the contract upholds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import torch
+
+from vtrain.graph.step_graph import Graph, OpKind, OpNode
+from vtrain.numerics import exact as X
+from vtrain.numerics.rounding import Code, OpLog, U, _check_finite, _neighbours, canonical
+
+#: Candidates: elements whose FP64 value is within this many bounds ``d`` of a midpoint.
+CANDIDATE_BAND = 4.0
+#: The canonical bound over the contract's for sums (covers the trainer's FP32 estimate of ``S``
+#: times 1.01 plus the rounding of that estimate, for ``n < 2^20``: docs/numerics.md).
+_SUM_RATIO = Fraction(5, 4)
+#: Transcendental ops: ``Dc = 4u |e| (1 + 2^-40)`` bounds the trainer's ``4u |v|``.
+_TRANS_RATIO = 1 + Fraction(1, 1 << 40)
+_SUBNORMAL = Fraction(1, 1 << 149)
+_KINDS = {OpKind.MATMUL, OpKind.SUM, OpKind.MEAN, OpKind.EXP, OpKind.LOG, OpKind.TANH}
+
+
+@dataclass(frozen=True)
+class ExactElement:
+    """What the canonical decision needs of one element: ``e``, ``dc`` and ``Dc``."""
+
+    value: Fraction
+    dc: Fraction
+    Dc: Fraction
+
+
+def op_desc(graph: Graph, op: OpNode) -> X.OpDesc:
+    """The op's descriptor as :mod:`vtrain.numerics.exact` reads it (no CONST roots needed here)."""
+    return X.OpDesc(int(op.kind), tuple(op.inputs), tuple(op.shape),
+                    tuple(tuple(s) for s in graph.in_shapes(op)), tuple(op.attrs))
+
+
+def exact_element(desc: X.OpDesc, tensors: list[np.ndarray], index: int) -> ExactElement:
+    """``e``, ``dc`` and ``Dc`` of element ``index``, in exact rational arithmetic."""
+    e = X.exact_value(desc, tensors, index)
+    dc = X.contract_bound(desc, tensors, index)
+    kind = OpKind(desc.kind)
+    if kind in (OpKind.EXP, OpKind.LOG, OpKind.TANH):
+        big = 4 * abs(e) * _TRANS_RATIO / X.TWO53
+        return ExactElement(e, dc, max(big, dc))
+    if kind == OpKind.MATMUL:
+        n = desc.in_shapes[0][-1] + (len(desc.inputs) == 3)
+        g = Fraction(n, X.TWO53 - n)
+        s = dc / g if g else Fraction(0)
+        return ExactElement(e, dc, _SUM_RATIO * g * (s + n * _SUBNORMAL))
+    return ExactElement(e, dc, _SUM_RATIO * dc)
+
+
+def decide(el: ExactElement) -> tuple[int, int]:
+    """``(bits, code)``: the canonical output (RN32 of ``e``) and its log code (docs above)."""
+    c = X.rn32(el.value)
+    m_lo, s_lo = X.midpoint(c, above=False)
+    m_hi, s_hi = X.midpoint(c, above=True)
+    reach = 2 * el.Dc
+    near_lo = el.value - m_lo <= reach
+    near_hi = m_hi - el.value <= reach
+    if not (near_lo or near_hi):
+        return c, int(Code.NONE)
+    if near_lo and near_hi:
+        return c, int(Code.EXPLICIT)
+    s = s_hi if near_hi else s_lo
+    if 16 * el.Dc <= s and el.Dc <= 2 * el.dc:
+        return c, int(Code.DOWN if near_hi else Code.UP)  # near_hi: c is the lower of the pair
+    return c, int(Code.EXPLICIT)
+
+
+def candidates(v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Flat indices of elements whose ``v`` is within ``CANDIDATE_BAND * d`` of a midpoint."""
+    vf, df = v.reshape(-1), d.reshape(-1)
+    rf = vf.to(torch.float32)
+    lo_n, hi_n = _neighbours(rf)
+    r64 = rf.double()
+    reach = CANDIDATE_BAND * df * (1.0 + 2.0**-30)
+    near = (((r64 + hi_n.double()) * 0.5 - vf) <= reach) | ((vf - (r64 + lo_n.double()) * 0.5) <= reach)
+    return near.nonzero().reshape(-1)
+
+
+def round_canonical(
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, d: torch.Tensor, what: str
+) -> tuple[torch.Tensor, OpLog, int]:
+    """Trainer side: the canonical FP32 output and log entries of a logging op (``v``, ``d`` its FP64
+    value and certified bound); also returns how many candidates fell back to exact arithmetic."""
+    r = v.to(torch.float32)
+    _check_finite(r.reshape(-1), what)
+    out = canonical(r).reshape(-1).clone()
+    cand = candidates(v, d)
+    if cand.numel() == 0:
+        return out.reshape(r.shape), OpLog.empty(), 0
+    bits = torch.zeros(cand.numel(), dtype=torch.int64)
+    codes = torch.zeros(cand.numel(), dtype=torch.int64)
+    undecided = torch.ones(cand.numel(), dtype=torch.bool)
+    if op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
+        b, c, ok, terms = _decide_sums(op, ins, cand)
+        bits[ok], codes[ok], undecided = b[ok], c[ok], ~ok
+        rest = undecided.nonzero().reshape(-1)
+        for k, row in zip(rest.tolist(), terms[rest].tolist(), strict=True):
+            got = _decide_fsum(op, row)
+            if got is not None:
+                bits[k], codes[k] = got
+                undecided[k] = False
+    slow = undecided.nonzero().reshape(-1)
+    if slow.numel():
+        desc = op_desc(graph, op)
+        tensors = [t.detach().cpu().numpy() for t in ins]
+        for k in slow.tolist():
+            bk, ck = decide(exact_element(desc, tensors, int(cand[k])))
+            bits[k], codes[k] = bk, ck
+    vals = torch.from_numpy(bits.to(torch.int64).numpy().astype(np.uint32).view(np.float32).copy())
+    out[cand] = canonical(vals)
+    keep = codes != int(Code.NONE)
+    idx = cand[keep]
+    code = codes[keep].to(torch.uint8)
+    value = torch.where(code == int(Code.EXPLICIT), out[idx], torch.zeros((), dtype=torch.float32))
+    log = OpLog(idx.numpy().astype(np.int64), code.numpy(), value.numpy().astype(np.float32))
+    return out.reshape(r.shape), log, int(slow.numel())
+
+
+# -- the vectorised path: MATMUL, SUM, MEAN --------------------------------------------------------
+def _terms(op: OpNode, ins: list[torch.Tensor], cand: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The exact FP64 terms ``[C, n]`` of each candidate element (products of FP32 are exact in FP64)."""
+    if op.kind == OpKind.MATMUL:
+        a, b = ins[0], ins[1]
+        m, kk = a.shape[-2], a.shape[-1]
+        n_cols = b.shape[-2]
+        a2 = a.reshape(-1, kk)
+        b2 = b.reshape(-1, kk)
+        j = cand % n_cols
+        row = cand // n_cols
+        batch = row // m
+        t = a2[row].double() * b2[batch * n_cols + j].double()
+        if len(ins) == 3:
+            t = torch.cat([t, ins[2].reshape(-1)[j].double().unsqueeze(1)], dim=1)
+        return t, kk + (len(ins) == 3)
+    a = ins[0]
+    n = a.shape[-1]
+    return a.reshape(-1, n)[cand].double(), n
+
+
+def _two_sum(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = x + y
+    bp = s - x
+    return s, (x - (s - bp)) + (y - bp)
+
+
+def _dd_sum(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of ``t`` summed as ``hi + lo`` with an absolute error bound (pairwise TwoSum tree; the
+    rounding errors are summed in FP64, whose own error is bounded by ``gamma(n) * sum|err|``)."""
+    errs = torch.zeros(t.shape[0], dtype=torch.float64)
+    abs_errs = torch.zeros_like(errs)
+    x = t
+    while x.shape[1] > 1:
+        if x.shape[1] % 2:
+            x = torch.cat([x, torch.zeros_like(x[:, :1])], dim=1)
+        s, e = _two_sum(x[:, 0::2], x[:, 1::2])
+        errs = errs + e.sum(dim=1)
+        abs_errs = abs_errs + e.abs().sum(dim=1)
+        x = s
+    hi, lo = _two_sum(x[:, 0], errs)
+    n = max(2, t.shape[1])
+    bound = abs_errs * (4 * n * U) + lo.abs() * (4 * U) + 2.0**-1070
+    return hi, lo, bound
+
+
+def _decide_sums(op: OpNode, ins: list[torch.Tensor], cand: torch.Tensor):
+    """Canonical ``(bits, codes, decided)`` of MATMUL/SUM/MEAN candidates; ``decided`` False where
+    the double-double estimate is too close to a threshold (those go to exact arithmetic)."""
+    t, n = _terms(op, ins, cand)
+    hi, lo, err = _dd_sum(t)  # the exact sum is hi + lo +- err
+    s_abs = t.abs().sum(dim=1)  # S within gamma(n) relative
+    s_rel = 2 * n * U
+    g = n * U / (1 - n * U)
+    mean = op.kind == OpKind.MEAN
+    if op.kind == OpKind.MATMUL:
+        dc = g * s_abs
+        big = 1.25 * g * (s_abs + n * 2.0**-149)
+    elif op.kind == OpKind.SUM:
+        dc = g * s_abs
+        big = 1.25 * dc
+    else:
+        dc = (g + 2 * U) * s_abs / n
+        big = 1.25 * dc
+    scale = float(n) if mean else 1.0  # compare n*e with n*m for MEAN (n*m is exact in FP64)
+    est = (hi + lo) / scale
+    c32 = est.to(torch.float32)
+    lo_n, hi_n = _neighbours(c32)
+    c64 = c32.double()
+    m_lo = (c64 + lo_n.double()) * 0.5
+    m_hi = (c64 + hi_n.double()) * 0.5
+    # distances n*(e - m_lo) and n*(m_hi - e) from the double-double sum (exact differences where
+    # Sterbenz applies; the bound covers the rest)
+    d_lo = (hi - m_lo * scale) + lo
+    d_hi = (m_hi * scale - hi) - lo
+    derr = err + 4 * U * (torch.maximum(d_lo.abs(), d_hi.abs()) + lo.abs())
+    reach = 2 * big * scale
+    slack = reach * (s_rel + 2.0**-40)  # the bound estimates' own error, relative
+    margin = derr + slack
+    inside = (d_lo > margin) & (d_hi > margin)  # e strictly between the midpoints: c is RN32(e)
+    near_lo = d_lo <= reach
+    near_hi = d_hi <= reach
+    clear = ((d_lo - reach).abs() > margin) & ((d_hi - reach).abs() > margin)
+    spacing = torch.where(near_hi, hi_n.double() - c64, c64 - lo_n.double())
+    dir_ok = (16 * big <= spacing * (1 - 2.0**-30)) & (big <= 2 * dc * (1 - 2.0**-30))
+    dir_clear = ((16 * big - spacing).abs() > 16 * big * 2.0**-29) & ((big - 2 * dc).abs() > big * 2.0**-29)
+    decided = inside & clear & dir_clear & torch.isfinite(c32)
+    code = torch.full_like(hi, int(Code.NONE), dtype=torch.int64)
+    single = near_lo ^ near_hi
+    code = torch.where(near_lo & near_hi, torch.tensor(int(Code.EXPLICIT)), code)
+    directed = torch.where(near_hi, torch.tensor(int(Code.DOWN)), torch.tensor(int(Code.UP)))
+    code = torch.where(single, torch.where(dir_ok, directed, torch.tensor(int(Code.EXPLICIT))), code)
+    bits = torch.from_numpy(canonical(c32).numpy().view(np.uint32).astype(np.int64))
+    return bits, code, decided, t
+
+
+def _decide_fsum(op: OpNode, terms: list[float]) -> tuple[int, int] | None:
+    """The canonical ``(bits, code)`` of one sum element from its exact FP64 terms, by correctly
+    rounded sums (``math.fsum``: the sign of a sum of terms is exact): settles exact ties and values
+    closer to a midpoint than the double-double bound; None where a bound comparison is too close
+    to call in FP64 (then exact rationals decide). FP32 midpoints are exact FP64 numbers, and so
+    are ``n`` times them for ``n < 2^28``."""
+    n = len(terms)
+    scale = float(n) if op.kind == OpKind.MEAN else 1.0
+    c = np.float32(math.fsum(terms) / scale)
+    inf = np.float32(np.inf)
+
+    def mids(c: np.float32) -> tuple[float, float, float, float]:
+        lo_n, hi_n = np.nextafter(c, -inf), np.nextafter(c, inf)
+        c64 = float(c)
+        return (c64 + float(lo_n)) / 2, (c64 + float(hi_n)) / 2, c64 - float(lo_n), float(hi_n) - c64
+
+    def sign_minus(m: float) -> int:  # sign of (scale * e - scale * m), exact
+        x = math.fsum([*terms, -m * scale])
+        return (x > 0) - (x < 0)
+
+    for _ in range(4):  # c is RN32(f / scale) or a neighbour of RN32(e)
+        if not np.isfinite(c):
+            return None
+        m_lo, m_hi, _, _ = mids(c)
+        below, above = sign_minus(m_lo), sign_minus(m_hi)
+        if below < 0:
+            c = np.nextafter(c, -inf)
+        elif above > 0:
+            c = np.nextafter(c, inf)
+        else:
+            if below == 0 or above == 0:  # e is exactly a midpoint: ties to even (numpy's RN32)
+                c = np.float32(m_lo if below == 0 else m_hi)
+            break
+    else:
+        return None
+    if not np.isfinite(c):
+        return None
+    c = np.float32(c + np.float32(0.0))  # -0 is +0
+    s_abs = math.fsum(abs(t) for t in terms)
+    g = n * U / (1 - n * U)
+    if op.kind == OpKind.MATMUL:
+        dc, big = g * s_abs, 1.25 * g * (s_abs + n * 2.0**-149)
+    elif op.kind == OpKind.SUM:
+        dc = g * s_abs
+        big = 1.25 * dc
+    else:
+        dc = (g + 2 * U) * s_abs / n
+        big = 1.25 * dc
+    m_lo, m_hi, s_lo, s_hi = mids(c)
+    reach = 2 * big * scale
+    dist_lo = math.fsum([*terms, -m_lo * scale])
+    dist_hi = -math.fsum([*terms, -m_hi * scale])
+    tol = reach * 2.0**-40 + 2.0**-1070
+    if abs(dist_lo - reach) <= tol or abs(dist_hi - reach) <= tol:
+        return None
+    bits = int(c.view(np.uint32))
+    near_lo, near_hi = dist_lo <= reach, dist_hi <= reach
+    if not (near_lo or near_hi):
+        return bits, int(Code.NONE)
+    if near_lo and near_hi:
+        return bits, int(Code.EXPLICIT)
+    spacing = s_hi if near_hi else s_lo
+    if abs(16 * big - spacing) <= 16 * big * 2.0**-29 or abs(big - 2 * dc) <= big * 2.0**-29:
+        return None
+    if 16 * big <= spacing and big <= 2 * dc:
+        return bits, int(Code.DOWN if near_hi else Code.UP)
+    return bits, int(Code.EXPLICIT)
