@@ -128,7 +128,7 @@ def _interrupt_after(monkeypatch, n: int) -> None:
     monkeypatch.setattr(loop, "train_steps", cut)
 
 
-@pytest.mark.parametrize("how", ["--resume", "same --out", "damaged checkpoint"])
+@pytest.mark.parametrize("how", ["--resume", "same --out", "damaged checkpoint", "no roots file"])
 def test_resume_after_an_interrupt_gives_the_roots_of_an_uninterrupted_run(
         mlp_run: Path, tmp_path: Path, monkeypatch, how: str) -> None:
     out = tmp_path / "run"
@@ -145,9 +145,11 @@ def test_resume_after_an_interrupt_gives_the_roots_of_an_uninterrupted_run(
         b = bytearray(ck.read_bytes())
         b[-3] ^= 0x40
         ck.write_bytes(bytes(b))
+    if how == "no roots file":  # a crash before the first record reached the disk
+        (out / "roots.jsonl").unlink()
     r = run("train", "--resume", out) if how != "same --out" else run("train", "--out", out, *MLP)
     summary = ok(r)
-    assert summary["resumed_after"] == (0 if how == "damaged checkpoint" else 2)
+    assert summary["resumed_after"] == (0 if how in ("damaged checkpoint", "no roots file") else 2)
     assert roots(out) == roots(mlp_run)
     for s in range(1, 7):
         name = f"step_{s:06d}.vtlog"

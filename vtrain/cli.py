@@ -210,7 +210,7 @@ def _resume_point(run: Any, job: Any) -> tuple[int, list]:
     from vtrain.graph.executor import state_tensors
     from vtrain.training.loop import component_roots, initial_commitment
 
-    roots = run.read_roots()
+    roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
     done = 0
     while done + 1 in roots:
         done += 1
