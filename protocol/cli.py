@@ -33,7 +33,9 @@ log = logging.getLogger("vtrain")
 console = Console(width=None if Console().is_terminal else 120)
 
 
-@click.group()
+@click.group(epilog="Exit status (train, replay, sample, export, inspect): 0 done, 1 bad input, 2 usage error, "
+             "3 replay diverged, 4 unavailable (a needed file is missing), 130 interrupted; agents: see their --help.")
+@click.version_option(package_name="vtrain", prog_name="vtrain")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """Verifiable training with an on-chain dispute game."""

@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_numerics.py                 # defaults: a few minutes on 2 cores
     .venv/bin/python scripts/bench_numerics.py --long          # + replication over 1000 steps
     .venv/bin/python scripts/bench_numerics.py --profile       # + where a certified step spends time
+    .venv/bin/python scripts/bench_numerics.py --skip-timing --skip-replication --divergence-plot div.png
 
 Everything is measured in this one run and printed as markdown tables:
 
@@ -16,6 +17,11 @@ Everything is measured in this one run and printed as markdown tables:
 (c) replication verdicts: ``vtrain train`` in this environment, ``vtrain replay`` in emulated
     other hardware (``/work/shared/notes/nondeterminism.md``), each a separate process, for every
     mode; matched steps and the first divergent step.
+(d) with ``--divergence-plot PNG``: the number of weights that differ from the trainer's at each
+    step when plain FP32 and certified runs are replayed under each environment, drawn as a PNG.
+
+Log sizes compare certified (as vtrain stores it) against the seed paper's log as the paper's code
+stores it: raw trits of every hooked value, 1.6 bits each (``vtrain.numerics.paper``).
 """
 
 from __future__ import annotations
@@ -159,29 +165,44 @@ TIMING_HEAD = ["mode", "wall ms / step (median)", "wall min-max", "wall vs fp32"
                "CPU vs fp32"]
 
 
-def log_rows(res: dict[str, dict]) -> tuple[list[list[Any]], str]:
+def log_rows(res: dict[str, dict], graph: Any = None) -> tuple[list[list[Any]], str]:
+    """Log size per step: certified as vtrain stores it (sparse, zlib) against the seed paper's log
+    as the paper stores it (``vtrain export-paper-log``: raw trits, 1.6 bits per hooked value,
+    whatever its threshold; ``vtrain.numerics.paper``). Needs ``graph`` for the paper's hooked ops."""
+    from vtrain.numerics.paper import hooked_ops, paper_log_bytes
+
     rows = []
+    hooked = sum(graph.ops[o].numel for o in hooked_ops(graph)) if graph is not None else 0
+    paper_raw = paper_log_bytes(graph) if graph is not None else 0
     for mode in ("certified", "paper"):
         if mode not in res:
             continue
         r = res[mode]
         n = len(r["log_bytes"])
-        frac = r["logged"] / r["values"] if r["values"] else 0.0
-        what = "entries (sparse)" if mode == "certified" else "non-zero trits (dense: every value)"
-        rows.append([mode, f"{statistics.mean(r['log_bytes']):,.0f}", f"{statistics.mean(r['raw_bytes']):,.0f}",
-                     f"{r['values'] // n:,}", f"{r['logged'] / n:,.0f} {what}", f"{frac:.3%}",
-                     f"{r['explicit'] / n:,.1f}" if mode == "certified" else "-"])
+        if mode == "certified":
+            frac = r["logged"] / r["values"] if r["values"] else 0.0
+            rows.append([mode, f"{statistics.mean(r['log_bytes']):,.0f} (zlib)",
+                         f"{statistics.mean(r['raw_bytes']):,.0f}",
+                         f"{r['values'] // n:,} rounded", f"{r['logged'] / n:,.0f} entries (sparse)", f"{frac:.3%}",
+                         f"{r['explicit'] / n:,.1f}"])
+        else:
+            frac = r["logged"] / (hooked * n) if hooked else 0.0
+            rows.append(["paper (its code; as it stores it)", f"{paper_raw:,} (raw, 1.6 bits/value)",
+                         f"{paper_raw:,}", f"{hooked:,} hooked", f"{r['logged'] / n:,.0f} trits != 1 (dense: every "
+                         f"hooked value)", f"{frac:.1%}", "-"])
     note = ""
-    if "certified" in res and "paper" in res:
+    if "certified" in res and "paper" in res and paper_raw:
         c = statistics.mean(res["certified"]["log_bytes"])
-        p = statistics.mean(res["paper"]["log_bytes"])
         same = res["certified"]["roots"] == res["paper"]["roots"]
         nolog = res.get("round-nolog", {}).get("roots")
         same_nolog = ""
         if nolog is not None:
             same_nolog = f"; round-nolog {'identical' if nolog == res['certified']['roots'] else 'DIFFERENT'}"
-        note = (f"paper/certified stored bytes: **{p / c:.1f}x** (target >= 5x). Trajectories: certified "
-                f"and paper states {'identical' if same else 'DIFFERENT'} at every step{same_nolog}.")
+        note = (f"paper (raw, as its code stores it) / certified (stored): **{paper_raw / c:.1f}x** (target >= 5x). "
+                f"The paper logs forward outputs and activation gradients only (not weight gradients or the "
+                f"optimizer): {hooked:,} of {res['certified']['values'] // len(res['certified']['log_bytes']):,} "
+                f"rounded values per step. Trajectories: certified and paper states "
+                f"{'identical' if same else 'DIFFERENT'} at every step{same_nolog}.")
     return rows, note
 
 
@@ -312,6 +333,91 @@ def verdict_cell(r: dict, steps: int) -> str:
     return f"{v['matched']}/{steps}, diverges at step {v['first_divergent_step']}"
 
 
+# --- (d): divergence plot: differing weights per step, plain FP32 vs certified ----------------------
+def dump_replay(run_dir: Path, out: Path) -> None:
+    """Child process (``--dump-replay``): replay ``run_dir`` in this process's environment (with the
+    trainer's logs for certified; fp32 simply trains again) and save each step's parameters."""
+    import numpy as np
+
+    from vtrain.outputs.export import n_params
+    from vtrain.training.loop import replay_steps
+    from vtrain.training.rundir import RunDir
+
+    run = RunDir(run_dir)
+    job = build_job(run.read_spec())
+    k = n_params(job.spec, job.graph)
+    last = max(run.read_roots())
+    state = run.read_checkpoint(0, job.graph)
+    got = {}
+    for o in replay_steps(job, state, 1, last, lambda s: run.read_log(s, job.graph)):
+        got[f"s{o.step}"] = np.concatenate([t.numpy().reshape(-1) for t in o.state[:k]]).view(np.uint32)
+    np.savez(out, **got)
+
+
+def divergence(a: argparse.Namespace, envs: list[str], steps: int, png: Path) -> dict[str, list[int]]:
+    """Train fp32 and certified here (a checkpoint every step), replay each under every env in its
+    own process, and count per step the parameters whose bits differ from the trainer's; draw it."""
+    import numpy as np
+
+    from vtrain.outputs.export import n_params
+    from vtrain.training.rundir import RunDir
+
+    spec = gpt_spec(a)
+    common = ["--model", "gpt", "--optimizer", a.optimizer, "--layers", str(a.layers), "--width",
+              str(a.width), "--heads", str(a.heads), "--context", str(spec.gpt.context),
+              "--batch-size", str(a.batch), "--steps", str(steps), "--interval", "1"]
+    series: dict[str, list[int]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_divergence_") as tmp:
+        work = Path(tmp)
+        for m in ("fp32", "certified"):
+            rc, _, err, _ = cli("train", ["--out", str(work / m), "--mode", m, *common], {})
+            if rc != 0:
+                raise SystemExit(f"train {m} failed (rc {rc}):\n{err[-3000:]}")
+        pairs = [(m, e) for m in ("fp32", "certified") for e in envs]
+
+        def child(p: tuple[str, str]) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--dump-replay",
+                                   str(work / p[0]), str(work / f"{p[0]}-{p[1]}.npz")],
+                                  cwd=ROOT, env=env_for(ENVS[p[1]][0]), capture_output=True, text=True)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(a.jobs, len(pairs)))) as pool:
+            for (m, e), p in zip(pairs, pool.map(child, pairs), strict=True):
+                if p.returncode != 0:
+                    raise SystemExit(f"replay {m} under {e} failed (rc {p.returncode}):\n{p.stderr[-3000:]}")
+        for m in ("fp32", "certified"):
+            run = RunDir(work / m)
+            job = build_job(run.read_spec())
+            k = n_params(job.spec, job.graph)
+            ref = {s: np.concatenate([t.numpy().reshape(-1) for t in run.read_checkpoint(s, job.graph)[:k]])
+                   .view(np.uint32) for s in range(1, steps + 1)}
+            for e in envs:
+                d = np.load(work / f"{m}-{e}.npz")
+                series[f"{m} / {e}"] = [int((d[f"s{s}"] != ref[s]).sum()) for s in range(1, steps + 1)]
+        n_weights = int(ref[1].size)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    xs = list(range(1, steps + 1))
+    for name, ys in series.items():
+        ax.plot(xs, ys, label=name, linestyle="-" if name.startswith("fp32") else "--",
+                marker="o" if name.startswith("certified") else None, markersize=3)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"weights differing from the trainer (of {n_weights:,})")
+    ax.set_title(f"replay under other environments: plain FP32 vs certified\n{describe(spec, build_job(spec))}",
+                 fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png)
+    plt.close(fig)
+    return series
+
+
 # --- main ------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -341,7 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--skip-replication", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="also write the raw figures here")
+    ap.add_argument("--divergence-plot", type=Path, default=None, metavar="PNG",
+                    help="(d) draw differing weights per step, fp32 vs certified, replayed under --envs")
+    ap.add_argument("--plot-steps", type=int, default=30, help="steps of the divergence plot (d)")
+    ap.add_argument("--dump-replay", nargs=2, type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.dump_replay:  # child process of (d)
+        dump_replay(*a.dump_replay)
+        return 0
     if a.long:
         a.repl_steps = max(a.repl_steps, 1000)
     if a.threads > 0:
@@ -361,9 +474,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Median of {a.steps} steps after {a.warmup} warm-up step(s); fp32 = plain torch "
                   f"(vtrain.torch_ref). Target: certified <= 3x fp32.\n")
             print(table(TIMING_HEAD, timing_rows(res)))
-            rows, note = log_rows(res)
+            rows, note = log_rows(res, job.graph)
             print(f"\n## (b) rounding log, {label} (same steps)\n")
-            print(table(["mode", "stored bytes / step (zlib)", "raw bytes / step", "rounded values / step",
+            print(table(["mode", "stored bytes / step", "raw bytes / step", "values / step",
                          "logged / step", "fraction logged", "explicit / step"], rows))
             print(f"\n{note}\n")
             sys.stdout.flush()
@@ -420,6 +533,15 @@ def main(argv: list[str] | None = None) -> int:
                     [[m, f"{info[m]['wall_s']:.0f}", f"{info[m].get('log_bytes', 0):,}",
                       f"{info[m].get('final_loss', float('nan')):.4f}"] for m in modes]))
         raw["replication"] = {"info": info, "verdicts": {f"{m}/{e}": v for (m, e), v in verdicts.items()}}
+    if a.divergence_plot:
+        envs = [e for e in a.envs.split(",") if e]
+        series = divergence(a, envs, a.plot_steps, a.divergence_plot)
+        print(f"## (d) divergence, {a.plot_steps} steps: weights differing from the trainer's, replayed under "
+              f"each environment (plot: {a.divergence_plot})\n")
+        print(table(["mode / env", "first step with a difference", "at the last step"],
+                    [[k, next((i + 1 for i, v in enumerate(ys) if v), "none"), f"{ys[-1]:,}"]
+                     for k, ys in series.items()]))
+        raw["divergence"] = series
     print(f"\nTotal wall time {time.perf_counter() - t_start:.0f} s; load average at the end "
           f"{os.getloadavg()[0]:.1f}.")
     if a.json:

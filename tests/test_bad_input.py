@@ -201,18 +201,19 @@ def _flip(p: Path, at: int) -> None:
     p.write_bytes(bytes(b))
 
 
-@pytest.mark.parametrize("damage, words", [
-    ("truncated log", ["step 2"]),
-    ("garbled log", ["step 2"]),
-    ("log of the wrong step", ["expected step 2", "got a log of step 1"]),
-    ("missing log", ["rounding log of step 2 missing"]),
-    ("truncated checkpoint", ["checkpoint", "step_000000"]),
-    ("missing spec", ["no spec.json"]),
-    ("bad spec", ["spec.json", "unknown key"]),
-    ("garbage roots line", ["roots.jsonl", "line 1"]),
-    ("empty roots", ["records no steps"]),
+@pytest.mark.parametrize("damage, words, code", [
+    ("truncated log", ["step 2"], 1),
+    ("garbled log", ["step 2"], 1),
+    ("log of the wrong step", ["expected step 2", "got a log of step 1"], 1),
+    ("missing log", ["rounding log of step 2 missing"], 4),  # unavailable, not malformed
+    ("truncated checkpoint", ["checkpoint", "step_000000"], 1),
+    ("missing spec", ["no spec.json"], 4),
+    ("bad spec", ["spec.json", "unknown key"], 1),
+    ("garbage roots line", ["roots.jsonl", "line 1"], 1),
+    ("empty roots", ["records no steps"], 1),
 ])
-def test_damaged_run_folders_are_refused_with_the_artifact_named(copy: Path, damage: str, words: list[str]) -> None:
+def test_damaged_run_folders_are_refused_with_the_artifact_named(copy: Path, damage: str, words: list[str],
+                                                                 code: int) -> None:
     log2, ckpt0 = copy / "logs" / "step_000002.vtlog", copy / "checkpoints" / "step_000000.safetensors"
     if damage == "truncated log":
         log2.write_bytes(log2.read_bytes()[:9])
@@ -232,7 +233,7 @@ def test_damaged_run_folders_are_refused_with_the_artifact_named(copy: Path, dam
         (copy / "roots.jsonl").write_text("hello\n")
     elif damage == "empty roots":
         (copy / "roots.jsonl").write_text("")
-    fails(run("replay", "--run", str(copy)), *words, code=1)
+    fails(run("replay", "--run", str(copy)), *words, code=code)
 
 
 def test_replay_options_out_of_range(copy: Path, tmp_path: Path) -> None:

@@ -122,7 +122,7 @@ def check_replays(runs: dict, envs: list[str], steps: int) -> list[str]:
         mode = cfg[2]
         v = p.verdict()
         if mode == "fp32" and e != "same":
-            ok = p.rc == 1 and v["first_divergent_step"] is not None and v["matched"] < steps
+            ok = p.rc == 3 and v["first_divergent_step"] is not None and v["matched"] < steps
         else:
             ok = (p.rc == 0 and v["matched"] == v["steps"] == steps
                   and v["first_divergent_step"] is None)

@@ -1,4 +1,14 @@
-"""``vtrain train`` and ``vtrain replay``: chain-free commands over a local run folder."""
+"""``vtrain train``, ``replay``, ``sample``, ``export``, ``inspect`` and ``export-paper-log``:
+chain-free commands over a local run folder.
+
+Only click is imported at module level; torch and the rest load inside the commands, so
+``vtrain --help`` stays quick.
+
+Exit status of every command here: 0 done (replay: every step matched), 1 bad input (a malformed
+spec, dataset or run folder, data changed since training, conflicting options), 2 usage error
+(unknown or malformed option), 3 the replay diverged, 4 unavailable (a file the command needs is
+missing), 130 interrupted (Ctrl-C; ``vtrain train --resume RUN`` continues).
+"""
 
 from __future__ import annotations
 
@@ -7,34 +17,89 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from click.core import ParameterSource
 
-from vtrain.errors import VtrainError
-from vtrain.graph.executor import state_tensors
-from vtrain.models.nn import GPTConfig, MLPConfig
-from vtrain.models.optim import AdamWConfig, SGDConfig
-from vtrain.numerics.rounding import Mode
-from vtrain.training.loop import initial_commitment, replay_steps, train_steps
-from vtrain.training.rundir import RunDir, reset_roots
-from vtrain.training.spec import TrainSpec, build_job
-
-console = Console(stderr=True)
 log = logging.getLogger(__name__)
 
+EXIT_BAD_INPUT = 1
+EXIT_USAGE = 2
+EXIT_DIVERGED = 3
+EXIT_UNAVAILABLE = 4
+EXIT_INTERRUPTED = 130
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-        disable=not console.is_terminal,
-    )
+EXIT_CODES_HELP = (
+    "Exit status: 0 done, 1 bad input (malformed spec/data/run folder, data changed, conflicting "
+    "options), 2 usage error, 3 replay diverged, 4 unavailable (a needed file is missing), "
+    "130 interrupted."
+)
+
+MODE_NAMES = ("certified", "paper", "round-nolog", "fp32")
+"""``vtrain.numerics.rounding.Mode`` values (kept here so importing the CLI does not load torch;
+a test checks they agree)."""
+
+#: Options that set a spec field (refused together with --spec or --resume), and the model they belong to.
+SPEC_OPTIONS = ("model", "optimizer", "steps", "interval", "batch_size", "seed", "mode", "lr", "text",
+                "layers", "width", "heads", "context", "hidden")
+GPT_ONLY = ("text", "layers", "width", "heads", "context")
+MLP_ONLY = ("hidden",)
+
+
+class Failure(click.ClickException):
+    """A clean one-line error with its exit status."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def _failure(e: BaseException) -> Failure:
+    """The exit status and message of an error raised by the library or the file system."""
+    from vtrain.errors import MissingArtifact, VtrainError
+
+    if isinstance(e, MissingArtifact):
+        return Failure(str(e), EXIT_UNAVAILABLE)
+    if isinstance(e, VtrainError):
+        return Failure(str(e), EXIT_BAD_INPUT)
+    if isinstance(e, FileNotFoundError):
+        return Failure(_os_error(e), EXIT_UNAVAILABLE)
+    if isinstance(e, OSError):
+        return Failure(_os_error(e), EXIT_BAD_INPUT)
+    raise e
+
+
+def _os_error(e: OSError) -> str:
+    """One line for a file-system error: what failed and on which file."""
+    return f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+
+
+def _guarded(fn):
+    """Map VtrainError / OSError raised inside a command to :class:`Failure` (no traceback)."""
+    import functools
+
+    @functools.wraps(fn)
+    def inner(*a, **k):
+        from vtrain.errors import VtrainError
+
+        try:
+            return fn(*a, **k)
+        except (VtrainError, OSError) as e:
+            raise _failure(e) from None
+
+    return inner
+
+
+# -- train ------------------------------------------------------------------------------------------
 
 
 def spec_from_options(
@@ -52,7 +117,11 @@ def spec_from_options(
     heads: int,
     context: int,
     hidden: str,
-) -> TrainSpec:
+) -> Any:
+    from vtrain.models.nn import GPTConfig, MLPConfig
+    from vtrain.models.optim import AdamWConfig, SGDConfig
+    from vtrain.training.spec import TrainSpec
+
     opt: SGDConfig | AdamWConfig
     if optimizer == "sgd":
         opt = SGDConfig(lr=lr) if lr is not None else SGDConfig()
@@ -85,8 +154,93 @@ def spec_from_options(
     )
 
 
-@click.command("train")
-@click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Run folder to create.")
+def _refuse_conflicts(ctx: click.Context, spec_path: Path | None, resume: Path | None, out: Path | None) -> None:
+    """Options that would be ignored are refused (exit 2), naming both sides."""
+    given = [n for n in SPEC_OPTIONS if _given(ctx, n)]
+    if resume is not None and out is not None:
+        raise click.UsageError("--resume RUN continues RUN in place: give --resume or --out, not both")
+    if resume is None and out is None:
+        raise click.UsageError("expected --out RUN (a new run) or --resume RUN (continue one)")
+    for source, name in ((resume, "--resume"), (spec_path, "--spec")):
+        if source is not None and given:
+            what = "the run's spec.json" if name == "--resume" else str(spec_path)
+            raise click.UsageError(f"{', '.join(_flag(n) for n in given)}: conflicts with {name} "
+                                   f"({what} sets it); drop one")
+    if resume is not None and spec_path is not None:
+        raise click.UsageError("--spec conflicts with --resume (the run's spec.json is the spec)")
+    model = ctx.params.get("model")
+    wrong = MLP_ONLY if model == "gpt" else GPT_ONLY
+    bad = [n for n in wrong if _given(ctx, n)]
+    if spec_path is None and resume is None and bad:
+        raise click.UsageError(f"{', '.join(_flag(n) for n in bad)}: not an option of --model {model}")
+
+
+def _comparable(spec: Any) -> dict:
+    d = spec.to_dict()
+    d.pop("text_path")
+    return d
+
+
+def _spec_difference(a: Any, b: Any) -> str | None:
+    da, db = _comparable(a), _comparable(b)
+
+    def flat(d: dict, pre: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{pre}{k}.") if isinstance(v, dict) else {f"{pre}{k}": v})
+        return out
+
+    fa, fb = flat(da), flat(db)
+    for k in sorted(set(fa) | set(fb)):
+        if fa.get(k) != fb.get(k):
+            return f"{k}: {fa.get(k)!r} in the run, {fb.get(k)!r} now"
+    return None
+
+
+def _text_sha(path: str | None) -> str | None:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+
+
+def _resume_point(run: Any, job: Any) -> tuple[int, list]:
+    """The last checkpoint whose state root matches the recorded one; later records are dropped."""
+    from vtrain.commit.roots import state_root
+    from vtrain.errors import CorruptArtifact
+    from vtrain.graph.executor import state_tensors
+    from vtrain.training.loop import component_roots, initial_commitment
+
+    roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
+    done = 0
+    while done + 1 in roots:
+        done += 1
+    for c in sorted((s for s in run.checkpoint_steps() if 0 < s <= done), reverse=True):
+        try:
+            state = run.read_checkpoint(c, job.graph)
+        except CorruptArtifact as e:
+            log.warning("not resuming from checkpoint %d: %s", c, e)
+            continue
+        if state_root(component_roots(state)).hex() == roots[c]["state_root"]:
+            run.truncate_after(c)
+            return c, state
+        log.warning("not resuming from checkpoint %d: its state root differs from roots.jsonl", c)
+    state = state_tensors(job.initial_state)  # step 0 is derived from the spec: always verifiable
+    run.truncate_after(0)
+    root0 = initial_commitment(job)[1]
+    try:
+        ok = state_root(component_roots(run.read_checkpoint(0, job.graph))) == root0
+    except (CorruptArtifact, OSError, Exception):
+        ok = False
+    if not ok:
+        run.write_checkpoint(0, job.graph, state)
+    return 0, state
+
+
+@click.command("train", epilog=EXIT_CODES_HELP)
+@click.option("--out", "out", type=click.Path(path_type=Path), default=None,
+              help="Run folder to create (a partial run of the same spec there is continued).")
+@click.option("--resume", "resume", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Continue the interrupted run in this folder, with its own spec.")
 @click.option("--model", type=click.Choice(["mlp", "gpt"]), default="mlp", show_default=True)
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
@@ -95,122 +249,291 @@ def spec_from_options(
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--mode", type=click.Choice([m.value for m in Mode]), default="certified", show_default=True)
+@click.option("--mode", type=click.Choice(MODE_NAMES), default="certified", show_default=True)
 @click.option("--lr", type=float, default=None, help="Learning rate (default: the optimizer's).")
 @click.option(
     "--text",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="gpt: train on this text file.",
+    help="gpt: train on this text file (copied into the run folder).",
 )
-@click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--width", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--heads", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--context", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--hidden", default="32", show_default=True, help="mlp: hidden sizes, comma-separated.")
+@click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True, help="gpt only.")
+@click.option("--width", type=click.IntRange(min=1), default=32, show_default=True, help="gpt only.")
+@click.option("--heads", type=click.IntRange(min=1), default=2, show_default=True, help="gpt only.")
+@click.option("--context", type=click.IntRange(min=1), default=16, show_default=True, help="gpt only.")
+@click.option("--hidden", default="32", show_default=True, help="mlp only: hidden sizes, comma-separated.")
 @click.option(
     "--spec",
     "spec_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="Read the whole spec from a file (JSON, or TOML if named *.toml) instead of the options.",
+    help="Read the whole spec from a file (JSON, or TOML if named *.toml); the spec options above "
+    "are then refused.",
 )
-def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
-    """Train with controlled numerics and write spec, roots, logs and checkpoints to OUT."""
-    try:
+@click.pass_context
+def train_cmd(ctx: click.Context, out: Path | None, resume: Path | None, spec_path: Path | None, **opts) -> None:
+    """Train with controlled numerics and write spec, data, roots, logs and checkpoints to the run folder.
+
+    The run folder is self-contained (a copy of the text file, the vocabulary, sha256 of the
+    data). Interrupted (Ctrl-C, a crash): `vtrain train --resume RUN` continues from the last
+    checkpoint that matches its recorded state root, and ends with the same roots as an
+    uninterrupted run. Progress goes to stderr (a bar on a terminal, a line every 10 steps or 5 s
+    otherwise); stdout gets one JSON line at the end.
+    """
+    _refuse_conflicts(ctx, spec_path, resume, out)
+    _train(out, resume, spec_path, opts)
+
+
+@_guarded
+def _train(out: Path | None, resume: Path | None, spec_path: Path | None, opts: dict) -> None:
+    from vtrain.training.rundir import RunDir
+    from vtrain.training.spec import TrainSpec, build_job
+
+    if resume is not None:
+        run = RunDir(resume)
+        if not resume.exists():
+            raise Failure(f"--resume {resume}: no such run folder", EXIT_UNAVAILABLE)
+        spec = run.read_spec()
+        fresh = False
+    else:
+        assert out is not None
         spec = TrainSpec.from_file(spec_path) if spec_path else spec_from_options(**opts)
         run = RunDir(out)
         if out.exists() and not out.is_dir():
-            raise click.ClickException(f"--out {out}: exists and is not a folder")
-        if (out / "roots.jsonl").exists():
-            raise click.ClickException(f"{out} already holds a run; choose another --out")
-        job = build_job(spec)
-        run.write_spec(spec)
+            raise Failure(f"--out {out}: exists and is not a folder")
+        fresh = not (out / "spec.json").exists() and not (out / "roots.jsonl").exists()
+        if not fresh:
+            old = run.read_spec()
+            diff = _spec_difference(old, spec)
+            if diff is None and _text_sha(old.text_path) != _text_sha(spec.text_path):
+                diff = "the text file's contents differ"
+            if diff is not None:
+                raise Failure(f"--out {out} already holds a run of another spec ({diff}); choose another --out")
+            spec = old
+    job = build_job(spec)
+    if fresh:
+        from vtrain.graph.executor import state_tensors
+        from vtrain.training.rundir import reset_roots
+
+        run.write_spec(run.pin_inputs(spec, job.dataset))
         reset_roots(run)
         state = state_tensors(job.initial_state)
         run.write_checkpoint(0, job.graph, state)
-        _, root0 = initial_commitment(job)
-        t0 = time.perf_counter()
-        log_bytes = 0
-        with _progress() as prog:
-            task = prog.add_task(f"training {spec.model} ({spec.mode})", total=spec.steps)
-            for o in train_steps(job, state, 1, spec.steps):
+        start = 0
+    else:
+        run.verify_dataset(job.dataset)
+        roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
+        if len(roots) >= spec.steps and all(s in roots for s in range(1, spec.steps + 1)):
+            raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; choose another --out")
+        start, state = _resume_point(run, job)
+        click.echo(f"resuming {run.path} after step {start} of {spec.steps}", err=True)
+    _train_loop(run, job, state, start)
+
+
+def _train_loop(run: Any, job: Any, state: list, start: int) -> None:
+    from vtrain.numerics.rounding import Mode
+    from vtrain.progress import StepProgress
+    from vtrain.training.loop import initial_commitment, train_steps
+
+    spec = job.spec
+    _, root0 = initial_commitment(job)
+    t0 = time.perf_counter()
+    log_bytes = 0
+    last = None
+    done = start
+    try:
+        with StepProgress(f"train {spec.model} ({spec.mode})", spec.steps, done=start) as prog:
+            for o in train_steps(job, state, start + 1, spec.steps):
                 if spec.mode in (Mode.CERTIFIED.value, Mode.PAPER.value):
                     log_bytes += run.write_log(o.step, o.log, job.graph)
-                run.append_roots(o.step, o.loss, o.state_root, o.log_root)
                 if o.step % spec.interval == 0 or o.step == spec.steps:
                     run.write_checkpoint(o.step, job.graph, o.state)
-                prog.update(task, advance=1, description=f"training {spec.model} ({spec.mode}) loss {o.loss:.4f}")
+                run.append_roots(o.step, o.loss, o.state_root, o.log_root)
+                done = o.step
+                prog.update(o.step, loss=o.loss)
                 last = o
-        dt = time.perf_counter() - t0
-        summary = {
-            "run": str(out),
-            "steps": spec.steps,
-            "ops_per_step": job.graph.n_ops,
-            "seconds": round(dt, 3),
-            "initial_state_root": root0.hex(),
-            "final_state_root": last.state_root.hex(),
-            "final_loss": last.loss,
-            "log_bytes": log_bytes,
-        }
-        click.echo(json.dumps(summary))
-    except VtrainError as e:
-        raise click.ClickException(str(e)) from None
-    except OSError as e:
-        raise click.ClickException(_os_error(e)) from None
+    except KeyboardInterrupt:
+        raise Failure(f"interrupted after step {done} of {spec.steps}; continue with: "
+                      f"vtrain train --resume {run.path}", EXIT_INTERRUPTED) from None
+    assert last is not None
+    summary = {
+        "run": str(run.path),
+        "steps": spec.steps,
+        "resumed_after": start,
+        "ops_per_step": job.graph.n_ops,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "initial_state_root": root0.hex(),
+        "final_state_root": last.state_root.hex(),
+        "final_loss": last.loss,
+        "log_bytes": log_bytes,
+    }
+    click.echo(json.dumps(summary))
 
 
-@click.command("replay")
+# -- replay -----------------------------------------------------------------------------------------
+
+
+@click.command("replay", epilog=EXIT_CODES_HELP)
 @click.option("--run", "run_path", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
 @click.option("--from-step", type=click.IntRange(min=0), default=0, show_default=True, help="Start at this checkpoint.")
 @click.option("--to-step", type=click.IntRange(min=1), default=None, help="Last step to replay (default: all).")
-@click.option("--mode", type=click.Choice([m.value for m in Mode]), default=None, help="Override the run's mode.")
+@click.option("--mode", type=click.Choice(MODE_NAMES), default=None, help="Override the run's mode.")
 def replay_cmd(run_path: Path, from_step: int, to_step: int | None, mode: str | None) -> None:
-    """Replay a run with its rounding logs and compare every step's state root. Exit 1 on divergence."""
-    try:
-        run = RunDir(run_path)
-        spec = run.read_spec()
-        job = build_job(spec)
-        roots = run.read_roots()
-        if not roots:
-            raise click.ClickException(f"{run.path / 'roots.jsonl'} records no steps: nothing to replay")
-        last = to_step or max(roots)
-        if last <= from_step:
-            raise click.ClickException(f"--to-step {last} is not after --from-step {from_step}")
-        if last > max(roots):
-            raise click.ClickException(f"--to-step {last}: the run records steps up to {max(roots)} only")
-        state = run.read_checkpoint(from_step, job.graph)
-        first_bad = None
-        matched = 0
-        with _progress() as prog:
-            task = prog.add_task("replaying", total=last - from_step)
-            for o in replay_steps(job, state, from_step + 1, last, lambda s: run.read_log(s, job.graph), mode=mode):
-                want = roots.get(o.step)
-                if want is None:
-                    raise click.ClickException(f"roots.jsonl has no record of step {o.step}")
-                if o.state_root.hex() == want["state_root"]:
-                    matched += 1
-                elif first_bad is None:
-                    first_bad = o.step
-                prog.update(task, advance=1)
-        verdict = {
-            "run": str(run_path),
-            "steps": last - from_step,
-            "matched": matched,
-            "first_divergent_step": first_bad,
-        }
-        click.echo(json.dumps(verdict))
-        if first_bad is not None:
-            sys.exit(1)
-    except VtrainError as e:
-        raise click.ClickException(str(e)) from None
-    except OSError as e:
-        raise click.ClickException(_os_error(e)) from None
+    """Replay a run with its rounding logs and compare every step's state root (exit 3 on divergence).
+
+    Works from any directory: the run folder holds its data; data changed since training is
+    reported with the file and both sha256 before any step runs.
+    """
+    _replay(run_path, from_step, to_step, mode)
 
 
-def _os_error(e: OSError) -> str:
-    """One line for a file-system error: what failed and on which file."""
-    return f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+@_guarded
+def _replay(run_path: Path, from_step: int, to_step: int | None, mode: str | None) -> None:
+    from vtrain.progress import StepProgress
+    from vtrain.training.loop import replay_steps
+    from vtrain.training.rundir import RunDir
+    from vtrain.training.spec import build_job
+
+    run = RunDir(run_path)
+    spec = run.read_spec()
+    roots = run.read_roots()
+    if not roots:
+        raise Failure(f"{run.path / 'roots.jsonl'} records no steps: nothing to replay")
+    last = to_step or max(roots)
+    if last <= from_step:
+        raise Failure(f"--to-step {last} is not after --from-step {from_step}")
+    if last > max(roots):
+        raise Failure(f"--to-step {last}: the run records steps up to {max(roots)} only")
+    job = build_job(spec)
+    run.verify_dataset(job.dataset)
+    state = run.read_checkpoint(from_step, job.graph)
+    first_bad = None
+    matched = 0
+    with StepProgress("replay", last, done=from_step) as prog:
+        for o in replay_steps(job, state, from_step + 1, last, lambda s: run.read_log(s, job.graph), mode=mode):
+            want = roots.get(o.step)
+            if want is None:
+                raise Failure(f"roots.jsonl has no record of step {o.step}")
+            if o.state_root.hex() == want["state_root"]:
+                matched += 1
+            elif first_bad is None:
+                first_bad = o.step
+            prog.update(o.step)
+    verdict = {"run": str(run_path), "steps": last - from_step, "matched": matched, "first_divergent_step": first_bad}
+    click.echo(json.dumps(verdict))
+    if first_bad is not None:
+        sys.exit(EXIT_DIVERGED)
 
 
-COMMANDS = [train_cmd, replay_cmd]
+# -- using what was trained -------------------------------------------------------------------------
+
+
+def _open_run(run_path: Path) -> tuple[Any, Any]:
+    from vtrain.training.rundir import RunDir
+    from vtrain.training.spec import build_job
+
+    run = RunDir(run_path)
+    job = build_job(run.read_spec())
+    run.verify_dataset(job.dataset)
+    return run, job
+
+
+_RUN_ARG = click.argument("run_path", metavar="RUN", type=click.Path(exists=True, file_okay=False, path_type=Path))
+_STEP_OPT = click.option("--step", type=click.IntRange(min=0), default=None,
+                         help="Checkpoint to use (default: the latest); checked against its recorded root.")
+
+
+@click.command("sample", epilog=EXIT_CODES_HELP)
+@_RUN_ARG
+@_STEP_OPT
+@click.option("--prompt", default="", help="Text to continue (characters of the run's vocabulary).")
+@click.option("--tokens", type=click.IntRange(min=1, max=100_000), default=200, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="0: greedy; above 0: sample from softmax(logits / T).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Sampling seed.")
+def sample_cmd(run_path: Path, step: int | None, prompt: str, tokens: int, temperature: float, seed: int) -> None:
+    """Generate text from a trained language model (a gpt run): greedy, or sampled with a seed."""
+    _sample(run_path, step, prompt, tokens, temperature, seed)
+
+
+@_guarded
+def _sample(run_path: Path, step: int | None, prompt: str, tokens: int, temperature: float, seed: int) -> None:
+    import torch
+
+    from vtrain.outputs.export import verified_state, weights
+    from vtrain.outputs.sample import generate
+    from vtrain.outputs.torch_models import GPT
+
+    run, job = _open_run(run_path)
+    if job.spec.model != "gpt":
+        raise Failure(f"{run_path}: sample needs a language model (a gpt run), this is a {job.spec.model} run")
+    vocab = run.read_vocab() or job.dataset.vocab
+    _, state = verified_state(run, job, step)
+    model = GPT(job.spec.gpt)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights(job, state).items()}, strict=True)
+    click.echo(generate(model, vocab, prompt, tokens, temperature, seed))
+
+
+@click.command("export", epilog=EXIT_CODES_HELP)
+@_RUN_ARG
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder to write.")
+@_STEP_OPT
+def export_cmd(run_path: Path, out: Path, step: int | None) -> None:
+    """Write the weights only (no optimizer state) as OUT/model.safetensors, named like the model's
+    torch state_dict (vtrain.outputs.torch_models), with config.json and vocab.json."""
+    _export(run_path, out, step)
+
+
+@_guarded
+def _export(run_path: Path, out: Path, step: int | None) -> None:
+    from vtrain.outputs.export import export_run
+
+    run, job = _open_run(run_path)
+    click.echo(json.dumps(export_run(run, job, out, step)))
+
+
+@click.command("inspect", epilog=EXIT_CODES_HELP)
+@_RUN_ARG
+@click.option("--plots", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for loss.png and logged_fraction.png (default: RUN/plots).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole summary as JSON instead.")
+def inspect_cmd(run_path: Path, plots: Path | None, as_json: bool) -> None:
+    """Show a run: loss per step, rounding-log entries per op and per code; draw the plots."""
+    _inspect(run_path, plots, as_json)
+
+
+@_guarded
+def _inspect(run_path: Path, plots: Path | None, as_json: bool) -> None:
+    from vtrain.outputs.inspect import plot, summarize, text_report
+
+    run, job = _open_run(run_path)
+    summary = summarize(run, job)
+    paths = plot(summary, plots or run.path / "plots")
+    summary["plots"] = [str(p) for p in paths]
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(text_report(summary))
+        click.echo("plots: " + ", ".join(summary["plots"]))
+
+
+@click.command("export-paper-log", epilog=EXIT_CODES_HELP)
+@_RUN_ARG
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder to write.")
+def export_paper_log_cmd(run_path: Path, out: Path) -> None:
+    """Write a paper-mode run's logs in the seed paper's own layout: per step, raw 5-trit bytes
+    (forward_hooks_log_b_<step>_e_0, backward_hooks_log_b_<step>_e_0) and their _metadata sidecars."""
+    _export_paper_log(run_path, out)
+
+
+@_guarded
+def _export_paper_log(run_path: Path, out: Path) -> None:
+    from vtrain.outputs.paper_log import export_paper_logs
+
+    run, job = _open_run(run_path)
+    if job.spec.mode != "paper":
+        raise Failure(f"{run_path}: a {job.spec.mode} run has no paper log (train with --mode paper)")
+    click.echo(json.dumps(export_paper_logs(run, job, out)))
+
+
+COMMANDS = [train_cmd, replay_cmd, sample_cmd, export_cmd, inspect_cmd, export_paper_log_cmd]

@@ -35,3 +35,11 @@ class SpecError(VtrainError):
 
 class DatasetError(VtrainError):
     """Raised when a dataset is missing, empty, unreadable or the wrong shape for the model."""
+
+
+class DataChanged(CorruptArtifact):
+    """Raised when a run's pinned data (its copy of the dataset) no longer has the recorded sha256."""
+
+
+class MissingDataset(DatasetError, MissingArtifact):
+    """Raised when a dataset file is not there (unavailable rather than malformed)."""

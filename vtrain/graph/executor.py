@@ -16,6 +16,7 @@ import torch
 from vtrain.errors import CorruptLog, GraphError, NonFiniteValue, VtrainError
 from vtrain.graph.step_graph import LOGGING_KINDS, ROUNDING_KINDS, Graph, OpKind, OpNode, bits_f32
 from vtrain.numerics.canonical import round_canonical
+from vtrain.numerics.paper import apply_paper, hooked_ops, round_paper
 from vtrain.numerics.rounding import (
     TRAINER_BOUND_SLACK,
     DenseLog,
@@ -25,11 +26,9 @@ from vtrain.numerics.rounding import (
     RoundingStats,
     U,
     apply_log,
-    apply_paper,
     canonical,
     gamma,
     round_output,
-    round_paper,
 )
 
 log = logging.getLogger(__name__)
@@ -76,6 +75,7 @@ class StepExecutor:
         if self.mode == Mode.FP32:
             raise VtrainError("fp32 is plain torch training: use vtrain.torch_ref.executor_for(job, 'fp32')")
         self._last_use = self._compute_last_use()
+        self._hooked = set(hooked_ops(graph)) if self.mode == Mode.PAPER else set()
 
     def _compute_last_use(self) -> list[int]:
         last = list(range(self.graph.n_ops))
@@ -168,14 +168,14 @@ class StepExecutor:
         v, d = _compute_fp64(op, ins)
         stats.values += v.numel()
         what = f"{op.kind.name} op {op.id}"
-        if self.mode == Mode.ROUND_NOLOG:
-            out, _ = round_output(v, None, what)
+        if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
+            out, _ = round_output(v, None, what)  # the paper does not log weight gradients or the optimizer
             return out
         if self.mode == Mode.PAPER:
             if log_in is None:
                 out, dense = round_paper(v)
                 out_log.dense[op.id] = dense
-                stats.logged += int((dense.trits != 0).sum())
+                stats.logged += int((dense.trits != 1).sum())
                 return out
             dense_in = log_in.dense.get(op.id)
             if dense_in is None:

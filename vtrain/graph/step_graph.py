@@ -127,6 +127,9 @@ class Graph:
     loss_op: int
     grad_ops: dict[int, int] = field(default_factory=dict)
     """Slot of a parameter -> op computing its gradient (for tests and debugging)."""
+    weight_grad_ops: frozenset[int] = frozenset()
+    """Backward ops that only compute gradients of parameters (``wrt`` of :meth:`GraphBuilder.grad`),
+    not of activations: where the seed paper's hooks do not log (``vtrain.numerics.paper``)."""
 
     @property
     def n_ops(self) -> int:
@@ -171,6 +174,7 @@ class GraphBuilder:
     consts: dict[int, np.ndarray] = field(default_factory=dict)
     data_shape: Shape = ()
     no_grad: set[int] = field(default_factory=set)
+    weight_grad_ops: set[int] = field(default_factory=set)
 
     def _op(self, kind: OpKind, inputs: Sequence[T], shape: Shape, attrs: Sequence[int] = (), name: str = "") -> T:
         if any(s <= 0 for s in shape):
@@ -348,7 +352,8 @@ class GraphBuilder:
 
     def build(self, loss: T, grad_ops: dict[int, int] | None = None) -> Graph:
         return Graph(
-            list(self.ops), list(self.slots), dict(self.consts), self.data_shape, loss.op, dict(grad_ops or {})
+            list(self.ops), list(self.slots), dict(self.consts), self.data_shape, loss.op, dict(grad_ops or {}),
+            frozenset(self.weight_grad_ops),
         )
 
     # -- autodiff ------------------------------------------------------------------------------
@@ -365,14 +370,40 @@ class GraphBuilder:
             if node.id in {t.op for t in wrt}:
                 adj[node.id] = g  # keep for the caller
                 continue
-            for inp, gi in self._vjp(node, g):
+            start = len(self.ops)
+            contribs = self._vjp(node, g)
+            self._mark_weight_grads(start, contribs, {t.op for t in wrt})
+            for inp, gi in contribs:
                 if inp in self.no_grad or inp not in needed:
                     continue
-                adj[inp] = gi if inp not in adj else self.add(adj[inp], gi)
+                if inp not in adj:
+                    adj[inp] = gi
+                    continue
+                adj[inp] = self.add(adj[inp], gi)
+                if inp in {t.op for t in wrt}:
+                    self.weight_grad_ops.add(adj[inp].op)
         missing = [t.op for t in wrt if t.op not in adj]
         if missing:
             raise GraphError(f"grad: ops {missing} do not influence the loss")
         return [adj[t.op] for t in wrt]
+
+    def _mark_weight_grads(self, start: int, contribs: list[tuple[int, T]], wrt: set[int]) -> None:
+        """Of the ops one VJP just created (ids from ``start``), those that only feed contributions
+        to the gradient of a ``wrt`` leaf (a parameter), not any other input's."""
+        def closure(roots: list[int]) -> set[int]:
+            seen: set[int] = set()
+            todo = [r for r in roots if r >= start]
+            while todo:
+                o = todo.pop()
+                if o in seen:
+                    continue
+                seen.add(o)
+                todo.extend(i for i in self.ops[o].inputs if i >= start)
+            return seen
+
+        weight = closure([gi.op for inp, gi in contribs if inp in wrt])
+        other = closure([gi.op for inp, gi in contribs if inp not in wrt])
+        self.weight_grad_ops |= weight - other
 
     def _needed(self, loss: int, leaves: set[int]) -> set[int]:
         """Ops on some path from a ``wrt`` leaf to the loss (only those get adjoints)."""

@@ -2,7 +2,9 @@
 
 Certified logs are sparse: for each op with entries, its id, count, delta-coded indices, codes and
 the FP32 values of explicit entries; the whole payload is zlib-compressed. Paper logs are dense:
-five ternary decisions per byte for every rounded element, in op order. A header carries the
+five trits per byte for every element of every op the paper's hooks log
+(``vtrain.numerics.paper.hooked_ops``), in op order; ``vtrain export-paper-log`` writes them in
+the paper's own layout (raw, with ``_metadata``). A header carries the
 magic, version, mode, step and the graph's op count, so a log is never applied to the wrong step.
 """
 
@@ -15,7 +17,8 @@ import numpy as np
 
 from vtrain.errors import CorruptLog
 from vtrain.graph.executor import StepLog
-from vtrain.graph.step_graph import ROUNDING_KINDS, Graph
+from vtrain.graph.step_graph import Graph
+from vtrain.numerics.paper import hooked_ops
 from vtrain.numerics.rounding import DenseLog, Mode, OpLog, pack_trits, unpack_trits
 
 MAGIC = b"VTLOG"
@@ -28,7 +31,7 @@ def encode_step_log(log: StepLog, step: int, graph: Graph) -> bytes:
     """Serialize one step's log (compressed)."""
     head = _HEADER.pack(MAGIC, VERSION, _MODES[log.mode], step, graph.n_ops)
     if log.mode == Mode.PAPER:
-        body = b"".join(pack_trits(log.dense[op.id].trits) for op in graph.ops if op.kind in ROUNDING_KINDS)
+        body = b"".join(pack_trits(log.dense[o].trits) for o in hooked_ops(graph))
         return head + zlib.compress(body, 6)
     ops = sorted(log.sparse)
     counts = np.array([len(log.sparse[o]) for o in ops], np.uint32)
@@ -67,9 +70,8 @@ def decode_step_log(data: bytes, step: int, graph: Graph) -> StepLog:
     out = StepLog(mode)
     if mode == Mode.PAPER:
         pos = 0
-        for op in graph.ops:
-            if op.kind not in ROUNDING_KINDS:
-                continue
+        for o in hooked_ops(graph):
+            op = graph.ops[o]
             nb = (op.numel + 4) // 5
             if pos + nb > len(body):
                 raise CorruptLog(f"{where}: truncated at op {op.id}")

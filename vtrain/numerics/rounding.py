@@ -79,7 +79,8 @@ class OpLog:
 
 @dataclass
 class DenseLog:
-    """The paper's baseline log for one op: one ternary decision per element (0 none, 1 down, 2 up)."""
+    """The paper's log of one op: one trit per element, the paper's code (0 down, 1 none, 2 up);
+    see ``vtrain.numerics.paper``."""
 
     trits: np.ndarray  # uint8, one per element
 
@@ -234,51 +235,12 @@ def apply_log(
     return canonical(out.reshape(r.shape))
 
 
-# --- the paper's baseline: dense ternary log with a per-op threshold ------------------------------
-
-PAPER_PIVOT = 1e-2
-"""The paper's threshold as a fraction of the FP32 spacing at each value (tuned per layer there;
-here one pivot for every op, scaled by the op's own spacing, which is what the per-layer pivot
-amounts to for FP32 outputs)."""
-
-
-def round_paper(v: torch.Tensor, pivot: float = PAPER_PIVOT) -> tuple[torch.Tensor, DenseLog]:
-    """Trainer side of the paper's scheme: a ternary decision for every element (dense)."""
-    r = v.to(torch.float32)
-    _check_finite(r.reshape(-1), "paper rounding")
-    rf, vf = r.reshape(-1), v.reshape(-1)
-    lo_n, hi_n = _neighbours(rf)
-    r64 = rf.double()
-    m_hi = (r64 + hi_n.double()) * 0.5
-    m_lo = (r64 + lo_n.double()) * 0.5
-    tau = pivot * (hi_n.double() - lo_n.double()) * 0.5
-    trits = torch.zeros(rf.numel(), dtype=torch.uint8)
-    trits[(m_hi - vf) < tau] = 1  # just below the upper midpoint: rounded down
-    trits[(vf - m_lo) < tau] = 2  # just above the lower midpoint: rounded up
-    return canonical(r), DenseLog(trits.numpy())
-
-
-def apply_paper(v: torch.Tensor, dense: DenseLog) -> torch.Tensor:
-    """Auditor side of the paper's scheme: round toward the logged side of the nearest midpoint."""
-    r = v.to(torch.float32)
-    rf, vf = r.reshape(-1).clone(), v.reshape(-1)
-    trits = torch.from_numpy(dense.trits)
-    if trits.numel() != rf.numel():
-        raise VtrainError(f"paper log: expected {rf.numel()} decisions, got {trits.numel()}")
-    sel = (trits != 0).nonzero().reshape(-1)
-    if sel.numel():
-        ri, vi = rf[sel], vf[sel]
-        lo_n, hi_n = _neighbours(ri)
-        r64 = ri.double()
-        take_hi = ((r64 + hi_n.double()) * 0.5 - vi) <= (vi - (r64 + lo_n.double()) * 0.5)
-        below = torch.where(take_hi, ri, lo_n)
-        above = torch.where(take_hi, hi_n, ri)
-        rf[sel] = torch.where(trits[sel] == 1, below, above)
-    return canonical(rf.reshape(r.shape))
+# --- the paper's baseline (vtrain.numerics.paper): its trits packed five to a byte ----------------
 
 
 def pack_trits(trits: np.ndarray) -> bytes:
-    """Pack ternary decisions five to a byte (3^5 = 243 <= 256), as the paper's log does."""
+    """Pack trits five to a byte (3^5 = 243 <= 256), first trit in the lowest digit, zero-padded to
+    a multiple of 5: the paper's ``Tensor012Logger.put_tensor``."""
     n = len(trits)
     pad = (-n) % 5
     t = np.concatenate([trits.astype(np.uint16), np.zeros(pad, np.uint16)]).reshape(-1, 5)

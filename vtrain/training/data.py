@@ -5,13 +5,14 @@ No downloads: sklearn's bundled digits, a deterministic synthetic corpus, or a u
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from vtrain.errors import DatasetError
+from vtrain.errors import DatasetError, MissingDataset
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,14 @@ class Dataset:
     @property
     def sample_len(self) -> int:
         return int(self.samples.shape[1])
+
+
+def dataset_sha256(ds: Dataset) -> str:
+    """sha256 of the samples as the model sees them (float32, C order, with their shape): what a
+    replay must get from its own copy of the data before any step runs."""
+    h = hashlib.sha256(repr(tuple(ds.samples.shape)).encode())
+    h.update(np.ascontiguousarray(ds.samples, dtype=np.float32).tobytes())
+    return h.hexdigest()
 
 
 def digits_dataset() -> Dataset:
@@ -81,6 +90,8 @@ def load_text_file(path: Path, context: int) -> Dataset:
     """A user's UTF-8 text file as character-level samples; DatasetError names the file and problem."""
     try:
         raw = Path(path).read_bytes()
+    except FileNotFoundError as e:
+        raise MissingDataset(f"text dataset {path}: {e.strerror or e}") from None
     except OSError as e:
         raise DatasetError(f"text dataset {path}: {e.strerror or e}") from None
     try:

@@ -2,16 +2,23 @@
 
 Layout of ``<run>/``::
 
-    spec.json                       the TrainSpec
+    spec.json                       the TrainSpec (a text file's path relative to the run folder)
+    inputs.json                     sha256 of every pinned input file and of the dataset as trained on
+    data/<name>                     a copy of the user's text file (GPT runs trained with --text)
+    vocab.json                      the tokenizer: the characters of the vocabulary, id order (GPT)
     roots.jsonl                     one line per step: step, loss, state_root, log_root (hex)
     logs/step_000001.vtlog          rounding log of each step (vtrain.numerics.logfile)
     checkpoints/step_000000.safetensors   state at each interval start (step 0, K, 2K, ...)
 
 Every file is written atomically (temp file + rename), so a crash never leaves half a file.
+The folder is self-contained: a replay from any directory finds the data in it, and data that
+changed since training is reported (the file and both sha256) before any step runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -25,10 +32,11 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
+from vtrain.errors import CorruptArtifact, DataChanged, MissingArtifact, VtrainError
 from vtrain.graph.executor import StepLog, state_tensors
 from vtrain.graph.step_graph import Graph
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
+from vtrain.training.data import Dataset, dataset_sha256
 from vtrain.training.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -85,11 +93,85 @@ class RunDir:
     def write_spec(self, spec: TrainSpec) -> None:
         atomic_write(self.path / "spec.json", spec.to_json().encode())
 
-    def read_spec(self) -> TrainSpec:
+    def read_stored_spec(self) -> TrainSpec:
+        """spec.json as stored (a pinned text file's path relative to the run folder)."""
         p = self.path / "spec.json"
         if not p.exists():
             raise MissingArtifact(f"no spec.json in run folder {self.path}")
         return TrainSpec.from_file(p)
+
+    def read_spec(self) -> TrainSpec:
+        """The spec, ready to build the job from any working directory: a pinned text file's path
+        is resolved inside the run folder and every pinned file is checked against its sha256."""
+        spec = self.read_stored_spec()
+        self.verify_inputs()
+        if spec.text_path is not None and not Path(spec.text_path).is_absolute():
+            spec = dataclasses.replace(spec, text_path=str(self.path / spec.text_path))
+        elif spec.text_path is not None:
+            log.warning("%s: the text file is not pinned in the run folder (%s)", self.path, spec.text_path)
+        return spec
+
+    # pinned inputs: data copy, vocabulary, hashes
+    def pin_inputs(self, spec: TrainSpec, dataset: Dataset) -> TrainSpec:
+        """Copy the spec's text file into ``data/``, write ``vocab.json`` and ``inputs.json``; return
+        the spec to store (its ``text_path`` relative to the run folder)."""
+        files: dict[str, str] = {}
+        if spec.text_path is not None:
+            raw = Path(spec.text_path).read_bytes()
+            rel = f"data/{Path(spec.text_path).name}"
+            atomic_write(self.path / rel, raw)
+            files[rel] = hashlib.sha256(raw).hexdigest()
+            spec = dataclasses.replace(spec, text_path=rel)
+        if dataset.vocab is not None:
+            vocab = {"kind": "characters", "symbols": list(dataset.vocab)}
+            atomic_write(self.path / "vocab.json", json.dumps(vocab, ensure_ascii=False).encode())
+        inputs = {"files": files, "dataset_sha256": dataset_sha256(dataset),
+                  "dataset_shape": list(dataset.samples.shape)}
+        atomic_write(self.path / "inputs.json", json.dumps(inputs, indent=1).encode())
+        return spec
+
+    def read_inputs(self) -> dict | None:
+        p = self.path / "inputs.json"
+        if not p.exists():
+            return None  # a run folder from before inputs were pinned
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+            if not isinstance(d, dict) or not isinstance(d.get("files", {}), dict):
+                raise ValueError("expected an object with 'files'")
+            return d
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptArtifact(f"{p}: not an inputs record ({e})") from None
+
+    def verify_inputs(self) -> None:
+        """Every pinned file is there with its recorded sha256 (DataChanged / MissingArtifact)."""
+        inputs = self.read_inputs()
+        for rel, want in (inputs or {}).get("files", {}).items():
+            p = self.path / rel
+            if not p.exists():
+                raise MissingArtifact(f"pinned data file {p} missing from the run folder")
+            got = hashlib.sha256(p.read_bytes()).hexdigest()
+            if got != want:
+                raise DataChanged(f"data file {p} changed since training: sha256 {got}, recorded {want}")
+
+    def verify_dataset(self, dataset: Dataset) -> None:
+        """The dataset built for a replay is the one trained on (sha256 of its samples)."""
+        want = (self.read_inputs() or {}).get("dataset_sha256")
+        if want is not None and (got := dataset_sha256(dataset)) != want:
+            raise DataChanged(f"the dataset of {self.path} differs from the one trained on: "
+                              f"sha256 {got}, recorded {want}")
+
+    def read_vocab(self) -> list[str] | None:
+        p = self.path / "vocab.json"
+        if not p.exists():
+            return None
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+            symbols = d["symbols"]
+            if not isinstance(symbols, list) or not all(isinstance(c, str) for c in symbols):
+                raise ValueError("symbols: expected a list of strings")
+            return symbols
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            raise CorruptArtifact(f"{p}: not a vocabulary ({e})") from None
 
     # logs
     def log_path(self, step: int) -> Path:
@@ -155,6 +237,34 @@ class RunDir:
             except (json.JSONDecodeError, KeyError, ValueError, TypeError) as e:
                 raise CorruptArtifact(f"{p}: line {n} is not a roots record ({e})") from None
         return out
+
+    def checkpoint_steps(self) -> list[int]:
+        d = self.path / "checkpoints"
+        out = []
+        for p in d.glob("step_*.safetensors") if d.exists() else []:
+            try:
+                out.append(int(p.stem.split("_")[1]))
+            except (IndexError, ValueError):
+                continue
+        return sorted(out)
+
+    def truncate_after(self, step: int) -> None:
+        """Forget everything after ``step`` (resume): roots records, logs and checkpoints."""
+        roots = self.read_roots() if (self.path / "roots.jsonl").exists() else {}
+        kept = "".join(json.dumps(r) + "\n" for s, r in sorted(roots.items()) if s <= step)
+        atomic_write(self.path / "roots.jsonl", kept.encode())
+        for sub, pattern in (("logs", "step_*.vtlog"), ("checkpoints", "step_*.safetensors")):
+            for p in (self.path / sub).glob(pattern) if (self.path / sub).exists() else []:
+                try:
+                    s = int(p.name.split("_")[1].split(".")[0])
+                except (IndexError, ValueError):
+                    continue
+                if s > step:
+                    p.unlink()
+        for pattern in (".step_*", ".roots.jsonl.*"):  # temp files of writes cut short (atomic_write's prefix)
+            for p in self.path.rglob(pattern):
+                if p.is_file():
+                    p.unlink()
 
     def last_checkpoint_at_or_before(self, step: int, interval: int) -> int:
         s = (step // interval) * interval
