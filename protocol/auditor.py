@@ -387,6 +387,8 @@ class AuditorAgent:
                 recs.append(rec)
             got = interval_root([r.leaf() for r in recs])
             if got != posted:
+                for t in range(first, first + n):  # which of them is wrong is unknown: ask again for all
+                    self._forget(src, "step", t)
                 body = json.dumps([r.to_json() for r in recs], sort_keys=True, separators=(",", ":")).encode()
                 raise _Rejected(
                     NotCommitted(

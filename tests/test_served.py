@@ -353,6 +353,21 @@ def test_substituted_step_record_is_unavailable(world):
         assert (u.interval, u.artifact, u.error) == (0, "step record", "NotCommitted") and u.sha256
 
 
+def test_a_substituted_record_is_not_kept_by_the_caching_reader(world):
+    """The agents' caching reader drops every record of an interval whose records do not verify
+    (which one is wrong is unknown), so a correct copy served later is accepted."""
+    from protocol.agents_cli import caching_reader
+
+    w = world
+    with trial("substituted step record, then the committed one (cached reader)"):
+        recs, _ = _other_job_artifacts(w)
+        serving = Serving(w.store, steps={3: recs[2]})
+        auditor = _auditor(w, w.honest_job, caching_reader(serving))
+        assert _refused(auditor).artifact == "step record"
+        serving.steps.clear()
+        assert auditor.audit() is None and auditor.signed_off()
+
+
 def test_garbled_step_record_is_unavailable(world, tmp_path):
     import shutil
 
