@@ -483,11 +483,14 @@ class AuditorAgent:
         """Interval ``i`` cannot be audited now: record why (no sign-off), retried next audit."""
         if isinstance(why, MalformedCommittedLog):
             self.malformed[i] = why
+            self.unavailable.pop(i, None)
+            self.withheld.pop(i, None)
             log.warning("job %d: %s; NOT signing off this job (a case for the on-chain data-availability proof)",
                         self.job_id, why)
             return
         self.unavailable[i] = why
         self.withheld[i] = str(why)
+        self.malformed.pop(i, None)
         log.warning(
             "job %d: interval %d cannot be replayed, the trainer's artifacts are unavailable (%s); "
             "NOT signing off this job",

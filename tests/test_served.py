@@ -34,6 +34,7 @@ from vtrain.commit.roots import interval_root
 from vtrain.commit.trace import framed_log_root
 from vtrain.errors import CorruptLog, MissingArtifact, VtrainError
 from vtrain.graph.executor import StepLog, state_tensors
+from vtrain.graph.step_graph import ROUNDING_KINDS
 from vtrain.numerics.logfile import decode_step_log, encode_step_log, frame_step_log
 from vtrain.numerics.rounding import Code, OpLog
 from vtrain.training.loop import train_steps
@@ -573,3 +574,41 @@ def test_fuzz_auditor_served_mutated_logs_never_crashes_nor_challenges_an_honest
             w.store.get_step(w.honest_job, SUBST_STEP).log_root)
     else:
         assert list(auditor.unavailable) == [0] and auditor.unavailable[0].key == SUBST_STEP
+
+
+# ============================================================ the log reader on its own
+
+
+def test_log_reader_checks_paper_trits_mode_and_payload_size(world):
+    from vtrain.errors import LogCodeError, LogHeaderError, LogTrailingBytes
+    from vtrain.numerics.rounding import Mode
+
+    w = world
+    graph = w.ctx.job.graph
+    good = w.store.get_log(w.honest_job, SUBST_STEP)
+    with pytest.raises(LogHeaderError, match="expected mode paper, got certified"):
+        frame_step_log(good, SUBST_STEP, graph, Mode.PAPER)
+    head = good[:19]
+    bomb = head + zlib.compress(b"\0" * (10 * 2**20))  # far more than any log of this graph
+    with pytest.raises(LogTrailingBytes, match="at most"):
+        decode_step_log(bomb, SUBST_STEP, graph)
+    paper_head = head[:6] + bytes([1]) + head[7:]
+    n = sum((op.numel + 4) // 5 for op in graph.ops if op.kind in ROUNDING_KINDS)
+    ok = decode_step_log(paper_head + zlib.compress(b"\1" * n), SUBST_STEP, graph)
+    assert ok.mode == Mode.PAPER and all(len(d.trits) == graph.ops[o].numel for o, d in ok.dense.items())
+    with pytest.raises(LogCodeError, match="expected packed trits below 243, got 250"):
+        decode_step_log(paper_head + zlib.compress(b"\xfa" * n), SUBST_STEP, graph)
+
+
+def test_paper_mode_logs_are_never_used_by_the_auditor(world):
+    """Paper mode commits no log root: its logs cannot be verified, so the auditor does not replay."""
+    w = world
+    ctx = JobContext.of(replace(default_spec("mlp"), mode="paper"))
+    job = create_job(w.proto, w.accounts[1], w.accounts[2], ctx, TERMS)
+    with tempfile.TemporaryDirectory() as d:
+        trainer = TrainerAgent(w.proto, w.accounts[2], ctx, ArtifactStore(d), job)
+        trainer.accept(TERMS)
+        trainer.run_interval()
+        auditor = AuditorAgent(w.proto, w.accounts[3], ctx, ArtifactStore(d), job)
+        u = _refused(auditor)
+        assert (u.artifact, u.error) == ("rounding log", "NotCommitted") and "mode paper" in u.reason
