@@ -612,3 +612,50 @@ def test_paper_mode_logs_are_never_used_by_the_auditor(world):
         auditor = AuditorAgent(w.proto, w.accounts[3], ctx, ArtifactStore(d), job)
         u = _refused(auditor)
         assert (u.artifact, u.error) == ("rounding log", "NotCommitted") and "mode paper" in u.reason
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_valid_log_hashes_the_same_framed_as_checked(world, data):
+    """For any log that follows the rules, the root of its entries as framed (what a malformed
+    commitment would hash) is the committed root the trainer computes (``step_log_root_of``)."""
+    from vtrain.commit.roots import op_log_root, step_log_root
+    from vtrain.commit.trace import op_log_entries
+    from vtrain.numerics.rounding import Mode
+    from vtrain.training.loop import step_log_root_of
+
+    graph = world.ctx.job.graph
+    ops = data.draw(st.lists(st.sampled_from([op.id for op in graph.ops if op.numel]), max_size=4, unique=True))
+    sparse = {}
+    for o in ops:
+        numel = graph.ops[o].numel
+        idx = sorted(data.draw(st.sets(st.integers(0, numel - 1), max_size=min(numel, 12))))
+        codes = data.draw(st.lists(st.sampled_from([1, 2, 3]), min_size=len(idx), max_size=len(idx)))
+        vals = data.draw(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=len(idx),
+                                  max_size=len(idx)))
+        sparse[o] = _entries(idx, codes, [v if c == 3 else 0.0 for v, c in zip(vals, codes, strict=True)])
+    lg = StepLog(Mode.CERTIFIED, sparse)
+    raw = encode_step_log(lg, 5, graph)
+    # the reference: leaf by leaf through LogEntry (vtrain.commit.roots.op_log_root), not the array path
+    reference = step_log_root([op_log_root(op_log_entries(lg, op.id)) for op in graph.ops])
+    assert framed_log_root(frame_step_log(raw, 5, graph), graph) == reference == step_log_root_of(lg, graph)
+    back = decode_step_log(raw, 5, graph)
+    assert step_log_root_of(back, graph) == reference
+
+
+def test_the_auditor_cli_reports_each_unavailable_interval_once(world, capsys):
+    from protocol.agents_cli import Out, _report_blocked
+
+    w = world
+    data = encode_step_log(_log(w, w.honest_job, SUBST_STEP + 1), SUBST_STEP, w.ctx.job.graph)
+    auditor = _auditor(w, w.honest_job, Serving(w.store, logs={SUBST_STEP: data}))
+    u = _refused(auditor)
+    out, reported = Out.make("auditor", w.honest_job, events=True), {}
+    assert _report_blocked(auditor, out, reported) is True
+    first = capsys.readouterr()
+    assert f'"sha256": "{_sha(data)}"' in first.out and '"event": "unavailable"' in first.out
+    assert "unavailable" in first.err and u.sha256 in first.out
+    assert _report_blocked(auditor, out, reported) is True
+    assert capsys.readouterr().out == ""  # the same reason is not repeated on every poll
+    auditor.unavailable.clear()
+    assert _report_blocked(auditor, out, reported) is False and reported == {}
