@@ -321,11 +321,12 @@ class AuditorAgent:
         records = self._verified_records(interval)
         if not isinstance(records, dict):
             return records
-        start = None
+        start: list[torch.Tensor] | None = None
         if self._states.get(first - 1) is None:
-            start = self._verified_checkpoint(interval)
-            if isinstance(start, Unavailable):
-                return start
+            checkpoint = self._verified_checkpoint(interval)
+            if isinstance(checkpoint, Unavailable):
+                return checkpoint
+            start = checkpoint
         logs: dict[int, StepLog] = {}
         mode = Mode(self.ctx.spec.mode)
         if mode == Mode.PAPER:

@@ -91,7 +91,7 @@ def op_log_roots(log: StepLog, graph: Graph) -> list[bytes]:
 def framed_log_root(framed: FramedLog, graph: Graph) -> bytes:
     """``logRoot_s`` of a log's entries exactly as written (:func:`op_log_root_unchecked` per op):
     what the bytes commit to, checked or not. Equal to :func:`op_log_roots`' tree for a valid log."""
-    roots = []
+    roots: list[bytes] = []
     for op in graph.ops:
         e = framed.sparse.get(op.id)
         roots.append(EMPTY_OP_LOG_ROOT if e is None or len(e.index) == 0

@@ -62,7 +62,8 @@ def encode_step_log(log: StepLog, step: int, graph: Graph) -> bytes:
     parts = [struct.pack("<I", len(ops)), np.array(ops, np.uint32).tobytes(), counts.tobytes()]
     for o in ops:
         e = log.sparse[o]
-        parts.append((np.diff(np.asarray(e.index, np.int64), prepend=0) & 0xFFFFFFFF).astype(np.uint32).tobytes())
+        deltas = np.diff(np.asarray(e.index, np.int64), prepend=0)  # mod 2^32 below: unsorted stays as given
+        parts.append(np.bitwise_and(deltas, 0xFFFFFFFF).astype(np.uint32).tobytes())
     for o in ops:
         parts.append(log.sparse[o].code.astype(np.uint8).tobytes())
     for o in ops:
