@@ -36,8 +36,8 @@ from vtrain.errors import (
 from vtrain.graph.executor import StepLog, state_tensors
 from vtrain.graph.step_graph import OpNode
 from vtrain.numerics.exact import Partial
-from vtrain.numerics.logfile import check_step_log, frame_step_log
-from vtrain.numerics.rounding import Mode
+from vtrain.numerics.logfile import FramedLog, check_step_log, encode_step_log, frame_step_log
+from vtrain.numerics.rounding import Mode, OpLog
 from vtrain.training.loop import component_roots, replay_steps
 from vtrain.training.rundir import atomic_write
 
@@ -156,6 +156,12 @@ class _Rejected(Exception):
 T = TypeVar("T")
 
 
+def _as_step_log(framed: FramedLog) -> StepLog:
+    """The entries of ``framed`` as a StepLog, unchecked (only to encode them for their sha256)."""
+    return StepLog(framed.mode, {o: OpLog(e.index.astype(np.int64), e.code, e.value_bits.view(np.float32))
+                                 for o, e in framed.sparse.items()})
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -191,7 +197,8 @@ class AuditorAgent:
     data-availability proof); they block sign-off and are never challenged by replay."""
     fallbacks: list[Any] = field(default_factory=list)
     """Further artifact sources (objects with ``get_step``, ``get_log``, ``get_checkpoint`` like an
-    :class:`ArtifactReader`, raising a VtrainError for what they lack), tried in order for any
+    :class:`ArtifactReader`, raising a VtrainError for what they lack; ``get_log`` may return a
+    :class:`~vtrain.numerics.logfile.FramedLog` of entries instead of bytes), tried in order for any
     artifact whose copy from :attr:`reader` does not verify: e.g. an on-chain data-availability
     copy. Whatever they serve is verified exactly like the reader's (see :meth:`_verified_step_data`)."""
     flagged: list[int] = field(default_factory=list)
@@ -411,11 +418,18 @@ class AuditorAgent:
 
         def check(src: Any) -> StepLog | MalformedCommittedLog:
             data = src.get_log(self.job_id, s)
-            sha = _sha256(data)
-            try:
-                framed = frame_step_log(data, s, graph, Mode.CERTIFIED)
-            except LogFramingError as e:
-                raise _Rejected(e, sha) from None
+            if isinstance(data, FramedLog):  # a source holding entries, not log bytes (e.g. read from the chain)
+                if data.step != s or data.mode != Mode.CERTIFIED:
+                    raise _Rejected(CorruptArtifact(
+                        f"expected the certified log of step {s}, got the {data.mode.value} log of step {data.step}"))
+                framed = data
+                sha = _sha256(encode_step_log(_as_step_log(framed), s, graph))
+            else:
+                sha = _sha256(data)
+                try:
+                    framed = frame_step_log(data, s, graph, Mode.CERTIFIED)
+                except LogFramingError as e:
+                    raise _Rejected(e, sha) from None
             got = framed_log_root(framed, graph)
             try:
                 lg = check_step_log(framed, graph)

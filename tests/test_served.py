@@ -460,6 +460,13 @@ def test_a_fallback_source_supplies_what_the_store_serves_wrong(world):
                         fallbacks=[Serving(w.store, logs={SUBST_STEP: good})])
         assert fine.audit() is None and fine.signed_off()
 
+        class Entries(Serving):  # a source of entries rather than log bytes (e.g. read from the chain)
+            def get_log(self, job: Any, s: int) -> Any:
+                return frame_step_log(self.inner.get_log(job, s), s, w.ctx.job.graph)
+
+        framed = _auditor(w, w.honest_job, Serving(w.store, logs={SUBST_STEP: bad}), fallbacks=[Entries(w.store)])
+        assert framed.audit() is None and framed.signed_off()
+
 
 def test_a_missing_artifact_is_still_reported_as_withheld(world):
     class Withholding(Serving):
