@@ -13,7 +13,7 @@ from protocol.deploy import Protocol
 from protocol.game import PARTY_CHALLENGER, PARTY_TRAINER, STATUS_IN_PROGRESS, GameView, Move
 from protocol.jobs import JobContext
 from protocol.store import load_checkpoint, save_checkpoint
-from vtrain.errors import CorruptArtifact
+from vtrain.errors import CorruptCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -25,15 +25,28 @@ def checkpoint_bytes(ctx: JobContext, state: list[torch.Tensor]) -> bytes:
 
 
 def checkpoint_state(ctx: JobContext, data: bytes, what: str) -> list[torch.Tensor]:
-    d = load_checkpoint(data)
+    """The state in a checkpoint of ``ctx``'s job: one finite float32 tensor per slot, of the slot's
+    shape, and nothing else. Raises CorruptCheckpoint (naming ``what``) otherwise."""
+    try:
+        d = load_checkpoint(data)
+    except CorruptCheckpoint as e:
+        raise CorruptCheckpoint(f"{what}: {e}") from None
+    slots = ctx.job.graph.slots
+    if len(d) != len(slots):
+        raise CorruptCheckpoint(f"{what}: expected {len(slots)} tensors, got {len(d)}")
     out = []
-    for i, s in enumerate(ctx.job.graph.slots):
-        a = d.get(f"{i:04d}:{s.name}")
-        if a is None or a.dtype != np.float32 or tuple(a.shape) != s.shape:
-            raise CorruptArtifact(f"{what}: slot {i} ({s.name}) missing or not float32{s.shape}")
+    for i, s in enumerate(slots):
+        name = f"{i:04d}:{s.name}"
+        a = d.get(name)
+        if a is None:
+            raise CorruptCheckpoint(f"{what}: expected a tensor {name!r} for slot {i}, got none")
+        if a.dtype != np.float32 or tuple(a.shape) != tuple(s.shape):
+            raise CorruptCheckpoint(
+                f"{what}: slot {i} ({s.name}): expected float32{tuple(s.shape)}, got {a.dtype}{tuple(a.shape)}"
+            )
+        if not bool(np.isfinite(a).all()):
+            raise CorruptCheckpoint(f"{what}: slot {i} ({s.name}): expected finite values, got NaN/Inf")
         out.append(torch.from_numpy(a.copy()))
-    if len(d) != len(ctx.job.graph.slots):
-        raise CorruptArtifact(f"{what}: expected {len(ctx.job.graph.slots)} tensors, got {len(d)}")
     return out
 
 

@@ -933,6 +933,7 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
     terms = Terms(challenger_bond=bond)
     idle = Idle(out)
     gave_up: str | None = None
+    reported: dict[int, str] = {}
     outcome = {STATUS_TRAINER_WON: "trainer won", STATUS_CHALLENGER_WON: "challenger won", STATUS_CLOSED: "closed"}
 
     def result(ok: bool, status: str, withdrawn: int, **extra: Any) -> dict:
@@ -965,6 +966,7 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
                     # moves need the replayed states and step records of the disputed interval.
                     before = agent.verified
                     bad = agent.audit()
+                    blocked = _report_blocked(agent, out, reported) and not agent.disputed
                     if agent.verified > before:
                         ok_upto = agent.verified if bad is None else agent.verified - 1
                         if ok_upto > before:
@@ -1019,6 +1021,30 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
             idle(block)
         if not sent:
             time.sleep(poll)
+
+
+def _report_blocked(agent, out: Out, reported: dict[int, str]) -> bool:
+    """Say once per new reason which intervals cannot be audited (artifacts that do not verify, a
+    malformed committed log); True while any is left (no sign-off, retried each pass)."""
+    from rich.markup import escape
+
+    blocked = {**{i: str(u) for i, u in agent.unavailable.items()}, **{i: str(m) for i, m in agent.malformed.items()}}
+    for i, why in blocked.items():
+        if reported.get(i) != why:
+            reported[i] = why
+            if i in agent.malformed:
+                out.say(f"[red]malformed committed log[/] (not signing off): {escape(why)}")
+                m = agent.malformed[i]
+                out.event("malformed_committed_log", interval=i, step=m.step, op=m.op, error=m.error, reason=m.reason,
+                          sha256=m.sha256)
+            else:
+                u = agent.unavailable[i]
+                out.say(f"[yellow]trainer's artifacts unavailable[/] (not used; no sign-off): {escape(why)}")
+                out.event("unavailable", interval=i, artifact=u.artifact, key=u.key, op=u.op, error=u.error,
+                          reason=u.reason, sha256=u.sha256)
+    for i in [i for i in reported if i not in blocked]:
+        del reported[i]
+    return bool(blocked)
 
 
 def _unreadable(out: Out, e: Exception) -> None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -19,15 +21,24 @@ from protocol.agent import Player, checkpoint_bytes, checkpoint_state, job_first
 from protocol.deploy import Protocol
 from protocol.game import PARTY_CHALLENGER, ChallengerStrategy, StepBook
 from protocol.jobs import JobContext, Terms
-from protocol.store import ArtifactReader, ArtifactStore, ArtifactUnavailable, StepRecord
+from protocol.store import ArtifactReader, ArtifactStore, StepRecord
 from vtrain.commit.roots import LogEntry, interval_root, state_root
-from vtrain.commit.trace import StepTrace
-from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
-from vtrain.graph.executor import state_tensors
+from vtrain.commit.trace import StepTrace, framed_log_root
+from vtrain.errors import (
+    CorruptArtifact,
+    CorruptCheckpoint,
+    LogEntryError,
+    LogFramingError,
+    MissingArtifact,
+    NotCommitted,
+    VtrainError,
+)
+from vtrain.graph.executor import StepLog, state_tensors
 from vtrain.graph.step_graph import OpNode
 from vtrain.numerics.exact import Partial
-from vtrain.numerics.logfile import decode_step_log
-from vtrain.training.loop import component_roots, replay_steps, step_log_root_of
+from vtrain.numerics.logfile import FramedLog, check_step_log, encode_step_log, frame_step_log
+from vtrain.numerics.rounding import Mode, OpLog
+from vtrain.training.loop import component_roots, replay_steps
 from vtrain.training.rundir import atomic_write
 
 log = logging.getLogger(__name__)
@@ -65,6 +76,96 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
     return factory
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """Why the trainer's artifacts of ``interval`` cannot be used: no source served a copy that
+    verifies against the chain. It blocks sign-off and is retried on every audit; it is never
+    grounds for a challenge (an unverified artifact proves nothing about the trainer's commitment).
+
+    ``artifact`` is ``"step record"``, ``"rounding log"``, ``"checkpoint"`` or ``"replay"`` (the
+    verified inputs could not be replayed); ``key`` its step (the checkpoint's: its interval);
+    ``error`` the narrow exception type of the failure (``MissingArtifact``, ``NotCommitted``,
+    ``LogIndexOrderError``, ...); ``sha256`` of the bytes served, when any were (of a step record:
+    its canonical JSON)."""
+
+    interval: int
+    artifact: str
+    key: int
+    error: str
+    reason: str
+    sha256: str | None = None
+    op: int | None = None
+
+    def __str__(self) -> str:
+        of = "interval" if self.artifact == "checkpoint" else "step"
+        op = f", op {self.op}" if self.op is not None else ""
+        sha = f" (sha256 {self.sha256})" if self.sha256 else ""
+        return f"interval {self.interval}: {self.artifact} of {of} {self.key}{op}{sha}: {self.error}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class MalformedCommittedLog:
+    """Step ``step``'s rounding log *as committed*: its entries hash to the ``logRoot_s`` of the
+    step leaf the trainer posted, yet break the log format's rules at op ``op`` (unsorted or
+    repeated indices, an index past the op, an unknown code, a non-finite explicit value). Provable
+    from the log and the chain alone, not by replay: the case for the data-availability fraud proof.
+    It blocks sign-off and is never a replay challenge."""
+
+    interval: int
+    step: int
+    op: int
+    error: str
+    reason: str
+    sha256: str
+
+    def __str__(self) -> str:
+        return (f"interval {self.interval}: the committed rounding log of step {self.step} (sha256 {self.sha256}) "
+                f"is malformed at op {self.op}: {self.error}: {self.reason}")
+
+
+@dataclass(frozen=True)
+class VerifiedInterval:
+    """The trainer's artifacts of ``interval``, every one checked against the chain: its step
+    records (their leaves hash to the posted interval root), each step's rounding log (its entries
+    hash to that step's committed ``logRoot_s``; empty for modes without logs) and, when the
+    auditor has no state of its own before the interval, the trainer's checkpoint (its state root
+    is the ``stateRoot`` committed at the step before)."""
+
+    interval: int
+    records: dict[int, StepRecord]
+    logs: dict[int, StepLog]
+    start: list[torch.Tensor] | None = None
+
+
+StepData = VerifiedInterval | Unavailable | MalformedCommittedLog
+
+
+class IntervalUnavailable(MissingArtifact):
+    """Raised where a game move needs an interval's verified artifacts and none can be had (the
+    :class:`Unavailable` is its message)."""
+
+
+class _Rejected(Exception):
+    """One source's copy of one artifact failed verification (internal to the auditor)."""
+
+    def __init__(self, error: VtrainError, sha256: str | None = None, op: int | None = None, key: int | None = None):
+        super().__init__(str(error))
+        self.error, self.sha256, self.op, self.key = error, sha256, op, key
+
+
+T = TypeVar("T")
+
+
+def _as_step_log(framed: FramedLog) -> StepLog:
+    """The entries of ``framed`` as a StepLog, unchecked (only to encode them for their sha256)."""
+    return StepLog(framed.mode, {o: OpLog(e.index.astype(np.int64), e.code, e.value_bits.view(np.float32))
+                                 for o, e in framed.sparse.items()})
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 @dataclass
 class AuditorAgent:
     proto: Protocol
@@ -86,12 +187,25 @@ class AuditorAgent:
     even if the difference was absorbed before the state: still a provable lie in the trace."""
     withheld: dict[int, str] = field(default_factory=dict)
     """Intervals that could not be replayed because the trainer's artifacts (step records, logs,
-    checkpoints) are missing or unreachable: interval -> why. Retried on every :meth:`audit`; the
-    job is not signed off while any is left (see :meth:`signed_off`)."""
+    checkpoints) are missing, unreachable or do not verify against the chain: interval -> why (the
+    text of :attr:`unavailable`). Retried on every :meth:`audit`; the job is not signed off while
+    any is left (see :meth:`signed_off`)."""
+    unavailable: dict[int, Unavailable] = field(default_factory=dict)
+    """The same intervals, with what failed (artifact, step, op, error type, sha256 of the bytes)."""
+    malformed: dict[int, MalformedCommittedLog] = field(default_factory=dict)
+    """Intervals with a step whose *committed* rounding log is malformed (for the on-chain
+    data-availability proof); they block sign-off and are never challenged by replay."""
+    fallbacks: list[Any] = field(default_factory=list)
+    """Further artifact sources (objects with ``get_step``, ``get_log``, ``get_checkpoint`` like an
+    :class:`ArtifactReader`, raising a VtrainError for what they lack; ``get_log`` may return a
+    :class:`~vtrain.numerics.logfile.FramedLog` of entries instead of bytes), tried in order for any
+    artifact whose copy from :attr:`reader` does not verify: e.g. an on-chain data-availability
+    copy. Whatever they serve is verified exactly like the reader's (see :meth:`_verified_step_data`)."""
     flagged: list[int] = field(default_factory=list)
     """Intervals the replay found wrong (returned by :meth:`audit`)."""
     _states: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     _committed: dict[int, dict[int, StepRecord]] = field(default_factory=dict)
+    _verified: dict[int, VerifiedInterval] = field(default_factory=dict)
     state: ArtifactStore | None = None
     """Where the auditor keeps its own replay results (records, the state at each interval's end,
     progress): a restarted auditor resumes from them instead of replaying the whole job again."""
@@ -190,51 +304,215 @@ class AuditorAgent:
             "job %d: resumed the audit after interval %d from %s", self.job_id, verified - 1, self._progress_path()
         )
 
-    def _logs(self, s: int):
-        """Step ``s``'s rounding log as the trainer committed to it. A log that does not decode, or
-        whose root is not the log root of the trainer's step record (itself checked against the
-        posted interval root), is corrupt: CorruptArtifact, and it is fetched again next time."""
-        graph = self.ctx.job.graph
-        data = self.reader.get_log(self.job_id, s)
-        what = f"rounding log of step {s} (sha256 {hashlib.sha256(data).hexdigest()}, {len(data)} bytes)"
-        try:
-            lg = decode_step_log(data, s, graph)
-        except CorruptArtifact as e:
-            self._forget("log", s)
-            raise CorruptArtifact(f"{what}: {e}") from None
-        rec = self._committed_record(s)
-        if rec is not None and rec.log_root != bytes(32):
-            got = step_log_root_of(lg, graph)
-            if got != rec.log_root:
-                self._forget("log", s)
-                raise CorruptArtifact(
-                    f"{what}: its root {got.hex()} is not the log root {rec.log_root.hex()} "
-                    f"the trainer committed for step {s}"
-                )
-        return lg
+    # -- the trainer's artifacts: obtained and verified here, and only here ---------------------------
+    def _verified_step_data(self, interval: int) -> StepData:
+        """THE one place where the auditor obtains the trainer's artifacts of ``interval`` and checks
+        each against the chain before anything uses it:
 
-    def _forget(self, kind: str, key: int) -> None:
-        forget = getattr(self.reader, "forget", None)
+        * step records: the leaves ``uint64be(s) || stateRoot_s || logRoot_s`` of the interval's
+          records must hash to the interval root posted on-chain (each record's state root is the
+          tree of its components, checked when it is read);
+        * rounding logs: each op's entries, exactly as the bytes frame them, must hash to that op's
+          log root and those to the step's committed ``logRoot_s``; then the entries must follow the
+          format's rules (else :class:`MalformedCommittedLog`: the trainer committed a malformed log);
+        * the checkpoint the interval starts from, when the auditor has no state of its own there:
+          its state root must be the ``stateRoot`` committed at the step before (interval ``i-1``'s
+          verified records).
+
+        Each artifact is asked of :attr:`reader`, then of each of :attr:`fallbacks`, until a copy
+        verifies; a copy that does not is dropped from the reader's cache. Returns the
+        :class:`VerifiedInterval`, or :class:`Unavailable` naming the first artifact no source could
+        supply verified (with what failed), or the :class:`MalformedCommittedLog` found. Never raises
+        for anything a source serves."""
+        first, n = self.ctx.interval_span(interval)
+        records = self._verified_records(interval)
+        if not isinstance(records, dict):
+            return records
+        start: list[torch.Tensor] | None = None
+        if self._states.get(first - 1) is None:
+            checkpoint = self._verified_checkpoint(interval)
+            if isinstance(checkpoint, Unavailable):
+                return checkpoint
+            start = checkpoint
+        logs: dict[int, StepLog] = {}
+        mode = Mode(self.ctx.spec.mode)
+        if mode == Mode.PAPER:
+            return Unavailable(interval, "rounding log", first, "NotCommitted",
+                               "expected a committed log root, got mode paper (logRoot_s = 0): its logs "
+                               "cannot be checked against the chain, so they are never used")
+        if mode == Mode.CERTIFIED:
+            for s in range(first, first + n):
+                lg = self._verified_log(interval, s, records[s].log_root)
+                if not isinstance(lg, StepLog):
+                    return lg
+                logs[s] = lg
+        return VerifiedInterval(interval, records, logs, start)
+
+    def _sources(self) -> list[Any]:
+        return [self.reader, *self.fallbacks]
+
+    def _first_verified(
+        self, interval: int, artifact: str, key: int, kind: str, check: Callable[[Any], T]
+    ) -> T | Unavailable:
+        """``check(source)`` of the first source whose copy passes it; else Unavailable with the
+        failure of the reader's copy (and the fallbacks' in the reason)."""
+        failures: list[Unavailable] = []
+        for src in self._sources():
+            try:
+                return check(src)
+            except _Rejected as r:
+                u = Unavailable(interval, artifact, key if r.key is None else r.key, type(r.error).__name__,
+                                str(r.error), r.sha256, r.op)
+            except VtrainError as e:  # missing, unreachable, corrupt in the store (hash, JSON, size)
+                u = Unavailable(interval, artifact, key, type(e).__name__, str(e))
+            failures.append(u)
+            self._forget(src, kind, u.key)
+        if len(failures) > 1:
+            more = "; ".join(f"fallback {k}: {f.error}: {f.reason}" for k, f in enumerate(failures[1:], 1))
+            u = failures[0]
+            return Unavailable(u.interval, u.artifact, u.key, u.error, f"{u.reason}; {more}", u.sha256, u.op)
+        return failures[0]
+
+    def _posted_root(self, interval: int) -> bytes:
+        return bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, interval))[0])
+
+    def _verified_records(self, interval: int) -> dict[int, StepRecord] | Unavailable:
+        """The trainer's step records of ``interval``, verified against the posted interval root."""
+        if interval in self._committed:
+            return self._committed[interval]
+        first, n = self.ctx.interval_span(interval)
+        posted = self._posted_root(interval)
+
+        def check(src: Any) -> dict[int, StepRecord]:
+            recs = []
+            for t in range(first, first + n):
+                try:
+                    rec = src.get_step(self.job_id, t)
+                except VtrainError as e:
+                    raise _Rejected(e, key=t) from None
+                if not isinstance(rec, StepRecord) or rec.s != t:
+                    raise _Rejected(CorruptArtifact(f"expected the step record of step {t}, got {rec!r:.80}"), key=t)
+                recs.append(rec)
+            got = interval_root([r.leaf() for r in recs])
+            if got != posted:
+                for t in range(first, first + n):  # which of them is wrong is unknown: ask again for all
+                    self._forget(src, "step", t)
+                body = json.dumps([r.to_json() for r in recs], sort_keys=True, separators=(",", ":")).encode()
+                raise _Rejected(
+                    NotCommitted(
+                        f"expected step leaves hashing to the posted interval root {posted.hex()}, got records of "
+                        f"steps {first}..{first + n - 1} hashing to {got.hex()}"
+                    ),
+                    sha256=_sha256(body),
+                )
+            return {r.s: r for r in recs}
+
+        got = self._first_verified(interval, "step record", first, "step", check)
+        if isinstance(got, dict):
+            self._committed[interval] = got
+        return got
+
+    def _verified_log(self, interval: int, s: int, committed: bytes) -> StepLog | Unavailable | MalformedCommittedLog:
+        """Step ``s``'s rounding log, verified against its committed ``logRoot_s``."""
+        graph = self.ctx.job.graph
+
+        def check(src: Any) -> StepLog | MalformedCommittedLog:
+            data = src.get_log(self.job_id, s)
+            if isinstance(data, FramedLog):  # a source holding entries, not log bytes (e.g. read from the chain)
+                if data.step != s or data.mode != Mode.CERTIFIED:
+                    raise _Rejected(CorruptArtifact(
+                        f"expected the certified log of step {s}, got the {data.mode.value} log of step {data.step}"))
+                framed = data
+                sha = _sha256(encode_step_log(_as_step_log(framed), s, graph))
+            else:
+                sha = _sha256(data)
+                try:
+                    framed = frame_step_log(data, s, graph, Mode.CERTIFIED)
+                except LogFramingError as e:
+                    raise _Rejected(e, sha) from None
+            got = framed_log_root(framed, graph)
+            try:
+                lg = check_step_log(framed, graph)
+            except LogEntryError as e:
+                if got == committed:
+                    return MalformedCommittedLog(interval, s, e.op, type(e).__name__, str(e), sha)
+                raise _Rejected(e, sha, e.op) from None
+            if got != committed:
+                raise _Rejected(
+                    NotCommitted(
+                        f"expected entries hashing to the committed logRoot_{s} {committed.hex()}, got {got.hex()}"
+                    ),
+                    sha,
+                )
+            return lg
+
+        return self._first_verified(interval, "rounding log", s, "log", check)
+
+    def _verified_checkpoint(self, interval: int) -> list[torch.Tensor] | Unavailable:
+        """The trainer's state at the start of ``interval``, verified against the ``stateRoot``
+        committed at its step before (in the verified records of interval ``interval - 1``)."""
+        first, _ = self.ctx.interval_span(interval)
+        prev = self._verified_records(interval - 1)
+        if not isinstance(prev, dict):
+            return Unavailable(interval, "checkpoint", interval, prev.error,
+                               f"the records committing to its state do not verify ({prev})", prev.sha256)
+        want = prev[first - 1].state_root
+
+        def check(src: Any) -> list[torch.Tensor]:
+            data = src.get_checkpoint(self.job_id, interval)
+            sha = _sha256(data)
+            try:
+                state = checkpoint_state(self.ctx, data, f"checkpoint of interval {interval}")
+            except CorruptCheckpoint as e:
+                raise _Rejected(e, sha) from None
+            got = state_root(component_roots(state))
+            if got != want:
+                raise _Rejected(
+                    NotCommitted(
+                        f"expected the state committed at step {first - 1} (stateRoot {want.hex()}), "
+                        f"got a state with root {got.hex()}"
+                    ),
+                    sha,
+                )
+            return state
+
+        return self._first_verified(interval, "checkpoint", interval, "checkpoint", check)
+
+    def _logs(self, s: int) -> StepLog:
+        """Step ``s``'s verified rounding log (for a replay in a game); IntervalUnavailable if
+        its interval's artifacts cannot be had verified."""
+        i = (s - 1) // self.ctx.spec.interval
+        if i not in self._verified:
+            got = self._verified_step_data(i)
+            if not isinstance(got, VerifiedInterval):
+                raise IntervalUnavailable(str(got))
+            self._verified[i] = got
+        return self._verified[i].logs[s]
+
+    def _forget(self, src: Any, kind: str, key: int) -> None:
+        forget = getattr(src, "forget", None)
         if forget is not None:
             forget(kind, self.job_id, key)
 
-    def _committed_record(self, s: int) -> StepRecord | None:
-        """The trainer's record of step ``s`` if its interval's records hash to the posted root;
-        None when they do not (the replay alone then decides)."""
-        i = (s - 1) // self.ctx.spec.interval
-        if i not in self._committed:
-            first, n = self.ctx.interval_span(i)
-            posted = bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0])
-            recs = [self.reader.get_step(self.job_id, t) for t in range(first, first + n)]
-            if interval_root([r.leaf() for r in recs]) != posted:
-                log.warning(
-                    "job %d: the trainer's step records of interval %d do not hash to its posted root", self.job_id, i
-                )
-                for t in range(first, first + n):
-                    self._forget("step", t)
-                return None
-            self._committed[i] = {r.s: r for r in recs}
-        return self._committed[i].get(s)
+    def _block(self, i: int, why: Unavailable | MalformedCommittedLog) -> None:
+        """Interval ``i`` cannot be audited now: record why (no sign-off), retried next audit."""
+        if isinstance(why, MalformedCommittedLog):
+            self.malformed[i] = why
+            self.unavailable.pop(i, None)
+            self.withheld.pop(i, None)
+            log.warning("job %d: %s; NOT signing off this job (a case for the on-chain data-availability proof)",
+                        self.job_id, why)
+            return
+        self.unavailable[i] = why
+        self.withheld[i] = str(why)
+        self.malformed.pop(i, None)
+        log.warning(
+            "job %d: interval %d cannot be replayed, the trainer's artifacts are unavailable (%s); "
+            "NOT signing off this job",
+            self.job_id,
+            i,
+            why,
+        )
 
     def posted(self) -> list[bytes]:
         n = int(self.proto.chain.call(self.proto.registry.functions.getJob(self.job_id))[4])
@@ -258,17 +536,25 @@ class AuditorAgent:
                 self.verified += 1
                 self._save(roots, None)
                 continue
-            state = self._states.get(first - 1)
+            data = self._verified_step_data(i)
+            if not isinstance(data, VerifiedInterval):
+                self._block(i, data)
+                return None
+            self.unavailable.pop(i, None)
+            self.withheld.pop(i, None)
+            self.malformed.pop(i, None)
+            if data.start is not None:
+                self._states[first - 1] = data.start
+            state = self._states[first - 1]
             overruled: list[tuple[int, int]] = []
+            self._verified = {i: data, **{k: v for k, v in self._verified.items() if k in self.flagged}}
             try:
-                if state is None:
-                    state = self._trainer_checkpoint(i, roots)
                 for o in replay_steps(
                     self.ctx.job,
                     state,
                     first,
                     first + n - 1,
-                    self._logs,
+                    data.logs.__getitem__,
                     check=True,
                     resolver_factory=exact_resolver(self.ctx, overruled),
                 ):
@@ -283,18 +569,9 @@ class AuditorAgent:
                             overruled[:4],
                         )
                         overruled.clear()
-            except (MissingArtifact, ArtifactUnavailable) as e:
-                # Withheld (or unreachable) artifacts: nothing to replay, so nothing to sign off.
-                self.withheld[i] = str(e)
-                log.warning(
-                    "job %d: interval %d cannot be replayed, the trainer's artifacts are unavailable (%s); "
-                    "NOT signing off this job",
-                    self.job_id,
-                    i,
-                    e,
-                )
+            except VtrainError as e:  # verified inputs that cannot be replayed (e.g. a non-finite value)
+                self._block(i, Unavailable(i, "replay", first, type(e).__name__, str(e)))
                 return None
-            self.withheld.pop(i, None)
             self._states[first + n - 1] = state
             mine = interval_root([self.book.records[s].leaf() for s in range(first, first + n)])
             self.verified += 1
@@ -316,36 +593,16 @@ class AuditorAgent:
         return None
 
     def signed_off(self) -> bool:
-        """True only when every interval of the job was audited, none was found wrong and none
-        is waiting for withheld artifacts."""
-        return self.verified == self.ctx.n_intervals and not self.withheld and not self.flagged
+        """True only when every interval of the job was audited, none was found wrong, none is
+        waiting for artifacts that verify and none holds a malformed committed log."""
+        return (self.verified == self.ctx.n_intervals and not self.withheld and not self.malformed
+                and not self.flagged)
 
     def _sampled(self, i: int) -> bool:
         if self.sample >= 1.0:
             return True
         digest = hashlib.sha256(f"{self.account}:{self.job_id}:{i}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64 < self.sample
-
-    def _trainer_checkpoint(self, i: int, roots: list[bytes]) -> list[torch.Tensor]:
-        """The trainer's state at the start of interval ``i``, accepted only if it is the state its
-        posted interval ``i-1`` commits to."""
-        first, _ = self.ctx.interval_span(i)
-        data = self.reader.get_checkpoint(self.job_id, i)
-        try:
-            state = checkpoint_state(
-                self.ctx, data, f"checkpoint of interval {i} (sha256 {hashlib.sha256(data).hexdigest()})"
-            )
-        except (CorruptArtifact, ValueError, TypeError) as e:
-            self._forget("checkpoint", i)
-            raise CorruptArtifact(str(e)) from None
-        pf, pn = self.ctx.interval_span(i - 1)
-        records = [self.reader.get_step(self.job_id, s) for s in range(pf, pf + pn)]
-        if interval_root([r.leaf() for r in records]) != roots[i - 1]:
-            raise CorruptArtifact(f"the trainer's step records of interval {i - 1} do not match its posted root")
-        if state_root(component_roots(state)) != records[-1].state_root:
-            raise CorruptArtifact(f"checkpoint of interval {i} is not the state committed at step {first - 1}")
-        self._states[first - 1] = state
-        return state
 
     def challenge(self, interval: int, terms: Terms) -> int:
         r = self.proto.chain.send(

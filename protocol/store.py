@@ -42,7 +42,7 @@ import numpy as np
 
 from vtrain.commit.roots import state_root as _state_root
 from vtrain.commit.roots import step_leaf
-from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
+from vtrain.errors import CorruptArtifact, CorruptCheckpoint, CorruptStepRecord, MissingArtifact, VtrainError
 from vtrain.types import Digest, Root
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ def save_checkpoint(tensors: dict[str, np.ndarray]) -> bytes:
 def load_checkpoint(data: bytes) -> dict[str, np.ndarray]:
     """Tensors of a checkpoint made by :func:`save_checkpoint`.
 
-    Raises CorruptArtifact when the bytes are truncated, garbled or lack the content digest.
+    Raises CorruptCheckpoint when the bytes are truncated, garbled or lack the content digest.
     """
     from safetensors import SafetensorError
     from safetensors.numpy import load
@@ -247,13 +247,13 @@ def load_checkpoint(data: bytes) -> dict[str, np.ndarray]:
         if not isinstance(want, str):
             raise ValueError(f"expected a {_CKPT_META_KEY} digest in the header metadata")
         tensors = load(data)
-    except (SafetensorError, ValueError, UnicodeDecodeError, struct.error) as e:
-        raise CorruptArtifact(
+    except (SafetensorError, ValueError, UnicodeDecodeError, struct.error, RecursionError, OverflowError) as e:
+        raise CorruptCheckpoint(
             f"checkpoint ({len(data)} bytes) is not a valid vtrain checkpoint: {e}"
         ) from None
     got = _tensor_dict_digest(tensors)
     if not hmac.compare_digest(got, want):
-        raise CorruptArtifact(f"checkpoint content digest: expected {want}, got {got}")
+        raise CorruptCheckpoint(f"checkpoint content digest: expected {want}, got {got}")
     return tensors
 
 
@@ -286,23 +286,24 @@ class ArtifactReader(ABC):
             )
         return data
 
-    def _json(self, job: str, rel: str) -> Any:
+    def _json(self, job: str, rel: str, error: type[CorruptArtifact] = CorruptArtifact) -> Any:
         raw = self._read(job, rel)
         try:
             return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CorruptArtifact(f"{self._where(job, rel)}: expected JSON, got {e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise error(f"{self._where(job, rel)}: expected JSON, got {type(e).__name__}: {e}") from None
 
     def get_step(self, job: str | int, s: int) -> StepRecord:
-        """The step record of step ``s``; raises MissingArtifact or CorruptArtifact."""
+        """The step record of step ``s``; raises MissingArtifact or CorruptStepRecord."""
         job, s = _job(job), _nonneg(s, "s")
         rel = f"steps/{s}.json"
+        obj = self._json(job, rel, CorruptStepRecord)
         try:
-            rec = StepRecord.from_json(self._json(job, rel))
-        except (ValueError, TypeError) as e:
-            raise CorruptArtifact(f"{self._where(job, rel)}: {e}") from None
+            rec = StepRecord.from_json(obj)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise CorruptStepRecord(f"{self._where(job, rel)}: {e}") from None
         if rec.s != s:
-            raise CorruptArtifact(f"{self._where(job, rel)}: expected step {s}, got {rec.s}")
+            raise CorruptStepRecord(f"{self._where(job, rel)}: expected step {s}, got {rec.s}")
         return rec
 
     def _get_ref(self, job: str, rel: str) -> bytes:

@@ -3,7 +3,8 @@
 
     .venv/bin/python scripts/bench_security.py [--slow] [--list] [-k EXPR]
 
-Runs pytest (a subprocess) over tests/test_attacks.py (the attack matrix), tests/test_fuzz_contracts.py
+Runs pytest (a subprocess) over tests/test_attacks.py (the attack matrix), tests/test_served.py
+(served artifacts), tests/test_fuzz_contracts.py
 (contract fuzzing) and tests/test_resilience.py (crash-restart trials) -- whichever exist -- with
 ``VTRAIN_SECURITY_REPORT`` naming a temporary file, then reads the trials the tests recorded
 (one JSON line each, ``tests/security_report.py``) and prints:
@@ -39,7 +40,8 @@ from security_report import KINDS, REPORT_ENV  # noqa: E402
 log = logging.getLogger("bench_security")
 
 #: The security test files, in report order.
-SECURITY_TESTS = ("tests/test_attacks.py", "tests/test_fuzz_contracts.py", "tests/test_resilience.py")
+SECURITY_TESTS = ("tests/test_attacks.py", "tests/test_served.py", "tests/test_fuzz_contracts.py",
+                  "tests/test_resilience.py")
 #: pytest exit status when no test was collected.
 NO_TESTS = 5
 

@@ -14,7 +14,6 @@ from protocol.deploy import deploy
 from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactStore
 from protocol.trainer import TrainerAgent
-from vtrain.errors import CorruptArtifact
 
 TERMS = Terms()
 
@@ -60,8 +59,11 @@ def test_sampled_auditor_rejects_a_checkpoint_that_is_not_the_committed_state(wo
     bad.put_checkpoint(job, 1, store.get_checkpoint(job, 0))
     auditor = AuditorAgent(proto, a[3], ctx, bad, job)
     auditor._sampled = lambda i: i == 1
-    with pytest.raises(CorruptArtifact, match="not the state committed at step 4"):
-        auditor.audit()
+    assert auditor.audit() is None  # reported as unavailable, never a challenge
+    u = auditor.unavailable[1]
+    assert (u.artifact, u.key, u.error) == ("checkpoint", 1, "NotCommitted") and u.sha256
+    assert "expected the state committed at step 4" in u.reason
+    assert auditor.disputed == [] and not auditor.signed_off()
 
 
 def test_auditor_refuses_a_spec_the_job_does_not_commit_to(world) -> None:

@@ -234,7 +234,7 @@ def _damage(kind: str, root: Path, job: int, ctx) -> str:
     if kind == "substituted log":  # index and object agree, but it is not the committed log
         (root / str(job) / "logs" / "2.json").unlink()
         ArtifactStore(root).put_log(job, 2, _other_log(ctx, 2))
-        return "is not the log root"
+        return "expected entries hashing to the committed logRoot_2"
     if kind == "garbled step record":
         p = root / str(job) / "steps" / "1.json"
         p.write_text(p.read_text()[:40])
@@ -250,15 +250,14 @@ def _damage(kind: str, root: Path, job: int, ctx) -> str:
     "truncated log", "bit-flipped log", "garbled step record", "truncated checkpoint")])
 def test_auditor_rejects_a_corrupt_artifact_and_recovers_with_a_good_copy(posted, tmp_path: Path, kind: str,
                                                                           caplog) -> None:
-    """Served over HTTP, a damaged artifact is detected and named (with its expected hash), never
-    accepted: the auditor neither signs the interval off nor challenges it. Once the server has a
-    correct copy again, the same auditor (same caching reader) verifies every interval."""
+    """Served over HTTP, a damaged artifact is detected and reported as unavailable (named, with its
+    expected hash), never used: the auditor neither signs the interval off nor challenges it. Once
+    the server has a correct copy again, the same auditor (same caching reader) verifies every interval."""
     import shutil
 
     from protocol.agents_cli import caching_reader
     from protocol.auditor import AuditorAgent
     from protocol.store import HttpArtifactReader, serve_store
-    from vtrain.errors import CorruptArtifact
 
     proto, ctx, job, good, a = posted
     bad = tmp_path / "store"
@@ -270,15 +269,16 @@ def test_auditor_rejects_a_corrupt_artifact_and_recovers_with_a_good_copy(posted
         if kind == "truncated checkpoint":
             auditor._sampled = lambda i: i == 1  # start interval 1 from the trainer's checkpoint
         for _ in range(2):  # asked again: still rejected (nothing corrupt was kept)
-            with pytest.raises(CorruptArtifact) as e:
-                auditor.audit()
-            assert mention in str(e.value), str(e.value)
+            assert auditor.audit() is None  # no challenge on an artifact that does not verify
+            (why,) = auditor.unavailable.values()
+            assert mention in str(why), str(why)
+            assert not auditor.signed_off()
         assert auditor.verified == (1 if kind == "truncated checkpoint" else 0)  # nothing signed off
         assert auditor.disputed == []
         shutil.rmtree(bad)
         shutil.copytree(good, bad)  # the trainer serves a correct copy again
         assert auditor.audit() is None  # no challenge: every interval replays to its posted root
-        assert auditor.verified == ctx.n_intervals
+        assert auditor.verified == ctx.n_intervals and auditor.signed_off()
     finally:
         server.shutdown()
         server.server_close()

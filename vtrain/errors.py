@@ -43,3 +43,69 @@ class DataChanged(CorruptArtifact):
 
 class MissingDataset(DatasetError, MissingArtifact):
     """Raised when a dataset file is not there (unavailable rather than malformed)."""
+
+
+# -- served artifacts: one narrow type per problem (messages "expected X, got Y") -------------------
+
+
+class LogFramingError(CorruptLog):
+    """The bytes do not frame a rounding log at all (header, compression, lengths, op table): they
+    define no log entries, so nothing in them can be matched against a commitment."""
+
+
+class LogHeaderError(LogFramingError):
+    """Wrong magic, version, mode, step or graph op count in a log's header."""
+
+
+class LogCompressionError(LogFramingError):
+    """A log's compressed payload does not decompress."""
+
+
+class LogTruncated(LogFramingError):
+    """A log (header or payload) ends before the lengths it declares."""
+
+
+class LogTrailingBytes(LogFramingError):
+    """A log's payload goes on after its last declared entry."""
+
+
+class LogOpTableError(LogFramingError):
+    """A log's op table is wrong: more ops than the graph, an op id out of range or repeated."""
+
+
+class LogEntryError(CorruptLog):
+    """A well-framed log whose entries break the format's rules. ``op`` names the op (its leaves are
+    still defined, so such a log can be committed: see ``protocol.auditor.MalformedCommittedLog``)."""
+
+    def __init__(self, message: str, op: int) -> None:
+        super().__init__(message)
+        self.op = op
+
+
+class LogIndexOrderError(LogEntryError):
+    """An op's entry indices are not strictly increasing (unsorted or duplicated)."""
+
+
+class LogIndexRangeError(LogEntryError):
+    """An entry index is not below the op's element count."""
+
+
+class LogCodeError(LogEntryError):
+    """An entry code is not one of DOWN (1), UP (2), EXPLICIT (3)."""
+
+
+class LogValueError(LogEntryError):
+    """An explicit entry's value is NaN or an infinity (never a valid FP32 training value)."""
+
+
+class CorruptStepRecord(CorruptArtifact):
+    """A step record is not valid JSON of the record's fields, or is not self-consistent."""
+
+
+class CorruptCheckpoint(CorruptArtifact):
+    """A checkpoint is not a valid vtrain checkpoint (safetensors, content digest, slots)."""
+
+
+class NotCommitted(CorruptArtifact):
+    """An artifact that decodes but is not what the trainer committed on-chain (substituted, stale
+    or forged): its hash or root differs from the posted commitment."""

@@ -76,6 +76,7 @@ __all__ = [
     "op_log_leaves",
     "op_log_root",
     "op_log_root_arrays",
+    "op_log_root_unchecked",
     "op_log_tree",
     "prove_log_entry",
     "roots_tree",
@@ -406,10 +407,20 @@ def op_log_root_arrays(indices: np.ndarray, codes: np.ndarray, value_bits: np.nd
             raise ValueError("codes: expected values in [0, 255]")
         if int(val.min()) < 0 or int(val.max()) > _U32:
             raise ValueError(f"value_bits: expected values in [0, {_U32}]")
+    return op_log_root_unchecked(idx, cod, val)
+
+
+def op_log_root_unchecked(indices: np.ndarray, codes: np.ndarray, value_bits: np.ndarray) -> Root:
+    """Root of the op log whose leaves are exactly these entries, in this order, between the
+    sentinels: no check that the indices increase or the codes are valid (keys are ``index + 1``
+    mod 2^32, codes mod 2^8, values mod 2^32). This is what a commitment to a *malformed* log hashes;
+    :func:`op_log_root_arrays` is the same root after those checks."""
+    idx = np.asarray(indices).astype(np.int64)
+    n = idx.shape[0]
     rec = np.zeros(n + 2, dtype=_LEAF_DTYPE)
-    rec["key"][1:-1] = idx.astype(np.int64) + 1
-    rec["code"][1:-1] = cod
-    rec["value"][1:-1] = val
+    rec["key"][1:-1] = (idx + 1) & _U32
+    rec["code"][1:-1] = np.asarray(codes).astype(np.int64) & 0xFF
+    rec["value"][1:-1] = np.asarray(value_bits).astype(np.int64) & _U32
     rec["key"][-1] = HIGH_KEY
     return chunked_root(rec.view(np.uint8), LOG_LEAF_SIZE)
 

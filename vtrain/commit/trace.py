@@ -21,12 +21,15 @@ from vtrain.commit.roots import (
     encode_op_descriptor,
     graph_tree,
     op_log_root_arrays,
+    op_log_root_unchecked,
     roots_tree,
+    step_log_root,
     tensor_root,
     tensor_tree,
 )
 from vtrain.graph.executor import StepLog, StepResult
 from vtrain.graph.step_graph import Graph, OpKind
+from vtrain.numerics.logfile import FramedLog
 
 
 def op_descriptors(graph: Graph) -> list[bytes]:
@@ -83,6 +86,17 @@ def op_log_roots(log: StepLog, graph: Graph) -> list[bytes]:
             bits[e.code != 3] = 0
             roots.append(op_log_root_arrays(e.index, e.code, bits))
     return roots
+
+
+def framed_log_root(framed: FramedLog, graph: Graph) -> bytes:
+    """``logRoot_s`` of a log's entries exactly as written (:func:`op_log_root_unchecked` per op):
+    what the bytes commit to, checked or not. Equal to :func:`op_log_roots`' tree for a valid log."""
+    roots: list[bytes] = []
+    for op in graph.ops:
+        e = framed.sparse.get(op.id)
+        roots.append(EMPTY_OP_LOG_ROOT if e is None or len(e.index) == 0
+                     else op_log_root_unchecked(e.index, e.code, e.value_bits))
+    return step_log_root(roots)
 
 
 @dataclass

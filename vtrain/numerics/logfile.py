@@ -6,29 +6,55 @@ five trits per byte for every element of every op the paper's hooks log
 (``vtrain.numerics.paper.hooked_ops``), in op order; ``vtrain export-paper-log`` writes them in
 the paper's own layout (raw, with ``_metadata``). A header carries the
 magic, version, mode, step and the graph's op count, so a log is never applied to the wrong step.
+
+Reading is two stages, because a counterparty serves these bytes:
+
+* :func:`frame_step_log` checks only the framing (header, compression, lengths, op table) and
+  returns the entries exactly as written (:class:`FramedLog`): enough to hash them against a
+  commitment, even when they break the rules below. Errors: :class:`~vtrain.errors.LogFramingError`.
+* :func:`check_step_log` checks the entries (strictly increasing indices below the op's element
+  count, known codes, finite explicit values) and returns the :class:`StepLog` a replay uses.
+  Errors: :class:`~vtrain.errors.LogEntryError`, naming the op.
+
+:func:`decode_step_log` is both. Nothing here raises anything but :class:`~vtrain.errors.CorruptLog`
+subclasses on any bytes (``tests/test_served.py`` fuzzes it).
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from vtrain.errors import CorruptLog
+from vtrain.errors import (
+    LogCodeError,
+    LogCompressionError,
+    LogHeaderError,
+    LogIndexOrderError,
+    LogIndexRangeError,
+    LogOpTableError,
+    LogTrailingBytes,
+    LogTruncated,
+    LogValueError,
+)
 from vtrain.graph.executor import StepLog
 from vtrain.graph.step_graph import Graph
 from vtrain.numerics.paper import hooked_ops
-from vtrain.numerics.rounding import DenseLog, Mode, OpLog, pack_trits, unpack_trits
+from vtrain.numerics.rounding import Code, DenseLog, Mode, OpLog, pack_trits, unpack_trits
 
 MAGIC = b"VTLOG"
 VERSION = 1
 _MODES = {Mode.CERTIFIED: 0, Mode.PAPER: 1, Mode.ROUND_NOLOG: 2, Mode.FP32: 3}
 _HEADER = struct.Struct("<5sBBQI")  # magic, version, mode, step, n_ops
+_ENTRY_BYTES = 4 + 1 + 4  # delta, code, explicit value (at most)
+_CODES = (int(Code.DOWN), int(Code.UP), int(Code.EXPLICIT))
 
 
 def encode_step_log(log: StepLog, step: int, graph: Graph) -> bytes:
-    """Serialize one step's log (compressed)."""
+    """Serialize one step's log (compressed). Entries are written as given (deltas mod 2^32), so a
+    test can also write a log that breaks the rules :func:`check_step_log` enforces."""
     head = _HEADER.pack(MAGIC, VERSION, _MODES[log.mode], step, graph.n_ops)
     if log.mode == Mode.PAPER:
         body = b"".join(pack_trits(log.dense[o].trits) for o in hooked_ops(graph))
@@ -38,7 +64,8 @@ def encode_step_log(log: StepLog, step: int, graph: Graph) -> bytes:
     parts = [struct.pack("<I", len(ops)), np.array(ops, np.uint32).tobytes(), counts.tobytes()]
     for o in ops:
         e = log.sparse[o]
-        parts.append(np.diff(e.index, prepend=0).astype(np.uint32).tobytes())
+        deltas = np.diff(np.asarray(e.index, np.int64), prepend=0)  # mod 2^32 below: unsorted stays as given
+        parts.append(np.bitwise_and(deltas, 0xFFFFFFFF).astype(np.uint32).tobytes())
     for o in ops:
         parts.append(log.sparse[o].code.astype(np.uint8).tobytes())
     for o in ops:
@@ -47,68 +74,184 @@ def encode_step_log(log: StepLog, step: int, graph: Graph) -> bytes:
     return head + zlib.compress(b"".join(parts), 9)
 
 
-def decode_step_log(data: bytes, step: int, graph: Graph) -> StepLog:
-    """Parse a log written by :func:`encode_step_log`; any damage raises :class:`CorruptLog`."""
+@dataclass(frozen=True)
+class FramedEntries:
+    """One op's entries as written: indices (uint32), codes (uint8) and the committed value bits
+    (uint32: the explicit value for code 3, else 0)."""
+
+    index: np.ndarray
+    code: np.ndarray
+    value_bits: np.ndarray
+
+
+@dataclass(frozen=True)
+class FramedLog:
+    """A log whose framing is sound; its entries are unchecked (see :func:`check_step_log`)."""
+
+    step: int
+    mode: Mode
+    sparse: dict[int, FramedEntries] = field(default_factory=dict)
+    dense: dict[int, bytes] = field(default_factory=dict)  # paper: packed trits per rounding op
+
+
+def _payload_bound(mode: Mode, graph: Graph) -> int:
+    """Most bytes a well-formed payload of ``graph`` can have (a zip bomb stops here)."""
+    if mode == Mode.PAPER:
+        return sum((graph.ops[o].numel + 4) // 5 for o in hooked_ops(graph))
+    return 4 + 8 * graph.n_ops + _ENTRY_BYTES * sum(op.numel for op in graph.ops)
+
+
+def _take(body: bytes, pos: int, n: int, where: str, what: str) -> bytes:
+    if n > len(body) - pos:
+        raise LogTruncated(f"{where}: {what}: expected {n} bytes at offset {pos}, got {max(len(body) - pos, 0)}")
+    return body[pos : pos + n]
+
+
+def frame_step_log(data: bytes, step: int, graph: Graph, mode: Mode | None = None) -> FramedLog:
+    """The entries of a log written by :func:`encode_step_log`, framing checked (header: magic,
+    version, ``mode`` when given, ``step``, the graph's op count; zlib; every length; the op table),
+    entries not. Raises a :class:`~vtrain.errors.LogFramingError` subclass."""
     where = f"rounding log of step {step}"
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise LogHeaderError(f"{where}: expected bytes, got {type(data).__name__}")
+    data = bytes(data)
     if len(data) < _HEADER.size:
-        raise CorruptLog(f"{where}: truncated header ({len(data)} bytes)")
+        raise LogTruncated(f"{where}: header: expected {_HEADER.size} bytes, got {len(data)}")
     magic, version, mode_code, got_step, n_ops = _HEADER.unpack_from(data)
     if magic != MAGIC or version != VERSION:
-        raise CorruptLog(f"{where}: not a vtrain log (magic {magic!r}, version {version})")
+        raise LogHeaderError(
+            f"{where}: expected magic {MAGIC!r} version {VERSION}, got magic {magic!r} version {version}"
+        )
     if got_step != step:
-        raise CorruptLog(f"{where}: expected step {step}, got a log of step {got_step}")
+        raise LogHeaderError(f"{where}: expected step {step}, got a log of step {got_step}")
     if n_ops != graph.n_ops:
-        raise CorruptLog(f"{where}: expected a graph of {graph.n_ops} ops, got {n_ops}")
+        raise LogHeaderError(f"{where}: expected a graph of {graph.n_ops} ops, got {n_ops}")
     modes = {v: k for k, v in _MODES.items()}
     if mode_code not in modes:
-        raise CorruptLog(f"{where}: unknown mode code {mode_code}")
-    mode = modes[mode_code]
+        raise LogHeaderError(f"{where}: expected a mode code in {sorted(modes)}, got {mode_code}")
+    got_mode = modes[mode_code]
+    if mode is not None and got_mode != Mode(mode):
+        raise LogHeaderError(f"{where}: expected mode {Mode(mode).value}, got {got_mode.value}")
+    bound = _payload_bound(got_mode, graph)
+    z = zlib.decompressobj()
     try:
-        body = zlib.decompress(data[_HEADER.size :])
+        body = z.decompress(data[_HEADER.size :], bound + 1)
     except zlib.error as e:
-        raise CorruptLog(f"{where}: compressed payload damaged or truncated ({e})") from None
-    out = StepLog(mode)
-    if mode == Mode.PAPER:
-        pos = 0
-        for o in hooked_ops(graph):
-            op = graph.ops[o]
-            nb = (op.numel + 4) // 5
-            if pos + nb > len(body):
-                raise CorruptLog(f"{where}: truncated at op {op.id}")
-            out.dense[op.id] = DenseLog(unpack_trits(body[pos : pos + nb], op.numel))
-            pos += nb
-        if pos != len(body):
-            raise CorruptLog(f"{where}: {len(body) - pos} trailing bytes")
-        return out
-    try:
-        (n,) = struct.unpack_from("<I", body, 0)
-        pos = 4
-        ops = np.frombuffer(body, np.uint32, n, pos).astype(np.int64)
-        pos += 4 * n
-        counts = np.frombuffer(body, np.uint32, n, pos).astype(np.int64)
-        pos += 4 * n
-        idx = []
-        for o, c in zip(ops, counts):
-            if o >= graph.n_ops:
-                raise CorruptLog(f"{where}: op id {o} out of range")
-            idx.append(np.cumsum(np.frombuffer(body, np.uint32, c, pos).astype(np.int64)))
-            pos += 4 * int(c)
-        codes = []
-        for c in counts:
-            codes.append(np.frombuffer(body, np.uint8, c, pos).copy())
-            pos += int(c)
-        for o, i, cd in zip(ops, idx, codes):
-            if len(cd) and (cd.min() < 1 or cd.max() > 3):
-                raise CorruptLog(f"{where}, op {o}: invalid entry code")
-            if len(i) and i[-1] >= graph.ops[o].numel:
-                raise CorruptLog(f"{where}, op {o}: entry index {i[-1]} out of range")
-            ne = int((cd == 3).sum())
-            vals = np.zeros(len(cd), np.float32)
-            vals[cd == 3] = np.frombuffer(body, np.float32, ne, pos)
-            pos += 4 * ne
-            out.sparse[int(o)] = OpLog(i, cd, vals)
-    except (ValueError, struct.error) as e:
-        raise CorruptLog(f"{where}: truncated payload ({e})") from None
+        raise LogCompressionError(f"{where}: expected a zlib stream, got damaged data ({e})") from None
+    if len(body) > bound:
+        raise LogTrailingBytes(f"{where}: expected a payload of at most {bound} bytes, got more")
+    if not z.eof:
+        raise LogTruncated(f"{where}: expected a complete zlib stream, got one cut short")
+    if z.unused_data:
+        raise LogTrailingBytes(f"{where}: expected nothing after the zlib stream, got {len(z.unused_data)} bytes")
+    if got_mode == Mode.PAPER:
+        return _frame_paper(body, step, graph, where)
+    return _frame_sparse(body, step, got_mode, graph, where)
+
+
+def _frame_paper(body: bytes, step: int, graph: Graph, where: str) -> FramedLog:
+    dense, pos = {}, 0
+    for o in hooked_ops(graph):
+        nb = (graph.ops[o].numel + 4) // 5
+        dense[o] = _take(body, pos, nb, where, f"op {o} decisions")
+        pos += nb
     if pos != len(body):
-        raise CorruptLog(f"{where}: {len(body) - pos} trailing bytes")
+        raise LogTrailingBytes(f"{where}: expected {pos} payload bytes, got {len(body)}")
+    return FramedLog(step, Mode.PAPER, dense=dense)
+
+
+def _frame_sparse(body: bytes, step: int, mode: Mode, graph: Graph, where: str) -> FramedLog:
+    (n,) = struct.unpack("<I", _take(body, 0, 4, where, "op count"))
+    if n > graph.n_ops:
+        raise LogOpTableError(f"{where}: expected at most {graph.n_ops} ops with entries, got {n}")
+    pos = 4
+    ops = np.frombuffer(_take(body, pos, 4 * n, where, "op ids"), np.uint32).astype(np.int64)
+    pos += 4 * n
+    counts = np.frombuffer(_take(body, pos, 4 * n, where, "entry counts"), np.uint32).astype(np.int64)
+    pos += 4 * n
+    for k, o in enumerate(ops.tolist()):
+        if o >= graph.n_ops:
+            raise LogOpTableError(f"{where}: expected op ids below {graph.n_ops}, got {o}")
+        if k and o <= ops[k - 1]:
+            raise LogOpTableError(f"{where}: expected strictly increasing op ids, got {int(ops[k - 1])} then {o}")
+    total = int(counts.sum())
+    if 5 * total > len(body) - pos:  # a delta and a code each, checked before any allocation
+        raise LogTruncated(f"{where}: expected at least {5 * total} bytes of entries, got {len(body) - pos}")
+    index = []
+    for o, c in zip(ops.tolist(), counts.tolist(), strict=True):
+        deltas = np.frombuffer(_take(body, pos, 4 * c, where, f"op {o} indices"), np.uint32)
+        index.append((np.cumsum(deltas.astype(np.uint64)) & 0xFFFFFFFF).astype(np.uint32))
+        pos += 4 * c
+    codes = []
+    for o, c in zip(ops.tolist(), counts.tolist(), strict=True):
+        codes.append(np.frombuffer(_take(body, pos, c, where, f"op {o} codes"), np.uint8).copy())
+        pos += c
+    sparse = {}
+    for o, idx, cd in zip(ops.tolist(), index, codes, strict=True):
+        explicit = cd == int(Code.EXPLICIT)
+        ne = int(explicit.sum())
+        bits = np.zeros(len(cd), np.uint32)
+        bits[explicit] = np.frombuffer(_take(body, pos, 4 * ne, where, f"op {o} explicit values"), np.uint32)
+        pos += 4 * ne
+        sparse[int(o)] = FramedEntries(idx, cd, bits)
+    if pos != len(body):
+        raise LogTrailingBytes(f"{where}: expected {pos} payload bytes, got {len(body)}")
+    return FramedLog(step, mode, sparse=sparse)
+
+
+def check_step_log(framed: FramedLog, graph: Graph) -> StepLog:
+    """The replayable log of ``framed``; raises a :class:`~vtrain.errors.LogEntryError` subclass
+    (naming the op) for unsorted or repeated indices, an index past the op's element count, a code
+    other than 1, 2, 3, or an explicit value that is NaN or infinite."""
+    where = f"rounding log of step {framed.step}"
+    out = StepLog(framed.mode)
+    if framed.mode == Mode.PAPER:
+        for o, packed in framed.dense.items():
+            p = np.frombuffer(packed, np.uint8)
+            if len(p) and int(p.max()) >= 243:
+                k = int(np.argmax(p >= 243))
+                raise LogCodeError(f"{where}, op {o}: expected packed trits below 243, got {int(p[k])} at byte {k}", o)
+            out.dense[o] = DenseLog(unpack_trits(packed, graph.ops[o].numel))
+        return out
+    for o, e in framed.sparse.items():
+        idx = e.index.astype(np.int64)
+        if len(idx) > 1:
+            step_ = np.diff(idx)
+            if bool((step_ <= 0).any()):
+                k = int(np.argmax(step_ <= 0))
+                a, b = int(idx[k]), int(idx[k + 1])
+                what = f"index {a} twice" if a == b else f"index {a} then {b}"
+                raise LogIndexOrderError(
+                    f"{where}, op {o}: expected strictly increasing entry indices, got {what} (entries {k}, {k + 1})", o
+                )
+        numel = graph.ops[o].numel
+        if len(idx) and int(idx[-1]) >= numel:
+            raise LogIndexRangeError(
+                f"{where}, op {o}: expected entry indices below the op's {numel} elements, got {int(idx[-1])}", o
+            )
+        bad = ~np.isin(e.code, _CODES)
+        if bool(bad.any()):
+            k = int(np.argmax(bad))
+            raise LogCodeError(
+                f"{where}, op {o}: expected codes 1 (down), 2 (up) or 3 (explicit), got {int(e.code[k])} "
+                f"at index {int(idx[k])}",
+                o,
+            )
+        values = e.value_bits.view(np.float32)
+        explicit = e.code == int(Code.EXPLICIT)
+        nonfinite = explicit & ~np.isfinite(values)
+        if bool(nonfinite.any()):
+            k = int(np.argmax(nonfinite))
+            raise LogValueError(
+                f"{where}, op {o}: expected a finite explicit value, got {values[k]} "
+                f"(bits {int(e.value_bits[k]):#010x}) at index {int(idx[k])}",
+                o,
+            )
+        out.sparse[o] = OpLog(idx, e.code.copy(), np.where(explicit, values, np.float32(0)).astype(np.float32))
     return out
+
+
+def decode_step_log(data: bytes, step: int, graph: Graph, mode: Mode | None = None) -> StepLog:
+    """Parse a log written by :func:`encode_step_log` (framing, then entries); any damage raises a
+    :class:`~vtrain.errors.CorruptLog` subclass naming the step (and the op, for an entry)."""
+    return check_step_log(frame_step_log(data, step, graph, mode), graph)

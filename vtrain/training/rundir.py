@@ -32,7 +32,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from vtrain.errors import CorruptArtifact, DataChanged, MissingArtifact, VtrainError
+from vtrain.errors import CorruptArtifact, CorruptCheckpoint, DataChanged, MissingArtifact, VtrainError
 from vtrain.graph.executor import StepLog, state_tensors
 from vtrain.graph.step_graph import Graph
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
@@ -61,22 +61,22 @@ def encode_checkpoint(graph: Graph, state: list[torch.Tensor]) -> bytes:
 
 
 def decode_checkpoint(data: bytes, graph: Graph, what: str = "checkpoint") -> list[torch.Tensor]:
-    """State tensors from a safetensors checkpoint; shape or name mismatches raise CorruptArtifact."""
+    """State tensors from a safetensors checkpoint; shape or name mismatches raise CorruptCheckpoint."""
     try:
         d = st_load(data)
     except (SafetensorError, ValueError, Exception) as e:  # safetensors raises several types
-        raise CorruptArtifact(f"{what}: cannot decode safetensors ({e})") from None
+        raise CorruptCheckpoint(f"{what}: cannot decode safetensors ({e})") from None
     out: list[np.ndarray] = []
     for i, s in enumerate(graph.slots):
         key = f"{i:04d}:{s.name}"
         if key not in d:
-            raise CorruptArtifact(f"{what}: missing tensor {key!r}")
+            raise CorruptCheckpoint(f"{what}: missing tensor {key!r}")
         a = d[key]
         if a.dtype != np.float32 or tuple(a.shape) != s.shape:
-            raise CorruptArtifact(f"{what}: tensor {key!r} expected float32{s.shape}, got {a.dtype}{a.shape}")
+            raise CorruptCheckpoint(f"{what}: tensor {key!r} expected float32{s.shape}, got {a.dtype}{a.shape}")
         out.append(a)
     if len(d) != len(graph.slots):
-        raise CorruptArtifact(f"{what}: expected {len(graph.slots)} tensors, got {len(d)}")
+        raise CorruptCheckpoint(f"{what}: expected {len(graph.slots)} tensors, got {len(d)}")
     return state_tensors(out)
 
 
