@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import game_harness as H
 import numpy as np
 
-import game_harness as H
 from protocol.proofs import build_element_proof
 from vtrain.commit import roots as C
 from vtrain.commit.merkle import MerkleTree
@@ -98,7 +98,7 @@ def conv_net(batch: int = 2, side: int = 4, filters: int = 2, steps: int = 8) ->
     b = g.input("conv.b", (filters,))
     gamma = g.input("bn.gamma", (filters, 1))
     beta = g.input("bn.beta", (filters, 1))
-    act = g.input("act", (filters, n))
+    g.input("act", (filters, n))  # replaced by the post-dropout activations each step
     acc = g.input("acc", (filters, n))
     x = g.data((batch, px))
     ids: dict[str, int] = {}
@@ -131,7 +131,8 @@ def conv_net(batch: int = 2, side: int = 4, filters: int = 2, steps: int = 8) ->
     scale = g.neg(g.max(two))  # [1, 1]
     ids["clip"] = scale.op
     # the LR schedule: lr_s = table[s - 1]
-    lr = take(g, g.const(np.linspace(0.1, 0.01, steps).astype(np.float32), "lr.table"), g.add_s(step_number(g), -1.0), 0)
+    schedule = g.const(np.linspace(0.1, 0.01, steps).astype(np.float32), "lr.table")
+    lr = take(g, schedule, g.add_s(step_number(g), -1.0), 0)
     ids["lr"] = lr.op
     upd = g.mul(g.mul(g.reshape(mg, (filters, n)), scale), g.reshape(lr, (1, 1)))
     new_w = g.add(w, g.mul_s(g.reshape(loss, (1, 1)), 2.0**-10))

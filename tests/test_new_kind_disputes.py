@@ -8,11 +8,11 @@ the trainer loses its stake; a false challenger disputing the same honest elemen
 
 from __future__ import annotations
 
+import game_harness as H
+import graph_games as G
 import numpy as np
 import pytest
 
-import game_harness as H
-import graph_games as G
 from vtrain.graph.step_graph import OpKind
 from vtrain.numerics import exact as X
 
