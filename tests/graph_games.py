@@ -87,7 +87,7 @@ def patch_table(h: int, w: int, k: int = 3) -> np.ndarray:
 
 def conv_net(batch: int = 2, side: int = 4, filters: int = 2, steps: int = 8) -> GameGraph:
     """conv 3x3 (TAKE of a CONST patch table + MATMUL) -> batch norm -> ReLU -> dropout ->
-    2x2... max pool (MAX; its VJP MAX_GRAD) -> loss; an update scaled by a clipped norm (the
+    max pool over windows of 4 (MAX; its VJP MAX_GRAD) -> loss; an update scaled by a clipped norm (the
     clipping scale ``min(1, c / (|g| + eps))``) and by a committed LR schedule (TAKE of a CONST
     table by ``STEP - 1``). The state keeps the conv weights, the post-dropout activations and
     the update (so a change of any op reaches the state root)."""
