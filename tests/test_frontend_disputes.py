@@ -3,8 +3,10 @@
 DROPOUT_MASK STEP), played by the real agents (protocol.trainer/auditor) against the real
 contracts. A trainer that tampers with one element of one op (a conv patch gather, the conv
 MATMUL, a batch norm, the max-pool gradient, the clipping scale, the LR schedule; GPT-2: the
-embedding gather, the attention mask, a dropout mask) is caught at that op and element, the
-Adjudicator rules and the stake moves to the auditor; a false challenger loses its bond.
+embedding gather, the attention mask, a dropout mask, the clipping scale) is caught at that op and
+element, the Adjudicator rules and the stake moves to the auditor; a false challenger loses its
+bond. (HF GPT-2's causal mask reaches the graph constant-folded, as an ADD of a CONST 0 / -FLT_MAX
+mask; the SELECT form is played on the hand-built block of tests/test_new_kind_disputes.py.)
 
 Skipped where the front end (vtrain.frontend, transformers) is not installed. The ResNet's conv
 gather and the GPT-2 dropout mask run by default; the rest are marked slow.
@@ -81,7 +83,12 @@ def targets(g: Graph) -> dict[str, int]:
     for o in g.ops[: g.loss_op]:
         if o.kind == OpKind.TAKE and g.ops[o.inputs[1]].kind != OpKind.CONST:
             out.setdefault("embedding-gather", o.id)
-        if o.kind == OpKind.SELECT and g.ops[o.inputs[0]].kind == OpKind.CONST and len(o.shape) == 4:
+        # the causal mask: a SELECT of a CONST condition, or (HF GPT-2 as exported: the mask
+        # constant-folded) an ADD of a CONST of 0 / -FLT_MAX
+        if len(o.shape) == 4 and (
+            (o.kind == OpKind.SELECT and g.ops[o.inputs[0]].kind == OpKind.CONST)
+            or (o.kind == OpKind.ADD and g.ops[o.inputs[1]].kind == OpKind.CONST)
+        ):
             out.setdefault("attention-mask", o.id)
         if o.kind == OpKind.DROPOUT_MASK:
             out.setdefault("dropout-mask", o.id)
@@ -202,3 +209,49 @@ def test_the_front_end_graphs_hold_every_disputed_op(contexts) -> None:
     assert g.ops[found["conv-patch-gather"]].kind == OpKind.TAKE
     assert g.ops[found["lr-schedule"]].kind == OpKind.TAKE
     assert g.ops[found["clipping-scale"]].kind == OpKind.SELECT
+
+
+# -- every op of the front-end graphs on the real Adjudicator ---------------------------------------
+
+NEW_KINDS = (OpKind.TAKE, OpKind.SELECT, OpKind.MAX_GRAD, OpKind.DROPOUT_MASK, OpKind.STEP)
+
+
+@pytest.mark.parametrize("model", ["resnet", pytest.param("gpt2", marks=pytest.mark.slow)])
+def test_every_new_kind_op_of_a_front_end_graph_stands_on_chain(contexts, model) -> None:
+    """Step 1 of the honest job: for every op of the new kinds, its first, middle and last element
+    stand on the real Adjudicator with real proofs and a 1-ulp change does not; every other op kind
+    of the graph stands under the contract's rule in Python (vtrain.numerics.exact)."""
+    from test_adjudicator import deploy_adjudicator
+
+    from protocol.proofs import build_element_proof
+    from vtrain.commit.roots import op_log_root, tensor_root
+    from vtrain.commit.trace import StepTrace, op_log_entries
+    from vtrain.graph.executor import state_tensors
+    from vtrain.numerics import exact
+    from vtrain.training.loop import train_steps
+
+    ctx = _ctx(contexts, model)
+    g, seed, samples = ctx.job.graph, ctx.spec.data_seed, ctx.job.dataset.samples
+    (o,) = train_steps(ctx.job, state_tensors(ctx.job.initial_state), 1, 1, keep_trace=True)
+    t = StepTrace.of(1, g, o.result)
+    data = exact.DataContext(samples, seed, 1)
+    adj = deploy_adjudicator()
+    ruled = 0
+    for op in g.ops:
+        if op.kind in (OpKind.INPUT, OpKind.CONST) or exact.is_chunked(ctx.graph.descriptors[op.id]):
+            continue
+        desc, inputs = ctx.graph.descriptors[op.id], t.inputs_of(op.id)
+        entries = op_log_entries(t.log, op.id)
+        by_index = {e.index: e for e in entries}
+        bits = t.outputs[op.id].reshape(-1).view(np.uint32)
+        for i in sorted({0, op.numel // 2, op.numel - 1}):
+            assert exact.judge_element(desc, inputs, i, int(bits[i]), by_index.get(i), data), (op, i)
+            if op.kind not in NEW_KINDS:
+                continue
+            proof = build_element_proof(desc, inputs, i, entries, samples, seed, 1)
+            for claimed, stands in ((int(bits[i]), True), (exact.neighbour(int(bits[i]), True), False)):
+                claim = (desc, [tensor_root(x) for x in inputs], i, claimed, op_log_root(entries), 1,
+                         ctx.data_root, seed, ctx.job.dataset.n)
+                assert adj.functions.adjudicate(claim, proof).call({"gas": 16_000_000}) == stands, (op, i)
+            ruled += 1
+    assert ruled >= 3 * len({op.kind for op in g.ops} & set(NEW_KINDS))
