@@ -16,8 +16,9 @@ import {Transcendental} from "contracts/Transcendental.sol";
 ///         exactly (or in a tight enclosure, see ExactSum), and applies the rounding rule of
 ///         docs/numerics.md to the claimed value and the committed log entry (RoundingRule).
 ///         Supported kinds: ADD SUB MUL DIV ADD_S MUL_S DIV_S RSUB_S SQRT MATMUL SUM MEAN MAX RELU
-///         RELU_GRAD OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND ONE_HOT GATHER DATA EXP LOG TANH (the
-///         last three enclosed by the `Transcendental` contract this one deploys). The bind ops
+///         RELU_GRAD OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND ONE_HOT GATHER TAKE SELECT MAX_GRAD
+///         DROPOUT_MASK STEP DATA EXP LOG TANH (the last three enclosed by the `Transcendental`
+///         contract this one deploys). The bind ops
 ///         INPUT CONST (ruled by the game) and unknown codes revert with `UnsupportedOp`.
 ///
 ///         One-step proof encoding (also docs/protocol.md, "One-step proof encoding"):
@@ -30,8 +31,10 @@ import {Transcendental} from "contracts/Transcendental.sol";
 ///           for DATA the sample's bytes (one leaf) against `dataRoot` at the sampled index.
 ///         - `openings` lists the reads in the order the op makes them, and only those it makes:
 ///           elementwise ops: input 0 then input 1; MATMUL: row of a, row of b, then the chunk of
-///           bias[j]; GATHER: idx, then x only when idx is a valid index; RELU_GRAD: x, then g only
-///           when x > 0; PAD: nothing when the element is padding; ONE_HOT: idx; DATA: the sample.
+///           bias[j]; GATHER and TAKE: idx, then x only when idx is a valid index; RELU_GRAD: x,
+///           then g only when x > 0; SELECT: cond, then a (cond != 0) or b; MAX_GRAD: the row of x,
+///           then g only at the row's first maximum; PAD: nothing when the element is padding;
+///           ONE_HOT: idx; DATA: the sample; DROPOUT_MASK, STEP: nothing.
 ///         - `log` opens the adjacent log leaves `position, position + 1` (9 bytes each) with
 ///           `key_p < index + 1 <= key_{p+1}`: the entry is leaf p+1 when its key is `index + 1`,
 ///           otherwise the element has no entry (code none).
@@ -132,6 +135,11 @@ contract Adjudicator is IAdjudicator {
         if (k == OpKinds.DATA) return (_data(c, claim), true);
         if (k == OpKinds.ONE_HOT) return (_oneHot(c), true);
         if (k == OpKinds.GATHER) return (_gather(c), true);
+        if (k == OpKinds.TAKE) return (_take(c), true);
+        if (k == OpKinds.SELECT) return (_select(c), true);
+        if (k == OpKinds.MAX_GRAD) return (_maxGrad(c), true);
+        if (k == OpKinds.DROPOUT_MASK) return (_dropoutMask(c, claim), true);
+        if (k == OpKinds.STEP) return (_step(c, claim), true);
         if (k == OpKinds.RELU) {
             _inputs(c, 1);
             _sameShape(c, 0);
@@ -336,6 +344,91 @@ contract Adjudicator is IAdjudicator {
         (bool ok, uint256 k) = _asIndex(_read(c, 1, c.index));
         if (!ok || k >= n) return RoundingRule.exactly(0);
         return RoundingRule.exactly(_read(c, 0, c.index * n + k));
+    }
+
+    /// @dev out[p, j, q] = x[p, idx[j], q], +0 when idx[j] is not an integer in [0, n); attrs [axis],
+    ///      shape = x.shape[:axis] ++ idx.shape ++ x.shape[axis+1:], n = x.shape[axis] (flat p, j, q).
+    function _take(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
+        _inputs(c, 2);
+        uint32[] memory sx = c.inShapes[0];
+        uint32[] memory si = c.inShapes[1];
+        if (c.attrs.length != 1 || c.attrs[0] >= sx.length) revert BadAttrs(c.kind, 0);
+        uint256 axis = c.attrs[0];
+        // INVARIANT: the output shape is exactly x's with its `axis` dim replaced by idx's dims.
+        if (c.shape.length != sx.length - 1 + si.length) revert ShapeMismatch(c.kind, 0);
+        uint256 q = 1;
+        for (uint256 d = 0; d < c.shape.length; ++d) {
+            uint256 want = d < axis ? sx[d] : d < axis + si.length ? si[d - axis] : sx[d + 1 - si.length];
+            if (c.shape[d] != want) revert ShapeMismatch(c.kind, d < axis || d >= axis + si.length ? 0 : 1);
+            if (d >= axis + si.length) q *= want;
+        }
+        uint256 jn = TensorIndex.numel(si);
+        uint256 j = (c.index / q) % jn;
+        (bool ok, uint256 k) = _asIndex(_read(c, 1, j));
+        uint256 n = sx[axis];
+        if (!ok || k >= n) return RoundingRule.exactly(0);
+        return RoundingRule.exactly(_read(c, 0, ((c.index / (q * jn)) * n + k) * q + c.index % q));
+    }
+
+    /// @dev out[i] = a[i] if cond[i] != 0 else b[i], each input broadcasting to the output.
+    function _select(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
+        _inputs(c, 3);
+        uint256[] memory idx = TensorIndex.unravel(c.index, c.shape);
+        for (uint256 i = 0; i < 3; ++i) {
+            if (!TensorIndex.broadcastsTo(c.inShapes[i], c.shape)) revert ShapeMismatch(c.kind, i);
+        }
+        // -0 counts as zero (an FP32 comparison with 0).
+        uint256 pick = _read(c, 0, TensorIndex.ravelBroadcast(idx, c.inShapes[0])) & ~Float32.SIGN != 0 ? 1 : 2;
+        return RoundingRule.exactly(_read(c, pick, TensorIndex.ravelBroadcast(idx, c.inShapes[pick])));
+    }
+
+    /// @dev out[..., k] = g[..., 0] if k is the first index of the row maximum of x [..., n], else +0;
+    ///      g [..., 1]. Reads the row of x, then g only at the maximum.
+    function _maxGrad(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
+        _inputs(c, 2);
+        _sameShape(c, 0);
+        uint256 n = TensorIndex.reducedLength(c.inShapes[1], c.shape);
+        if (n == 0) revert ShapeMismatch(c.kind, 1);
+        uint256 row = c.index / n;
+        (bytes memory data, uint256 off) = _readRow(c, 0, row * n, n);
+        uint256 best;
+        int256 top = type(int256).min;
+        for (uint256 t = 0; t < n; ++t) {
+            uint32 v = TensorProof.f32At(data, off + t);
+            Float32.requireFinite(v);
+            // Strictly greater: the first of equal maxima (+0 and -0 are equal) wins.
+            if (Float32.toOrdered(v) > top) (best, top) = (t, Float32.toOrdered(v));
+        }
+        if (best != c.index % n) return RoundingRule.exactly(0);
+        return RoundingRule.exactly(_read(c, 1, row));
+    }
+
+    /// @dev out[i] = scale if u(i) >= threshold else +0, u(i) the first 4 bytes (big-endian) of
+    ///      sha256(seed || uint64be(step) || uint32be(salt) || uint64be(i)); attrs [threshold, scaleBits, salt].
+    function _dropoutMask(Ctx memory c, ElementClaim calldata claim)
+        private
+        pure
+        returns (RoundingRule.Enclosure memory)
+    {
+        _inputs(c, 0);
+        if (c.attrs.length != 3) revert BadAttrs(c.kind, c.attrs.length);
+        for (uint256 a = 0; a < 3; ++a) {
+            if (c.attrs[a] > type(uint32).max) revert BadAttrs(c.kind, a);
+        }
+        if (c.index > type(uint64).max) revert IndexOutOfRange(c.index, uint256(type(uint64).max) + 1);
+        // SAFETY: every value was checked to fit its cast.
+        bytes32 h = sha256(abi.encodePacked(claim.dataSeed, claim.step, uint32(c.attrs[2]), uint64(c.index)));
+        if (uint32(bytes4(h)) < c.attrs[0]) return RoundingRule.exactly(0);
+        return RoundingRule.exactly(uint32(c.attrs[1]));
+    }
+
+    /// @dev out[0] = RN32(step), shape [1] (exact below 2^24).
+    function _step(Ctx memory c, ElementClaim calldata claim) private pure returns (RoundingRule.Enclosure memory) {
+        _inputs(c, 0);
+        if (c.shape.length != 1 || c.shape[0] != 1) revert ShapeMismatch(c.kind, 0);
+        if (c.attrs.length != 0) revert BadAttrs(c.kind, 0);
+        int256 s = int256(uint256(claim.step));
+        return RoundingRule.Enclosure(s, s, 0, 0, 1);
     }
 
     /// @dev out[j, k] = sample(idx)[k], idx = sha256(seed || uint64be(step) || uint32be(j)) mod nSamples.

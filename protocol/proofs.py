@@ -128,7 +128,8 @@ def build_element_proof(
 
     ``descriptor`` is the encoded descriptor (or an :class:`~vtrain.numerics.exact.OpDesc`), ``inputs``
     the op's input tensors (float32, descriptor order), ``log_entries`` the op's rounding log.
-    DATA ops also need ``dataset`` (``[nSamples, L]`` float32), ``seed`` (32 bytes) and ``step``.
+    DATA ops also need ``dataset`` (``[nSamples, L]`` float32), ``seed`` (32 bytes) and ``step``;
+    DROPOUT_MASK and STEP open nothing (``seed`` and ``step`` may be given, the dataset left None).
     """
     return encode_proof(*element_openings(descriptor, inputs, index, log_entries, dataset, seed, step))
 
@@ -145,17 +146,18 @@ def element_openings(
     """The parts of :func:`build_element_proof` before encoding: ``(openings, log)``."""
     desc = OpDesc.of(descriptor)
     data = None
-    if dataset is not None:
+    if dataset is not None or seed is not None or step is not None:
         if seed is None or step is None:
-            raise ValueError("DATA proofs: expected seed and step with the dataset")
-        data = DataContext(np.ascontiguousarray(dataset, dtype="<f4"), seed, step)
+            raise ValueError("DATA/DROPOUT_MASK/STEP proofs: expected both seed and step")
+        ds = None if dataset is None else np.ascontiguousarray(dataset, dtype="<f4")
+        data = DataContext(ds, seed, step)
     trees = _Trees(inputs)
     openings: list[tuple[bytes, list[bytes]]] = []
     for r in reads(desc, inputs, index, data):
         if r.input != DATA_INPUT:
             openings.append(_range_opening(trees, r))
             continue
-        assert data is not None
+        assert data is not None and data.dataset is not None
         tree = MerkleTree.from_chunks(data.dataset.view(np.uint8), 4 * data.dataset.shape[1])
         openings.append((data.dataset[r.start].tobytes(), range_siblings(tree, r.start, r.start + 1)))
     return openings, log_opening(list(log_entries), index)

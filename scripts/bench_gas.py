@@ -7,6 +7,7 @@ stay under the 16,777,216 per-transaction cap.
     .venv/bin/python scripts/bench_gas.py            # all tables
     .venv/bin/python scripts/bench_gas.py adjudicator
     .venv/bin/python scripts/bench_gas.py gpt gpt-disputes   # the demo GPT: per op kind, whole disputes
+    .venv/bin/python scripts/bench_gas.py new-kinds new-kind-disputes   # TAKE SELECT MAX_GRAD DROPOUT_MASK STEP
 
 Each table is a function returning rows, so other parts (game figures) can be added beside it.
 """
@@ -70,7 +71,7 @@ def chain():
 
 def _claim(case: BenchCase) -> tuple[int, list[LogEntry]]:
     """A standing claim for the element: RN32 of the enclosure, logged explicitly if it must be."""
-    data = exact.DataContext(case.dataset, SEED, STEP) if case.dataset is not None else None
+    data = exact.DataContext(case.dataset, SEED, STEP)
     enc = exact.enclosure(case.desc, case.inputs, case.index, data)
     lo, hi, dc = enc.bounds
     c = exact.rn32(lo, saturate=True)
@@ -184,6 +185,74 @@ def matmul_cases(sizes: tuple[int, ...] = (64, 768, 4096)) -> list[BenchCase]:
         desc = exact.OpDesc(K.MATMUL, (0, 1, 2), (16, 16), ((16, k), (16, k), (16,)), ())
         out.append(BenchCase(f"MATMUL K={k} (+bias)", desc, (a, b, bias), 16 * 7 + 9))
     return out
+
+
+def new_kind_cases() -> list[BenchCase]:
+    """Issue 13's op kinds on model-sized tensors: a 3x3 conv patch gather of 16 channels of a
+    32x32 image (x [16, 1024] by a CONST table [1024, 9], -1 padding), an embedding lookup
+    (wte [4096, 256] by token ids [8, 64]), a causal-mask SELECT and MAX_GRAD on 256x256 scores,
+    a 2x2 max-pool MAX_GRAD, a 256x256 dropout mask and STEP."""
+    rng = np.random.default_rng(3)
+    D = exact.OpDesc
+    s = (256, 256)
+    img = _f32(rng, (16, 1024))
+    r = np.arange(1024)
+    table = np.stack([r + dy * 32 + dx for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=1).astype(np.float32)
+    yx = np.stack([(r // 32 + dy, r % 32 + dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=2)
+    table[((yx < 0) | (yx >= 32)).any(axis=0)] = -1.0
+    wte = _f32(rng, (4096, 256))
+    tokens = rng.integers(0, 4096, (8, 64)).astype(np.float32)
+    causal = np.tril(np.ones((1, 256, 256), np.float32))
+    scores = _f32(rng, (1, 256, 256))
+    neg = np.full((1, 1, 1), -1e9, np.float32)
+    x = _f32(rng, s)
+    g = _f32(rng, (256, 1))
+    row = 100
+    first_max = int(np.argmax(x[row]))
+    pool = _f32(rng, (16384, 4))
+    half = (1 << 31, exact.bits_of(2.0), 0)
+    return [
+        BenchCase("TAKE conv patch (x[16,1024])", D(K.TAKE, (0, 1), (16, 1024, 9), ((16, 1024), (1024, 9)), (1,)),
+                  (img, table), (5 * 1024 + 500) * 9 + 4),
+        BenchCase("TAKE conv patch (padding)", D(K.TAKE, (0, 1), (16, 1024, 9), ((16, 1024), (1024, 9)), (1,)),
+                  (img, table), 5 * 1024 * 9),
+        BenchCase("TAKE embedding (wte[4096,256])", D(K.TAKE, (0, 1), (8, 64, 256), ((4096, 256), (8, 64)), (0,)),
+                  (wte, tokens), (3 * 64 + 17) * 256 + 100),
+        BenchCase("SELECT causal mask (256x256)", D(K.SELECT, (0, 1, 2), (1, 256, 256),
+                  ((1, 256, 256), (1, 256, 256), (1, 1, 1)), ()), (causal, scores, neg), 256 * 100 + 37),
+        BenchCase("MAX_GRAD (n=256, at the max)", D(K.MAX_GRAD, (0, 1), s, (s, (256, 1)), ()), (x, g),
+                  row * 256 + first_max),
+        BenchCase("MAX_GRAD (n=256, elsewhere)", D(K.MAX_GRAD, (0, 1), s, (s, (256, 1)), ()), (x, g),
+                  row * 256 + (first_max + 1) % 256),
+        BenchCase("MAX_GRAD 2x2 pool (n=4)", D(K.MAX_GRAD, (0, 1), (16384, 4), ((16384, 4), (16384, 1)), ()),
+                  (pool, _f32(rng, (16384, 1))), 4 * 5000 + int(np.argmax(pool[5000]))),
+        BenchCase("DROPOUT_MASK (256x256)", D(K.DROPOUT_MASK, (), s, (), half), (), 256 * 100 + 37),
+        BenchCase("STEP", D(K.STEP, (), (1,), (), ()), (), 0),
+    ]
+
+
+def new_kind_disputes() -> None:
+    """Whole games on the real step graphs of tests/graph_games.py (conv net, GPT block; 4 steps,
+    K=2), real Adjudicator: each cheat caught at its op; the oneStep (ruling) gas and the largest
+    transaction of the game."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import game_harness as H
+    import graph_games as G
+    from test_new_kind_disputes import CHEATS, _cheat_caught, _false_challenger_loses
+
+    dep = H.deploy(adjudicator="Adjudicator")
+    graphs = {"conv": G.conv_net(steps=4), "gpt": G.gpt_block()}
+    print("\n## disputes with the new op kinds (real Adjudicator, py-evm)\n")
+    print("| cheat | lands on | oneStep gas (cheat caught) | oneStep gas (false challenger loses) | largest tx |")
+    print("|---|---|---:|---:|---:|")
+    for name, (which, *_rest, kind) in CHEATS.items():
+        game, caught = _cheat_caught(dep, graphs[which], name)
+        biggest = max(gas for _, gas in dep.gas_log)
+        lost = _false_challenger_loses(dep, graphs[which], name)
+        biggest = max(biggest, *(gas for _, gas in dep.gas_log))
+        where = f"{K(kind).name} op {game['op']}, element {game['index']}"
+        print(f"| {name} | {where} | {caught:,} | {lost:,} | {biggest:,} |")
+        assert biggest < TX_GAS_CAP
 
 
 def adjudicator_table(cases: list[BenchCase] | None = None) -> list[GasRow]:
@@ -354,6 +423,9 @@ TABLES: dict[str, Callable[[], None]] = {
     "gpt": gpt_table,
     "gpt-disputes": gpt_disputes,
     "chunks": chunk_level,
+    "new-kinds": lambda: print_rows("adjudicate() per new op kind (issue 13; py-evm, cancun)",
+                                    adjudicator_table(new_kind_cases())),
+    "new-kind-disputes": new_kind_disputes,
 }
 
 

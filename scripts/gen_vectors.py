@@ -326,6 +326,73 @@ def graph_vectors() -> dict[str, Any]:
     }
 
 
+def new_kind_cases() -> list[tuple[str, Any, list[np.ndarray], int]]:
+    """``(name, descriptor, inputs, step)`` of the ops.json cases (issue 13's op kinds)."""
+    from vtrain.graph.step_graph import OpKind as K
+
+    x = (np.arange(10, dtype=np.float32).reshape(2, 5) - 4.5) / 4
+    table = np.array([[-1, 0, 1], [1, 2, 3], [3, 4, -1]], np.float32)  # conv taps, -1 pads
+    wte = (np.arange(12, dtype=np.float32).reshape(4, 3) - 6) / 8
+    tokens = np.array([[3, 0, -0.0], [4, 1.5, 2]], np.float32)  # 4 and 1.5 invalid, -0 is 0
+    cond = np.array([[0.0], [-0.0], [2.0**-149]], np.float32)
+    a = np.array([[1.0, 2.0]], np.float32)
+    b = np.array([[-1.0, -2.0]], np.float32)
+    mx = np.array([[1.0, 3.0, 3.0], [-0.0, 0.0, -1.0]], np.float32)  # ties: the first maximum
+    g = np.array([[0.25], [-2.0]], np.float32)
+    half = (1 << 31, 0x40000000, 5)  # p = 0.5, scale 2.0, salt 5
+    return [
+        ("take_patch_gather", (K.TAKE, (0, 1), (2, 3, 3), ((2, 5), (3, 3)), (1,)), [x, table], 7),
+        ("take_embedding", (K.TAKE, (0, 1), (2, 3, 3), ((4, 3), (2, 3)), (0,)), [wte, tokens], 7),
+        ("select_mask", (K.SELECT, (0, 1, 2), (3, 2), ((3, 1), (1, 2), (1, 2)), ()), [cond, a, b], 7),
+        ("max_grad_ties", (K.MAX_GRAD, (0, 1), (2, 3), ((2, 3), (2, 1)), ()), [mx, g], 7),
+        ("dropout_half", (K.DROPOUT_MASK, (), (2, 4), (), half), [], 7),
+        ("step_7", (K.STEP, (), (1,), (), ()), [], 7),
+        ("step_tie", (K.STEP, (), (1,), (), ()), [], 2**24 + 3),
+    ]
+
+
+def ops_vectors() -> dict[str, Any]:
+    from protocol.proofs import build_element_proof
+    from vtrain.numerics import exact as X
+
+    seed = label("seed-a")
+    cases = []
+    for name, desc, inputs, step in new_kind_cases():
+        d = X.OpDesc.of(desc)
+        ctx = X.DataContext(None, seed, step)
+        n = int(np.prod(d.shape))
+        elements = []
+        for i in range(n):
+            v = X.rn32(X.exact_value(d, inputs, i, ctx))
+            elements.append(
+                {
+                    "index": i,
+                    "value_bits": v,
+                    "reads": [[r.input, r.start, r.length] for r in X.reads(d, inputs, i, ctx)],
+                    "proof": hx(build_element_proof(d.encode(), inputs, i, [], None, seed, step)),
+                }
+            )
+        cases.append(
+            {
+                "name": name,
+                "descriptor": hx(d.encode()),
+                "inputs": [hx(np.ascontiguousarray(t, dtype="<f4").tobytes()) for t in inputs],
+                "input_roots": [hx(C.tensor_root(t)) for t in inputs],
+                "step": step,
+                "elements": elements,
+            }
+        )
+    return {
+        "description": "one-step rulings of the op kinds TAKE SELECT MAX_GRAD DROPOUT_MASK STEP: for every "
+        "output element its value (RN32 of the exact value; a claim of it stands, its FP32 neighbours do "
+        "not, with the empty op log), the reads (input, start, length) and the Adjudicator proof "
+        "abi.encode(Opening[], LogOpening) against the empty op log",
+        "seed": hx(seed),
+        "empty_op_log_root": hx(C.op_log_root([])),
+        "cases": cases,
+    }
+
+
 def spec_vectors() -> dict[str, Any]:
     spec = {
         "model": "mlp",
@@ -356,6 +423,7 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "dataset.json": dataset_vectors,
     "graph.json": graph_vectors,
     "spec.json": spec_vectors,
+    "ops.json": ops_vectors,
 }
 
 

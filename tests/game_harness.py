@@ -378,15 +378,16 @@ def new_w3() -> Web3:
     return w3
 
 
-def deploy(w3: Web3 | None = None) -> Deployment:
-    """Deploys JobRegistry, ToyAdjudicator and DisputeGame and binds the game."""
+def deploy(w3: Web3 | None = None, adjudicator: str = "ToyAdjudicator") -> Deployment:
+    """Deploys JobRegistry, the adjudicator (ToyAdjudicator; ``"Adjudicator"``: the real one, kept
+    in ``dep.toy`` all the same) and DisputeGame and binds the game."""
     w3 = w3 or new_w3()
     acc = w3.eth.accounts
     w3.provider.ethereum_tester.time_travel(int(w3.eth.get_block("pending")["timestamp"]) + TIME_OFFSET)
     dep = Deployment(w3, None, None, None, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5])
     dep.known.update(acc[:8])
     dep.registry = dep.deploy("JobRegistry")
-    dep.toy = dep.deploy("ToyAdjudicator")
+    dep.toy = dep.deploy(adjudicator)
     dep.game = dep.deploy("DisputeGame", dep.registry.address, dep.toy.address)
     dep.tx(dep.registry.functions.setDisputeGame(dep.game.address), dep.deployer)
     dep._deployed = dep.snapshot()

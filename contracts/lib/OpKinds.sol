@@ -34,4 +34,9 @@ library OpKinds {
     uint8 internal constant EXPAND = 54;
     uint8 internal constant ONE_HOT = 55;
     uint8 internal constant GATHER = 56;
+    uint8 internal constant TAKE = 57;
+    uint8 internal constant SELECT = 58;
+    uint8 internal constant MAX_GRAD = 59;
+    uint8 internal constant DROPOUT_MASK = 60;
+    uint8 internal constant STEP = 61;
 }

@@ -51,6 +51,11 @@ class OpKind(enum.IntEnum):
     EXPAND = 54
     ONE_HOT = 55
     GATHER = 56
+    TAKE = 57
+    SELECT = 58
+    MAX_GRAD = 59
+    DROPOUT_MASK = 60
+    STEP = 61
 
 
 ROUNDING_KINDS = frozenset(

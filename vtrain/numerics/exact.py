@@ -25,6 +25,7 @@ descriptor raises :class:`MalformedOp` where the contract reverts.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ __all__ = [
     "partials_scale",
     "reduction_terms",
     "DataContext",
+    "dropout_u",
     "Enclosure",
     "MalformedOp",
     "OpDesc",
@@ -225,11 +227,22 @@ class OpDesc:
 
 @dataclass(frozen=True)
 class DataContext:
-    """What a DATA op reads: the dataset ``[nSamples, L]`` and the job's seed and the step."""
+    """The job's data seed and the step (DATA, DROPOUT_MASK, STEP) and the dataset ``[nSamples, L]``
+    a DATA op reads (None where no DATA op is ruled)."""
 
-    dataset: np.ndarray
+    dataset: np.ndarray | None
     seed: bytes
     step: int
+
+
+def dropout_u(seed: bytes, step: int, salt: int, i: int) -> int:
+    """DROPOUT_MASK's draw for flat element ``i``: the first 4 bytes, big-endian, of
+    ``sha256(seed32 || uint64be(step) || uint32be(salt) || uint64be(i))``; the element is kept
+    (``scale``) when it is ``>= threshold``, else +0."""
+    if len(seed) != 32:
+        raise MalformedOp(f"dropout seed: expected 32 bytes, got {len(seed)}")
+    pre = seed + step.to_bytes(8, "big") + salt.to_bytes(4, "big") + i.to_bytes(8, "big")
+    return int.from_bytes(hashlib.sha256(pre).digest()[:4], "big")
 
 
 @dataclass(frozen=True)
@@ -247,7 +260,7 @@ class _Sem:
     """One element's exact semantics: the reads and what is computed from them."""
 
     reads: tuple[Read, ...]
-    op: str  # copy | sum | mul | div | sqrt | dot | mean | exp | log | tanh
+    op: str  # copy | sum | mul | div | sqrt | dot | mean | exp | log | tanh | count (bits[0] an integer)
     bits: tuple[int, ...] = ()  # operands (FP32 bits); dot: a0, b0, a1, b1, ... (+ bias)
     negate: tuple[bool, ...] = ()  # sum (dc = 0): negate operand i
     n: int = 0  # reductions: the bound's term count
@@ -479,11 +492,68 @@ def _semantics(desc: OpDesc, tensors: Sequence[np.ndarray], index: int, data: Da
         if got is None or got >= n:
             return done("copy", 0)
         return done("copy", rd.one(0, index * n + got))
+    if k == OpKind.TAKE:
+        need(2)
+        sx, si = ins
+        if len(attrs) != 1 or attrs[0] >= len(sx):
+            raise MalformedOp(f"TAKE: expected attrs [axis < {len(sx)}], got {attrs}")
+        axis = attrs[0]
+        if tuple(shape) != tuple(sx[:axis]) + tuple(si) + tuple(sx[axis + 1 :]):
+            raise MalformedOp(f"TAKE: x {sx} by idx {si} on axis {axis} does not give {shape}")
+        q = _numel(sx[axis + 1 :])
+        jn = _numel(si)
+        got = _as_index(rd.one(1, (index // q) % jn))
+        n = sx[axis]
+        if got is None or got >= n:
+            return done("copy", 0)
+        return done("copy", rd.one(0, ((index // (q * jn)) * n + got) * q + index % q))
+    if k == OpKind.SELECT:
+        need(3)
+        for i in range(3):
+            if not _broadcasts(ins[i], shape):
+                raise MalformedOp(f"SELECT: input {i} shape {ins[i]} does not broadcast to {shape}")
+        idx = _unravel(index, shape)
+        pick = 1 if rd.one(0, _ravel_b(idx, ins[0])) & ~SIGN else 2  # -0 counts as zero
+        return done("copy", rd.one(pick, _ravel_b(idx, ins[pick])))
+    if k == OpKind.MAX_GRAD:
+        need(2)
+        if not _same_except(ins[0], shape):
+            raise MalformedOp(f"MAX_GRAD: x {ins[0]} does not fit {shape}")
+        if not shape or not _same_except(ins[1], shape, len(shape) - 1) or ins[1][-1] != 1:
+            raise MalformedOp(f"MAX_GRAD: g {ins[1]} does not fit {shape}")
+        n = shape[-1]
+        row = index // n
+        vals = rd.row(0, row * n, n)
+        ordered = [to_ordered(v) for v in vals]
+        best = ordered.index(max(ordered))  # the first maximum (+0 and -0 are equal)
+        if best != index % n:
+            return done("copy", 0)
+        return done("copy", rd.one(1, row))
+    if k == OpKind.DROPOUT_MASK:
+        need(0)
+        if len(attrs) != 3 or any(a > 0xFFFFFFFF for a in attrs):
+            raise MalformedOp(f"DROPOUT_MASK: expected attrs [threshold, scaleBits, salt] (uint32), got {attrs}")
+        if index >= 1 << 64:
+            raise MalformedOp(f"DROPOUT_MASK: element index {index} beyond 2^64")
+        if data is None:
+            raise MalformedOp("DROPOUT_MASK: expected a DataContext (seed, step)")
+        threshold, scale, salt = attrs
+        if dropout_u(data.seed, data.step, salt, index) < threshold:
+            return done("copy", 0)
+        _require_finite(scale)
+        return done("copy", scale)
+    if k == OpKind.STEP:
+        need(0)
+        if tuple(shape) != (1,) or attrs:
+            raise MalformedOp(f"STEP: expected shape (1,) and no attrs, got {shape}, {attrs}")
+        if data is None:
+            raise MalformedOp("STEP: expected a DataContext (seed, step)")
+        return done("count", data.step)
     if k == OpKind.DATA:
         need(0)
         if len(shape) != 2:
             raise MalformedOp(f"DATA: expected shape [B, L], got {shape}")
-        if data is None:
+        if data is None or data.dataset is None:
             raise MalformedOp("DATA: expected a DataContext (dataset, seed, step)")
         ds = np.ascontiguousarray(data.dataset, dtype=np.float32)
         length = shape[1]
@@ -519,6 +589,8 @@ def _exact(sem: _Sem) -> Fraction | None:
     """The exact value, or None where it is undefined (division by zero, sqrt of a negative)."""
     if sem.op in _TRANSCENDENTAL_KIND:
         return _transcendental_value(sem.op, sem.bits[0])
+    if sem.op == "count":
+        return Fraction(sem.bits[0])
     v = [value_of(b) for b in sem.bits]
     if sem.op == "copy":
         return v[0]
@@ -660,6 +732,8 @@ def _enclose(sem: _Sem) -> Enclosure | None:
     if sem.op == "copy":
         neg, m, e = decode(sem.bits[0])
         return Enclosure(-m if neg else m, -m if neg else m, 0, e, 1)
+    if sem.op == "count":
+        return Enclosure(sem.bits[0], sem.bits[0], 0, 0, 1)
     if sem.op == "div":
         na, ma, xa = decode(sem.bits[0])
         nb, mb, xb = decode(sem.bits[1])
@@ -726,8 +800,12 @@ def enclosure(
 
 
 def reads(desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None) -> list[Read]:
-    """The openings the contract expects, in proof order (see Adjudicator's NatSpec)."""
-    return list(_semantics(OpDesc.of(desc), tensors, index, data).reads)
+    """The openings the contract expects, in proof order (see Adjudicator's NatSpec). DROPOUT_MASK
+    and STEP read nothing (and need no context here)."""
+    d = OpDesc.of(desc)
+    if d.kind in (OpKind.DROPOUT_MASK, OpKind.STEP) and data is None:
+        data = DataContext(None, bytes(32), 1)
+    return list(_semantics(d, tensors, index, data).reads)
 
 
 # ---------------------------------------------------------------------------------------------
