@@ -34,7 +34,6 @@ from vtrain.commit.roots import interval_root
 from vtrain.commit.trace import framed_log_root
 from vtrain.errors import CorruptLog, MissingArtifact, VtrainError
 from vtrain.graph.executor import StepLog, state_tensors
-from vtrain.graph.step_graph import ROUNDING_KINDS
 from vtrain.numerics.logfile import decode_step_log, encode_step_log, frame_step_log
 from vtrain.numerics.rounding import Code, OpLog
 from vtrain.training.loop import train_steps
@@ -588,6 +587,7 @@ def test_fuzz_auditor_served_mutated_logs_never_crashes_nor_challenges_an_honest
 
 def test_log_reader_checks_paper_trits_mode_and_payload_size(world):
     from vtrain.errors import LogCodeError, LogHeaderError, LogTrailingBytes
+    from vtrain.numerics.paper import hooked_ops
     from vtrain.numerics.rounding import Mode
 
     w = world
@@ -600,7 +600,7 @@ def test_log_reader_checks_paper_trits_mode_and_payload_size(world):
     with pytest.raises(LogTrailingBytes, match="at most"):
         decode_step_log(bomb, SUBST_STEP, graph)
     paper_head = head[:6] + bytes([1]) + head[7:]
-    n = sum((op.numel + 4) // 5 for op in graph.ops if op.kind in ROUNDING_KINDS)
+    n = sum((graph.ops[o].numel + 4) // 5 for o in hooked_ops(graph))  # the paper's hooks (paper.py)
     ok = decode_step_log(paper_head + zlib.compress(b"\1" * n), SUBST_STEP, graph)
     assert ok.mode == Mode.PAPER and all(len(d.trits) == graph.ops[o].numel for o, d in ok.dense.items())
     with pytest.raises(LogCodeError, match="expected packed trits below 243, got 250"):
