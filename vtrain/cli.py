@@ -115,7 +115,14 @@ def spec_from_options(
     default=None,
     help="Read the whole spec from a file (JSON, or TOML if named *.toml) instead of the options.",
 )
-def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
+@click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Data-parallel ranks on this host (torch.distributed, gloo); same roots and logs as one process.",
+)
+def train_cmd(out: Path, spec_path: Path | None, nproc: int, **opts) -> None:
     """Train with controlled numerics and write spec, roots, logs and checkpoints to OUT."""
     try:
         spec = TrainSpec.from_file(spec_path) if spec_path else spec_from_options(**opts)
@@ -125,6 +132,14 @@ def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
         if (out / "roots.jsonl").exists():
             raise click.ClickException(f"{out} already holds a run; choose another --out")
         job = build_job(spec)
+        if nproc > 1:
+            from vtrain.distributed.launch import launch
+            from vtrain.distributed.worker import check_spec
+
+            check_spec(spec, nproc)
+            run.write_spec(spec)
+            click.echo(json.dumps(launch(out, nproc)))
+            return
         run.write_spec(spec)
         reset_roots(run)
         state = state_tensors(job.initial_state)

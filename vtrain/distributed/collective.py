@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,8 +38,11 @@ class RanksDisagree(VtrainError):
 
 
 class Combiner:
-    """How partial sums are combined: ``torch.distributed`` (the default, :class:`DistCombiner`) or,
+    """How the ranks exchange values: ``torch.distributed`` (:class:`DistCombiner`, the trainer's) or,
     in tests, an in-process stand-in that adds the partials in an adversarial order."""
+
+    rank: int
+    world: int
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -49,9 +53,15 @@ class Combiner:
     def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         raise NotImplementedError
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        raise NotImplementedError
+
 
 class DistCombiner(Combiner):
     """The default process group (gloo on CPU, NCCL on GPU)."""
+
+    def __init__(self) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous().clone()
@@ -64,8 +74,13 @@ class DistCombiner(Combiner):
         return t
 
     def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
-        out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+        out = [torch.empty_like(t) for _ in range(self.world)]
         dist.all_gather(out, t.contiguous())
+        return out
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
         return out
 
 
@@ -170,8 +185,7 @@ class Collective:
             multi = list(np.unravel_index(entries.index, local))
             multi[p.axis] = multi[p.axis] + self.shard.start * p.block
             mine[op_id] = (np.ravel_multi_index(tuple(multi), shape).astype(np.int64), entries.code, entries.value)
-        everyone: list[dict | None] = [None] * self.shard.world
-        dist.all_gather_object(everyone, mine)
+        everyone = self.combiner.all_gather_object(mine)
         out = StepLog(step_log.mode)
         for op_id, entries in step_log.sparse.items():
             if self.plan.placement[op_id] is None:
@@ -190,17 +204,15 @@ class Collective:
         return out
 
 
-def agree(step: int, state_root: bytes, log_bytes: bytes) -> None:
+def agree(step: int, state_root: bytes, log_bytes: bytes, combiner: Combiner) -> None:
     """Every rank's sha256 of (state root, log bytes) must equal rank 0's; else :class:`RanksDisagree`
-    naming the step and the ranks that differ."""
+    naming the step and the ranks that differ (raised on every rank, so all of them stop)."""
     h = hashlib.sha256(state_root + log_bytes).digest()
-    mine = torch.frombuffer(bytearray(h), dtype=torch.uint8)
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine)
+    out = combiner.all_gather(torch.frombuffer(bytearray(h), dtype=torch.uint8))
     ref = bytes(out[0].tolist())
     bad = [r for r, t in enumerate(out) if bytes(t.tolist()) != ref]
     if bad:
         raise RanksDisagree(
             f"step {step}: ranks {bad} disagree with rank 0 on the state root and rounding log "
-            f"(rank 0 sha256 {ref.hex()[:16]}…); training stopped"
+            f"(rank 0 sha256 {ref.hex()[:16]}...); training stopped"
         )

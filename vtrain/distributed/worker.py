@@ -60,10 +60,11 @@ class _KillAt(Combiner):
 
     def __init__(self, inner: Combiner, step: int) -> None:
         self.inner, self.step, self.current = inner, step, 0
+        self.rank, self.world = inner.rank, inner.world
 
     def all_reduce_sum(self, t):
         if self.current == self.step:
-            logging.getLogger(__name__).error("fault injection: killing this rank in step %d", self.step)
+            log.error("fault injection: killing rank %d in step %d", self.rank, self.step)
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         return self.inner.all_reduce_sum(t)
@@ -74,17 +75,21 @@ class _KillAt(Combiner):
     def all_gather(self, t):
         return self.inner.all_gather(t)
 
+    def all_gather_object(self, obj):
+        return self.inner.all_gather_object(obj)
+
 
 def distributed_train_steps(
     job: Job, state: list[torch.Tensor], first: int, last: int, combiner: Combiner | None = None
 ) -> Iterator[StepOutcome]:
     """Steps ``first..last`` of ``job`` on this rank's shard of every batch; each outcome carries the
-    whole batch's log and the state every rank agreed on (same as ``loop.train_steps`` in one process)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    whole batch's log and the state every rank agreed on (same as ``loop.train_steps`` in one process).
+    ``combiner``: how ranks exchange values (default: the torch.distributed process group)."""
+    combiner = combiner or DistCombiner()
+    rank, world = combiner.rank, combiner.world
     check_spec(job.spec, world)
     plan = analyse(job.graph)
     shard = shards(job.spec.batch_size, world)[rank]
-    combiner = combiner or DistCombiner()
     kill = os.environ.get(FAULT_ENV, "")
     fault = None
     if kill and int(kill.split(":")[0]) == rank:
@@ -99,7 +104,7 @@ def distributed_train_steps(
         res = ex.run(state, data, step=s)
         res.log = coll.global_log(res.log)
         out = _outcome(s, res, job.graph)
-        agree(s, out.state_root, encode_step_log(res.log, s, job.graph))
+        agree(s, out.state_root, encode_step_log(res.log, s, job.graph), combiner)
         yield out
         state = out.state
 

@@ -1,0 +1,276 @@
+"""Data-parallel training (vtrain.distributed): world sizes 1, 2, 3 give the single process's bits.
+
+In-process tests run the ranks as threads whose all-reduce adds the partials in adversarial orders
+(a random summation tree per rank and per call, so the ranks even see different FP64 sums); the
+others run real ranks: `vtrain train --nproc N` processes on gloo over loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from vtrain.cli import replay_cmd, train_cmd
+from vtrain.distributed.collective import Combiner, RanksDisagree
+from vtrain.distributed.launch import launch
+from vtrain.distributed.sharding import Placement, analyse, shards
+from vtrain.distributed.worker import FAULT_ENV, distributed_train_steps
+from vtrain.errors import GraphError, VtrainError
+from vtrain.graph.executor import state_tensors
+from vtrain.graph.step_graph import GraphBuilder, OpKind
+from vtrain.models.optim import AdamWConfig
+from vtrain.numerics.canonical import decide, decide_rows, exact_element, exact_element_of_terms, op_desc
+from vtrain.numerics.logfile import encode_step_log
+from vtrain.training.loop import replay_steps, train_steps
+from vtrain.training.rundir import RunDir
+from vtrain.training.spec import TrainSpec, build_job
+
+MLP = TrainSpec(batch_size=12, steps=3, interval=2)
+GPT = TrainSpec(model="gpt", batch_size=6, steps=2, interval=2, corpus_chars=2000, optimizer=AdamWConfig())
+
+
+# -- in-process ranks --------------------------------------------------------------------------------
+class _Group:
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=120)
+        self.slots: list = [None] * world
+
+    def exchange(self, rank: int, obj):
+        self.slots[rank] = obj
+        self.barrier.wait()
+        got = list(self.slots)
+        self.barrier.wait()
+        return got
+
+
+class AdversarialCombiner(Combiner):
+    """All-reduce by a random summation tree of the partials, drawn anew per rank and per call."""
+
+    def __init__(self, group: _Group, rank: int, seed: int = 0) -> None:
+        self.group, self.rank, self.world = group, rank, group.world
+        self.rng = random.Random(seed * 1000 + rank)
+
+    def all_reduce_sum(self, t):
+        parts = [p.clone() for p in self.group.exchange(self.rank, t)]
+        if self.rng.random() < 0.2:
+            parts.reverse()
+            acc = parts[0]
+            for p in parts[1:]:
+                acc = acc + p
+            return acc
+        while len(parts) > 1:  # any tree: pick two, add them in FP64, put the sum back
+            i, j = sorted(self.rng.sample(range(len(parts)), 2))
+            b, a = parts.pop(j), parts.pop(i)
+            parts.append(a + b if self.rng.random() < 0.5 else b + a)
+        return parts[0]
+
+    def all_reduce_max(self, t):
+        return torch.stack(self.group.exchange(self.rank, t)).amax(dim=0)
+
+    def all_gather(self, t):
+        return [p.clone() for p in self.group.exchange(self.rank, t)]
+
+    def all_gather_object(self, obj):
+        return self.group.exchange(self.rank, obj)
+
+
+def _threads(job, world: int, steps: int, seed: int = 0, states=None):
+    """Outcomes of every rank (threads), per step; ``states`` may give a rank another start state."""
+    group = _Group(world)
+    results: list = [None] * world
+    errors: list = [None] * world
+
+    def body(r: int) -> None:
+        try:
+            st = states[r] if states else state_tensors(job.initial_state)
+            results[r] = list(distributed_train_steps(job, st, 1, steps, AdversarialCombiner(group, r, seed)))
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors[r] = e
+            group.barrier.abort()
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)), None)
+    if first is not None:
+        raise first
+    return results
+
+
+def _reference(job, steps: int):
+    return [(o.state_root, encode_step_log(o.log, o.step, job.graph)) for o in
+            train_steps(job, state_tensors(job.initial_state), 1, steps)]
+
+
+def _pairs(job, outcomes):
+    return [(o.state_root, encode_step_log(o.log, o.step, job.graph)) for o in outcomes]
+
+
+@pytest.fixture(scope="module")
+def mlp_job():
+    return build_job(MLP)
+
+
+def test_sharding_analysis_finds_the_batch_reductions(mlp_job):
+    g = mlp_job.graph
+    plan = analyse(g)
+    kinds = sorted(g.ops[i].kind.name for i in plan.reductions)
+    # loss mean, and per layer the weight gradient (K = batch) and the bias gradient (sum over batch)
+    assert kinds == ["MATMUL", "MATMUL", "MEAN", "SUM", "SUM"]
+    assert plan.placement[next(o.id for o in g.ops if o.kind == OpKind.DATA)] == Placement(0, 1)
+    for slot, op in g.grad_ops.items():
+        assert plan.placement[op] is None, f"gradient of slot {slot} must be replicated"
+    assert all(plan.placement[o.id] is None for o in g.ops if o.kind in (OpKind.INPUT, OpKind.OUTPUT))
+    gpt = build_job(GPT).graph
+    gplan = analyse(gpt)
+    assert {gpt.ops[i].kind for i in gplan.reductions} == {OpKind.MATMUL, OpKind.SUM, OpKind.MEAN}
+    assert len(gplan.reductions) == 19  # 7 weight matmuls, 11 bias/LN/wpe sums, the loss mean
+    assert [(s.start, s.size) for s in shards(7, 3)] == [(0, 3), (3, 2), (5, 2)]
+
+
+def test_sharding_refuses_a_state_that_depends_on_one_shard():
+    b = GraphBuilder()
+    w = b.input("w", (4, 3))
+    x = b.data((4, 3))
+    y = b.add(w, x)  # a per-sample value written as state
+    b.output(y, 0)
+    with pytest.raises(GraphError, match=r"op \d+ \(OUTPUT w\) writes a state slot from one shard"):
+        analyse(b.build(y))
+    with pytest.raises(GraphError, match="cannot be split over 3 ranks"):
+        shards(2, 3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_world_sizes_match_one_process_under_adversarial_all_reduce_orders(mlp_job, world):
+    ref = _reference(mlp_job, MLP.steps)
+    outs = _threads(mlp_job, world, MLP.steps, seed=world)
+    for r in range(world):
+        assert _pairs(mlp_job, outs[r]) == ref, f"rank {r} of {world}"
+
+
+def test_uneven_shards_match_one_process():
+    job = build_job(TrainSpec(batch_size=7, steps=2, interval=2))
+    ref = _reference(job, 2)
+    for world in (2, 3):
+        outs = _threads(job, world, 2, seed=7)
+        assert all(_pairs(job, outs[r]) == ref for r in range(world))
+
+
+def test_gpt_world_sizes_match_one_process():
+    job = build_job(GPT)
+    ref = _reference(job, GPT.steps)
+    for world in (2, 3):
+        outs = _threads(job, world, GPT.steps, seed=world)
+        assert all(_pairs(job, outs[r]) == ref for r in range(world)), f"world {world}"
+
+
+def test_a_rank_with_other_bits_stops_training_naming_step_and_rank(mlp_job):
+    good = state_tensors(mlp_job.initial_state)
+    bad = [t.clone() for t in good]
+    bad[0].view(-1)[0] = torch.nextafter(bad[0].view(-1)[0], torch.tensor(1.0))
+    with pytest.raises(RanksDisagree, match=r"step 1: ranks \[1\] disagree with rank 0"):
+        _threads(mlp_job, 2, 1, states=[good, bad])
+
+
+def test_row_decisions_equal_the_tensor_decisions():
+    """The data-parallel path decides a candidate from its gathered terms; the single process from
+    the tensors: the exact rationals must agree, and so must the fast paths (any order of terms)."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    a_t, w_t = b.data((5, 40)), b.input("w", (3, 40))
+    mm = b.matmul(a_t, w_t)
+    g = b.build(mm)
+    a = (rng.standard_normal((5, 40)) * 2.0 ** rng.integers(-30, 30, (5, 40))).astype(np.float32)
+    w = rng.standard_normal((3, 40)).astype(np.float32)
+    desc = op_desc(g, g.ops[mm.op])
+    rows = torch.from_numpy(a).double().unsqueeze(1) * torch.from_numpy(w).double().unsqueeze(0)  # [5, 3, 40]
+    rows = rows.reshape(15, 40)
+    bits, codes, _ = decide_rows(OpKind.MATMUL, rows)
+    perm = rows[:, torch.from_numpy(rng.permutation(40))]
+    bits_p, codes_p, _ = decide_rows(OpKind.MATMUL, perm)
+    assert torch.equal(bits, bits_p) and torch.equal(codes, codes_p)
+    for i in range(15):
+        want = exact_element(desc, [a, w], i)
+        got = exact_element_of_terms(OpKind.MATMUL, rows[i].tolist())
+        assert (got.value, got.dc, got.Dc) == (want.value, want.dc, want.Dc)
+        assert (int(bits[i]), int(codes[i])) == decide(want)
+
+
+# -- real ranks (processes, gloo on loopback) ----------------------------------------------------------
+def test_cli_two_ranks_write_the_single_process_run_and_it_replays(tmp_path):
+    """`vtrain train --nproc 2` (two gloo processes) writes the same roots, logs and checkpoints as
+    one process, and `vtrain replay` in one process matches every step."""
+    args = ["--steps", "3", "--interval", "2", "--batch-size", "12"]
+    r1 = CliRunner().invoke(train_cmd, ["--out", str(tmp_path / "one"), *args])
+    r2 = CliRunner().invoke(train_cmd, ["--out", str(tmp_path / "two"), "--nproc", "2", *args])
+    assert r1.exit_code == 0, r1.output
+    assert r2.exit_code == 0, r2.output
+    s1, s2 = json.loads(r1.output.strip().splitlines()[-1]), json.loads(r2.output.strip().splitlines()[-1])
+    assert s2["world_size"] == 2 and s2["final_state_root"] == s1["final_state_root"]
+    one, two = RunDir(tmp_path / "one"), RunDir(tmp_path / "two")
+    assert one.read_roots() == two.read_roots()
+    for s in (1, 2, 3):
+        assert one.log_path(s).read_bytes() == two.log_path(s).read_bytes()
+    for s in (0, 2, 3):
+        assert one.ckpt_path(s).read_bytes() == two.ckpt_path(s).read_bytes()
+    rep = CliRunner().invoke(replay_cmd, ["--run", str(tmp_path / "two")])
+    assert rep.exit_code == 0, rep.output
+    assert json.loads(rep.output.strip().splitlines()[-1])["matched"] == 3
+
+
+def _cpu_capabilities() -> list[str]:
+    caps = ["default"]
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if " avx2" in flags:
+        caps.append("avx2")
+    if " avx512f" in flags:
+        caps.append("avx512")
+    return caps
+
+
+@pytest.mark.slow
+def test_ranks_in_different_cpu_environments_and_three_gpt_ranks(tmp_path):
+    caps = _cpu_capabilities()
+    spec = GPT
+    job = build_job(spec)
+    ref = [o.state_root.hex() for o in train_steps(job, state_tensors(job.initial_state), 1, spec.steps)]
+    run = RunDir(tmp_path / "envs")
+    run.write_spec(spec)
+    envs = [{"ATEN_CPU_CAPABILITY": caps[-1], "MKL_CBWR": "AUTO"},
+            {"ATEN_CPU_CAPABILITY": caps[0], "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1"}]
+    launch(run.path, 2, rank_env=envs)
+    assert [run.read_roots()[s]["state_root"] for s in (1, 2)] == ref
+    run3 = RunDir(tmp_path / "three")
+    run3.write_spec(spec)
+    launch(run3.path, 3)
+    assert run3.read_roots() == run.read_roots()
+    st = run.read_checkpoint(0, job.graph)
+    replayed = [o.state_root.hex() for o in replay_steps(job, st, 1, 2, lambda s: run3.read_log(s, job.graph))]
+    assert replayed == ref
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_run_with_an_error_and_the_folder_resumes(tmp_path):
+    spec = TrainSpec(batch_size=12, steps=6, interval=2)
+    job = build_job(spec)
+    ref = {o.step: o.state_root.hex() for o in train_steps(job, state_tensors(job.initial_state), 1, spec.steps)}
+    run = RunDir(tmp_path / "run")
+    run.write_spec(spec)
+    envs = [{}, {FAULT_ENV: "1:5"}]
+    with pytest.raises(VtrainError, match=r"rank 1 \(killed by SIGKILL\).*resumes from its last checkpoint"):
+        launch(run.path, 2, rank_env=envs, timeout_s=20)
+    done = run.read_roots()
+    assert max(done) == 4 and all(done[s]["state_root"] == ref[s] for s in done)
+    summary = launch(run.path, 2, resume=True)
+    assert summary["first_step"] == 5
+    assert {s: r["state_root"] for s, r in run.read_roots().items()} == ref
