@@ -18,7 +18,7 @@ import torch
 from click.testing import CliRunner
 
 from vtrain.cli import replay_cmd, train_cmd
-from vtrain.distributed.collective import Combiner, RanksDisagree
+from vtrain.distributed.collective import Collective, Combiner, RanksDisagree
 from vtrain.distributed.launch import launch
 from vtrain.distributed.sharding import Placement, analyse, shards
 from vtrain.distributed.worker import FAULT_ENV, distributed_train_steps
@@ -28,6 +28,7 @@ from vtrain.graph.step_graph import GraphBuilder, OpKind
 from vtrain.models.optim import AdamWConfig
 from vtrain.numerics.canonical import decide, decide_rows, exact_element, exact_element_of_terms, op_desc
 from vtrain.numerics.logfile import encode_step_log
+from vtrain.numerics.rounding import gamma
 from vtrain.training.loop import replay_steps, train_steps
 from vtrain.training.rundir import RunDir
 from vtrain.training.spec import TrainSpec, build_job
@@ -52,11 +53,15 @@ class _Group:
 
 
 class AdversarialCombiner(Combiner):
-    """All-reduce by a random summation tree of the partials, drawn anew per rank and per call."""
+    """All-reduce by a random summation tree of the partials, drawn anew per rank and per call; with
+    ``skew_n`` it also moves each rank's sum by up to 0.9 g(skew_n) S (within the certified bound
+    of any sum of at least ``skew_n`` terms): every rank then holds another honest FP64 value."""
 
-    def __init__(self, group: _Group, rank: int, seed: int = 0) -> None:
+    def __init__(self, group: _Group, rank: int, seed: int = 0, skew_n: int | None = None) -> None:
         self.group, self.rank, self.world = group, rank, group.world
         self.rng = random.Random(seed * 1000 + rank)
+        self.gen = torch.Generator().manual_seed(seed * 1000 + rank)
+        self.skew_n = skew_n
 
     def all_reduce_sum(self, t):
         parts = [p.clone() for p in self.group.exchange(self.rank, t)]
@@ -65,12 +70,16 @@ class AdversarialCombiner(Combiner):
             acc = parts[0]
             for p in parts[1:]:
                 acc = acc + p
-            return acc
-        while len(parts) > 1:  # any tree: pick two, add them in FP64, put the sum back
-            i, j = sorted(self.rng.sample(range(len(parts)), 2))
-            b, a = parts.pop(j), parts.pop(i)
-            parts.append(a + b if self.rng.random() < 0.5 else b + a)
-        return parts[0]
+        else:
+            while len(parts) > 1:  # any tree: pick two, add them in FP64, put the sum back
+                i, j = sorted(self.rng.sample(range(len(parts)), 2))
+                b, a = parts.pop(j), parts.pop(i)
+                parts.append(a + b if self.rng.random() < 0.5 else b + a)
+            acc = parts[0]
+        if self.skew_n and t.dtype == torch.float64 and t.shape[0] == 2:  # [partial sums, partial |t| sums]
+            r = torch.rand(acc[0].shape, generator=self.gen, dtype=torch.float64) * 1.8 - 0.9
+            acc[0] = acc[0] + r * gamma(self.skew_n) * acc[1]
+        return acc
 
     def all_reduce_max(self, t):
         return torch.stack(self.group.exchange(self.rank, t)).amax(dim=0)
@@ -82,7 +91,7 @@ class AdversarialCombiner(Combiner):
         return self.group.exchange(self.rank, obj)
 
 
-def _threads(job, world: int, steps: int, seed: int = 0, states=None):
+def _threads(job, world: int, steps: int, seed: int = 0, states=None, skew: bool = True):
     """Outcomes of every rank (threads), per step; ``states`` may give a rank another start state."""
     group = _Group(world)
     results: list = [None] * world
@@ -91,7 +100,8 @@ def _threads(job, world: int, steps: int, seed: int = 0, states=None):
     def body(r: int) -> None:
         try:
             st = states[r] if states else state_tensors(job.initial_state)
-            results[r] = list(distributed_train_steps(job, st, 1, steps, AdversarialCombiner(group, r, seed)))
+            comb = AdversarialCombiner(group, r, seed, job.spec.batch_size if skew else None)
+            results[r] = list(distributed_train_steps(job, st, 1, steps, comb))
         except BaseException as e:  # noqa: BLE001 (reported below)
             errors[r] = e
             group.barrier.abort()
@@ -274,3 +284,48 @@ def test_a_killed_rank_ends_the_run_with_an_error_and_the_folder_resumes(tmp_pat
     summary = launch(run.path, 2, resume=True)
     assert summary["first_step"] == 5
     assert {s: r["state_root"] for s, r in run.read_roots().items()} == ref
+
+
+class _Offset(AdversarialCombiner):
+    """Each rank's FP64 sum moved by its own ``offset * g(n) * S`` (an honest value for |offset| < 1)."""
+
+    def __init__(self, group: _Group, rank: int, offset: float, n: int) -> None:
+        super().__init__(group, rank)
+        self.offset, self.n = offset, n
+
+    def all_reduce_sum(self, t):
+        acc = torch.stack(self.group.exchange(self.rank, t)).sum(dim=0)
+        acc[0] = acc[0] + self.offset * gamma(self.n) * acc[1]
+        return acc
+
+
+def test_ranks_whose_sums_differ_decide_the_union_of_their_candidates():
+    """An exact sum 4d from a midpoint: rank 0's honest FP64 sum is a candidate, rank 1's is not.
+    Both must still take part in deciding it (else rank 0 waits forever for rank 1's terms)."""
+    b = GraphBuilder()
+    x = b.data((4, 1))
+    total = b.sum(b.reshape(x, (1, 4)))
+    g = b.build(total)
+    plan = analyse(g)
+    assert plan.reductions == {total.op}
+    t3 = np.float32(4 * 1.01 * gamma(4) * (1 + 2**-24))  # 1 + 2^-24 is the midpoint above 1
+    data = torch.tensor([[1.0], [2**-24], [float(t3)], [0.0]], dtype=torch.float32)
+    group = _Group(2)
+    group.barrier = threading.Barrier(2, timeout=10)
+    outs: list = [None, None]
+
+    def body(r: int) -> None:
+        sh = shards(4, 2)[r]
+        coll = Collective(plan, sh, _Offset(group, r, -0.5 if r == 0 else 0.5, 4))
+        local = data[sh.start : sh.start + sh.size].reshape(1, sh.size)
+        outs[r] = coll.reduce(g.ops[total.op], [local])
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert outs[0] is not None and outs[1] is not None, "a rank hung deciding the candidates"
+    (o0, l0, _), (o1, l1, _) = outs
+    assert torch.equal(o0, o1) and float(o0) == 1 + 2**-23  # e is 4d above the midpoint: no entry
+    assert len(l0) == len(l1) == 0
