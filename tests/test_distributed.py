@@ -258,7 +258,8 @@ def test_ranks_in_different_cpu_environments_and_three_gpt_ranks(tmp_path):
     run.write_spec(spec)
     envs = [{"ATEN_CPU_CAPABILITY": caps[-1], "MKL_CBWR": "AUTO"},
             {"ATEN_CPU_CAPABILITY": caps[0], "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1"}]
-    launch(run.path, 2, rank_env=envs)
+    summary = launch(run.path, 2, rank_env=envs)
+    assert summary["cpu_capability"] == [caps[-1].upper(), caps[0].upper()]
     assert [run.read_roots()[s]["state_root"] for s in (1, 2)] == ref
     run3 = RunDir(tmp_path / "three")
     run3.write_spec(spec)

@@ -167,6 +167,8 @@ def run_rank(run_path: Path, resume: bool = False) -> dict | None:
     t0 = time.perf_counter()
     log_bytes = 0
     last = None
+    caps: list = [None] * world
+    dist.all_gather_object(caps, torch.backends.cpu.get_cpu_capability())
     for o in distributed_train_steps(job, state, first, spec.steps):
         if rank == 0:
             log_bytes += run.write_log(o.step, o.log, job.graph)
@@ -182,6 +184,7 @@ def run_rank(run_path: Path, resume: bool = False) -> dict | None:
         "steps": spec.steps,
         "first_step": first,
         "world_size": world,
+        "cpu_capability": caps,
         "ops_per_step": job.graph.n_ops,
         "seconds": round(time.perf_counter() - t0, 3),
         "initial_state_root": root0.hex(),
