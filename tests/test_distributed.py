@@ -330,3 +330,39 @@ def test_ranks_whose_sums_differ_decide_the_union_of_their_candidates():
     (o0, l0, _), (o1, l1, _) = outs
     assert torch.equal(o0, o1) and float(o0) == 1 + 2**-23  # e is 4d above the midpoint: no entry
     assert len(l0) == len(l1) == 0
+
+
+@pytest.mark.slow
+def test_a_data_parallel_trainer_agent_posts_the_single_process_roots(tmp_path):
+    """The trainer agent with nproc=2 runs the same on-chain flow; its posted roots and published
+    artifacts equal a one-process trainer's, and an auditor (one process) finds nothing wrong."""
+    from protocol.auditor import AuditorAgent
+    from protocol.chain import Chain
+    from protocol.demo import create_job, default_spec
+    from protocol.deploy import deploy
+    from protocol.jobs import JobContext, Terms
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+
+    chain = Chain.connect(None)
+    a = chain.accounts()
+    proto = deploy(chain, a[0])
+    ctx = JobContext.of(default_spec("mlp"))
+    store = ArtifactStore(tmp_path)
+    jobs = []
+    for nproc in (1, 2):
+        job = create_job(proto, a[1], a[2], ctx, Terms())
+        trainer = TrainerAgent(proto, a[2], ctx, store, job, nproc=nproc)
+        trainer.accept(Terms())
+        while trainer.run_interval() is not None:
+            pass
+        jobs.append(job)
+    one, two = jobs
+    for i in range(ctx.n_intervals):
+        get = proto.registry.functions.getInterval
+        assert bytes(chain.call(get(one, i))[0]) == bytes(chain.call(get(two, i))[0])
+        assert store.get_checkpoint(one, i) == store.get_checkpoint(two, i)
+    for s in range(1, ctx.spec.steps + 1):
+        assert store.get_log(one, s) == store.get_log(two, s)
+        assert store.get_step(one, s) == store.get_step(two, s)
+    assert AuditorAgent(proto, a[3], ctx, store, two).audit() is None

@@ -23,11 +23,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+import torch
+
 import vtrain
+from vtrain.commit.roots import state_root
 from vtrain.errors import VtrainError
+from vtrain.training.loop import StepOutcome, component_roots
+from vtrain.training.rundir import RunDir
+from vtrain.training.spec import Job
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +63,10 @@ def launch(
     resume: bool = False,
     rank_env: Sequence[Mapping[str, str]] | None = None,
     timeout_s: float | None = None,
+    span: tuple[int, int] | None = None,
 ) -> dict:
-    """Run the spec in ``run/spec.json`` on ``nproc`` local ranks; returns the leader's summary."""
+    """Run the spec in ``run/spec.json`` on ``nproc`` local ranks; returns the leader's summary.
+    ``span``: only those steps, from the folder's checkpoint before them (see the worker)."""
     if nproc < 1:
         raise VtrainError(f"--nproc: expected at least 1, got {nproc}")
     if rank_env is not None and len(rank_env) != nproc:
@@ -85,6 +93,8 @@ def launch(
             cmd = [sys.executable, "-m", "vtrain.distributed.worker", "--run", str(run)]
             if resume:
                 cmd.append("--resume")
+            if span is not None:
+                cmd += ["--span", str(span[0]), str(span[1])]
             procs.append(subprocess.Popen(cmd, env=env, stdout=outs[r], stderr=errs[r], cwd=root))
         try:
             codes = _wait(procs)
@@ -133,3 +143,23 @@ def _wait(procs: list[subprocess.Popen]) -> list[int]:
                     p.kill()
             return [int(p.wait()) for p in procs]
         time.sleep(0.05)
+
+
+def train_span(job: Job, state: list[torch.Tensor], first: int, last: int, nproc: int) -> Iterator[StepOutcome]:
+    """Steps ``first..last`` from ``state`` on ``nproc`` local ranks: the same outcomes as
+    ``vtrain.training.loop.train_steps`` in one process (``result`` is None: no trace)."""
+    with tempfile.TemporaryDirectory(prefix="vtrain-span-") as tmp:
+        run = RunDir(Path(tmp))
+        run.write_spec(job.spec)
+        run.write_checkpoint(first - 1, job.graph, state)
+        launch(run.path, nproc, span=(first, last))
+        roots = run.read_roots()
+        for s in range(first, last + 1):
+            st = run.read_checkpoint(s, job.graph)
+            comp = component_roots(st)
+            rec = roots[s]
+            if state_root(comp).hex() != rec["state_root"]:
+                raise VtrainError(f"step {s}: the leader's checkpoint does not hash to its recorded state root")
+            lg = run.read_log(s, job.graph)
+            yield StepOutcome(s, float(rec["loss"]), st, comp, state_root(comp), lg, bytes.fromhex(rec["log_root"]),
+                              None)  # type: ignore[arg-type]

@@ -133,8 +133,11 @@ def _resume_point(run: RunDir, spec: TrainSpec, job: Job) -> tuple[int, list[tor
     return start, run.read_checkpoint(start, job.graph)
 
 
-def run_rank(run_path: Path, resume: bool = False) -> dict | None:
-    """Train the run folder's spec as this rank; the leader writes the folder and returns the summary."""
+def run_rank(run_path: Path, resume: bool = False, span: tuple[int, int] | None = None) -> dict | None:
+    """Train the run folder's spec as this rank; the leader writes the folder and returns the summary.
+
+    ``span = (first, last)``: train only steps ``first..last`` from the folder's checkpoint of step
+    ``first - 1`` and write a checkpoint after every step (how an agent trains one interval)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     run = RunDir(run_path)
     box: list = [run.read_spec().to_json() if rank == 0 else None]
@@ -147,7 +150,10 @@ def run_rank(run_path: Path, resume: bool = False) -> dict | None:
     problem = None
     if rank == 0:
         try:
-            if resume:
+            if span is not None:
+                first = span[0]
+                state = run.read_checkpoint(first - 1, job.graph)
+            elif resume:
                 start, state = _resume_point(run, spec, job)
                 first = start + 1
             elif (run.path / "roots.jsonl").exists():
@@ -169,11 +175,12 @@ def run_rank(run_path: Path, resume: bool = False) -> dict | None:
     last = None
     caps: list = [None] * world
     dist.all_gather_object(caps, torch.backends.cpu.get_cpu_capability())
-    for o in distributed_train_steps(job, state, first, spec.steps):
+    last_step = span[1] if span is not None else spec.steps
+    for o in distributed_train_steps(job, state, first, last_step):
         if rank == 0:
             log_bytes += run.write_log(o.step, o.log, job.graph)
             run.append_roots(o.step, o.loss, o.state_root, o.log_root)
-            if o.step % spec.interval == 0 or o.step == spec.steps:
+            if span is not None or o.step % spec.interval == 0 or o.step == spec.steps:
                 run.write_checkpoint(o.step, job.graph, o.state)
         last = o
     if rank != 0:
@@ -208,12 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vtrain.distributed.worker", description=__doc__.split("\n")[0])
     ap.add_argument("--run", required=True, type=Path, help="run folder holding spec.json (read by rank 0)")
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    ap.add_argument("--span", nargs=2, type=int, metavar=("FIRST", "LAST"), default=None,
+                    help="train steps FIRST..LAST from the checkpoint of step FIRST-1; checkpoint every step")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"rank {os.environ.get('RANK', '?')}: %(message)s")
     rank = os.environ.get("RANK", "?")
     try:
         init_process_group()
-        summary = run_rank(args.run, args.resume)
+        summary = run_rank(args.run, args.resume, tuple(args.span) if args.span else None)
         if summary is not None:
             print(json.dumps(summary), flush=True)
         dist.barrier()
