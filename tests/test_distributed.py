@@ -366,3 +366,11 @@ def test_a_data_parallel_trainer_agent_posts_the_single_process_roots(tmp_path):
         assert store.get_log(one, s) == store.get_log(two, s)
         assert store.get_step(one, s) == store.get_step(two, s)
     assert AuditorAgent(proto, a[3], ctx, store, two).audit() is None
+
+
+def test_cli_refuses_more_ranks_than_samples_and_uncertified_modes(tmp_path):
+    r = CliRunner().invoke(train_cmd, ["--out", str(tmp_path / "a"), "--nproc", "5", "--batch-size", "4"])
+    assert r.exit_code != 0 and "batch_size 4 is smaller than the 5 ranks" in r.output
+    r = CliRunner().invoke(train_cmd, ["--out", str(tmp_path / "b"), "--nproc", "2", "--mode", "paper"])
+    assert r.exit_code != 0 and "expected mode 'certified', got 'paper'" in r.output
+    assert not (tmp_path / "a" / "spec.json").exists()
