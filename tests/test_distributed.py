@@ -374,3 +374,42 @@ def test_cli_refuses_more_ranks_than_samples_and_uncertified_modes(tmp_path):
     r = CliRunner().invoke(train_cmd, ["--out", str(tmp_path / "b"), "--nproc", "2", "--mode", "paper"])
     assert r.exit_code != 0 and "expected mode 'certified', got 'paper'" in r.output
     assert not (tmp_path / "a" / "spec.json").exists()
+
+
+def test_a_biased_batch_matmul_and_a_batch_max_match_one_process():
+    """Reductions the models do not use yet: a MATMUL over the batch with a bias (one term, added by
+    rank 0 only) and a MAX over the batch (exact MAX all-reduce); a replicated operand is cut to the shard."""
+    from vtrain.distributed.collective import Collective as Coll
+    from vtrain.graph.executor import StepExecutor
+
+    rng = np.random.default_rng(5)
+    B = 7
+    b = GraphBuilder()
+    x = b.data((B, 5))
+    w = b.const(rng.standard_normal((3, B)).astype(np.float32), "w")
+    bias = b.const(rng.standard_normal(3).astype(np.float32), "bias")
+    mm = b.matmul(b.transpose(x), w, bias)  # (5, 3), K = batch
+    mx = b.max(b.reshape(x, (1, B * 5)))  # (1, 1)
+    loss = b.add(b.sum(b.reshape(mm, (1, 15))), mx)
+    g = b.build(loss)
+    plan = analyse(g)
+    assert {mm.op, mx.op} <= plan.reductions and mm.op in plan.slice_inputs
+    data = torch.from_numpy(rng.standard_normal((B, 5)).astype(np.float32))
+    ref = StepExecutor(g).run([], data, keep_trace=True).trace
+    for world in (2, 3):
+        group = _Group(world)
+        got: list = [None] * world
+
+        def body(r: int, world: int = world, group: _Group = group, got: list = got) -> None:
+            sh = shards(B, world)[r]
+            ex = StepExecutor(plan.local_graph(sh), collective=Coll(plan, sh, AdversarialCombiner(group, r, 1)))
+            got[r] = ex.run([], data[sh.start : sh.start + sh.size], keep_trace=True).trace
+
+        ts = [threading.Thread(target=body, args=(r,)) for r in range(world)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for r in range(world):
+            for op in (mm.op, mx.op, loss.op):
+                assert torch.equal(got[r][op], ref[op]), f"op {op}, rank {r} of {world}"
