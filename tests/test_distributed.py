@@ -413,3 +413,27 @@ def test_a_biased_batch_matmul_and_a_batch_max_match_one_process():
         for r in range(world):
             for op in (mm.op, mx.op, loss.op):
                 assert torch.equal(got[r][op], ref[op]), f"op {op}, rank {r} of {world}"
+
+
+@pytest.mark.slow
+def test_torchrun_runs_the_worker_with_its_rendezvous(tmp_path):
+    """The multi-host path: torchrun sets MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (here one node, 2 ranks)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from vtrain.distributed.launch import free_port
+
+    spec = TrainSpec(batch_size=12, steps=3, interval=2)
+    job = build_job(spec)
+    ref = [o.state_root.hex() for o in train_steps(job, state_tensors(job.initial_state), 1, spec.steps)]
+    run = RunDir(tmp_path / "tr")
+    run.write_spec(spec)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root), GLOO_SOCKET_IFNAME="lo")
+    cmd = [str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "vtrain.distributed.worker", str(run.path)]
+    done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [run.read_roots()[s]["state_root"] for s in (1, 2, 3)] == ref

@@ -90,7 +90,7 @@ def launch(
                 env.update(rank_env[r])
             outs.append(open(Path(tmp) / f"rank{r}.out", "w+b"))  # noqa: SIM115 (closed below)
             errs.append(open(Path(tmp) / f"rank{r}.err", "w+b"))  # noqa: SIM115
-            cmd = [sys.executable, "-m", "vtrain.distributed.worker", "--run", str(run)]
+            cmd = [sys.executable, "-m", "vtrain.distributed.worker", str(run)]
             if resume:
                 cmd.append("--resume")
             if span is not None:

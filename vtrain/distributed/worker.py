@@ -1,4 +1,4 @@
-"""One rank of a data-parallel run: ``python -m vtrain.distributed.worker --run RUN [--resume]``.
+"""One rank of a data-parallel run: ``python -m vtrain.distributed.worker RUN [--resume]``.
 
 The rendezvous is torch.distributed's ``env://``: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
 ``WORLD_SIZE`` (what ``torchrun`` sets, and what :mod:`vtrain.distributed.launch` sets for one
@@ -213,7 +213,7 @@ def init_process_group(timeout_s: float | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vtrain.distributed.worker", description=__doc__.split("\n")[0])
-    ap.add_argument("--run", required=True, type=Path, help="run folder holding spec.json (read by rank 0)")
+    ap.add_argument("run", type=Path, help="run folder holding spec.json (read by rank 0)")
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     ap.add_argument("--span", nargs=2, type=int, metavar=("FIRST", "LAST"), default=None,
                     help="train steps FIRST..LAST from the checkpoint of step FIRST-1; checkpoint every step")
