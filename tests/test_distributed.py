@@ -158,6 +158,16 @@ def test_sharding_refuses_a_state_that_depends_on_one_shard():
         analyse(b.build(y))
     with pytest.raises(GraphError, match="cannot be split over 3 ranks"):
         shards(2, 3)
+    b = GraphBuilder()
+    loss = b.sum(b.data((4, 3)))  # one loss per sample
+    with pytest.raises(GraphError, match=r"the loss \(op 1\) is per sample"):
+        analyse(b.build(loss))
+
+
+def test_a_missing_spec_stops_every_rank_with_the_leaders_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(VtrainError, match=r"rank 1 \(exit status 1\): rank 1: VtrainError: leader \(rank 0\): no spec"):
+        launch(tmp_path / "empty", 2, timeout_s=30)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -99,6 +99,8 @@ def analyse(graph: Graph) -> ShardingPlan:
     plan = ShardingPlan(graph, batch, [None] * graph.n_ops)
     for op in graph.ops:
         plan.placement[op.id] = _place(plan, op)
+    if plan.placement[graph.loss_op] is not None:
+        raise GraphError(f"sharding: the loss (op {graph.loss_op}) is per sample; expected a reduction over the batch")
     return plan
 
 

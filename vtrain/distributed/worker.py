@@ -140,9 +140,17 @@ def run_rank(run_path: Path, resume: bool = False, span: tuple[int, int] | None 
     ``first - 1`` and write a checkpoint after every step (how an agent trains one interval)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     run = RunDir(run_path)
-    box: list = [run.read_spec().to_json() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    spec = TrainSpec.from_json(box[0])
+    box: list = [None]
+    if rank == 0:
+        try:
+            box = [(run.read_spec().to_json(), None)]
+        except (VtrainError, OSError) as e:
+            box = [(None, str(e))]
+    dist.broadcast_object_list(box, src=0)  # a leader that cannot start stops every rank at once
+    text, problem = box[0]
+    if problem is not None:
+        raise VtrainError(f"leader (rank 0): {problem}")
+    spec = TrainSpec.from_json(text)
     check_spec(spec, world)
     job = build_job(spec)
     state: list[torch.Tensor] | None = None
