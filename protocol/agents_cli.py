@@ -683,6 +683,8 @@ def _withdraw(chain, proto, acct: str) -> int:
 @click.option("--cheat", type=click.Choice(CHEAT_NAMES), default=None, help="Cheat once (demo and tests).")
 @click.option("--cheat-step", type=click.IntRange(min=1), default=None, help="Step of the cheat. [default: K+2]")
 @click.option("--account-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Train each interval on this many data-parallel ranks (same artifacts and roots).")
 @click.option(
     "--serve-store",
     "serve_port",
@@ -708,6 +710,7 @@ def trainer_cmd(
     timeout: float,
     poll: float,
     events: bool,
+    nproc: int = 1,
 ) -> None:
     """Train JOB and post its intervals, defend every game, finalize and withdraw."""
     from protocol.cheats import CHEATS
@@ -737,7 +740,9 @@ def trainer_cmd(
         store = ArtifactStore(store_dir)
     except (OSError, VtrainError) as e:
         raise click.ClickException(f"--store {store_dir}: {e}") from None
-    agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj)
+    if nproc > 1 and cheat_obj is not None:
+        raise click.ClickException("--cheat runs in one process: drop --nproc")
+    agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj, nproc=nproc)
     guard_moves(agent)
     repaired = agent.repair()  # a restart after a crash or disk damage: never serve a bad artifact
     if repaired:

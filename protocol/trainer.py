@@ -37,9 +37,13 @@ class TrainerAgent:
     store: ArtifactStore
     job_id: int
     cheat: Cheat | None = None
+    nproc: int = 1
+    """Data-parallel ranks for training an interval (vtrain.distributed): the same artifacts and roots."""
     player: Player = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.nproc > 1 and self.cheat is not None:
+            raise ValueError("a cheating trainer runs in one process (nproc 1)")
         self.player = Player(self.proto, self.account, PARTY_TRAINER)
         self._trace = lru_cache(maxsize=4)(self._regenerate)
 
@@ -67,7 +71,7 @@ class TrainerAgent:
         state = self._state_at(first - 1)
         self.store.put_checkpoint(self.job_id, i, checkpoint_bytes(self.ctx, state))
         leaves = []
-        for o in train_steps(self.ctx.job, state, first, first + n - 1, cheat=self.cheat):
+        for o in self._train(state, first, first + n - 1):
             self.store.put_log(self.job_id, o.step, encode_step_log(o.log, o.step, self.ctx.job.graph))
             rec = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
             self.store.put_step(self.job_id, rec)
@@ -93,6 +97,13 @@ class TrainerAgent:
             return None
         log.info("job %d: posted interval %d root %s", self.job_id, i, root.hex()[:16])
         return i
+
+    def _train(self, state: list[torch.Tensor], first: int, last: int):
+        if self.nproc > 1:
+            from vtrain.distributed.launch import train_span
+
+            return train_span(self.ctx.job, state, first, last, self.nproc)
+        return train_steps(self.ctx.job, state, first, last, cheat=self.cheat)
 
     def _state_at(self, step: int) -> list[torch.Tensor]:
         """State after ``step`` (an interval boundary): initial state or the stored checkpoint. A

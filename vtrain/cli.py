@@ -270,8 +270,18 @@ def _resume_point(run: Any, job: Any) -> tuple[int, list]:
     help="Read the whole spec from a file (JSON, or TOML if named *.toml); the spec options above "
     "are then refused.",
 )
+@click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Data-parallel ranks on this host (torch.distributed, gloo); same roots and logs as one process. "
+    "Several hosts: torchrun (docs/architecture.md).",
+)
 @click.pass_context
-def train_cmd(ctx: click.Context, out: Path | None, resume: Path | None, spec_path: Path | None, **opts) -> None:
+def train_cmd(
+    ctx: click.Context, out: Path | None, resume: Path | None, spec_path: Path | None, nproc: int, **opts
+) -> None:
     """Train with controlled numerics and write spec, data, roots, logs and checkpoints to the run folder.
 
     The run folder is self-contained (a copy of the text file, the vocabulary, sha256 of the
@@ -281,11 +291,11 @@ def train_cmd(ctx: click.Context, out: Path | None, resume: Path | None, spec_pa
     otherwise); stdout gets one JSON line at the end.
     """
     _refuse_conflicts(ctx, spec_path, resume, out)
-    _train(out, resume, spec_path, opts)
+    _train(out, resume, spec_path, opts, nproc)
 
 
 @_guarded
-def _train(out: Path | None, resume: Path | None, spec_path: Path | None, opts: dict) -> None:
+def _train(out: Path | None, resume: Path | None, spec_path: Path | None, opts: dict, nproc: int = 1) -> None:
     from vtrain.training.rundir import RunDir
     from vtrain.training.spec import TrainSpec, build_job
 
@@ -311,6 +321,15 @@ def _train(out: Path | None, resume: Path | None, spec_path: Path | None, opts: 
                 raise Failure(f"--out {out} already holds a run of another spec ({diff}); choose another --out")
             spec = old
     job = build_job(spec)
+    if nproc > 1:
+        from vtrain.distributed.launch import launch
+        from vtrain.distributed.worker import check_spec
+
+        check_spec(spec, nproc)
+        if fresh:
+            run.write_spec(run.pin_inputs(spec, job.dataset))
+        click.echo(json.dumps(launch(run.path, nproc, resume=not fresh)))
+        return
     if fresh:
         from vtrain.graph.executor import state_tensors
         from vtrain.training.rundir import reset_roots

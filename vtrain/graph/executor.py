@@ -65,13 +65,22 @@ class StepResult:
 class StepExecutor:
     """Executes a graph step by step; one instance per (graph, mode)."""
 
-    def __init__(self, graph: Graph, mode: Mode | str = Mode.CERTIFIED, canonical_log: bool = True) -> None:
+    def __init__(
+        self, graph: Graph, mode: Mode | str = Mode.CERTIFIED, canonical_log: bool = True, collective=None
+    ) -> None:
         """``canonical_log`` (certified trainer): decide every near-tie on the exact value, so the output
         and the log do not depend on this machine's FP64 results (:mod:`vtrain.numerics.canonical`);
-        False keeps the per-``v`` rule of :func:`round_output` (benchmarks compare the two)."""
+        False keeps the per-``v`` rule of :func:`round_output` (benchmarks compare the two).
+
+        ``collective`` (data-parallel trainer, :class:`vtrain.distributed.collective.Collective`): the
+        graph is one rank's shard; ``collective.inputs(op, ins)`` cuts replicated inputs to the shard and
+        the ops in ``collective.reductions`` are combined across ranks by ``collective.reduce(op, ins)``."""
         self.graph = graph
         self.mode = Mode(mode)
         self.canonical_log = canonical_log
+        if collective is not None and (self.mode != Mode.CERTIFIED or not canonical_log):
+            raise VtrainError(f"data-parallel training needs the certified mode's canonical log, got {self.mode.value}")
+        self.collective = collective
         if self.mode == Mode.FP32:
             raise VtrainError("fp32 is plain torch training: use vtrain.torch_ref.executor_for(job, 'fp32')")
         self._last_use = self._compute_last_use()
@@ -124,6 +133,8 @@ class StepExecutor:
         where = f"step {step}" if step is not None else "step"
         for op in g.ops:
             ins = [vals[i] for i in op.inputs]
+            if self.collective is not None:
+                ins = self.collective.inputs(op, ins)
             try:
                 out = self._run_op(op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations)
             except NonFiniteValue as e:
@@ -156,6 +167,16 @@ class StepExecutor:
             return canonical(data.to(torch.float32))
         if k == OpKind.CONST:
             return torch.from_numpy(self.graph.consts[op.id])
+        if self.collective is not None and op.id in self.collective.reductions and log_in is None:
+            out, entries, slow = self.collective.reduce(op, ins)
+            stats.values += out.numel()
+            stats.ambiguous_resolved += slow
+            if len(entries):
+                out_log.sparse[op.id] = entries
+                stats.logged += len(entries)
+                stats.explicit += int((entries.code == 3).sum())
+                stats.per_op[op.id] = len(entries)
+            return out
         if k not in ROUNDING_KINDS:
             return _move(op, ins)
         if k in FP32_EXACT_KINDS and self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG):

@@ -200,15 +200,20 @@ def _decide_sums(op: OpNode, ins: list[torch.Tensor], cand: torch.Tensor):
     """Canonical ``(bits, codes, decided)`` of MATMUL/SUM/MEAN candidates; ``decided`` False where
     the double-double estimate is too close to a threshold (those go to exact arithmetic)."""
     t, n = _terms(op, ins, cand)
+    return _decide_rows(op.kind, t, n)
+
+
+def _decide_rows(kind: OpKind, t: torch.Tensor, n: int):
+    """:func:`_decide_sums` on the exact terms ``t [C, n]`` of each candidate (any order of terms)."""
     hi, lo, err = _dd_sum(t)  # the exact sum is hi + lo +- err
     s_abs = t.abs().sum(dim=1)  # S within gamma(n) relative
     s_rel = 2 * n * U
     g = n * U / (1 - n * U)
-    mean = op.kind == OpKind.MEAN
-    if op.kind == OpKind.MATMUL:
+    mean = kind == OpKind.MEAN
+    if kind == OpKind.MATMUL:
         dc = g * s_abs
         big = 1.25 * g * (s_abs + n * 2.0**-149)
-    elif op.kind == OpKind.SUM:
+    elif kind == OpKind.SUM:
         dc = g * s_abs
         big = 1.25 * dc
     else:
@@ -246,14 +251,15 @@ def _decide_sums(op: OpNode, ins: list[torch.Tensor], cand: torch.Tensor):
     return bits, code, decided, t
 
 
-def _decide_fsum(op: OpNode, terms: list[float]) -> tuple[int, int] | None:
+def _decide_fsum(op: OpNode | OpKind, terms: list[float]) -> tuple[int, int] | None:
     """The canonical ``(bits, code)`` of one sum element from its exact FP64 terms, by correctly
     rounded sums (``math.fsum``: the sign of a sum of terms is exact): settles exact ties and values
     closer to a midpoint than the double-double bound; None where a bound comparison is too close
     to call in FP64 (then exact rationals decide). FP32 midpoints are exact FP64 numbers, and so
     are ``n`` times them for ``n < 2^28``."""
+    kind = op if isinstance(op, OpKind) else op.kind
     n = len(terms)
-    scale = float(n) if op.kind == OpKind.MEAN else 1.0
+    scale = float(n) if kind == OpKind.MEAN else 1.0
     c = np.float32(math.fsum(terms) / scale)
     inf = np.float32(np.inf)
 
@@ -286,9 +292,9 @@ def _decide_fsum(op: OpNode, terms: list[float]) -> tuple[int, int] | None:
     c = np.float32(c + np.float32(0.0))  # -0 is +0
     s_abs = math.fsum(abs(t) for t in terms)
     g = n * U / (1 - n * U)
-    if op.kind == OpKind.MATMUL:
+    if kind == OpKind.MATMUL:
         dc, big = g * s_abs, 1.25 * g * (s_abs + n * 2.0**-149)
-    elif op.kind == OpKind.SUM:
+    elif kind == OpKind.SUM:
         dc = g * s_abs
         big = 1.25 * dc
     else:
@@ -313,3 +319,42 @@ def _decide_fsum(op: OpNode, terms: list[float]) -> tuple[int, int] | None:
     if 16 * big <= spacing and big <= 2 * dc:
         return bits, int(Code.DOWN if near_hi else Code.UP)
     return bits, int(Code.EXPLICIT)
+
+
+# -- decisions from term rows (data-parallel: the terms of one element come from several ranks) ----
+def exact_element_of_terms(kind: OpKind, terms: list[float]) -> ExactElement:
+    """``e``, ``dc`` and ``Dc`` of a MATMUL/SUM/MEAN element from its exact terms (all of them, any
+    order), in exact rational arithmetic: the same values :func:`exact_element` reads off the tensors."""
+    n = len(terms)
+    fr = [Fraction(t) for t in terms]
+    total = sum(fr, Fraction(0))
+    s = sum((abs(t) for t in fr), Fraction(0))
+    g = Fraction(n, X.TWO53 - n)
+    if kind == OpKind.MEAN:
+        dc = (g + Fraction(2, X.TWO53)) * s / n
+        return ExactElement(total / n, dc, _SUM_RATIO * dc)
+    dc = g * s
+    if kind == OpKind.MATMUL:
+        return ExactElement(total, dc, _SUM_RATIO * g * (s + n * _SUBNORMAL))
+    return ExactElement(total, dc, _SUM_RATIO * dc)
+
+
+def decide_rows(kind: OpKind, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Canonical ``(bits, codes, slow)`` of sum elements given all their exact FP64 terms ``rows [C, n]``
+    (products of FP32 values, or FP32 values; a MATMUL bias is one more term). The decision is a
+    function of the exact sum and ``sum|t|`` alone, so any order of the terms gives the same result:
+    double-double first, ``math.fsum`` next, exact rationals last (``slow`` counts those)."""
+    if kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
+        raise ValueError(f"decide_rows: expected MATMUL, SUM or MEAN, got {kind.name}")
+    n = rows.shape[1]
+    b, c, ok, _ = _decide_rows(kind, rows, n)
+    bits, codes = b.clone(), c.clone()
+    rest = (~ok).nonzero().reshape(-1)
+    slow = 0
+    for k, row in zip(rest.tolist(), rows[rest].tolist(), strict=True):
+        got = _decide_fsum(kind, row)
+        if got is None:
+            got = decide(exact_element_of_terms(kind, row))
+            slow += 1
+        bits[k], codes[k] = got
+    return bits, codes, slow
