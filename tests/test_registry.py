@@ -60,8 +60,6 @@ def test_createJob_stores_params_and_escrows_payment(dep, run):
         ("nSteps", 0),
         ("intervalLength", 0),
         ("nSamples", 0),
-        ("challengeWindow", 0),
-        ("clock", 0),
         ("initialStateRoot", b"\x00" * 32),
         ("graphRoot", b"\x00" * 32),
     ],
@@ -321,7 +319,7 @@ def test_setDisputeGame_twice_reverts(dep):
 
 
 def test_setDisputeGame_by_other_than_deployer_reverts(dep):
-    fresh = dep.deploy("JobRegistry")
+    fresh = dep.deploy("JobRegistry", *H.FLOORS)
     with reverts("Unauthorized", dep.anyone, dep.deployer):
         dep.dry(fresh.functions.setDisputeGame(dep.anyone), dep.anyone)
 
