@@ -670,8 +670,9 @@ def reclaim_job_cmd(
     job_id: int,
     account_index: int,
 ) -> None:
-    """Reclaim JOB whose trainer is late posting an interval: the payment and the trainer's stake
-    are credited to the client, then withdrawn. Prints {"job": ID, "reclaimed": WEI, ...}."""
+    """Reclaim JOB whose trainer is late posting an interval (and that has no game open): the payment
+    and the bounty (part of the trainer's stake; the rest is burned) are credited to the client, then
+    withdrawn. Prints {"job": ID, "reclaimed": WEI, ...}."""
     from web3.logs import DISCARD
 
     from protocol.chain import Reverted
