@@ -176,6 +176,122 @@ def test_honest_trainer_on_time_cannot_be_reclaimed(dep, honest):
         dep.check_solvency()
 
 
+# ================================================================== terms and economics (issue 12)
+
+
+def test_trainer_challenging_itself_through_a_sybil_recovers_only_the_bounty(dep, honest, cheater):
+    """The cheating trainer's own second account challenges the bad interval first and wins (the
+    trainer plays along): before, it recovered the whole stake. Now the pair gets the bond and the
+    bounty back and loses stake - bounty (burned); the honest auditor's parallel game closes with
+    its bond back; the client is refunded."""
+    with trial("trainer-self-challenge-via-sybil"):
+        sybil, auditor = dep.challenger2, dep.challenger
+        job = H.active_job(dep, cheater)
+        mine = H.challenge(dep, job, 1, challenger=sybil)
+        theirs = H.challenge(dep, job, 1, challenger=auditor)
+        res = H.play(dep, mine, H.Trainer(dep, cheater), H.HonestChallenger(dep, honest, addr=sybil))
+        assert res.status == GameStatus.CHALLENGER_WON
+        dep.tx(dep.game.functions.closeGame(theirs), dep.anyone)
+        bounty = H.bounty(CFG.trainer_stake)
+        put_in = CFG.trainer_stake + CFG.challenger_bond  # by the trainer and its sybil
+        got_back = dep.owed(dep.trainer) + dep.owed(sybil)
+        assert got_back == CFG.challenger_bond + bounty
+        assert put_in - got_back == CFG.trainer_stake - bounty == dep.call(dep.registry.functions.totalBurned())
+        assert dep.owed(auditor) == CFG.challenger_bond  # the honest auditor loses nothing
+        assert dep.owed(dep.client) == CFG.payment
+        dep.check_solvency()
+
+
+class LateTrainer(H.Trainer):
+    """An honest trainer whose every move lands ``late`` seconds after its turn began (a slow
+    machine, a congested chain)."""
+
+    late = 5
+
+    def move(self, gid: int, v: dict[str, Any]) -> bool:
+        self.dep.at(max(self.dep.now(), v["deadline"] - v["trainerTime"] + self.late))
+        return super().move(gid, v)
+
+
+def test_client_colluding_with_a_challenger_cannot_set_a_one_second_clock(dep, honest):
+    """A client colluding with a false challenger used to pick a 1 s clock: the honest trainer's
+    first reply, one block late, lost on timeout. The registry now refuses such a job; at the
+    floor (100 s here, 1 h in production) a trainer whose every move lands 5 s late wins."""
+    with trial("client-colluding-challenger-1s-clock"):
+        with reverts("TermBelowFloor", "clock", 1, H.MIN_CLOCK):
+            dep.dry(dep.registry.functions.createJob(H.simulate(replace(CFG, clock=1)).job_params(dep.trainer)),
+                    dep.client)
+        short = H.simulate(replace(CFG, clock=H.MIN_CLOCK))
+        job = H.active_job(dep, short)
+        gid = H.challenge(dep, job, 0)
+        colluder = H.FalseChallenger(dep, position=-1, op=short.graph.index["update0"], element=100)
+        res = H.play(dep, gid, LateTrainer(dep, short), colluder)
+        assert (res.status, res.ruling) == (GameStatus.TRAINER_WON, Ruling.ADJUDICATED), res
+        trainer_moves = ("reveal", "openStep", "commitTrace", "openOp", "openChunk")
+        moves = sum(1 for name, _ in dep.gas_log if name in trainer_moves)
+        assert moves >= 5 and dep.view(gid)["trainerTime"] <= H.MIN_CLOCK - LateTrainer.late * moves
+        assert dep.owed(dep.trainer) == CFG.challenger_bond and dep.owed(dep.challenger) == 0
+
+
+def test_copycat_challenger_that_wins_first_takes_the_bounty_and_the_original_loses_nothing(dep, honest, cheater):
+    """A copycat mirrors an honest auditor in a parallel game; the trainer answers the copycat's
+    game and stalls the auditor's, so the copycat convicts first. It gets bond + bounty; the
+    auditor's game closes with its bond back; the trainer loses stake - bounty either way (a
+    known limit: the bounty goes to the first conviction, see docs/security.md)."""
+    with trial("copycat-challenger-wins-first"):
+        job = H.active_job(dep, cheater)
+        original = H.challenge(dep, job, 1, challenger=dep.challenger)
+        copycat = H.challenge(dep, job, 1, challenger=dep.challenger2)
+        res = H.play(dep, copycat, H.Trainer(dep, cheater), H.HonestChallenger(dep, honest, addr=dep.challenger2))
+        assert res.status == GameStatus.CHALLENGER_WON
+        assert dep.view(original)["status"] == GameStatus.IN_PROGRESS
+        dep.tx(dep.game.functions.closeGame(original), dep.challenger)
+        assert dep.owed(dep.challenger2) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
+        assert dep.owed(dep.challenger) == CFG.challenger_bond
+        assert dep.owed(dep.trainer) == 0
+        dep.check_solvency()
+
+
+TERM_FLOORS = [("challengeWindow", H.MIN_WINDOW), ("clock", H.MIN_CLOCK), ("postingPeriod", H.MIN_POSTING),
+               ("challengerBond", H.MIN_BOND)]
+
+
+@pytest.mark.parametrize("term,floor", TERM_FLOORS, ids=[t for t, _ in TERM_FLOORS])
+def test_terms_below_the_deployments_floors_are_rejected(dep, honest, term, floor):
+    """1-second windows, clocks and posting periods and near-free challenges cannot be created."""
+    field = {"challengeWindow": "challenge_window", "clock": "clock", "postingPeriod": "posting_period",
+             "challengerBond": "challenger_bond"}[term]
+    with trial(f"term-below-floor-{term}"):
+        low = H.simulate(replace(CFG, **{field: 1}))
+        with reverts("TermBelowFloor", term, 1, floor):
+            dep.dry(dep.registry.functions.createJob(low.job_params(dep.trainer)), dep.client)
+        assert dep.call(dep.registry.functions.jobCount()) == 0
+
+
+def test_agents_refuse_short_terms_and_a_job_the_chain_cannot_rule_on():
+    """The real trainer agent declines (nothing staked) terms above the floors but shorter than it
+    can answer within, and a batch-70,000 MLP whose reductions the chain cannot rule on."""
+    from protocol.demo import create_job, default_spec
+    from protocol.jobs import JobContext, Terms
+    from protocol.policy import JobRefused
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+
+    with trial("agents-refuse-short-terms-and-unrulable-specs"), tempfile.TemporaryDirectory() as d:
+        proto, a = _agent_world()
+        store = ArtifactStore(d)
+        for spec, terms, why in [
+            (default_spec("mlp"), Terms(clock=120), "clock 120 s is shorter"),
+            (replace(default_spec("mlp"), batch_size=70_000), Terms(), "the chain cannot rule on this job"),
+        ]:
+            ctx = JobContext.of(spec)
+            job = create_job(proto, a[1], a[2], ctx, terms)
+            trainer = TrainerAgent(proto, a[2], ctx, store, job)
+            with pytest.raises(JobRefused, match=why):
+                trainer.accept(terms)
+            assert trainer.status() == "open"
+
+
 # ================================================================== a side that stops answering
 
 
