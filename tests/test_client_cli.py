@@ -132,3 +132,22 @@ def test_trainer_and_auditor_refuse_terms_they_cannot_answer_within(tmp_path: Pa
              "--move-seconds", "1", "--timeout", "1")
     assert ok.exit_code == 3, ok.output  # took the job (then gave up at --timeout)
     assert int(chain.call(proto.registry.functions.jobStatus(int(job)))) == 2
+
+
+def test_vtrain_deploy_uses_the_production_floors_unless_told_dev_floors(tmp_path: Path, anvil_w3) -> None:
+    from protocol.chain import Chain, Deployment
+    from protocol.deploy import DEV_FLOORS, PRODUCTION_FLOORS, Floors, Protocol
+
+    url = anvil_w3.provider.endpoint_uri
+    chain = Chain.connect(url)
+    for flag, want in (([], PRODUCTION_FLOORS), (["--dev-floors"], DEV_FLOORS)):
+        out = tmp_path / f"dep{len(flag)}.json"
+        r = run("deploy", "--rpc", url, "--out", str(out), *flag)
+        assert r.exit_code == 0, r.output
+        proto = Protocol.attach(chain, Deployment.load(out))
+        assert Floors.of(proto.registry, chain.call) == want
+    # create-job's default terms (1 h window) are below the production floor: refused, named, unsent
+    r = run("client", "create-job", "--rpc", url, "--deployment", str(tmp_path / "dep0.json"),
+            "--spec", str(_spec(tmp_path)))
+    assert r.exit_code == 1 and "--challenge-window 3600 is below the floor" in r.output, r.output
+    assert "(86400)" in r.output and "nothing was sent" in r.output
