@@ -3,7 +3,7 @@
 The real agents and strategies of the demo (``protocol.demo.run_scenario``) play the GPT job of
 ``vtrain demo --model gpt``: an honest job finalizes; a trainer that tampers with one element of an
 attention MATMUL is caught, the game narrows to that very op and element, the Adjudicator rules
-and the trainer's stake moves to the auditor; a false challenger loses its bond.
+and the trainer loses its stake (half to the auditor, the rest burned); a false challenger loses its bond.
 
 Then, for every op kind in the GPT graph, whether the Adjudicator's rule (``vtrain.numerics.exact``, the
 contract's rule in Python) stands the honest value of real elements, EXP/LOG/TANH included
