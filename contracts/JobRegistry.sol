@@ -10,11 +10,31 @@ import "contracts/lib/GameTypes.sol";
 
 /// @title JobRegistry
 /// @notice Job registry and escrow of verifiable training; the DisputeGame settles through it.
-/// @dev Holds every wei of the protocol: client payments, trainer stakes and challenger bonds.
-///      The game contract holds none. Thin contract: access checks, state, credits and events.
+/// @dev Holds every wei of the protocol: client payments, trainer stakes, challenger bonds and the
+///      burned part of convicted stakes. The game contract holds none. Thin contract: access
+///      checks, state, credits and events. The floors on the terms and the bounty fraction are
+///      deployment parameters (docs/security.md, "Terms and economics").
 contract JobRegistry is IJobRegistry {
+    /// @dev Basis points of a whole (bountyBps is a fraction of BPS).
+    uint256 internal constant BPS = 10_000;
+
     /// @notice Address allowed to bind the dispute game once.
     address public immutable deployer;
+
+    /// @inheritdoc IJobRegistry
+    uint64 public immutable minChallengeWindow;
+
+    /// @inheritdoc IJobRegistry
+    uint64 public immutable minClock;
+
+    /// @inheritdoc IJobRegistry
+    uint64 public immutable minPostingPeriod;
+
+    /// @inheritdoc IJobRegistry
+    uint128 public immutable minChallengerBond;
+
+    /// @inheritdoc IJobRegistry
+    uint16 public immutable bountyBps;
 
     /// @inheritdoc IJobRegistry
     address public disputeGame;
@@ -26,13 +46,42 @@ contract JobRegistry is IJobRegistry {
     uint256 public totalOwed;
 
     /// @inheritdoc IJobRegistry
+    uint256 public totalBurned;
+
+    /// @inheritdoc IJobRegistry
     mapping(address account => uint256 amount) public owed;
 
     mapping(JobId job => Job record) internal _jobs;
     mapping(JobId job => mapping(uint64 index => Interval interval)) internal _intervals;
 
-    constructor() {
+    /// @notice Deploys the registry with its floors on the terms and its bounty fraction (immutable).
+    /// @param minChallengeWindow_ Least `challengeWindow` of a job, seconds (>= 1).
+    /// @param minClock_ Least `clock` of a job, seconds (>= 1).
+    /// @param minPostingPeriod_ Least `postingPeriod` of a job, seconds (>= 1).
+    /// @param minChallengerBond_ Least `challengerBond` of a job, wei (>= 1).
+    /// @param bountyBps_ Part of a convicted trainer's stake paid to the winner, in basis points
+    ///        (1..9999); the rest is burned.
+    constructor(
+        uint64 minChallengeWindow_,
+        uint64 minClock_,
+        uint64 minPostingPeriod_,
+        uint128 minChallengerBond_,
+        uint16 bountyBps_
+    ) {
+        // SAFETY: a zero floor would let a job have zero-second terms or a free challenge.
+        if (minChallengeWindow_ == 0) revert InvalidDeployment("minChallengeWindow", 0);
+        if (minClock_ == 0) revert InvalidDeployment("minClock", 0);
+        if (minPostingPeriod_ == 0) revert InvalidDeployment("minPostingPeriod", 0);
+        if (minChallengerBond_ == 0) revert InvalidDeployment("minChallengerBond", 0);
+        // SAFETY: a bounty of 0 pays no honest auditor; a bounty of the whole stake lets a trainer
+        // convicted by its own sybil challenger recover all of it.
+        if (bountyBps_ == 0 || bountyBps_ >= BPS) revert InvalidDeployment("bountyBps", bountyBps_);
         deployer = msg.sender;
+        minChallengeWindow = minChallengeWindow_;
+        minClock = minClock_;
+        minPostingPeriod = minPostingPeriod_;
+        minChallengerBond = minChallengerBond_;
+        bountyBps = bountyBps_;
     }
 
     modifier onlyGame() {
@@ -126,11 +175,13 @@ contract JobRegistry is IJobRegistry {
         if (next >= _nIntervals(j.params) || block.timestamp <= deadline) {
             revert PostingNotOverdue(job, next, deadline, block.timestamp);
         }
-        // Fraudulent: no more posts, challenges or finalize; open games close with their bonds back.
-        j.status = JobStatus.Fraudulent;
-        uint256 refund = uint256(j.payment) + j.params.trainerStake;
-        _credit(j.client, job, refund);
-        emit JobReclaimed(job, next, refund);
+        // INVARIANT: a game still running could yet prove fraud; its challenger, not the client
+        // (possibly the trainer's own sybil), is owed the bounty then.
+        if (j.openGames != 0) revert GamesOpen(job, j.openGames);
+        // A missed deadline is a fault like a proven fraud: the client (the one who proved it, with
+        // no bond) gets its payment and the bounty, the rest of the stake is burned.
+        uint256 bounty = _convict(job, j.client, 0);
+        emit JobReclaimed(job, next, uint256(j.payment) + bounty);
     }
 
     /// @inheritdoc IJobRegistry
@@ -189,13 +240,9 @@ contract JobRegistry is IJobRegistry {
         if (trainerWon) {
             _credit(j.params.trainer, job, bond);
         } else {
-            // INVARIANT: the first won game (job still Active) takes the stake and refunds the
-            // client; later games find the job Fraudulent and are closed with their bond back.
-            j.status = JobStatus.Fraudulent;
-            uint256 reward = bond + j.params.trainerStake;
-            _credit(challenger, job, reward);
-            _credit(j.client, job, j.payment);
-            emit JobFraudulent(job, challenger, reward, j.payment);
+            // INVARIANT: the first won game (job still Active) convicts; later games find the job
+            // Fraudulent and are closed with their bond back.
+            _convict(job, challenger, bond);
         }
         emit GameSettled(job, challenger, trainerWon, false);
     }
@@ -279,6 +326,30 @@ contract JobRegistry is IJobRegistry {
         if (status != expected) revert WrongJobStatus(job, status, expected);
     }
 
+    /// @notice Convicts `job`: the single payout of a proven fault.
+    /// @dev Ends an Active job as Fraudulent: the client is credited its payment, `winner` its `bond`
+    ///      plus the bounty (`bountyBps` of the stake), and the rest of the stake is burned (kept
+    ///      here, counted in `totalBurned`, never credited). The one place a fault is paid out:
+    ///      a won game (bond = challengerBond), a reclaim (winner = client, bond 0), and any other
+    ///      fraud proof. Callers check the job is Active and take `bond` into escrow beforehand.
+    /// @return bounty The part of the stake credited to `winner`.
+    function _convict(JobId job, address winner, uint256 bond) internal returns (uint256 bounty) {
+        Job storage j = _jobs[job];
+        // INVARIANT: a job is convicted once; its stake is paid out once.
+        _expectStatus(job, j.status, JobStatus.Active);
+        j.status = JobStatus.Fraudulent;
+        uint256 stake = j.params.trainerStake;
+        // SAFETY: stake < 2^128 and bountyBps < 2^16: no overflow; bounty <= stake.
+        bounty = (stake * bountyBps) / BPS;
+        uint256 burned = stake - bounty;
+        // INVARIANT: balance = totalOwed + totalBurned + sum of escrow; the burned part leaves
+        // escrow for good (a sybil challenger recovers at most the bounty).
+        totalBurned += burned;
+        _credit(winner, job, bond + bounty);
+        _credit(j.client, job, j.payment);
+        emit JobFraudulent(job, winner, bond + bounty, j.payment, burned);
+    }
+
     function _credit(address account, JobId job, uint256 amount) internal {
         if (amount == 0) return;
         owed[account] += amount;
@@ -301,19 +372,30 @@ contract JobRegistry is IJobRegistry {
         size = left < p.intervalLength ? left : p.intervalLength;
     }
 
-    function _validate(JobParams calldata p) internal pure {
+    function _validate(JobParams calldata p) internal view {
         if (p.trainer == address(0)) revert InvalidJobParam("trainer", 0);
         if (p.nOps == 0) revert InvalidJobParam("nOps", 0);
         if (p.nSlots == 0 || p.nSlots > MAX_SLOTS) revert InvalidJobParam("nSlots", p.nSlots);
         if (p.nSteps == 0) revert InvalidJobParam("nSteps", 0);
         if (p.intervalLength == 0) revert InvalidJobParam("intervalLength", 0);
         if (p.nSamples == 0) revert InvalidJobParam("nSamples", 0);
-        if (p.challengeWindow == 0) revert InvalidJobParam("challengeWindow", 0);
-        if (p.clock == 0) revert InvalidJobParam("clock", 0);
-        // SAFETY: without a posting period a trainer that never posts locks the payment forever.
-        if (p.postingPeriod == 0) revert InvalidJobParam("postingPeriod", 0);
-        // SAFETY: a free challenge costs a griefer nothing while the trainer pays to defend it.
-        if (p.challengerBond == 0) revert InvalidJobParam("challengerBond", 0);
+        // SAFETY: an auditor needs time to fetch and replay an interval before its window closes.
+        if (p.challengeWindow < minChallengeWindow) {
+            revert TermBelowFloor("challengeWindow", p.challengeWindow, minChallengeWindow);
+        }
+        // SAFETY: with a short clock, an honest party whose move lands a few blocks late loses on
+        // timeout (a client colluding with a challenger could pick a 1-second clock).
+        if (p.clock < minClock) revert TermBelowFloor("clock", p.clock, minClock);
+        // SAFETY: without a posting period a trainer that never posts locks the payment forever;
+        // with a short one, an honest trainer delayed a few blocks could be reclaimed.
+        if (p.postingPeriod < minPostingPeriod) {
+            revert TermBelowFloor("postingPeriod", p.postingPeriod, minPostingPeriod);
+        }
+        // SAFETY: a free (or near-free) challenge costs a griefer nothing while the trainer pays
+        // gas to defend it.
+        if (p.challengerBond < minChallengerBond) {
+            revert TermBelowFloor("challengerBond", p.challengerBond, minChallengerBond);
+        }
         // SAFETY: nSteps + K - 1 in _nIntervals must not overflow uint64.
         if (p.nSteps > type(uint64).max - p.intervalLength) revert InvalidJobParam("nSteps", p.nSteps);
         if (p.initialStateRoot == bytes32(0)) revert InvalidJobParam("initialStateRoot", 0);

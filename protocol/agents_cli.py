@@ -27,7 +27,14 @@ an orchestrator (``protocol.multiproc``) reads it, in particular the ``idle`` ev
 reports ``{"event": "idle", "block": B}`` once it has seen the chain at block ``B`` or later and
 has nothing to do. The agents never move the node's clock.
 
-Exit status: 0 done, 1 error (a clear message), 3 ``--timeout`` reached (the result says so).
+Before it takes part, each agent checks the job (``protocol.rulability``, ``protocol.policy``): an op
+the chain cannot rule on, or terms shorter than it can safely answer within (``--move-seconds``,
+``--interval-seconds``/``--replay-seconds``, ``--term-margin``; the trainer also ``--max-stake-ratio``
+and ``--min-bond``) make it refuse: it says why, sends nothing, and exits with status 4. An agent
+already in the job (a restart) carries on whatever the terms.
+
+Exit status: 0 done, 1 error (a clear message), 3 ``--timeout`` reached (the result says so),
+4 the agent refused the job (the result's ``refused`` lists why).
 
 Run without the main CLI: ``python -m protocol.agents_cli trainer ...``.
 """
@@ -49,6 +56,7 @@ from rich.console import Console
 log = logging.getLogger(__name__)
 
 EXIT_TIMEOUT = 3
+EXIT_REFUSED = 4
 JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
 _DONE = ("finalized", "fraudulent", "cancelled")
 #: protocol.cheats.CHEATS' names (not imported here: that pulls in torch, and `--help` stays quick).
@@ -304,6 +312,73 @@ def agent_options(f):
         help="Give up after this many seconds (0: never); exit status 3.",
     )(f)
     return f
+
+
+def policy_options(role: str):
+    """The options of what this agent requires of a job's terms (``protocol.policy.TermsPolicy``)."""
+
+    def wrap(f):
+        f = click.option(
+            "--term-margin",
+            type=click.FloatRange(min=1),
+            default=2.0,
+            show_default=True,
+            help="Refuse a job whose clock, window or posting period gives less than this many times what "
+            "this agent needs.",
+        )(f)
+        f = click.option(
+            "--move-seconds",
+            type=click.FloatRange(min=0),
+            default=15.0,
+            show_default=True,
+            help="Seconds one of this agent's game moves may take (computing it and getting it mined); the "
+            "clock must cover every move of a game.",
+        )(f)
+        if role == "trainer":
+            f = click.option(
+                "--min-bond", type=WEI, default=0, show_default=True,
+                help="Refuse a job whose challenger bond is below this (a false challenge costs the trainer gas).",
+            )(f)
+            f = click.option(
+                "--max-stake-ratio", type=click.FloatRange(min=0), default=10.0, show_default=True,
+                help="Refuse a job asking a stake of more than this many times its payment.",
+            )(f)
+            f = click.option(
+                "--interval-seconds", type=click.FloatRange(min=0), default=600.0, show_default=True,
+                help="Seconds this trainer needs to train and post one interval (the posting period must cover it).",
+            )(f)
+        else:
+            f = click.option(
+                "--replay-seconds", type=click.FloatRange(min=0), default=600.0, show_default=True,
+                help="Seconds this auditor needs to fetch and replay one interval and challenge it (the "
+                "challenge window must cover it).",
+            )(f)
+        return f
+
+    return wrap
+
+
+def refuse(out: Out, job: int, reasons: list[str]) -> None:
+    """Report a refused job (never a traceback) and exit with EXIT_REFUSED."""
+    for r in reasons:
+        out.say(f"[red]refusing job {job}[/]: {r}")
+    log.warning("job %d refused: %s", job, "; ".join(reasons))
+    out.event("refused", reasons=reasons)
+    out.result(ok=False, refused=reasons, status="refused")
+    sys.exit(EXIT_REFUSED)
+
+
+def job_refusals(proto, job: int, ctx, policy) -> list[str]:
+    """Why an agent with ``policy`` declines ``job``: an op the chain cannot rule on, then its terms."""
+    from protocol.rulability import UnrulableJob, check_rulable
+
+    reasons = []
+    try:
+        check_rulable(ctx.job.graph)
+    except UnrulableJob as e:
+        reasons.append(str(e))
+    j = proto.chain.call(proto.registry.functions.getJob(job))
+    return reasons + policy.refusals(tuple(j[0]), int(j[2]), ctx.job.graph, ctx.spec.interval)
 
 
 def load_spec(path: Path):
@@ -566,6 +641,7 @@ def create_job_cmd(
 
     from protocol.demo import create_job
     from protocol.jobs import JobContext, Terms
+    from protocol.rulability import UnrulableJob, check_rulable
     from vtrain.errors import VtrainError
 
     spec = load_spec(spec_path)
@@ -580,9 +656,13 @@ def create_job_cmd(
     else:
         trainer = account(chain, trainer_index, "--trainer-index")
     terms = Terms(**{k: v for k, v in terms_opts.items() if v is not None})
+    check_floors(proto, terms)
     try:
         ctx = JobContext.of(spec)
+        check_rulable(ctx.job.graph)  # before paying: no game on this job could be ruled
         job = create_job(proto, client_acct, trainer, ctx, terms)
+    except UnrulableJob as e:
+        raise click.ClickException(f"--spec {spec_path}: {e}; nothing was sent") from None
     except VtrainError as e:
         raise click.ClickException(f"createJob: {e}") from None
     Out.make("client", job, False).say(
@@ -605,6 +685,25 @@ def create_job_cmd(
     )
 
 
+def check_floors(proto, terms) -> None:
+    """ClickException naming the first term below the registry's floor (what createJob would revert
+    with), before anything is sent."""
+    from protocol.deploy import Floors
+
+    floors = Floors.of(proto.registry, proto.chain.call)
+    for option, value, floor in (
+        ("--challenge-window", terms.challenge_window, floors.min_challenge_window),
+        ("--clock", terms.clock, floors.min_clock),
+        ("--posting-period", terms.posting_period, floors.min_posting_period),
+        ("--challenger-bond", terms.challenger_bond, floors.min_challenger_bond),
+    ):
+        if value < floor:
+            raise click.ClickException(
+                f"{option} {value} is below the floor of the registry {proto.registry.address} ({floor}); "
+                "nothing was sent"
+            )
+
+
 @client.command("reclaim-job")
 @rpc_options
 @key_option
@@ -620,8 +719,9 @@ def reclaim_job_cmd(
     job_id: int,
     account_index: int,
 ) -> None:
-    """Reclaim JOB whose trainer is late posting an interval: the payment and the trainer's stake
-    are credited to the client, then withdrawn. Prints {"job": ID, "reclaimed": WEI, ...}."""
+    """Reclaim JOB whose trainer is late posting an interval (and that has no game open): the payment
+    and the bounty (part of the trainer's stake; the rest is burned) are credited to the client, then
+    withdrawn. Prints {"job": ID, "reclaimed": WEI, ...}."""
     from web3.logs import DISCARD
 
     from protocol.chain import Reverted
@@ -685,6 +785,7 @@ def _withdraw(chain, proto, acct: str) -> int:
 @click.option("--account-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train each interval on this many data-parallel ranks (same artifacts and roots).")
+@policy_options("trainer")
 @click.option(
     "--serve-store",
     "serve_port",
@@ -706,6 +807,11 @@ def trainer_cmd(
     cheat: str | None,
     cheat_step: int | None,
     account_index: int,
+    term_margin: float,
+    move_seconds: float,
+    interval_seconds: float,
+    max_stake_ratio: float,
+    min_bond: int,
     serve_port: int | None,
     timeout: float,
     poll: float,
@@ -715,6 +821,7 @@ def trainer_cmd(
     """Train JOB and post its intervals, defend every game, finalize and withdraw."""
     from protocol.cheats import CHEATS
     from protocol.jobs import JobContext
+    from protocol.policy import TermsPolicy
     from protocol.store import ArtifactStore, serve_store
     from protocol.trainer import TrainerAgent
     from vtrain.errors import VtrainError
@@ -742,7 +849,13 @@ def trainer_cmd(
         raise click.ClickException(f"--store {store_dir}: {e}") from None
     if nproc > 1 and cheat_obj is not None:
         raise click.ClickException("--cheat runs in one process: drop --nproc")
-    agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj, nproc=nproc)
+    policy = TermsPolicy("trainer", move_seconds, interval_seconds, margin=term_margin,
+                         max_stake_ratio=max_stake_ratio, min_bond=min_bond)
+    agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj, policy=policy, nproc=nproc)
+    if agent.status() == "open":  # not staked yet: the job's terms decide whether to take it
+        reasons = agent.refusals()
+        if reasons:
+            refuse(out, job_id, reasons)
     guard_moves(agent)
     repaired = agent.repair()  # a restart after a crash or disk damage: never serve a bad artifact
     if repaired:
@@ -773,6 +886,7 @@ def trainer_cmd(
 def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) -> dict:
     from protocol.chain import Reverted
     from protocol.jobs import Terms
+    from protocol.policy import JobRefused
 
     proto, chain, job = agent.proto, agent.proto.chain, agent.job_id
     n = agent.ctx.n_intervals
@@ -793,7 +907,10 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
         status = agent.status()
         sent = False
         if status == "open":
-            agent.accept(Terms(trainer_stake=int(params[11])))
+            try:
+                agent.accept(Terms(trainer_stake=int(params[11])))
+            except JobRefused as e:
+                refuse(out, job, [str(e)])
             out.say(f"accepted the job (staked {int(params[11]) / 1e18:g} ETH)")
             out.event("accepted", stake=int(params[11]))
             sent = True
@@ -855,6 +972,7 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
     "--false-challenger", is_flag=True, help="Challenge interval 0 without cause, once, and play blindly (demo)."
 )
 @click.option("--account-index", type=int, default=3, show_default=True, help="The auditor's unlocked account.")
+@policy_options("auditor")
 @agent_options
 @clean_errors
 def auditor_cmd(
@@ -869,6 +987,9 @@ def auditor_cmd(
     state_dir: Path | None,
     false_challenger: bool,
     account_index: int,
+    term_margin: float,
+    move_seconds: float,
+    replay_seconds: float,
     timeout: float,
     poll: float,
     events: bool,
@@ -908,6 +1029,13 @@ def auditor_cmd(
     agent.disputed = my_games(proto, job_id, me)
     if agent.disputed:
         out.say(f"resuming: already challenging in game(s) {agent.disputed}")
+    elif job_status(proto, job_id) in ("open", "active"):  # not in a game yet: may it take part?
+        from protocol.policy import TermsPolicy
+
+        policy = TermsPolicy("auditor", move_seconds, replay_seconds=replay_seconds, margin=term_margin)
+        reasons = job_refusals(proto, job_id, ctx, policy)
+        if reasons:
+            refuse(out, job_id, reasons)
     out.event("started", account=me, pid=_pid(), block=block_number(chain), games=agent.disputed)
     try:
         res = through_outages(lambda: _auditor_loop(agent, out, deadline, poll), out, deadline)

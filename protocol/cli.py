@@ -98,16 +98,23 @@ def demo(rpc: str | None, model: str, cheat: str | None) -> None:
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("deployment.json"), show_default=True
 )
-def deploy(rpc: str | None, out: Path) -> None:
+@click.option(
+    "--dev-floors",
+    is_flag=True,
+    help="Deploy the registry with the short floors of a development chain (60 s window, clock and posting "
+    "period) instead of the production ones (1 day window, 1 h clock, 1 h posting period, 0.01 ETH bond).",
+)
+def deploy(rpc: str | None, out: Path, dev_floors: bool) -> None:
     """Deploy JobRegistry, Adjudicator and DisputeGame and write their addresses to OUT."""
     from protocol.agents_cli import save_deployment
     from protocol.chain import Chain
+    from protocol.deploy import DEV_FLOORS, PRODUCTION_FLOORS
     from protocol.deploy import deploy as deploy_all
     from vtrain.errors import VtrainError
 
     try:
         chain = Chain.connect(rpc)
-        proto = deploy_all(chain, chain.accounts()[0])
+        proto = deploy_all(chain, chain.accounts()[0], DEV_FLOORS if dev_floors else PRODUCTION_FLOORS)
         save_deployment(proto, out)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None

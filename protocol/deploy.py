@@ -12,6 +12,41 @@ from protocol.chain import Chain, Deployment
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Floors:
+    """The registry's deployment parameters (immutable once deployed; docs/security.md, "Terms and
+    economics"): the least challenge window, chess clock and posting period (seconds) and
+    challenger bond (wei) a job may have, and the bounty paid to whoever proves a fault, in basis
+    points of the convicted stake (the rest is burned)."""
+
+    min_challenge_window: int
+    min_clock: int
+    min_posting_period: int
+    min_challenger_bond: int
+    bounty_bps: int = 5_000
+
+    def args(self) -> tuple[int, int, int, int, int]:
+        """The JobRegistry constructor's arguments, in order."""
+        return (self.min_challenge_window, self.min_clock, self.min_posting_period, self.min_challenger_bond,
+                self.bounty_bps)
+
+    @staticmethod
+    def of(registry: Contract, call=None) -> Floors:
+        """The floors a deployed registry enforces (read from its getters)."""
+        f = registry.functions
+        get = call or (lambda fn: fn.call())
+        return Floors(int(get(f.minChallengeWindow())), int(get(f.minClock())), int(get(f.minPostingPeriod())),
+                      int(get(f.minChallengerBond())), int(get(f.bountyBps())))
+
+
+#: For a public chain: a day to replay and challenge an interval, an hour on each chess clock, an
+#: hour per interval, a bond of 0.01 ETH, half the convicted stake to whoever proves the fault.
+PRODUCTION_FLOORS = Floors(86_400, 3_600, 3_600, 10**16, 5_000)
+#: For a local development chain whose clock the demo and the tests move: short floors, the
+#: production bounty.
+DEV_FLOORS = Floors(60, 60, 60, 10**9, 5_000)
+
+
 @dataclass
 class Protocol:
     """The deployed contracts on one chain."""
@@ -43,13 +78,15 @@ class Protocol:
         )
 
 
-def deploy(chain: Chain, deployer: str) -> Protocol:
-    """Deploy and bind the three contracts; returns them."""
-    registry = chain.deploy("JobRegistry", sender=deployer)
+def deploy(chain: Chain, deployer: str, floors: Floors = DEV_FLOORS) -> Protocol:
+    """Deploy and bind the three contracts; returns them. ``floors``: the registry's deployment
+    parameters (the development ones by default; ``vtrain deploy`` uses PRODUCTION_FLOORS)."""
+    registry = chain.deploy("JobRegistry", *floors.args(), sender=deployer)
     adjudicator = chain.deploy("Adjudicator", sender=deployer)
     game = chain.deploy("DisputeGame", registry.address, adjudicator.address, sender=deployer)
     chain.send(registry.functions.setDisputeGame(game.address), deployer, what="setDisputeGame")
     log.info(
-        "protocol deployed: registry %s game %s adjudicator %s", registry.address, game.address, adjudicator.address
+        "protocol deployed: registry %s game %s adjudicator %s (%s)", registry.address, game.address,
+        adjudicator.address, floors,
     )
     return Protocol(chain, registry, game, adjudicator)

@@ -52,6 +52,12 @@ from vtrain.training.rundir import atomic_write
 
 #: Short terms for a dev node: the orchestrator moves the clock anyway.
 DEMO_TERMS = Terms(challenge_window=600, clock=300)
+#: What the agents need on a dev node (moves are mined at once, an interval trains in seconds), so
+#: that they accept DEMO_TERMS (``protocol.policy``: they refuse terms they cannot answer within).
+DEMO_NEEDS = {
+    "trainer": ["--move-seconds", "2", "--interval-seconds", "60"],
+    "auditor": ["--move-seconds", "2", "--replay-seconds", "60"],
+}
 ROLE_ACCOUNTS = {"client": 1, "trainer": 2, "auditor": 3, "false_challenger": 4}
 PARTIES = {1: "trainer", 2: "challenger"}
 JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
@@ -176,7 +182,8 @@ class ProcessScenario:
     def argv(self, role: str) -> list[str]:
         base = [sys.executable, "-m", "protocol.agents_cli"] + (["-v"] if self.verbose else []) + [role,
                 "--rpc", self.rpc, "--deployment", str(self.deployment_path), "--job", str(self.job),
-                "--spec", str(self.spec_path), "--events", "--timeout", str(int(self.timeout + 60))]
+                "--spec", str(self.spec_path), "--events", "--timeout", str(int(self.timeout + 60)),
+                *DEMO_NEEDS[role]]
         if role == "trainer":
             base += ["--store", str(self.work / f"store-{self.job}"), "--serve-store", str(self._store_port),
                      "--account-index", str(ROLE_ACCOUNTS["trainer"])]

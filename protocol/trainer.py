@@ -16,6 +16,8 @@ from protocol.chain import Reverted
 from protocol.deploy import Protocol
 from protocol.game import PARTY_TRAINER, StepBook, TrainerStrategy
 from protocol.jobs import JobContext, Terms
+from protocol.policy import JobRefused, TermsPolicy
+from protocol.rulability import UnrulableJob, check_rulable
 from protocol.store import ArtifactStore, StepRecord
 from vtrain.commit.roots import interval_root
 from vtrain.commit.trace import StepTrace
@@ -39,6 +41,8 @@ class TrainerAgent:
     cheat: Cheat | None = None
     nproc: int = 1
     """Data-parallel ranks for training an interval (vtrain.distributed): the same artifacts and roots."""
+    policy: TermsPolicy = field(default_factory=lambda: TermsPolicy("trainer"))
+    """What this trainer requires of a job's terms before it stakes (``accept`` checks it)."""
     player: Player = field(init=False)
 
     def __post_init__(self) -> None:
@@ -48,11 +52,33 @@ class TrainerAgent:
         self._trace = lru_cache(maxsize=4)(self._regenerate)
 
     # -- job life cycle -----------------------------------------------------------------------------
-    def accept(self, terms: Terms) -> None:
+    def refusals(self) -> list[str]:
+        """Why this trainer declines the job: an op the chain cannot rule on (an honest trainer
+        would lose a game that reaches it), terms shorter than it can answer within, or a stake or
+        bond outside its policy. Empty: it accepts."""
+        j = self.proto.chain.call(self.proto.registry.functions.getJob(self.job_id))
+        reasons = []
+        try:
+            check_rulable(self.ctx.job.graph)
+        except UnrulableJob as e:
+            reasons.append(str(e))
+        return reasons + self.policy.refusals(tuple(j[0]), int(j[2]), self.ctx.job.graph, self.ctx.spec.interval)
+
+    def accept(self, terms: Terms | None = None) -> None:
+        """Stake and accept the job, unless ``refusals`` gives a reason: then JobRefused (logged),
+        and nothing is sent. The stake sent is the job's (``terms``, if given, must agree)."""
+        reasons = self.refusals()
+        if reasons:
+            log.warning("job %d: refused: %s", self.job_id, "; ".join(reasons))
+            raise JobRefused(f"job {self.job_id} refused: " + "; ".join(reasons))
+        stake = int(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))[11])
+        if terms is not None and terms.trainer_stake != stake:
+            raise JobRefused(f"job {self.job_id} refused: it asks a stake of {stake} wei, "
+                             f"not the {terms.trainer_stake} wei expected")
         self.proto.chain.send(
             self.proto.registry.functions.acceptJob(self.job_id),
             self.account,
-            value=terms.trainer_stake,
+            value=stake,
             what=f"job {self.job_id}: acceptJob",
         )
 

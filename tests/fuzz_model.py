@@ -4,7 +4,9 @@ The model knows, independently of the chain:
 
 - every job's terms, status, posted roots and open games, and so its escrow;
 - every game's chess clocks (each move charges the mover, exactly one clock runs);
-- what every account is owed, was credited in total and has withdrawn (ETH actually received);
+- what every account is owed, was credited in total and has withdrawn (ETH actually received),
+  and what convictions burned (the part of a convicted stake beyond the winner's bounty);
+- the registry's floors on the terms (``FLOORS``: a job below one is rejected with TermBelowFloor);
 - who is honest: a trainer whose every posted root is the honest run's and that posted every
   interval by its posting deadline (``acceptedAt + (i+1) * postingPeriod``; a trainer that let one
   pass is *late*, and its client may ``reclaimJob``), a challenger that disputes the first wrong
@@ -23,7 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from game_harness import GameStatus, JobStatus, Party
+from game_harness import BOUNTY_BPS, MIN_BOND, MIN_CLOCK, MIN_POSTING, MIN_WINDOW, GameStatus, JobStatus, Party
+
+#: The floors of the fuzzed registry (tests/game_harness.py's deployment), by JobParams field.
+FLOORS = {"challengeWindow": MIN_WINDOW, "clock": MIN_CLOCK, "postingPeriod": MIN_POSTING, "challengerBond": MIN_BOND}
 
 #: Deliberately wrong expectations, one per invariant (tests prove each invariant can fail):
 #: ``escrow``: the model forgets challenger bonds in an Active job's escrow (solvency);
@@ -31,8 +36,11 @@ from game_harness import GameStatus, JobStatus, Party
 #: ``honest``: the model takes every challenger for honest (honest parties never lose);
 #: ``bound``: the model expects every game to be over after one clock instead of two (games end);
 #: ``frozen``: the model takes a game for finished after its first move (finished games frozen);
-#: ``reclaim``: the model credits a reclaiming client only the payment, not the stake (solvency).
-SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen", "reclaim")
+#: ``reclaim``: the model credits a reclaiming client only the payment, not the bounty (solvency);
+#: ``bounty``: the model pays a winning challenger the whole stake (the old rule; solvency);
+#: ``burn``: the model forgets what convictions burn (solvency);
+#: ``floor``: the model takes a clock one second below the floor as valid (expectation).
+SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen", "reclaim", "bounty", "burn", "floor")
 
 
 class Violation(AssertionError):
@@ -98,6 +106,10 @@ class JobModel:
 
     def window_end(self, index: int) -> int:
         return self.posted_at[index] + self.window
+
+    def bounty(self) -> int:
+        """What a conviction of this job pays its winner beyond its bond (the registry's rounding)."""
+        return self.stake * BOUNTY_BPS // 10_000
 
     def escrow(self, sabotage: str | None = None) -> int:
         bonds = 0 if sabotage == "escrow" else self.open_games * self.bond
@@ -173,6 +185,7 @@ class Ledger:
     credited: dict[str, int] = field(default_factory=dict)
     withdrawn: dict[str, int] = field(default_factory=dict)
     deposited: int = 0
+    burned: int = 0
     touched: set[str] = field(default_factory=set)
 
     def credit(self, account: str, amount: int) -> None:
@@ -220,6 +233,18 @@ class Model:
         return g.honest_challenger or self.sabotage == "honest"
 
     # -- expectations: the custom errors that may explain a revert; empty: the call must succeed
+
+    def expect_create(self, terms: dict[str, int], zeroed: str | None) -> set[str]:
+        """createJob with these terms (JobParams field -> value); ``zeroed``: a field set to 0."""
+        errs = set()
+        if zeroed is not None and zeroed not in FLOORS:
+            errs.add("InvalidJobParam")
+        for name, floor in FLOORS.items():
+            if name == "clock" and self.sabotage == "floor":
+                floor -= 1
+            if terms[name] < floor:
+                errs.add("TermBelowFloor")
+        return errs
 
     def expect_cancel(self, job: int, sender: str) -> set[str]:
         j = self.jobs[job]
@@ -276,6 +301,8 @@ class Model:
             errs.add("WrongJobStatus")
         elif not j.overdue(now):
             errs.add("PostingNotOverdue")
+        elif j.open_games:
+            errs.add("GamesOpen")
         return errs
 
     def expect_withdraw(self, account: str) -> set[str]:
@@ -356,16 +383,23 @@ class Model:
         self.touched_jobs.add(job)
 
     def reclaim(self, job: int, t: int) -> int:
-        """The client reclaimed ``job`` at ``t``: Fraudulent, client credited payment + stake;
-        its open games can only close (bond refunded). Returns the refund."""
+        """The client reclaimed ``job`` at ``t`` (no game open): Fraudulent, client credited
+        payment + bounty, the rest of the stake burned. Returns the refund."""
         j = self.jobs[job]
         j.see(t)
-        j.status = JobStatus.FRAUDULENT
         j.reclaimed = True
-        refund = j.payment + (0 if self.sabotage == "reclaim" else j.stake)
-        self.ledger.credit(j.client, refund)
+        refund = j.payment + (0 if self.sabotage == "reclaim" else j.bounty())
+        self._convict(j, j.client, 0, refund - j.payment)
         self.touched_jobs.add(job)
         return refund
+
+    def _convict(self, j: JobModel, winner: str, bond: int, bounty: int) -> None:
+        """The registry's ``_convict``: payment to the client, bond + bounty to the winner, burn."""
+        j.status = JobStatus.FRAUDULENT
+        self.ledger.credit(winner, bond + bounty)
+        self.ledger.credit(j.client, j.payment)
+        if self.sabotage != "burn":
+            self.ledger.burned += j.stake - j.bounty()
 
     def withdraw(self, account: str, received: int) -> None:
         self.ledger.paid(account, received, times=2 if self.sabotage == "double_pay" else 1)
@@ -400,9 +434,7 @@ class Model:
             self.ledger.credit(j.trainer, j.bond)
         else:
             g.status = GameStatus.CHALLENGER_WON
-            j.status = JobStatus.FRAUDULENT
-            self.ledger.credit(g.challenger, j.bond + j.stake)
-            self.ledger.credit(j.client, j.payment)
+            self._convict(j, g.challenger, j.bond, j.stake if self.sabotage == "bounty" else j.bounty())
         self.finished.append(game)
         self.touched_jobs.add(j.job)
 

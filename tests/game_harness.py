@@ -334,9 +334,10 @@ class Deployment:
     # -- invariant
 
     def check_solvency(self) -> None:
-        """INVARIANT: the registry's balance equals totalOwed + the sum of escrowOf(job) over
-        all jobs; each account's credit equals its Credited minus its Withdrawn events and
-        totalOwed is their sum; the game contract holds nothing."""
+        """INVARIANT: the registry's balance equals totalOwed + totalBurned + the sum of
+        escrowOf(job) over all jobs; each account's credit equals its Credited minus its Withdrawn
+        events and totalOwed is their sum; totalBurned is the sum of the JobFraudulent events'
+        burned stakes; the game contract holds nothing."""
         reg = self.registry.functions
         expected: dict[str, int] = {}
         for e in self.events(self.registry, "Credited"):
@@ -348,8 +349,10 @@ class Deployment:
         total_owed = self.call(reg.totalOwed())
         assert total_owed == sum(expected.values())
         escrow = sum(self.call(reg.escrowOf(j)) for j in range(1, self.call(reg.jobCount()) + 1))
+        burned = self.call(reg.totalBurned())
+        assert burned == sum(e.burned for e in self.events(self.registry, "JobFraudulent"))
         balance = self.w3.eth.get_balance(self.registry.address)
-        assert balance == total_owed + escrow, (balance, total_owed, escrow)
+        assert balance == total_owed + burned + escrow, (balance, total_owed, burned, escrow)
         assert self.w3.eth.get_balance(self.game.address) == 0
 
 
@@ -378,15 +381,26 @@ def new_w3() -> Web3:
     return w3
 
 
+#: The registry's floors in the tests (JobRegistry constructor order): challenge window, clock and
+#: posting period (seconds), challenger bond (wei), bounty (basis points of a convicted stake).
+MIN_WINDOW, MIN_CLOCK, MIN_POSTING, MIN_BOND, BOUNTY_BPS = 150, 100, 200, 1_000, 5_000
+FLOORS = (MIN_WINDOW, MIN_CLOCK, MIN_POSTING, MIN_BOND, BOUNTY_BPS)
+
+
+def bounty(stake: int) -> int:
+    """What a convicted stake pays the winner (the registry's rounding); the rest is burned."""
+    return stake * BOUNTY_BPS // 10_000
+
+
 def deploy(w3: Web3 | None = None, adjudicator: str = "ToyAdjudicator") -> Deployment:
-    """Deploys JobRegistry, the adjudicator (ToyAdjudicator; ``"Adjudicator"``: the real one, kept
-    in ``dep.toy`` all the same) and DisputeGame and binds the game."""
+    """Deploys JobRegistry (with :data:`FLOORS`), the adjudicator (ToyAdjudicator; ``"Adjudicator"``:
+    the real one, kept in ``dep.toy`` all the same) and DisputeGame and binds the game."""
     w3 = w3 or new_w3()
     acc = w3.eth.accounts
     w3.provider.ethereum_tester.time_travel(int(w3.eth.get_block("pending")["timestamp"]) + TIME_OFFSET)
     dep = Deployment(w3, None, None, None, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5])
     dep.known.update(acc[:8])
-    dep.registry = dep.deploy("JobRegistry")
+    dep.registry = dep.deploy("JobRegistry", *FLOORS)
     dep.toy = dep.deploy(adjudicator)
     dep.game = dep.deploy("DisputeGame", dep.registry.address, dep.toy.address)
     dep.tx(dep.registry.functions.setDisputeGame(dep.game.address), dep.deployer)

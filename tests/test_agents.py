@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
+from dataclasses import replace
 
 import pytest
 
@@ -112,3 +114,77 @@ def test_job_event_searches_start_at_the_job_on_each_chain_of_their_own() -> Non
     (addr_a, job_a, first_a, head_a), (addr_b, job_b, first_b, head_b) = blocks
     assert addr_a == addr_b and job_a == job_b == 1
     assert first_a == head_a and first_b == head_b and first_b == first_a - 5
+
+
+# -- refusing jobs: terms shorter than the agent can answer within, un-rulable specs ---------------
+
+
+def _open_job(world, terms: Terms, spec=None):
+    """A job created (not accepted) with ``terms``, and a trainer agent with the default policy."""
+    proto, store, a = world
+    ctx = JobContext.of(spec or default_spec("mlp"))
+    job = create_job(proto, a[1], a[2], ctx, terms)
+    return ctx, job, TrainerAgent(proto, a[2], ctx, store, job)
+
+
+@pytest.mark.parametrize(
+    "terms,reason",
+    [
+        (replace(TERMS, clock=120), r"clock 120 s is shorter than this trainer needs: 2 x \d+ moves x 15 s"),
+        (replace(TERMS, posting_period=1_000), r"posting period 1000 s is shorter than this trainer needs"),
+        (replace(TERMS, trainer_stake=11 * TERMS.payment), r"stake \d+ wei is more than 10 x the payment"),
+    ],
+    ids=["short-clock", "short-posting-period", "stake-ratio"],
+)
+def test_trainer_refuses_terms_it_cannot_safely_answer_within(world, terms, reason) -> None:
+    """The registry accepts these terms (above the deployment's floors); the trainer, which needs
+    15 s a move and 600 s an interval with a margin of 2, declines before staking anything."""
+    from protocol.policy import JobRefused
+
+    ctx, job, trainer = _open_job(world, terms)
+    assert trainer.refusals() and re.search(reason, "; ".join(trainer.refusals()))
+    with pytest.raises(JobRefused, match=reason):
+        trainer.accept(terms)
+    assert trainer.status() == "open"  # nothing was sent
+    # With what it needs configured lower (a fast machine on a fast chain), it accepts.
+    from protocol.policy import TermsPolicy
+
+    fast = TrainerAgent(trainer.proto, trainer.account, ctx, trainer.store, job,
+                        policy=TermsPolicy("trainer", move_seconds=1, interval_seconds=60, max_stake_ratio=20))
+    fast.accept(terms)
+    assert fast.status() == "active"
+
+
+def test_trainer_refuses_a_job_the_chain_cannot_rule_on(world) -> None:
+    """Batch 70,000 on the MLP: 70,000-term weight-gradient reductions (the graph is built, nothing
+    is trained). An honest trainer would lose any game that reaches them, so it does not stake."""
+    from protocol.policy import JobRefused
+
+    spec = replace(default_spec("mlp"), batch_size=70_000)
+    _, job, trainer = _open_job(world, TERMS, spec)
+    with pytest.raises(JobRefused, match=r"the chain cannot rule on this job: op \d+ \((MATMUL|SUM|MEAN)\): a "
+                       r"reduction of [\d,]+ terms, more than the chunk level's limit of 65,536"):
+        trainer.accept(TERMS)
+    assert trainer.status() == "open"
+
+
+def test_the_auditor_policy_refuses_a_window_too_short_to_replay_in(world) -> None:
+    from protocol.agents_cli import job_refusals
+    from protocol.policy import TermsPolicy
+
+    proto, _, _ = world
+    ctx, job, _ = _open_job(world, replace(TERMS, challenge_window=900))
+    policy = TermsPolicy("auditor")  # 600 s to replay an interval, margin 2
+    (why,) = job_refusals(proto, job, ctx, policy)
+    assert why.startswith("challenge window 900 s is shorter than this auditor needs") and "1200 s" in why
+    assert job_refusals(proto, job, ctx, replace(policy, replay_seconds=400)) == []
+
+
+def test_game_moves_bound_grows_with_the_trees_of_the_job() -> None:
+    from protocol.policy import FIXED_MOVES, game_moves
+
+    ctx = JobContext.of(default_spec("mlp"))
+    g = ctx.job.graph
+    base = game_moves(g, 4)
+    assert base > FIXED_MOVES + 2 + (g.n_ops - 1).bit_length() - 1
+    assert game_moves(g, 8) == base + 1 and game_moves(g, 1) == base - 2

@@ -51,10 +51,11 @@ def cheater() -> H.Run:
 
 
 def fraud_settled(dep: H.Deployment, job: int, challenger: str) -> None:
-    """Challenger won the first game: the stake went to it, the payment back to the client, the
-    trainer gets nothing; what the job still holds is the bonds of its other open games."""
+    """Challenger won the first game: its bond back and the bounty (half the stake; the rest burned),
+    the payment back to the client, the trainer gets nothing; what the job still holds is the
+    bonds of its other open games."""
     assert dep.job_status(job) == JobStatus.FRAUDULENT
-    assert dep.owed(challenger) == CFG.challenger_bond + CFG.trainer_stake
+    assert dep.owed(challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
     assert dep.owed(dep.client) == CFG.payment
     assert dep.owed(dep.trainer) == 0
     escrow = dep.call(dep.registry.functions.escrowOf(job))
@@ -106,7 +107,7 @@ def test_trainer_replaying_an_old_interval_root_loses_the_game(dep, honest):
 # ================================================================== posting deadline (gap a)
 
 
-def test_trainer_that_never_posts_loses_its_stake_to_the_client(dep, honest):
+def test_trainer_that_never_posts_loses_its_stake(dep, honest):
     with trial("trainer-never-posts"):
         job = H.active_job(dep, honest, post=False)
         reg = dep.registry.functions
@@ -120,9 +121,11 @@ def test_trainer_that_never_posts_loses_its_stake_to_the_client(dep, honest):
             dep.dry(reg.reclaimJob(job), dep.anyone)
         dep.tx(reg.reclaimJob(job), dep.client)
         (ev,) = dep.events(dep.registry, "JobReclaimed")
-        assert (ev.job, ev.overdue, ev.refund) == (job, 0, CFG.payment + CFG.trainer_stake)
+        refund = CFG.payment + H.bounty(CFG.trainer_stake)  # the client may be the trainer's sybil
+        assert (ev.job, ev.overdue, ev.refund) == (job, 0, refund)
         assert dep.job_status(job) == JobStatus.FRAUDULENT
-        assert dep.owed(dep.client) == CFG.payment + CFG.trainer_stake and dep.owed(dep.trainer) == 0
+        assert dep.owed(dep.client) == refund and dep.owed(dep.trainer) == 0
+        assert dep.call(reg.totalBurned()) == CFG.trainer_stake - H.bounty(CFG.trainer_stake)
         with reverts("WrongJobStatus"):
             dep.dry(reg.postInterval(job, 0, honest.interval_roots[0]), dep.trainer)
         with reverts("WrongJobStatus"):
@@ -132,19 +135,25 @@ def test_trainer_that_never_posts_loses_its_stake_to_the_client(dep, honest):
         dep.check_solvency()
 
 
-def test_trainer_that_stops_posting_mid_job_is_reclaimed_and_open_games_refunded(dep, honest):
+def test_trainer_that_stops_posting_mid_game_is_convicted_by_the_game_not_the_client(dep):
+    """A cheating trainer stops posting while an honest challenger's game runs: the client cannot
+    reclaim (GamesOpen: the stake would go to the client, perhaps the trainer's sybil); the game
+    ends on the trainer's clock and its challenger takes the bounty."""
     with trial("trainer-stops-posting"):
-        job = H.active_job(dep, honest, post=False)
+        cheater = H.simulate(CFG, Cheat("element", step=2, op="update0", index=5))  # interval 0 wrong
+        job = H.active_job(dep, cheater, post=False)
         reg = dep.registry.functions
-        H.post_intervals(dep, job, honest, upto=1)
-        gid = H.challenge(dep, job, 0)  # a game in progress when the job is reclaimed
+        H.post_intervals(dep, job, cheater, upto=1)
+        gid = H.challenge(dep, job, 0)  # the honest challenge in progress when the job is overdue
         deadline = dep.call(reg.postingDeadline(job, 1))
         assert deadline == dep.job(job)["acceptedAt"] + 2 * CFG.posting_period
         dep.at(deadline + 1)
-        dep.tx(reg.reclaimJob(job), dep.client)
-        assert dep.owed(dep.client) == CFG.payment + CFG.trainer_stake
-        dep.tx(dep.game.functions.closeGame(gid), dep.anyone)
-        assert dep.owed(dep.challenger) == CFG.challenger_bond  # its bond back, nothing lost
+        with reverts("GamesOpen", job, 1):
+            dep.dry(reg.reclaimJob(job), dep.client)
+        dep.tx(dep.game.functions.claimTimeout(gid), dep.challenger)  # the trainer never answered
+        fraud_settled(dep, job, dep.challenger)
+        with reverts("WrongJobStatus"):
+            dep.dry(reg.reclaimJob(job), dep.client)
         assert dep.call(reg.escrowOf(job)) == 0
         dep.check_solvency()
 
@@ -165,6 +174,122 @@ def test_honest_trainer_on_time_cannot_be_reclaimed(dep, honest):
         dep.tx(reg.finalize(job), dep.anyone)
         assert dep.owed(dep.trainer) == CFG.payment + CFG.trainer_stake
         dep.check_solvency()
+
+
+# ================================================================== terms and economics (issue 12)
+
+
+def test_trainer_challenging_itself_through_a_sybil_recovers_only_the_bounty(dep, honest, cheater):
+    """The cheating trainer's own second account challenges the bad interval first and wins (the
+    trainer plays along): before, it recovered the whole stake. Now the pair gets the bond and the
+    bounty back and loses stake - bounty (burned); the honest auditor's parallel game closes with
+    its bond back; the client is refunded."""
+    with trial("trainer-self-challenge-via-sybil"):
+        sybil, auditor = dep.challenger2, dep.challenger
+        job = H.active_job(dep, cheater)
+        mine = H.challenge(dep, job, 1, challenger=sybil)
+        theirs = H.challenge(dep, job, 1, challenger=auditor)
+        res = H.play(dep, mine, H.Trainer(dep, cheater), H.HonestChallenger(dep, honest, addr=sybil))
+        assert res.status == GameStatus.CHALLENGER_WON
+        dep.tx(dep.game.functions.closeGame(theirs), dep.anyone)
+        bounty = H.bounty(CFG.trainer_stake)
+        put_in = CFG.trainer_stake + CFG.challenger_bond  # by the trainer and its sybil
+        got_back = dep.owed(dep.trainer) + dep.owed(sybil)
+        assert got_back == CFG.challenger_bond + bounty
+        assert put_in - got_back == CFG.trainer_stake - bounty == dep.call(dep.registry.functions.totalBurned())
+        assert dep.owed(auditor) == CFG.challenger_bond  # the honest auditor loses nothing
+        assert dep.owed(dep.client) == CFG.payment
+        dep.check_solvency()
+
+
+class LateTrainer(H.Trainer):
+    """An honest trainer whose every move lands ``late`` seconds after its turn began (a slow
+    machine, a congested chain)."""
+
+    late = 5
+
+    def move(self, gid: int, v: dict[str, Any]) -> bool:
+        self.dep.at(max(self.dep.now(), v["deadline"] - v["trainerTime"] + self.late))
+        return super().move(gid, v)
+
+
+def test_client_colluding_with_a_challenger_cannot_set_a_one_second_clock(dep, honest):
+    """A client colluding with a false challenger used to pick a 1 s clock: the honest trainer's
+    first reply, one block late, lost on timeout. The registry now refuses such a job; at the
+    floor (100 s here, 1 h in production) a trainer whose every move lands 5 s late wins."""
+    with trial("client-colluding-challenger-1s-clock"):
+        with reverts("TermBelowFloor", "clock", 1, H.MIN_CLOCK):
+            dep.dry(dep.registry.functions.createJob(H.simulate(replace(CFG, clock=1)).job_params(dep.trainer)),
+                    dep.client)
+        short = H.simulate(replace(CFG, clock=H.MIN_CLOCK))
+        job = H.active_job(dep, short)
+        gid = H.challenge(dep, job, 0)
+        colluder = H.FalseChallenger(dep, position=-1, op=short.graph.index["update0"], element=100)
+        res = H.play(dep, gid, LateTrainer(dep, short), colluder)
+        assert (res.status, res.ruling) == (GameStatus.TRAINER_WON, Ruling.ADJUDICATED), res
+        trainer_moves = ("reveal", "openStep", "commitTrace", "openOp", "openChunk")
+        moves = sum(1 for name, _ in dep.gas_log if name in trainer_moves)
+        assert moves >= 5 and dep.view(gid)["trainerTime"] <= H.MIN_CLOCK - LateTrainer.late * moves
+        assert dep.owed(dep.trainer) == CFG.challenger_bond and dep.owed(dep.challenger) == 0
+
+
+def test_copycat_challenger_that_wins_first_takes_the_bounty_and_the_original_loses_nothing(dep, honest, cheater):
+    """A copycat mirrors an honest auditor in a parallel game; the trainer answers the copycat's
+    game and stalls the auditor's, so the copycat convicts first. It gets bond + bounty; the
+    auditor's game closes with its bond back; the trainer loses stake - bounty either way (a
+    known limit: the bounty goes to the first conviction, see docs/security.md)."""
+    with trial("copycat-challenger-wins-first"):
+        job = H.active_job(dep, cheater)
+        original = H.challenge(dep, job, 1, challenger=dep.challenger)
+        copycat = H.challenge(dep, job, 1, challenger=dep.challenger2)
+        res = H.play(dep, copycat, H.Trainer(dep, cheater), H.HonestChallenger(dep, honest, addr=dep.challenger2))
+        assert res.status == GameStatus.CHALLENGER_WON
+        assert dep.view(original)["status"] == GameStatus.IN_PROGRESS
+        dep.tx(dep.game.functions.closeGame(original), dep.challenger)
+        assert dep.owed(dep.challenger2) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
+        assert dep.owed(dep.challenger) == CFG.challenger_bond
+        assert dep.owed(dep.trainer) == 0
+        dep.check_solvency()
+
+
+TERM_FLOORS = [("challengeWindow", H.MIN_WINDOW), ("clock", H.MIN_CLOCK), ("postingPeriod", H.MIN_POSTING),
+               ("challengerBond", H.MIN_BOND)]
+
+
+@pytest.mark.parametrize("term,floor", TERM_FLOORS, ids=[t for t, _ in TERM_FLOORS])
+def test_terms_below_the_deployments_floors_are_rejected(dep, honest, term, floor):
+    """1-second windows, clocks and posting periods and near-free challenges cannot be created."""
+    field = {"challengeWindow": "challenge_window", "clock": "clock", "postingPeriod": "posting_period",
+             "challengerBond": "challenger_bond"}[term]
+    with trial(f"term-below-floor-{term}"):
+        low = H.simulate(replace(CFG, **{field: 1}))
+        with reverts("TermBelowFloor", term, 1, floor):
+            dep.dry(dep.registry.functions.createJob(low.job_params(dep.trainer)), dep.client)
+        assert dep.call(dep.registry.functions.jobCount()) == 0
+
+
+def test_agents_refuse_short_terms_and_a_job_the_chain_cannot_rule_on():
+    """The real trainer agent declines (nothing staked) terms above the floors but shorter than it
+    can answer within, and a batch-70,000 MLP whose reductions the chain cannot rule on."""
+    from protocol.demo import create_job, default_spec
+    from protocol.jobs import JobContext, Terms
+    from protocol.policy import JobRefused
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+
+    with trial("agents-refuse-short-terms-and-unrulable-specs"), tempfile.TemporaryDirectory() as d:
+        proto, a = _agent_world()
+        store = ArtifactStore(d)
+        for spec, terms, why in [
+            (default_spec("mlp"), Terms(clock=120), "clock 120 s is shorter"),
+            (replace(default_spec("mlp"), batch_size=70_000), Terms(), "the chain cannot rule on this job"),
+        ]:
+            ctx = JobContext.of(spec)
+            job = create_job(proto, a[1], a[2], ctx, terms)
+            trainer = TrainerAgent(proto, a[2], ctx, store, job)
+            with pytest.raises(JobRefused, match=why):
+                trainer.accept(terms)
+            assert trainer.status() == "open"
 
 
 # ================================================================== a side that stops answering
@@ -449,7 +574,7 @@ def test_reentrancy_on_fraud_reward_client_refund_and_bond_refund(dep, honest):
         res = H.play(dep, gid, H.Trainer(dep, run), ContractChallenger(dep, honest, ch))
         assert res.status == GameStatus.CHALLENGER_WON
         dep.tx(g.closeGame(other), dep.anyone)
-        assert dep.owed(ch.address) == CFG.challenger_bond + CFG.trainer_stake
+        assert dep.owed(ch.address) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
         withdraw_reentering(dep, ch, g.challenge(job, 1), "WrongJobStatus")
         withdraw_reentering(dep, client, reg.withdraw(), "NothingOwed")
         withdraw_reentering(dep, ch2, g.closeGame(other), "GameOver")
@@ -466,7 +591,7 @@ def test_reentrancy_on_reclaim_refund(dep, honest):
         dep.at(dep.call(reg.postingDeadline(job, 0)) + 1)
         via(dep, client, reg.reclaimJob(job))
         withdraw_reentering(dep, client, reg.reclaimJob(job), "WrongJobStatus")
-        assert dep.call(client.functions.received()) == CFG.payment + CFG.trainer_stake
+        assert dep.call(client.functions.received()) == CFG.payment + H.bounty(CFG.trainer_stake)
 
 
 # ================================================================== forged openings in the game
@@ -808,8 +933,10 @@ def test_every_cheat_loses_its_stake_to_the_honest_auditor(demo_world, cheat):
     with trial(f"cheat-{cheat}"):
         r = run_scenario(proto, default_spec(model), Terms(), store, accounts, cheat, cheat, False, lambda _: None)
         assert (r.verdict, r.final_status) == ("challenger won", "fraudulent")
-        assert r.bonds == "trainer -2.00, auditor +2.00"  # the stake to the auditor, the client refunded
-        assert proto.chain.w3.eth.get_balance(proto.registry.address) == 0
+        # the bounty (half the stake) to the auditor, the rest burned, the client refunded
+        assert r.bonds == "trainer -2.00, auditor +1.00"
+        burned = proto.chain.call(proto.registry.functions.totalBurned())
+        assert burned > 0 and proto.chain.w3.eth.get_balance(proto.registry.address) == burned  # all else paid out
 
 
 # ================================================================== the report script

@@ -1,31 +1,33 @@
 """Stateful fuzzing of JobRegistry + DisputeGame (+ the toy adjudicator) on eth-tester.
 
 A hypothesis ``RuleBasedStateMachine`` drives random sequences of: job creation (random payment,
-stake, bond, window, clock, posting period (200 s up) and interval count; sometimes an invalid
-parameter), cancel, accept (right and wrong stake), interval posts (the trainer's roots, honest
-roots, garbage, zero, out of order, wrong sender), reclaimJob (by the client, the trainer or a
-third party; sometimes one second before, at or after the next posting deadline), challenges
-(honest and false challengers, several per job and per interval, right and wrong bond), game
-moves by honest and cheating actors of tests/game_harness.py (whole games played out; moves out
-of turn, by third parties and with wrong data, which must revert and leave the game unchanged),
-time jumps (to clock deadlines, window ends and game bounds, one second either side),
-claimTimeout, closeGame, finalize and withdrawals (twice).
+stake, bond, window, clock, posting period and interval count, sometimes one below the registry's
+floor or at it; sometimes an invalid parameter), cancel, accept (right and wrong stake), interval
+posts (the trainer's roots, honest roots, garbage, zero, out of order, wrong sender), reclaimJob
+(by the client, the trainer or a third party; sometimes one second before, at or after the next
+posting deadline), challenges (honest and false challengers, several per job and per interval,
+right and wrong bond), game moves by honest and cheating actors of tests/game_harness.py (whole
+games played out; moves out of turn, by third parties and with wrong data, which must revert and
+leave the game unchanged), time jumps (to clock deadlines, window ends and game bounds, one
+second either side), claimTimeout, closeGame, finalize and withdrawals (twice).
 
 tests/fuzz_model.py keeps a model of every job, game clock and account; every call's success or
 revert (and its custom error) is predicted. Checked after every rule:
 
-- solvency: the registry's balance is exactly what is owed plus every job's escrow (payment,
-  stake, locked bonds); the game contract holds nothing; totalOwed, each touched account's credit
-  and each touched job's record and escrowOf match the model;
+- solvency: the registry's balance is exactly what is owed plus what was burned plus every job's
+  escrow (payment, stake, locked bonds); the game contract holds nothing; totalOwed, totalBurned,
+  each touched account's credit and each touched job's record and escrowOf match the model; a
+  winning challenger (whoever it is: perhaps the trainer's sybil) was credited exactly its bond +
+  the bounty, never the stake;
 - paid_once: for every account, ETH received by withdraw + still owed == credited; received +
-  owed + escrow == deposited (so withdrawing twice pays once, and nothing is paid twice);
+  owed + burned + escrow == deposited (so withdrawing twice pays once, and nothing is paid twice);
 - honest_never_loses: a job whose trainer posted only honest roots, each by its posting deadline,
   never turns fraudulent; one that posted only honest roots but late can only be reclaimed (no
   game takes its stake), and only once its next interval is overdue on chain; an on-time trainer
   (``on_time`` jobs: it posts before time passes its deadline) is never late; a game of an
   honest challenger (the first wrong interval, honest strategy) never ends with the trainer
-  winning, and every finished one credited it at least its bond (``Credited`` events: a closed
-  game on a reclaimed job refunds it);
+  winning, and every finished one credited it at least its bond (``Credited`` events: a game
+  closed because another convicted the job refunds it; reclaimJob waits for open games);
 - games_end: a live game's mover has a deadline within t0 + 2 * clock and, past it, claimTimeout
   (or closeGame on a fraudulent job) succeeds; no live game sits on a finalized or cancelled job;
 - finished_games_frozen: once over, a game rejects every move, timeout and close with GameOver;
@@ -36,8 +38,9 @@ Honest actors are diligent: before time passes, an honest side to move moves whi
 interval (honest root) ``RESERVE`` seconds before its posting deadline; dishonest actors move, and
 other trainers post, only when a rule says. A trainer that lets a posting deadline pass is marked
 late (``JobModel.late``) and is no longer honest as a trainer (it still defends its games).
-Each sequence ends by draining: overdue jobs reclaimed, every game ended, every job settled,
-every account withdrawn, and the registry left holding exactly the escrow of unfinished jobs.
+Each sequence ends by draining: every game ended, overdue jobs reclaimed, every job settled,
+every account withdrawn, and the registry left holding exactly the escrow of unfinished jobs plus
+the burned stakes.
 
 ``SABOTAGE`` (tests/fuzz_model.py) breaks one expectation on purpose: the tests below show each
 invariant fails when it should. Counts (sequences, steps, checks, violations) go to
@@ -66,7 +69,7 @@ import game_harness as H
 import pytest
 import security_report
 from eth_utils import keccak
-from fuzz_model import GameModel, JobModel, Model, Violation
+from fuzz_model import FLOORS, GameModel, JobModel, Model, Violation
 from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Reverted, Ruling
 from hypothesis import HealthCheck, settings
 from hypothesis import Phase as HPhase
@@ -90,6 +93,8 @@ CHEAT_KINDS = ("element", "record_length", "input_bind", "output_bind", "const_b
 BAD_FIELDS = {
     "nSteps": 9, "intervalLength": 10, "challengerBond": 12, "challengeWindow": 13, "clock": 14, "postingPeriod": 15
 }
+#: Index in Run.job_params of each term with a floor.
+TERM_FIELDS = {"challengerBond": 12, "challengeWindow": 13, "clock": 14, "postingPeriod": 15}
 #: Honest sides move while at least this many seconds are left (each move costs 1-2 s; a game
 #: has at most ~16 moves per side), and clocks are at least MIN_CLOCK.
 RESERVE = 60
@@ -146,14 +151,16 @@ job_specs = st.fixed_dictionaries(
         "cheat": st.one_of(st.none(), st.sampled_from(CHEAT_KINDS)),
         "payment": amounts,
         "stake": amounts,
-        "bond": st.one_of(st.sampled_from([10**18, 10**17, 1]), st.integers(1, 5 * 10**18)),  # 0: a bad field
-        "window": st.sampled_from([3000, 600, 150, 601, 1000, 1001, 300, 2000, 4000, 5000, 6000, 7000, 1, 2]),
-        "clock": st.integers(MIN_CLOCK, 1000),
+        # Terms at and one below the registry's floors (FLOORS) too; 0: a bad field (BAD_FIELDS).
+        "bond": st.one_of(st.sampled_from([10**18, 10**17, H.MIN_BOND, H.MIN_BOND - 1, 1]),
+                          st.integers(H.MIN_BOND, 5 * 10**18)),
+        "window": st.sampled_from([3000, 600, 150, 601, 1000, 1001, 300, 2000, 4000, 5000, 6000, 7000, 149, 1, 2]),
+        "clock": st.one_of(st.integers(MIN_CLOCK, 1000), st.sampled_from([MIN_CLOCK - 1, 1])),
         "client": st.integers(0, 1),
         "trainer": st.integers(0, 1),
         "one_step": st.booleans(),  # a cheating trainer asks for the ruling it will lose
         # Short periods too, so that trainers fall behind (and are reclaimed) within a sequence.
-        "posting": st.one_of(st.sampled_from([600, 10_000, 200, 201, 1000, 3000]), st.integers(200, 20_000)),
+        "posting": st.one_of(st.sampled_from([600, 10_000, 200, 201, 1000, 3000, 199, 1]), st.integers(200, 20_000)),
         "on_time": st.booleans(),  # an honest-run trainer posts each interval by its deadline
         "posts": st.sampled_from([3, 1, 3, 0, 2]),  # intervals the initial jobs post at once (at most all)
     }
@@ -453,9 +460,10 @@ class ContractMachine(RuleBasedStateMachine):
         params = list(run.job_params(trainer))
         if bad is not None:
             params[BAD_FIELDS[bad]] = 0
+        terms = {name: params[TERM_FIELDS[name]] for name in FLOORS}
         r, _ = self._send(
             self.dep.registry.functions.createJob(tuple(params)), client,
-            lambda t: {"InvalidJobParam"} if bad else set(), f"createJob({bad or 'valid'})", value=cfg.payment,
+            lambda t: self.model.expect_create(terms, bad), f"createJob({bad or 'valid'})", value=cfg.payment,
         )
         if r is None:
             return None
@@ -503,6 +511,8 @@ class ContractMachine(RuleBasedStateMachine):
         """Jobs created, accepted and posted (mostly all intervals) with the trainer's own roots;
         games on the first."""
         for spec in specs:
+            spec = {**spec, "window": max(spec["window"], H.MIN_WINDOW), "clock": max(spec["clock"], MIN_CLOCK),
+                    "posting": max(spec["posting"], H.MIN_POSTING), "bond": max(spec["bond"], H.MIN_BOND)}
             j = self._create(spec)
             assert j is not None
             self._accept(j, j.trainer, j.stake)
@@ -749,7 +759,7 @@ class ContractMachine(RuleBasedStateMachine):
         if r is None:
             return
         (ev,) = self.dep.registry.events.JobReclaimed().process_receipt(r, errors=DISCARD)
-        want = (j.job, nxt, j.payment + j.stake)  # the terms, not the model's (sabotaged) credit
+        want = (j.job, nxt, j.payment + j.bounty())  # the terms, not the model's (sabotaged) credit
         if (got := (int(ev.args.job), int(ev.args.overdue), int(ev.args.refund))) != want:
             raise self._violation("expectation", f"JobReclaimed{got}; expected {want}")
         if (d := self.dep.call(self.dep.registry.functions.postingDeadline(j.job, nxt))) >= t:
@@ -817,13 +827,20 @@ class ContractMachine(RuleBasedStateMachine):
         are the model's (the accounts and jobs touched since the last check, or all)."""
         self.stats.checks += 1
         d, m = self.dep, self.model
-        owed, escrow = m.ledger.total_owed, m.escrow_total()
+        owed, escrow, burned = m.ledger.total_owed, m.escrow_total(), m.ledger.burned
         balance = d.w3.eth.get_balance(d.registry.address)
-        if balance != owed + escrow:
+        if balance != owed + burned + escrow:
             raise self._violation(
-                "solvency", f"registry holds {balance} wei; the model says owed {owed} + escrow {escrow} = "
-                f"{owed + escrow} (difference {balance - owed - escrow})"
+                "solvency", f"registry holds {balance} wei; the model says owed {owed} + burned {burned} + escrow "
+                f"{escrow} = {owed + burned + escrow} (difference {balance - owed - burned - escrow})"
             )
+        if (chain_burned := d.call(d.registry.functions.totalBurned())) != burned:
+            raise self._violation("solvency", f"totalBurned is {chain_burned}; the model's convictions burned {burned}")
+        for g in m.games.values():
+            j = m.jobs[g.job]
+            if g.status == GameStatus.CHALLENGER_WON and g.returned != j.bond + j.bounty():
+                raise self._violation("solvency", f"the winner of game {g.game} was credited {g.returned} wei, not "
+                                      f"its bond + the bounty ({j.bond} + {j.bounty()}): a sybil gets only the bounty")
         if (held := d.w3.eth.get_balance(d.game.address)) != 0:
             raise self._violation("solvency", f"the game contract holds {held} wei")
         if (total := d.call(d.registry.functions.totalOwed())) != owed:
@@ -858,10 +875,10 @@ class ContractMachine(RuleBasedStateMachine):
                     "paid_once", f"{self.names[account]} received {got} + is owed {owed} = {got + owed} wei but was "
                     f"credited {credited}"
                 )
-        if L.total_withdrawn + L.total_owed + escrow != L.deposited:
+        if L.total_withdrawn + L.total_owed + L.burned + escrow != L.deposited:
             raise self._violation(
-                "paid_once", f"withdrawn {L.total_withdrawn} + owed {L.total_owed} + escrow {escrow} != deposited "
-                f"{L.deposited}"
+                "paid_once", f"withdrawn {L.total_withdrawn} + owed {L.total_owed} + burned {L.burned} + escrow "
+                f"{escrow} != deposited {L.deposited}"
             )
 
     def check_honest_never_loses(self) -> None:
@@ -939,11 +956,6 @@ class ContractMachine(RuleBasedStateMachine):
         """Ends every game, settles every job that can be, withdraws everything; then the
         registry holds exactly the escrow of the jobs left Open-less and unfinished."""
         d, m = self.dep, self.model
-        now = self._diligence()
-        for j in list(m.jobs.values()):
-            if j.overdue(now):
-                self._reclaim(j, j.client)
-        self.check_solvency(full=False)  # the reclaims' credits, before anything is withdrawn
         for _ in range(4 * len(m.games) + 10):
             live = m.live_games()
             if not live:
@@ -957,6 +969,11 @@ class ContractMachine(RuleBasedStateMachine):
                 self._claim_timeout(g, self.anyone)
         else:
             raise self._violation("games_end", f"games {[g.game for g in m.live_games()]} still live after draining")
+        now = self._diligence()  # reclaimJob waits for open games: reclaim once they are over
+        for j in list(m.jobs.values()):
+            if j.overdue(now):
+                self._reclaim(j, j.client)
+        self.check_solvency(full=False)  # the reclaims' credits, before anything is withdrawn
         for j in m.jobs.values():
             if j.status == JobStatus.OPEN:
                 self._send(
@@ -980,7 +997,7 @@ class ContractMachine(RuleBasedStateMachine):
         self.check_paid_once()
         self.check_honest_never_loses()
         self.check_finished_games_frozen()
-        left = sum(j.escrow() for j in m.jobs.values())
+        left = sum(j.escrow() for j in m.jobs.values()) + m.ledger.burned
         if m.ledger.total_owed or d.w3.eth.get_balance(d.registry.address) != left:
             raise self._violation("solvency", f"after draining the registry holds "
                                   f"{d.w3.eth.get_balance(d.registry.address)} wei, expected {left}")
@@ -1058,6 +1075,9 @@ SABOTAGE_BUDGET = settings(FAST, max_examples=10, stateful_step_count=20, phases
         ("bound", "games_end"),
         ("frozen", "finished_games_frozen"),
         ("reclaim", "solvency"),
+        ("bounty", "solvency"),
+        ("burn", "solvency"),
+        ("floor", "expectation"),
     ],
 )
 def test_fuzzer_finds_a_deliberately_wrong_expectation(sabotage, invariant):

@@ -45,7 +45,7 @@ def settle_ok(dep: H.Deployment, job: int, winner: Party, challenger: str | None
         assert dep.owed(challenger) == 0
     else:
         assert dep.job_status(job) == JobStatus.FRAUDULENT
-        assert dep.owed(challenger) == CFG.challenger_bond + CFG.trainer_stake
+        assert dep.owed(challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
         assert dep.owed(dep.client) == CFG.payment
         assert dep.owed(dep.trainer) == 0
     assert dep.job(job)["openGames"] == 0
@@ -263,7 +263,7 @@ def test_fraudulent_job_closes_other_games_with_refunds(dep, honest):
     assert dep.view(other)["status"] == GameStatus.CLOSED
     (ev,) = dep.events(dep.game, "GameClosed", game=other)
     assert dep.owed(dep.challenger2) == CFG.challenger_bond
-    assert dep.owed(dep.challenger) == CFG.challenger_bond + CFG.trainer_stake  # first win only
+    assert dep.owed(dep.challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)  # first win only
     assert dep.owed(dep.client) == CFG.payment
     assert dep.job(1)["openGames"] == 0 and dep.call(dep.registry.functions.escrowOf(1)) == 0
     with reverts("GameOver", other, GameStatus.CLOSED):

@@ -3,7 +3,7 @@
 The real agents and strategies of the demo (``protocol.demo.run_scenario``) play the GPT job of
 ``vtrain demo --model gpt``: an honest job finalizes; a trainer that tampers with one element of an
 attention MATMUL is caught, the game narrows to that very op and element, the Adjudicator rules
-and the trainer's stake moves to the auditor; a false challenger loses its bond.
+and the trainer loses its stake (half to the auditor, the rest burned); a false challenger loses its bond.
 
 Then, for every op kind in the GPT graph, whether the Adjudicator's rule (``vtrain.numerics.exact``, the
 contract's rule in Python) stands the honest value of real elements, EXP/LOG/TANH included
@@ -122,7 +122,7 @@ def test_attention_cheat_is_caught_at_the_tampered_op_and_element_and_loses_the_
     assert r.verdict == "challenger won", lines
     assert r.ruling == "adjudicated"
     assert r.final_status == "fraudulent"
-    assert r.bonds == "trainer -2.00, auditor +2.00"  # stake to the auditor; the client is refunded
+    assert r.bonds == "trainer -2.00, auditor +1.00"  # the bounty to the auditor, the rest burned
     game = _game_of(proto, r.job)
     assert (game["step"], game["op"], game["index"]) == (cheat.step, cheat.op, cheat.element), lines
     assert game["kind"] == OpKind.MATMUL
@@ -150,7 +150,7 @@ def test_softmax_exp_cheat_is_adjudicated_on_the_exp_element(demo_world, ctx) ->
     cheat = TamperAttention.of(SPEC, CHEAT_STEP, target="softmax")
     r, lines = _run(demo_world, "gpt cheat tamper-softmax", cheat="tamper-softmax")
     assert (r.verdict, r.ruling, r.final_status) == ("challenger won", "adjudicated", "fraudulent"), lines
-    assert r.bonds == "trainer -2.00, auditor +2.00"
+    assert r.bonds == "trainer -2.00, auditor +1.00"
     game = _game_of(proto, r.job)
     assert (game["step"], game["op"], game["index"], game["kind"]) == (cheat.step, cheat.op, cheat.element, OpKind.EXP)
     assert (game["winner"], game["ruling"]) == (WINNER_CHALLENGER, RULING_ADJUDICATED)
@@ -197,7 +197,7 @@ def test_every_other_cheat_on_the_gpt_job_loses_to_the_auditor(fresh_demo_world,
     r, lines = _run(fresh_demo_world, f"gpt cheat {cheat}", cheat=cheat)
     assert r.verdict == "challenger won", lines
     assert r.ruling in ("adjudicated", "timeout"), lines
-    assert r.bonds == "trainer -2.00, auditor +2.00"
+    assert r.bonds == "trainer -2.00, auditor +1.00"
 
 
 # -- honest trainer, false challenger ---------------------------------------------------------------
@@ -292,4 +292,4 @@ def test_attention_cheat_through_agent_processes_on_anvil(tmp_path) -> None:
         (opened,) = demo.proto.game.events.OpOpened.get_logs(from_block=0, argument_filters={"game": gid})
         (picked,) = demo.proto.game.events.ElementPicked.get_logs(from_block=0, argument_filters={"game": gid})
         assert (int(opened["args"]["op"]), int(picked["args"]["index"])) == (cheat.op, cheat.element)
-        assert "auditor +2.00" in res.bonds and "trainer -2.00" in res.bonds
+        assert "auditor +1.00" in res.bonds and "trainer -2.00" in res.bonds

@@ -53,14 +53,15 @@ def test_cheating_trainer_loses_to_auditor_process(demo: ProcessDemo) -> None:
     trainer, auditor = sc.current("trainer").result, sc.current("auditor").result
     assert trainer["ok"] and trainer["status"] == "fraudulent" and trainer["posted"] == 2
     terms = sc.terms
-    assert auditor["ok"] and auditor["withdrawn"] == terms.challenger_bond + terms.trainer_stake
+    # its bond back + the bounty (half the stake; the rest is burned)
+    assert auditor["ok"] and auditor["withdrawn"] == terms.challenger_bond + terms.trainer_stake // 2
     assert auditor["games"][str(gid)]["outcome"] == "challenger won"
     # the auditor only ever had the trainer's URL, never its folder
     store = str(demo.work / f"store-{sc.job}")
     assert any(store in a for a in sc.current("trainer").argv)
     assert not any(store in a for a in sc.current("auditor").argv)
     assert sc.advances == []  # nobody timed out: the node's clock was never moved
-    assert "auditor +2.00" in res.bonds and "trainer -2.00" in res.bonds
+    assert "auditor +1.00" in res.bonds and "trainer -2.00" in res.bonds
 
 
 @pytest.mark.node
@@ -116,7 +117,7 @@ def test_trainer_gone_for_good_loses_on_time(demo: ProcessDemo) -> None:
         sc.close()
     assert (res.verdict, res.ruling, res.final_status) == ("challenger won", "timeout", "fraudulent")
     assert [why for why, _ in sc.advances] == ["the trainer's chess clock runs out"]
-    assert sc.current("auditor").result["withdrawn"] == sc.terms.challenger_bond + sc.terms.trainer_stake
+    assert sc.current("auditor").result["withdrawn"] == sc.terms.challenger_bond + sc.terms.trainer_stake // 2
 
 
 @pytest.mark.node

@@ -3,6 +3,8 @@ game hooks. Every test ends with the solvency invariant (fixture `dep`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import game_harness as H
 import pytest
 from game_harness import JobStatus, reverts
@@ -60,8 +62,6 @@ def test_createJob_stores_params_and_escrows_payment(dep, run):
         ("nSteps", 0),
         ("intervalLength", 0),
         ("nSamples", 0),
-        ("challengeWindow", 0),
-        ("clock", 0),
         ("initialStateRoot", b"\x00" * 32),
         ("graphRoot", b"\x00" * 32),
     ],
@@ -73,6 +73,77 @@ def test_createJob_with_out_of_range_param_reverts(dep, run, field, value):
 
 def test_createJob_with_nSlots_1024_is_accepted(dep, run):
     dep.tx(dep.registry.functions.createJob(params_with(run, dep.trainer, nSlots=1024)), dep.client)
+
+
+# ------------------------------------------------------------------ floors on the terms
+
+#: (JobParams field, the harness deployment's floor).
+FLOOR_TERMS = [
+    ("challengeWindow", H.MIN_WINDOW),
+    ("clock", H.MIN_CLOCK),
+    ("postingPeriod", H.MIN_POSTING),
+    ("challengerBond", H.MIN_BOND),
+]
+
+
+def test_registry_reports_its_deployment_parameters(dep):
+    reg = dep.registry.functions
+    got = (reg.minChallengeWindow(), reg.minClock(), reg.minPostingPeriod(), reg.minChallengerBond(), reg.bountyBps())
+    assert tuple(dep.call(f) for f in got) == H.FLOORS
+    assert dep.call(reg.totalBurned()) == 0
+
+
+@pytest.mark.parametrize("term,floor", FLOOR_TERMS, ids=[t for t, _ in FLOOR_TERMS])
+def test_createJob_with_a_term_below_its_floor_reverts_naming_it(dep, run, term, floor):
+    """One below the floor (and zero) revert with the term, its value and the floor; the floor
+    itself is accepted. Every deployment has floors >= 1: no zero-second terms, no free challenge."""
+    for value in (floor - 1, 0):
+        with reverts("TermBelowFloor", term, value, floor):
+            dep.dry(dep.registry.functions.createJob(params_with(run, dep.trainer, **{term: value})), dep.client)
+    dep.tx(dep.registry.functions.createJob(params_with(run, dep.trainer, **{term: floor})), dep.client)
+    assert dep.job(1)["params"][term] == floor
+
+
+def test_a_one_second_clock_is_impossible_so_a_late_honest_reply_still_counts(dep, run):
+    """The attack the clock floor stops: a client colluding with a challenger sets a 1 s clock and
+    wins on timeout against an honest trainer whose reply lands one block later. Now the job cannot
+    be created; at the floor, a reply many blocks late still lands in time."""
+    with reverts("TermBelowFloor", "clock", 1, H.MIN_CLOCK):
+        dep.dry(dep.registry.functions.createJob(params_with(run, dep.trainer, clock=1)), dep.client)
+    short = H.simulate(replace(CFG, clock=H.MIN_CLOCK))
+    job = H.active_job(dep, short)
+    gid = H.challenge(dep, job, 0)
+    dep.advance(H.MIN_CLOCK - 10)  # ten blocks before the trainer's clock runs out
+    with reverts("ClockNotExpired"):
+        dep.dry(dep.game.functions.claimTimeout(gid), dep.challenger)
+    assert H.Trainer(dep, short).move(gid, dep.view(gid))
+
+
+@pytest.mark.parametrize(
+    "args,param",
+    [
+        ((0, 1, 1, 1, 5000), "minChallengeWindow"),
+        ((1, 0, 1, 1, 5000), "minClock"),
+        ((1, 1, 0, 1, 5000), "minPostingPeriod"),
+        ((1, 1, 1, 0, 5000), "minChallengerBond"),
+        ((1, 1, 1, 1, 0), "bountyBps"),
+        ((1, 1, 1, 1, 10_000), "bountyBps"),
+    ],
+)
+def test_registry_constructor_rejects_zero_floors_and_a_bounty_of_nothing_or_everything(dep, args, param):
+    from eth_tester.exceptions import TransactionFailed
+
+    from protocol.build import load_artifact
+
+    art = load_artifact("JobRegistry")
+    data = dep.w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor(*args).data_in_transaction
+    with reverts("InvalidDeployment", param):
+        try:
+            dep.w3.eth.call({"from": dep.deployer, "data": data, "gas": H.TX_GAS})
+        except TransactionFailed as e:
+            raise H._reverted(e) from None
+    fresh = dep.deploy("JobRegistry", 1, 1, 1, 1, 9_999)
+    assert dep.call(fresh.functions.bountyBps()) == 9_999
 
 
 # ------------------------------------------------------------------ cancel
@@ -321,7 +392,7 @@ def test_setDisputeGame_twice_reverts(dep):
 
 
 def test_setDisputeGame_by_other_than_deployer_reverts(dep):
-    fresh = dep.deploy("JobRegistry")
+    fresh = dep.deploy("JobRegistry", *H.FLOORS)
     with reverts("Unauthorized", dep.anyone, dep.deployer):
         dep.dry(fresh.functions.setDisputeGame(dep.anyone), dep.anyone)
 
@@ -335,3 +406,95 @@ def test_game_hooks_called_by_other_than_game_revert(dep, run):
         dep.dry(reg.settleGame(job, dep.challenger, False), dep.challenger)
     with reverts("Unauthorized"):
         dep.dry(reg.refundGame(job, dep.challenger), dep.challenger)
+
+
+# ------------------------------------------------------------------ convictions: bounty and burn
+
+
+def _convicted_by_timeout(dep: H.Deployment, job: int, challenger: str, interval: int = 0) -> int:
+    """``challenger`` opens a game on ``interval`` and the trainer never answers: it is convicted."""
+    gid = H.challenge(dep, job, interval, challenger=challenger)
+    dep.advance(CFG.clock + 1)
+    dep.tx(dep.game.functions.claimTimeout(gid), challenger)
+    return gid
+
+
+def test_a_trainer_challenging_itself_through_a_sybil_recovers_only_the_bounty(dep, run):
+    """Before: the first winning challenger took the whole stake, so a trainer whose own second
+    account convicts it first got it all back. Now the sybil gets its bond + the bounty (half the
+    stake) and the rest is burned: the pair loses stake - bounty whoever of them wins."""
+    sybil = dep.challenger  # the trainer's second account
+    job = H.active_job(dep, run)
+    _convicted_by_timeout(dep, job, sybil)
+    bounty = H.bounty(CFG.trainer_stake)
+    burned = CFG.trainer_stake - bounty
+    assert 0 < bounty < CFG.trainer_stake
+    assert dep.job_status(job) == JobStatus.FRAUDULENT
+    assert dep.owed(sybil) == CFG.challenger_bond + bounty and dep.owed(dep.trainer) == 0
+    assert dep.owed(dep.client) == CFG.payment
+    assert dep.call(dep.registry.functions.totalBurned()) == burned
+    (ev,) = dep.events(dep.registry, "JobFraudulent")
+    assert (ev.job, ev.winner, ev.reward, ev.refund, ev.burned) == (
+        job, sybil, CFG.challenger_bond + bounty, CFG.payment, burned
+    )
+    # The pair put in the stake and a bond and gets back the bond and the bounty: it loses the burn.
+    put_in = CFG.trainer_stake + CFG.challenger_bond
+    assert put_in - (dep.owed(dep.trainer) + dep.owed(sybil)) == burned
+    for who in (sybil, dep.client):
+        dep.tx(dep.registry.functions.withdraw(), who)
+    # Nothing left but the burn: balance = totalOwed + totalBurned + escrow.
+    assert dep.w3.eth.get_balance(dep.registry.address) == burned
+    assert dep.call(dep.registry.functions.totalOwed()) == 0
+
+
+def test_several_honest_challengers_of_one_fraudulent_job_never_lose(dep, run):
+    """Three challengers dispute a job that is then convicted: the first winner gets bond + bounty,
+    the others close their games with their bonds back; none ends below its bond."""
+    job = H.active_job(dep, run)
+    others = [H.challenge(dep, job, 1, challenger=c) for c in (dep.challenger2, dep.anyone)]
+    _convicted_by_timeout(dep, job, dep.challenger)
+    for gid in others:
+        dep.tx(dep.game.functions.closeGame(gid), dep.anyone)
+    assert dep.owed(dep.challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
+    assert dep.owed(dep.challenger2) == dep.owed(dep.anyone) == CFG.challenger_bond
+    assert dep.call(dep.registry.functions.escrowOf(job)) == 0
+    assert dep.call(dep.registry.functions.totalBurned()) == CFG.trainer_stake - H.bounty(CFG.trainer_stake)
+
+
+def test_burned_stakes_add_up_over_jobs_and_are_never_withdrawable(dep, run):
+    jobs = [H.active_job(dep, run) for _ in range(2)]
+    for job in jobs:
+        _convicted_by_timeout(dep, job, dep.challenger)
+    burned = 2 * (CFG.trainer_stake - H.bounty(CFG.trainer_stake))
+    assert dep.call(dep.registry.functions.totalBurned()) == burned
+    for who in (dep.challenger, dep.client):
+        dep.tx(dep.registry.functions.withdraw(), who)
+    for who in (dep.deployer, dep.trainer, dep.game.address):  # nobody is owed the burn
+        assert dep.owed(who) == 0
+    with reverts("NothingOwed", dep.deployer):
+        dep.dry(dep.registry.functions.withdraw(), dep.deployer)
+    assert dep.w3.eth.get_balance(dep.registry.address) == burned
+
+
+def test_reclaim_pays_the_client_the_bounty_not_the_stake_and_waits_for_open_games(dep, run):
+    """The client of an overdue job may be the trainer's sybil: it gets its payment and the bounty,
+    the rest is burned. While a game runs, reclaim reverts: the game's winner earns the bounty."""
+    run = H.simulate(replace(CFG, challenge_window=3 * CFG.posting_period))
+    job = H.active_job(dep, run, post=False)
+    H.post_intervals(dep, job, run, upto=1)
+    deadline = dep.call(dep.registry.functions.postingDeadline(job, 1))
+    dep.at(deadline - 100)
+    gid = H.challenge(dep, job, 0)  # a false challenge; the trainer reveals, the challenger is silent
+    assert H.Trainer(dep, run).move(gid, dep.view(gid))
+    dep.at(deadline + 1)
+    with reverts("GamesOpen", job, 1):
+        dep.dry(dep.registry.functions.reclaimJob(job), dep.client)
+    res = H.play(dep, gid, H.Trainer(dep, run), _Silent(dep, dep.challenger))
+    assert res.status == H.GameStatus.TRAINER_WON
+    dep.tx(dep.registry.functions.reclaimJob(job), dep.client)
+    bounty = H.bounty(CFG.trainer_stake)
+    assert dep.owed(dep.client) == CFG.payment + bounty
+    assert dep.owed(dep.trainer) == CFG.challenger_bond  # the game it won
+    assert dep.call(dep.registry.functions.totalBurned()) == CFG.trainer_stake - bounty
+    (ev,) = dep.events(dep.registry, "JobReclaimed")
+    assert (ev.job, ev.overdue, ev.refund) == (job, 1, CFG.payment + bounty)

@@ -338,8 +338,9 @@ TRIALS = [
 ]
 
 #: Expected (verdict, final status, ETH moved per role, in units of 0.01 ETH; gas is below that).
+#: A cheat: the trainer's 2 ETH stake is lost, half to the auditor (the bounty), half burned.
 EXPECTED = {
-    "cheat": ("challenger won", "fraudulent", {"client": 0, "trainer": -200, "auditor": 200}),
+    "cheat": ("challenger won", "fraudulent", {"client": 0, "trainer": -200, "auditor": 100}),
     "honest": ("no dispute", "finalized", {"client": -100, "trainer": 100, "auditor": 0}),
     "false": ("trainer won", "finalized", {"client": -100, "trainer": 150, "false_challenger": -50}),
 }

@@ -8,12 +8,15 @@ import {Interval, Job, JobId, JobParams, JobStatus} from "contracts/lib/GameType
 ///         named trainer accepts it with a stake and posts one Merkle root per interval of K steps;
 ///         each interval can be challenged in the DisputeGame during its challenge window. After the
 ///         last window, with no game open and no fraud proven, the trainer is paid payment + stake.
-///         A challenger that wins a game makes the job Fraudulent: it gets its bond back plus the
-///         trainer's stake, and the client is refunded.
+///         A proven fault (a challenger wins a game, or the client reclaims an overdue job) makes
+///         the job Fraudulent: the client is refunded its payment, the winner gets its bond back
+///         plus a bounty of `bountyBps` of the stake, and the rest of the stake is burned (kept
+///         here for good, counted in `totalBurned`), so a trainer convicted by its own sybil
+///         recovers at most the bounty. Terms below the deployment's floors are rejected.
 ///         Every payout is a credit (`owed`) collected with `withdraw` (pull payments).
-/// @dev Solvency invariant: the registry's balance equals `totalOwed()` plus `escrowOf(job)`
-///      summed over all jobs, where escrowOf is payment (Open), payment + stake + open bonds
-///      (Active), open bonds (Fraudulent), 0 (Cancelled, Finalized).
+/// @dev Solvency invariant: the registry's balance equals `totalOwed()` plus `totalBurned()` plus
+///      `escrowOf(job)` summed over all jobs, where escrowOf is payment (Open), payment + stake +
+///      open bonds (Active), open bonds (Fraudulent), 0 (Cancelled, Finalized).
 interface IJobRegistry {
     /// @notice Emitted when a client creates a job.
     event JobCreated(
@@ -29,14 +32,18 @@ interface IJobRegistry {
         JobId indexed job, uint64 indexed index, bytes32 root, uint64 firstStep, uint64 size, uint256 windowEnd
     );
     /// @notice Emitted when the client reclaims a job whose interval `overdue` was not posted in time.
-    /// @param refund Credited to the client (its payment + the trainer's stake).
+    /// @param refund Credited to the client (its payment + the bounty; the rest of the stake is burned).
     event JobReclaimed(JobId indexed job, uint64 overdue, uint256 refund);
     /// @notice Emitted when a job is finalized and the trainer credited.
     event JobFinalized(JobId indexed job, uint256 payout);
-    /// @notice Emitted when a challenger wins the first game of a job.
-    /// @param reward Credited to the challenger (its bond + the trainer's stake).
+    /// @notice Emitted when a job is convicted: its first won game, or a reclaim (winner = client).
+    /// @param winner Who proved the fault (the challenger; the client for a reclaim).
+    /// @param reward Credited to the winner (its bond + the bounty, bountyBps of the stake).
     /// @param refund Credited to the client (its payment).
-    event JobFraudulent(JobId indexed job, address indexed challenger, uint256 reward, uint256 refund);
+    /// @param burned The rest of the stake, burned (added to totalBurned).
+    event JobFraudulent(
+        JobId indexed job, address indexed winner, uint256 reward, uint256 refund, uint256 burned
+    );
     /// @notice Emitted when the dispute game locks a challenger's bond for a new game.
     event BondLocked(JobId indexed job, address indexed challenger, uint64 indexed interval, uint256 bond);
     /// @notice Emitted when a game on the job ends (won by either side, or closed with a refund).
@@ -52,7 +59,9 @@ interface IJobRegistry {
 
     /// @notice Creates a job; `msg.value` is the payment held in escrow.
     /// @dev Reverts with `InvalidJobParam` when trainer is zero, nOps/nSteps/intervalLength/
-    ///      nSamples/challengeWindow/clock/postingPeriod/challengerBond is zero, or nSlots is not in 1..1024.
+    ///      nSamples is zero, or nSlots is not in 1..1024; with `TermBelowFloor` when challengeWindow,
+    ///      clock, postingPeriod or challengerBond is below the deployment's floor (`minChallengeWindow`,
+    ///      `minClock`, `minPostingPeriod`, `minChallengerBond`).
     /// @param params The job's immutable parameters.
     /// @return job The new job's id (ids start at 1).
     function createJob(JobParams calldata params) external payable returns (JobId job);
@@ -80,10 +89,12 @@ interface IJobRegistry {
     function finalize(JobId job) external;
 
     /// @notice The client reclaims an Active job whose next interval is overdue (not posted by
-    ///         `postingDeadline`): the job becomes Fraudulent and the client is credited its
-    ///         payment + the trainer's stake; open games on the job close with their bonds refunded.
-    /// @dev Reverts with `Unauthorized` (not the client), `WrongJobStatus` (not Active) and
-    ///      `PostingNotOverdue` (every interval posted, or the deadline not passed).
+    ///         `postingDeadline`) and that has no open game: the job becomes Fraudulent, the client
+    ///         is credited its payment + the bounty (bountyBps of the stake) and the rest of the
+    ///         stake is burned (the client may be the trainer's own sybil).
+    /// @dev Reverts with `Unauthorized` (not the client), `WrongJobStatus` (not Active),
+    ///      `PostingNotOverdue` (every interval posted, or the deadline not passed) and `GamesOpen`
+    ///      (a game could yet convict the trainer: its challenger earns the bounty then).
     /// @param job The job.
     function reclaimJob(JobId job) external;
 
@@ -114,8 +125,8 @@ interface IJobRegistry {
         returns (address trainer, bytes32 root, uint64 firstStep, uint64 size, uint64 clock);
 
     /// @notice Settles a finished game: trainer won -> the bond is credited to the trainer; challenger
-    ///         won -> the job becomes Fraudulent, the challenger is credited bond + stake and the client
-    ///         its payment.
+    ///         won -> the job becomes Fraudulent, the challenger is credited bond + bounty (bountyBps of
+    ///         the stake), the client its payment, and the rest of the stake is burned.
     /// @dev Only the dispute game; the job must be Active.
     /// @param job The job.
     /// @param challenger The game's challenger.
@@ -185,4 +196,23 @@ interface IJobRegistry {
 
     /// @notice Sum of `owed` over all accounts.
     function totalOwed() external view returns (uint256);
+
+    /// @notice Wei of convicted stakes burned: held by the registry for good, never credited.
+    function totalBurned() external view returns (uint256);
+
+    /// @notice Least challengeWindow (seconds) a job may have (a deployment parameter).
+    function minChallengeWindow() external view returns (uint64);
+
+    /// @notice Least clock (seconds per party per game) a job may have (a deployment parameter).
+    function minClock() external view returns (uint64);
+
+    /// @notice Least postingPeriod (seconds per interval) a job may have (a deployment parameter).
+    function minPostingPeriod() external view returns (uint64);
+
+    /// @notice Least challengerBond (wei) a job may have (a deployment parameter).
+    function minChallengerBond() external view returns (uint128);
+
+    /// @notice Part of a convicted stake paid to the winner, in basis points (1..9999; a deployment
+    ///         parameter); the rest is burned.
+    function bountyBps() external view returns (uint16);
 }

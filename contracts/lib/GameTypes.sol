@@ -98,7 +98,7 @@ enum Ruling {
 /// @param clock Seconds on each party's chess clock per game.
 /// @param postingPeriod Seconds the trainer has per interval: interval i is due by
 ///        acceptedAt + (i + 1) * postingPeriod; once the next one is overdue the client may
-///        reclaim the job (payment and stake to the client).
+///        reclaim the job (payment and the bounty to the client, the rest of the stake burned).
 struct JobParams {
     address trainer;
     bytes32 specHash;
@@ -253,6 +253,15 @@ error WrongJobStatus(JobId job, JobStatus status, JobStatus expected);
 /// @param field Name of the parameter.
 /// @param value Offending value.
 error InvalidJobParam(string field, uint256 value);
+/// @notice Thrown when a job's term is below the floor the registry was deployed with.
+/// @param term Name of the JobParams field (challengeWindow, clock, postingPeriod, challengerBond).
+/// @param value The job's value.
+/// @param floor The least value the registry accepts.
+error TermBelowFloor(string term, uint256 value, uint256 floor);
+/// @notice Thrown by the registry's constructor when a deployment parameter is out of range.
+/// @param param Name of the parameter.
+/// @param value Offending value.
+error InvalidDeployment(string param, uint256 value);
 /// @notice Thrown when the caller is not the party the call is reserved for.
 error Unauthorized(address caller, address expected);
 /// @notice Thrown when the ETH sent is not the exact amount required.

@@ -1,0 +1,102 @@
+"""What an agent requires of a job's terms before it takes part (docs/security.md, "Terms and
+economics"). The registry's floors stop terms nobody can answer within (a 1-second clock); an
+agent also refuses terms shorter than *it* can safely answer within, with a margin:
+
+- every agent: the chess clock must cover ``margin`` x the moves one side makes in a game of this
+  job (``game_moves``) x the seconds one of its moves may take (computing it and getting it mined);
+- the trainer: the posting period must cover ``margin`` x the seconds it needs to train and post
+  one interval; it stakes at most ``max_stake_ratio`` x the payment, and wants a challenger bond
+  of at least ``min_bond`` (a false challenge costs the trainer gas; the bond pays for it);
+- the auditor: the challenge window must cover ``margin`` x the seconds it needs to fetch and
+  replay one interval and challenge it.
+
+Refusals are values (``TermsPolicy.refusals``: one line each, naming the term, what the job gives
+and what is needed); ``JobRefused`` carries them when an agent declines a job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from vtrain.commit.roots import n_chunks
+from vtrain.errors import VtrainError
+from vtrain.graph.step_graph import Graph
+
+#: Indices in the on-chain JobParams tuple.
+STAKE, BOND, WINDOW, CLOCK, POSTING = 11, 12, 13, 14, 15
+#: Moves one side makes beyond the three bisections: openStep, commitTrace, openOp, openChunk,
+#: oneStep or postPartials + settlePartials (the challenger: pickElement, disputeChunk; fewer).
+FIXED_MOVES = 6
+
+
+class JobRefused(VtrainError):
+    """Raised when an agent declines a job (terms it cannot safely answer within, or a job the chain
+    cannot rule on); the message gives every reason."""
+
+
+def game_moves(graph: Graph, interval_length: int) -> int:
+    """Most moves one side makes in a game of a job with this graph and interval length: a
+    bisection of the interval (K step leaves), of the trace (nOps), of the largest op output
+    (its 64-element chunks), and ``FIXED_MOVES`` more."""
+    chunks = max((n_chunks(op.numel) for op in graph.ops), default=1)
+    depth = sum(math.ceil(math.log2(max(n, 1))) for n in (interval_length, graph.n_ops, chunks))
+    return depth + FIXED_MOVES
+
+
+@dataclass(frozen=True)
+class TermsPolicy:
+    """What one agent needs of a job's terms (seconds, wei), before and with the margin."""
+
+    role: Literal["trainer", "auditor"]
+    move_seconds: float = 15.0
+    """Seconds one of its game moves may take: computing it and getting it mined."""
+    interval_seconds: float = 600.0
+    """Trainer: seconds to train and post one interval."""
+    replay_seconds: float = 600.0
+    """Auditor: seconds to fetch and replay one interval and challenge it."""
+    margin: float = 2.0
+    """Terms must give at least this many times what the agent needs."""
+    max_stake_ratio: float | None = 10.0
+    """Trainer: most stake per wei of payment (None: any)."""
+    min_bond: int = 0
+    """Trainer: least challenger bond (wei)."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ("trainer", "auditor"):
+            raise ValueError(f"role: expected 'trainer' or 'auditor', got {self.role!r}")
+        for name in ("move_seconds", "interval_seconds", "replay_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: expected seconds >= 0, got {getattr(self, name)}")
+        if not self.margin >= 1:
+            raise ValueError(f"margin: expected a factor >= 1, got {self.margin}")
+
+    def refusals(self, params: tuple, payment: int, graph: Graph, interval_length: int) -> list[str]:
+        """Why this agent declines a job with these on-chain params (empty: it takes part)."""
+        out = []
+        moves = game_moves(graph, interval_length)
+        need = math.ceil(self.margin * moves * self.move_seconds)
+        if int(params[CLOCK]) < need:
+            out.append(f"clock {int(params[CLOCK])} s is shorter than this {self.role} needs: {self.margin:g} x "
+                       f"{moves} moves x {self.move_seconds:g} s = {need} s (--move-seconds, --term-margin)")
+        if self.role == "trainer":
+            need = math.ceil(self.margin * self.interval_seconds)
+            if int(params[POSTING]) < need:
+                out.append(f"posting period {int(params[POSTING])} s is shorter than this trainer needs per "
+                           f"interval: {self.margin:g} x {self.interval_seconds:g} s = {need} s "
+                           "(--interval-seconds, --term-margin)")
+            stake = int(params[STAKE])
+            if self.max_stake_ratio is not None and stake > self.max_stake_ratio * payment:
+                out.append(f"stake {stake} wei is more than {self.max_stake_ratio:g} x the payment ({payment} wei) "
+                           "(--max-stake-ratio)")
+            if int(params[BOND]) < self.min_bond:
+                out.append(f"challenger bond {int(params[BOND])} wei is less than the {self.min_bond} wei a false "
+                           "challenge costs this trainer to defend (--min-bond)")
+        else:
+            need = math.ceil(self.margin * self.replay_seconds)
+            if int(params[WINDOW]) < need:
+                out.append(f"challenge window {int(params[WINDOW])} s is shorter than this auditor needs to "
+                           f"replay and challenge an interval: {self.margin:g} x {self.replay_seconds:g} s = "
+                           f"{need} s (--replay-seconds, --term-margin)")
+        return out

@@ -1,0 +1,120 @@
+"""protocol/rulability.py: the one check that a job's ops can be ruled on-chain (op kinds the
+deployed contracts rule, reductions within ExactSum.MAX_TERMS), tied to contracts/lib/OpKinds.sol
+and to the deployed Adjudicator; the batch-70,000 MLP is refused naming its op, kind, terms, limit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from revert_helpers import error_table, revert_data
+from test_adjudicator import CALL_GAS, Case, claim_tuple, deploy_adjudicator, op_leaves_pair
+
+from protocol.proofs import encode_proof
+from protocol.rulability import (
+    ADJUDICATED_KINDS,
+    GAME_BOUND_KINDS,
+    MAX_REDUCTION_TERMS,
+    RULED_KINDS,
+    UnrulableJob,
+    check_rulable,
+    unrulable_ops,
+)
+from vtrain.graph.step_graph import Graph, GraphBuilder, OpKind, OpNode
+from vtrain.numerics import exact
+from vtrain.training.spec import TrainSpec, build_job
+
+OPKINDS_SOL = Path(__file__).resolve().parent.parent / "contracts" / "lib" / "OpKinds.sol"
+
+
+def solidity_kinds() -> dict[str, int]:
+    """``uint8 internal constant NAME = N;`` of contracts/lib/OpKinds.sol."""
+    found = re.findall(r"uint8\s+internal\s+constant\s+(\w+)\s*=\s*(\d+)\s*;", OPKINDS_SOL.read_text())
+    return {name: int(v) for name, v in found}
+
+
+def test_the_ruled_kinds_are_the_kinds_of_OpKinds_sol():
+    sol = solidity_kinds()
+    assert sol == {k.name: int(k) for k in OpKind}  # one numbering in both languages
+    assert {OpKind[n] for n in sol} == RULED_KINDS  # every kind the contracts know is ruled, no other
+    assert GAME_BOUND_KINDS - ADJUDICATED_KINDS == {OpKind.INPUT, OpKind.CONST}
+
+
+@pytest.fixture(scope="module")
+def adj():
+    a = deploy_adjudicator()
+    return a, error_table(a.abi)
+
+
+@pytest.mark.parametrize("kind", [*OpKind, 99], ids=lambda k: getattr(k, "name", str(k)))
+def test_the_deployed_adjudicator_rules_exactly_the_adjudicated_kinds(adj, kind):
+    """Each kind on the real Adjudicator: `UnsupportedOp` exactly for the kinds not in
+    ADJUDICATED_KINDS (the game binds INPUT and CONST itself; 99 is no kind). A kind it rules gets
+    past the dispatch (then fails on this bogus claim's inputs, or rules)."""
+    a, table = adj
+    s = (1,)
+    c = Case(exact.OpDesc(int(kind), (), s, (), ()), ())
+    proof = encode_proof([], (0, 2, op_leaves_pair(), []))
+    try:
+        a.functions.adjudicate(claim_tuple(c, 0, 0, []), proof).call({"gas": CALL_GAS})
+        error = None
+    except Exception as e:  # noqa: BLE001 - the provider's exception types vary
+        got = table.get(revert_data(e)[:4])
+        error = got[0] if got else "other"
+    assert (error == "UnsupportedOp") == (kind not in ADJUDICATED_KINDS), error
+
+
+def test_the_demo_jobs_are_rulable():
+    for spec in (TrainSpec(), TrainSpec(model="gpt", batch_size=4)):
+        assert unrulable_ops(build_job(spec).graph) == []
+
+
+def test_a_batch_of_70000_on_the_mlp_is_refused_naming_the_op_its_terms_and_the_limit():
+    """The real spec and graph builder (no training): the weight-gradient MATMULs and the loss MEAN
+    reduce over the batch, far beyond the chunk level's 65,536 terms."""
+    graph = build_job(TrainSpec(batch_size=70_000)).graph
+    bad = unrulable_ops(graph)
+    assert bad, "a 70,000-term reduction must be refused"
+    for u in bad:
+        assert u.kind in ("MATMUL", "SUM", "MEAN")
+        assert graph.ops[u.op].kind.name == u.kind
+    first = bad[0]
+    with pytest.raises(UnrulableJob) as info:
+        check_rulable(graph)
+    msg = str(info.value)
+    assert f"op {first.op} ({first.kind})" in msg and "65,536" in msg and "ExactSum.MAX_TERMS" in msg
+    assert re.search(r"a reduction of [\d,]+ terms", msg)
+    assert {"700,000", "70,000"} & set(re.findall(r"[\d,]{6,}", " ".join(str(u) for u in bad)))
+    assert f"and {len(bad) - 1} more" in msg
+
+
+def _matmul_graph(k: int, bias: bool) -> Graph:
+    g = GraphBuilder()
+    a = g.input("a", (1, k))
+    b = g.input("b", (1, k))
+    out = g.matmul(a, b, g.input("bias", (1,)) if bias else None)
+    return g.build(g.sum(out))
+
+
+@pytest.mark.parametrize(
+    "k,bias,ok",
+    [(MAX_REDUCTION_TERMS, False, True), (MAX_REDUCTION_TERMS + 1, False, False),
+     (MAX_REDUCTION_TERMS - 1, True, True), (MAX_REDUCTION_TERMS, True, False)],
+)
+def test_matmul_terms_are_K_plus_one_with_a_bias_and_the_limit_is_inclusive(k, bias, ok):
+    bad = unrulable_ops(_matmul_graph(k, bias))
+    assert (bad == []) == ok, bad
+    if not ok:
+        assert bad[0].kind == "MATMUL" and f"{MAX_REDUCTION_TERMS + 1:,} terms" in str(bad[0])
+
+
+def test_an_op_kind_the_adjudicator_lacks_is_refused():
+    graph = build_job(TrainSpec()).graph
+    op = graph.ops[5]
+    graph.ops[5] = OpNode(op.id, 99, op.inputs, op.shape, op.attrs, "new-kind")  # type: ignore[arg-type]
+    (bad,) = unrulable_ops(graph)
+    assert (bad.op, bad.kind) == (5, "99") and "no rule for this op kind" in str(bad)
+    with pytest.raises(UnrulableJob, match=r"op 5 \(99 'new-kind'\): the deployed Adjudicator has no rule"):
+        check_rulable(graph)
+
