@@ -1285,8 +1285,23 @@ def _pid() -> int:
     return os.getpid()
 
 
-AGENT_COMMANDS: list[click.Command] = [client, trainer_cmd, auditor_cmd]
-"""Register with ``for c in AGENT_COMMANDS: main.add_command(c)`` (names: client, trainer, auditor)."""
+def _without_cheats(cmd: click.Command) -> click.Command:
+    """The production ``vtrain trainer``: the same command without ``--cheat``/``--cheat-step``, which
+    only the demo's and the tests' agent processes (``python -m protocol.agents_cli trainer``) offer."""
+    import copy
+    import functools
+
+    prod = copy.copy(cmd)
+    prod.params = [p for p in cmd.params if p.name not in ("cheat", "cheat_step")]
+    inner = cmd.callback
+    assert inner is not None
+    prod.callback = functools.wraps(inner)(lambda **kw: inner(cheat=None, cheat_step=None, **kw))
+    return prod
+
+
+AGENT_COMMANDS: list[click.Command] = [client, _without_cheats(trainer_cmd), auditor_cmd]
+"""Register with ``for c in AGENT_COMMANDS: main.add_command(c)`` (names: client, trainer, auditor).
+The trainer here has no cheats; ``agents_main`` (demo and test processes) registers the one that has."""
 
 
 @click.group()
@@ -1303,7 +1318,7 @@ def agents_main(verbose: int) -> None:
     )
 
 
-for _cmd in AGENT_COMMANDS:
+for _cmd in (client, trainer_cmd, auditor_cmd):
     agents_main.add_command(_cmd)
 
 

@@ -118,3 +118,18 @@ def test_agents_never_move_the_chains_clock() -> None:
     for name in ("trainer.py", "auditor.py", "agent.py", "agents_cli.py", "game.py", "client_cli.py"):
         src = (REPO / "protocol" / name).read_text()
         assert "advance_time" not in src and "evm_increaseTime" not in src, name
+
+
+def test_the_production_trainer_offers_no_cheats() -> None:
+    """`vtrain trainer` has no --cheat; only the demo's and the tests' agent processes do."""
+    from click.testing import CliRunner
+
+    from protocol.agents_cli import agents_main
+    from protocol.cli import main
+
+    prod = CliRunner().invoke(main, ["trainer", "--help"])
+    demo = CliRunner().invoke(agents_main, ["trainer", "--help"])
+    assert prod.exit_code == 0 and demo.exit_code == 0
+    assert "--cheat" not in prod.output and "--cheat" in demo.output
+    refused = CliRunner().invoke(main, ["trainer", "--cheat", "tamper-weight"])
+    assert refused.exit_code == 2 and "No such option '--cheat'" in refused.output
