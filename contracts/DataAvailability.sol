@@ -3,12 +3,11 @@ pragma solidity 0.8.28;
 // Block time is the protocol's clock by design (demand deadlines, challenge windows): see docs/lint.md.
 // solhint-disable not-rely-on-time
 
-import {IDataAvailability} from "contracts/interfaces/IDataAvailability.sol";
 // The interface file is the availability vocabulary (ids, enums, structs, errors).
 // solhint-disable-next-line no-global-import
 import "contracts/interfaces/IDataAvailability.sol";
 import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
-import {Clock, LibClock} from "contracts/lib/Clock.sol";
+import {LibClock} from "contracts/lib/Clock.sol";
 import {
     Interval, JobId, JobParams, JobStatus, Unauthorized, WrongJobStatus, WrongLength
 } from "contracts/lib/GameTypes.sol";
