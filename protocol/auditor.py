@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,8 +97,15 @@ class AuditorAgent:
     """Where the auditor keeps its own replay results (records, the state at each interval's end,
     progress): a restarted auditor resumes from them instead of replaying the whole job again."""
     _pending_bad: int | None = None
+    onchain: Any = None
+    """A :class:`protocol.availability.OnChainArtifacts`: step records and logs the reader cannot
+    serve are demanded on-chain and read back, verified, from the published events."""
 
     def __post_init__(self) -> None:
+        if self.onchain is not None:
+            from protocol.availability import FallbackReader
+
+            self.reader = FallbackReader(self.reader, self.onchain)
         self.book = StepBook(self.ctx)
         self.player = Player(self.proto, self.account, PARTY_CHALLENGER)
         self._states[0] = state_tensors(self.ctx.job.initial_state)

@@ -96,7 +96,7 @@ def demo(rpc: str | None, model: str, cheat: str | None) -> None:
     "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("deployment.json"), show_default=True
 )
 def deploy(rpc: str | None, out: Path) -> None:
-    """Deploy JobRegistry, Adjudicator and DisputeGame and write their addresses to OUT."""
+    """Deploy JobRegistry, Adjudicator, DisputeGame and DataAvailability and write their addresses to OUT."""
     from protocol.agents_cli import save_deployment
     from protocol.chain import Chain
     from protocol.deploy import deploy as deploy_all
@@ -112,7 +112,7 @@ def deploy(rpc: str | None, out: Path) -> None:
         raise click.ClickException(f"--out {out}: {e.strerror or e}") from None
     console.print(
         f"deployed on {chain.name}: registry {proto.registry.address}, game {proto.game.address}, "
-        f"adjudicator {proto.adjudicator.address} -> {out}"
+        f"adjudicator {proto.adjudicator.address}, availability {proto.availability.address} -> {out}"
     )
 
 
