@@ -58,6 +58,7 @@ NO_POSITION = 2**64 - 1
 MAX_TO_INDEX = 0xFFFFFFFE
 
 KIND_STEP, KIND_LOG = 1, 2
+JOB_FRAUDULENT = 5
 STATUS_OPEN, STATUS_ANSWERED, STATUS_TIMED_OUT, STATUS_CONVICTED, STATUS_CLOSED = 1, 2, 3, 4, 5
 
 #: ``LogRun`` as web3 takes it: (stateRoot, logRoot, stepProof, opLogRoot, opProof, position, size, leaves, siblings).
@@ -156,19 +157,55 @@ class DemandInfo:
     status: int
 
 
-def _demands(proto: Protocol, job: int) -> list[DemandInfo]:
-    da = _da(proto)
-    out = []
-    for e in da.events.DemandCreated.get_logs(from_block=job_first_block(proto, job), argument_filters={"job": job}):
-        a = e["args"]
-        status = int(proto.chain.call(da.functions.getDemand(int(a["id"])))[4])
-        out.append(
-            DemandInfo(
-                int(a["id"]), a["demander"], int(a["interval"]), int(a["step"]), int(a["kind"]), int(a["op"]),
-                int(a["fromIndex"]), int(a["toIndex"]), int(a["startPosition"]), int(a["deadline"]), status,
+@dataclass
+class AvailabilityEvents:
+    """The DataAvailability events of one job, read incrementally (each block range once: mined
+    events do not change), with demand statuses read once per block."""
+
+    proto: Protocol
+    job: int
+    created: dict[int, dict[str, Any]] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """StepPublished args, oldest first."""
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    """LogPublished args, oldest first."""
+    _next: int | None = None
+    _statuses: dict[int, int] = field(default_factory=dict)
+    _status_block: int = -1
+
+    def refresh(self) -> int:
+        """Read the events mined since the last call; returns the latest block number."""
+        latest = int(self.proto.chain.w3.eth.block_number)
+        if self._next is None:
+            self._next = job_first_block(self.proto, self.job)
+        if latest >= self._next:
+            ev = _da(self.proto).events
+            span = {"from_block": self._next, "to_block": latest, "argument_filters": {"job": self.job}}
+            for e in ev.DemandCreated.get_logs(**span):
+                self.created[int(e["args"]["id"])] = dict(e["args"])
+            self.steps += [dict(e["args"]) for e in ev.StepPublished.get_logs(**span)]
+            self.logs += [dict(e["args"]) for e in ev.LogPublished.get_logs(**span)]
+            self._next = latest + 1
+        return latest
+
+    def demands(self) -> list[DemandInfo]:
+        """Every demand on the job with its status as of the latest block."""
+        latest = self.refresh()
+        da = _da(self.proto)
+        out = []
+        for i, a in sorted(self.created.items()):
+            final = self._statuses.get(i, STATUS_OPEN) != STATUS_OPEN
+            if not final and self._status_block != latest:
+                self._statuses[i] = int(self.proto.chain.call(da.functions.getDemand(i))[4])
+            out.append(
+                DemandInfo(
+                    i, a["demander"], int(a["interval"]), int(a["step"]), int(a["kind"]), int(a["op"]),
+                    int(a["fromIndex"]), int(a["toIndex"]), int(a["startPosition"]), int(a["deadline"]),
+                    self._statuses.get(i, STATUS_OPEN),
+                )
             )
-        )
-    return out
+        self._status_block = latest
+        return out
 
 
 def _da(proto: Protocol) -> Any:
@@ -192,12 +229,16 @@ class AvailabilityResponder:
     job_id: int
     gas: list[tuple[str, int]] = field(default_factory=list)
     """(what, gas used) of every answer sent."""
+    events: AvailabilityEvents = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.events = AvailabilityEvents(self.proto, self.job_id)
 
     def respond(self) -> int:
         """Answer each open demand whose deadline has not passed; returns how many were answered."""
         sent = 0
         now = self.proto.chain.now()
-        for d in _demands(self.proto, self.job_id):
+        for d in self.events.demands():
             if d.status != STATUS_OPEN or now > d.deadline:
                 continue
             what = f"job {self.job_id}: answer demand {d.id} ({'step' if d.kind == KIND_STEP else 'log'} {d.step})"
@@ -240,6 +281,12 @@ class OnChainArtifacts:
     bond: int
     demanded: list[int] = field(default_factory=list)
     """Ids of the demands this source made."""
+    events: AvailabilityEvents = field(init=False)
+    _verified_logs: dict[int, StepLog] = field(default_factory=dict, init=False)
+    _verified_records: dict[int, dict[int, StepRecord]] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.events = AvailabilityEvents(self.proto, self.job_id)
 
     # -- the reader API ------------------------------------------------------------------------------
     def get_step(self, job: str | int, s: int) -> StepRecord:
@@ -251,7 +298,8 @@ class OnChainArtifacts:
         i = self._interval_of(s)
         records = self._records(i)
         first, n = self.ctx.interval_span(i)
-        logs = {t: self._step_log(t, records[t]) for t in range(first, first + n)}
+        logs = {t: self._verified_logs.get(t) or self._step_log(t, records[t]) for t in range(first, first + n)}
+        self._verified_logs.update({t: lg for t, lg in logs.items() if lg is not None})
         missing = [t for t, lg in logs.items() if lg is None]
         if missing:
             raise ArtifactUnavailable(f"rounding logs of steps {missing} demanded on-chain; waiting for the trainer")
@@ -263,6 +311,19 @@ class OnChainArtifacts:
             "replay from the initial state, or demand state chunks)"
         )
 
+    def close_demands(self) -> int:
+        """Close every open demand of a job that became Fraudulent (bonds refunded); returns how many."""
+        if int(self.proto.chain.call(self.proto.registry.functions.jobStatus(self.job_id))) != JOB_FRAUDULENT:
+            return 0
+        closed = 0
+        for d in self.events.demands():
+            if d.status == STATUS_OPEN:
+                self.proto.chain.send(
+                    _da(self.proto).functions.closeDemand(d.id), self.account, what=f"demand {d.id}: closeDemand"
+                )
+                closed += 1
+        return closed
+
     # -- internals -----------------------------------------------------------------------------------
     def _check_job(self, job: str | int) -> None:
         if str(job) != str(self.job_id):
@@ -271,11 +332,6 @@ class OnChainArtifacts:
     def _interval_of(self, s: int) -> int:
         return (s - 1) // self.ctx.spec.interval
 
-    def _events(self, name: str, **filters: Any) -> list[Any]:
-        ev = getattr(_da(self.proto).events, name)
-        return ev.get_logs(
-            from_block=job_first_block(self.proto, self.job_id), argument_filters={"job": self.job_id, **filters}
-        )
 
     def _demand(self, fn: Any, what: str) -> None:
         r = self.proto.chain.send(fn, self.account, value=self.bond, what=f"job {self.job_id}: demand {what}")
@@ -286,13 +342,14 @@ class OnChainArtifacts:
     def _pending(self, match) -> bool:
         """True if an open demand matching ``match`` exists (claiming it first if it expired)."""
         now = self.proto.chain.now()
-        for d in _demands(self.proto, self.job_id):
+        for d in self.events.demands():
             if d.status != STATUS_OPEN or not match(d):
                 continue
             if now > d.deadline:
                 self.proto.chain.send(
                     _da(self.proto).functions.claimTimeout(d.id), self.account, what=f"demand {d.id}: claimTimeout"
                 )
+                self.close_demands()
                 raise ArtifactUnavailable(
                     f"the trainer did not answer demand {d.id} (step {d.step}) by {d.deadline}: timeout claimed, "
                     "the trainer is convicted"
@@ -303,10 +360,12 @@ class OnChainArtifacts:
     def _records(self, i: int) -> dict[int, StepRecord]:
         """The verified step records of interval ``i``: every step's StepPublished, whose leaves
         must rebuild the posted interval root."""
+        if i in self._verified_records:
+            return self._verified_records[i]
         first, n = self.ctx.interval_span(i)
         got: dict[int, StepRecord] = {}
-        for e in self._events("StepPublished"):
-            a = e["args"]
+        self.events.refresh()
+        for a in self.events.steps:
             t = int(a["step"])
             if first <= t < first + n and t not in got:
                 try:
@@ -325,14 +384,16 @@ class OnChainArtifacts:
         posted = bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0])
         if interval_root([got[t].leaf() for t in range(first, first + n)]) != posted:
             raise CorruptArtifact(f"published step records of interval {i} do not rebuild its posted root")
+        self._verified_records[i] = got
         return got
 
     def _op_roots(self, s: int, rec: StepRecord) -> list[bytes] | None:
         """Every op log root of step ``s`` (all pages published), checked against logRoot_s."""
         n_ops = self.ctx.job.graph.n_ops
         pages: dict[int, list[bytes]] = {}
-        for e in self._events("StepPublished", step=s):
-            a = e["args"]
+        for a in self.events.steps:
+            if int(a["step"]) != s:
+                continue
             pages.setdefault(int(a["firstOp"]), [bytes(r) for r in a["opLogRoots"]])
         roots: list[bytes] = []
         for first in range(0, n_ops, MAX_OP_ROOTS):
@@ -353,9 +414,8 @@ class OnChainArtifacts:
             return op_log_leaves([])
         at: dict[int, bytes] = {}
         size = None
-        for e in self._events("LogPublished", step=s):
-            a = e["args"]
-            if int(a["op"]) != op or bytes(a["opLogRoot"]) != root:
+        for a in self.events.logs:
+            if int(a["step"]) != s or int(a["op"]) != op or bytes(a["opLogRoot"]) != root:
                 continue
             size = int(a["size"])  # one size per (job, step, op): the contract binds it
             data = bytes(a["leaves"])
