@@ -7,6 +7,7 @@ stay under the 16,777,216 per-transaction cap.
     .venv/bin/python scripts/bench_gas.py            # all tables
     .venv/bin/python scripts/bench_gas.py adjudicator
     .venv/bin/python scripts/bench_gas.py gpt gpt-disputes   # the demo GPT: per op kind, whole disputes
+    .venv/bin/python scripts/bench_gas.py availability       # publishing one whole step on-chain (DA)
 
 Each table is a function returning rows, so other parts (game figures) can be added beside it.
 """
@@ -355,6 +356,90 @@ TABLES: dict[str, Callable[[], None]] = {
     "gpt-disputes": gpt_disputes,
     "chunks": chunk_level,
 }
+
+
+def publish_step(model: str, s: int = 1) -> dict[str, int]:
+    """Gas to make the trainer publish one whole step of the demo ``model`` through DataAvailability:
+    the step record (all pages of op log roots) and every op log with entries (empty logs are known
+    from their root), in as many demands and answers as the bounds need."""
+    import tempfile
+
+    from protocol.availability import MAX_OP_ROOTS, MAX_TO_INDEX, AvailabilityResponder
+    from protocol.chain import Chain
+    from protocol.demo import create_job, default_spec
+    from protocol.deploy import deploy
+    from protocol.jobs import JobContext, Terms
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+    from vtrain.commit.roots import op_log_leaves
+    from vtrain.commit.trace import op_log_entries
+    from vtrain.numerics.logfile import decode_step_log
+
+    _one_torch_thread()
+    chain = Chain.connect(None)
+    acct = chain.accounts()
+    proto = deploy(chain, acct[0])
+    ctx = JobContext.of(default_spec(model))
+    terms = Terms()
+    store = ArtifactStore(tempfile.mkdtemp())
+    job = create_job(proto, acct[1], acct[2], ctx, terms)
+    trainer = TrainerAgent(proto, acct[2], ctx, store, job)
+    trainer.accept(terms)
+    trainer.run_interval()
+    resp = AvailabilityResponder(proto, acct[2], ctx, store, job)
+    da = proto.availability
+    demand_gas: list[int] = []
+
+    def demand(fn) -> None:
+        demand_gas.append(int(chain.send(fn, acct[3], value=terms.challenger_bond, what="demand")["gasUsed"]))
+        assert resp.respond() == 1, "the trainer did not answer"
+
+    n_ops = ctx.job.graph.n_ops
+    for first in range(0, n_ops, MAX_OP_ROOTS):
+        demand(da.functions.demandStep(job, 0, s, first))
+    step_log = decode_step_log(store.get_log(job, s), s, ctx.job.graph)
+    with_entries = leaves_total = 0
+    for op in range(n_ops):
+        entries = op_log_entries(step_log, op)
+        if not entries:
+            continue
+        with_entries += 1
+        leaves_total += len(entries) + 2
+        start = key = 0
+        while True:
+            demand(da.functions.demandLog(job, 0, s, op, key, MAX_TO_INDEX, start))
+            ev = da.events.LogPublished.get_logs(from_block=chain.w3.eth.block_number)[-1]["args"]
+            count = len(ev["leaves"]) // 9
+            if ev["position"] + count >= ev["size"]:
+                break
+            start = ev["position"] + count - 1
+            key = int.from_bytes(ev["leaves"][-9:-5], "big")
+        assert len(op_log_leaves(entries)) == len(entries) + 2
+    answers = [g for _, g in resp.gas]
+    return {
+        "ops": n_ops,
+        "ops_with_entries": with_entries,
+        "log_leaves": leaves_total,
+        "answers": len(answers),
+        "answer_gas": sum(answers),
+        "demand_gas": sum(demand_gas),
+        "largest_tx": max(answers + demand_gas),
+    }
+
+
+def availability_table(models: tuple[str, ...] = ("mlp", "gpt")) -> None:
+    print("\n## data availability: publishing one whole step on-chain (py-evm)\n")
+    print("| model | ops | ops with log entries | log leaves | answers | answer gas (sum) | demand gas (sum) "
+          "| largest tx | % of cap |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for model in models:
+        r = publish_step(model)
+        print(f"| {model} | {r['ops']} | {r['ops_with_entries']} | {r['log_leaves']:,} | {r['answers']} "
+              f"| {r['answer_gas']:,} | {r['demand_gas']:,} | {r['largest_tx']:,} "
+              f"| {100 * r['largest_tx'] / TX_GAS_CAP:.1f} |")
+        assert r["largest_tx"] < TX_GAS_CAP
+
+
+TABLES["availability"] = availability_table
 
 
 def main(argv: list[str] | None = None) -> None:
