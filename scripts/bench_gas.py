@@ -439,7 +439,43 @@ def availability_table(models: tuple[str, ...] = ("mlp", "gpt")) -> None:
         assert r["largest_tx"] < TX_GAS_CAP
 
 
-TABLES["availability"] = availability_table
+def availability_bounds() -> None:
+    """Gas of the largest answers the bounds allow: a full page of MAX_LOG_LEAVES log leaves, a page
+    of 1024 leaves, and a step record of 1024 state components with MAX_OP_ROOTS op log roots."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import da_harness as D
+    import game_harness as H
+
+    from protocol.availability import MAX_LOG_LEAVES, MAX_TO_INDEX
+
+    dep = H.deploy()
+    rows = []
+    for n in (1024, MAX_LOG_LEAVES):
+        dep.reset()
+        run = H.simulate(H.JobConfig())
+        op = run.graph.index["update0"]
+        lr = D.with_logs(run, {(2, op): D.entries_leaves([(2 * k, 1, 0) for k in range(n - 2)])})
+        job = H.active_job(dep, lr.run)
+        did = D.demand_log(dep, job, 0, 2, op, 0, MAX_TO_INDEX, 0)
+        r = dep.tx(dep.da.functions.answerLog(did, D.run_args(lr, 0, 2, op, 0, n)), dep.trainer)
+        rows.append((f"log page of {n:,} leaves ({9 * n:,} B)", r.gasUsed))
+    dep.reset()
+    lr = D.with_logs(H.simulate(H.JobConfig(n_steps=1, interval_length=1, n_slots=1024)))
+    job = H.active_job(dep, lr.run)
+    did = D.demand_step(dep, job, 0, 1, 0)
+    r = dep.tx(dep.da.functions.answerStep(did, *D.step_args(lr, 0, 1, 0)), dep.trainer)
+    rows.append(("step record: 1,024 components + 1,024 op roots", r.gasUsed))
+    print("\n## data availability: largest answers (py-evm)\n")
+    print("| answer | gas | % of cap |\n|---|---:|---:|")
+    for name, gas in rows:
+        print(f"| {name} | {gas:,} | {100 * gas / TX_GAS_CAP:.1f} |")
+        assert gas < TX_GAS_CAP
+    per_leaf = (rows[1][1] - rows[0][1]) / (MAX_LOG_LEAVES - 1024)
+    print(f"\nmarginal gas per log leaf: {per_leaf:,.0f}; a 1 MB op log ({2**20 // 9:,} leaves) needs "
+          f"{-(-(2**20 // 9) // MAX_LOG_LEAVES)} pages, about {per_leaf * 2**20 / 9 / 1e6:,.0f}M gas in all")
+
+
+TABLES["availability"] = lambda: (availability_bounds(), availability_table())
 
 
 def main(argv: list[str] | None = None) -> None:
