@@ -441,6 +441,8 @@ class OnChainArtifacts:
         return None
 
     def _step_log(self, s: int, rec: StepRecord) -> StepLog | None:
+        if Mode(self.ctx.spec.mode) == Mode.PAPER:
+            raise ArtifactUnavailable("paper-mode logs are dense and uncommitted: not obtainable on-chain")
         roots = self._op_roots(s, rec)
         if roots is None:
             return None
