@@ -65,3 +65,35 @@ def test_trainer_that_withholds_and_does_not_answer_loses_its_stake(fresh_demo_w
     assert auditor.audit() is None  # the expired demand is claimed
     assert trainer.status() == "fraudulent"
     assert _owed(proto, auditor.account) == TERMS.challenger_bond * len(onchain.demanded) + TERMS.trainer_stake
+
+
+def test_the_auditor_re_verifies_published_data_and_refuses_tampered_bytes(fresh_demo_world) -> None:
+    """Published data is used only after Python rebuilt the posted roots from it: event bytes
+    altered after the fact (as a lying node would serve them) are refused as corrupt."""
+    import pytest
+
+    from vtrain.errors import CorruptArtifact
+
+    proto, ctx, job, trainer, auditor, onchain = _job(fresh_demo_world)
+    for _ in range(3):  # step records, then op logs of interval 0
+        auditor.audit()
+        trainer.answer_demands()
+    assert onchain.get_log(job, 1)  # all of interval 0 is published and verified
+    ev = onchain.events
+    good_steps, good_logs = [dict(a) for a in ev.steps], [dict(a) for a in ev.logs]
+
+    ev.steps[0]["logRoot"] = b"\x01" * 32
+    onchain._verified_records.clear()
+    with pytest.raises(CorruptArtifact, match="do not rebuild its posted root"):
+        onchain.get_step(job, 1)
+    ev.steps[:] = good_steps
+
+    onchain._verified_records.clear()
+    onchain._verified_logs.clear()
+    i = next(k for k, a in enumerate(ev.logs) if len(a["leaves"]) > 18)
+    leaves = bytearray(ev.logs[i]["leaves"])
+    leaves[9 + 4] ^= 3  # an entry's code
+    ev.logs[i]["leaves"] = bytes(leaves)
+    with pytest.raises(CorruptArtifact, match="do not rebuild its log root"):
+        onchain.get_log(job, int(ev.logs[i]["step"]))
+    ev.logs[:] = good_logs
