@@ -40,6 +40,9 @@ contract JobRegistry is IJobRegistry {
     address public disputeGame;
 
     /// @inheritdoc IJobRegistry
+    address public availability;
+
+    /// @inheritdoc IJobRegistry
     uint64 public jobCount;
 
     /// @inheritdoc IJobRegistry
@@ -53,6 +56,10 @@ contract JobRegistry is IJobRegistry {
 
     mapping(JobId job => Job record) internal _jobs;
     mapping(JobId job => mapping(uint64 index => Interval interval)) internal _intervals;
+    /// @dev Challenge-window ends moved later by `extendWindow` (0: not extended).
+    mapping(JobId job => mapping(uint64 index => uint64 end)) internal _extendedEnd;
+    /// @dev Latest extended window end over the job's intervals (finalize waits for it).
+    mapping(JobId job => uint64 end) internal _lastExtendedEnd;
 
     /// @notice Deploys the registry with its floors on the terms and its bounty fraction (immutable).
     /// @param minChallengeWindow_ Least `challengeWindow` of a job, seconds (>= 1).
@@ -84,9 +91,17 @@ contract JobRegistry is IJobRegistry {
         bountyBps = bountyBps_;
     }
 
-    modifier onlyGame() {
-        // INVARIANT: only the bound game moves bonds and declares winners.
-        if (msg.sender != disputeGame || msg.sender == address(0)) revert Unauthorized(msg.sender, disputeGame);
+    modifier onlyAuthorized() {
+        // INVARIANT: only the bound game or the bound availability contract lock and settle bonds.
+        if (msg.sender == address(0) || (msg.sender != disputeGame && msg.sender != availability)) {
+            revert Unauthorized(msg.sender, disputeGame);
+        }
+        _;
+    }
+
+    modifier onlyAvailability() {
+        // INVARIANT: only the bound availability contract releases demand bonds and extends windows.
+        if (msg.sender != availability || msg.sender == address(0)) revert Unauthorized(msg.sender, availability);
         _;
     }
 
@@ -152,8 +167,10 @@ contract JobRegistry is IJobRegistry {
         _expectStatus(job, j.status, JobStatus.Active);
         uint64 n = _nIntervals(j.params);
         if (j.nextInterval != n) revert IntervalsMissing(job, j.nextInterval, n);
-        // INVARIANT: windows close in posting order, so the last interval's window closes last.
+        // INVARIANT: unextended windows close in posting order, so the last interval's closes last;
+        // an answered availability demand may have extended an earlier one (_lastExtendedEnd).
         uint256 end = uint256(_intervals[job][n - 1].postedAt) + j.params.challengeWindow;
+        if (_lastExtendedEnd[job] > end) end = _lastExtendedEnd[job];
         if (block.timestamp <= end) revert WindowStillOpen(job, end, block.timestamp);
         // INVARIANT: a game still running could yet prove fraud.
         if (j.openGames != 0) revert GamesOpen(job, j.openGames);
@@ -212,7 +229,7 @@ contract JobRegistry is IJobRegistry {
     function lockBond(JobId job, uint64 index, address challenger)
         external
         payable
-        onlyGame
+        onlyAuthorized
         returns (address trainer, bytes32 root, uint64 firstStep, uint64 size, uint64 clock)
     {
         Job storage j = _job(job);
@@ -220,7 +237,7 @@ contract JobRegistry is IJobRegistry {
         // INVARIANT: only posted intervals can be disputed.
         if (index >= j.nextInterval) revert IntervalNotPosted(job, index, j.nextInterval);
         Interval storage iv = _intervals[job][index];
-        uint256 end = uint256(iv.postedAt) + j.params.challengeWindow;
+        uint256 end = _windowEnd(job, j, index);
         // INVARIANT: the window includes its last second, as the clocks do.
         if (block.timestamp > end) revert WindowClosed(job, index, end, block.timestamp);
         if (msg.value != j.params.challengerBond) revert WrongValue(msg.value, j.params.challengerBond);
@@ -232,7 +249,7 @@ contract JobRegistry is IJobRegistry {
     }
 
     /// @inheritdoc IJobRegistry
-    function settleGame(JobId job, address challenger, bool trainerWon) external onlyGame {
+    function settleGame(JobId job, address challenger, bool trainerWon) external onlyAuthorized {
         Job storage j = _job(job);
         _expectStatus(job, j.status, JobStatus.Active);
         j.openGames -= 1;
@@ -248,12 +265,56 @@ contract JobRegistry is IJobRegistry {
     }
 
     /// @inheritdoc IJobRegistry
-    function refundGame(JobId job, address challenger) external onlyGame {
+    function refundGame(JobId job, address challenger) external onlyAuthorized {
         Job storage j = _job(job);
         _expectStatus(job, j.status, JobStatus.Fraudulent);
         j.openGames -= 1;
         _credit(challenger, job, j.params.challengerBond);
         emit GameSettled(job, challenger, false, true);
+    }
+
+    // ------------------------------------------------------------ availability hooks
+
+    /// @inheritdoc IJobRegistry
+    function setAvailability(address da) external {
+        if (msg.sender != deployer) revert Unauthorized(msg.sender, deployer);
+        // INVARIANT: bound once; a swapped contract could release bonds or convict at will.
+        if (availability != address(0) || da == address(0)) revert AvailabilityAlreadySet(availability);
+        availability = da;
+        emit AvailabilitySet(da);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function releaseBond(JobId job, address demander) external onlyAvailability {
+        Job storage j = _job(job);
+        _expectStatus(job, j.status, JobStatus.Active);
+        j.openGames -= 1;
+        _credit(demander, job, j.params.challengerBond);
+        emit BondReleased(job, demander, j.params.challengerBond);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function extendWindow(JobId job, uint64 index, uint256 until) external onlyAvailability {
+        Job storage j = _job(job);
+        _expectStatus(job, j.status, JobStatus.Active);
+        if (index >= j.nextInterval) revert IntervalNotPosted(job, index, j.nextInterval);
+        uint256 base = uint256(_intervals[job][index].postedAt) + j.params.challengeWindow;
+        // SAFETY: demands are made inside the unextended window and answered within one clock, so
+        // an honest extension never passes base + 2 * clock; nothing can push finalize further.
+        uint256 cap = base + 2 * uint256(j.params.clock);
+        if (until > cap) revert ExtensionTooLong(job, index, until, cap);
+        if (until <= _windowEnd(job, j, index)) return;
+        // SAFETY: until <= cap < 2^64 (postedAt, challengeWindow and clock are uint64 seconds).
+        _extendedEnd[job][index] = uint64(until);
+        if (until > _lastExtendedEnd[job]) _lastExtendedEnd[job] = uint64(until);
+        emit WindowExtended(job, index, until);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function convict(JobId job, address winner) external onlyAvailability {
+        Job storage j = _job(job);
+        _expectStatus(job, j.status, JobStatus.Active);
+        _convict(job, winner, 0);
     }
 
     // ------------------------------------------------------------ views
@@ -293,9 +354,8 @@ contract JobRegistry is IJobRegistry {
 
     /// @inheritdoc IJobRegistry
     function windowEnd(JobId job, uint64 index) external view returns (uint256) {
-        Interval storage iv = _intervals[job][index];
-        if (iv.root == bytes32(0)) return 0;
-        return uint256(iv.postedAt) + _jobs[job].params.challengeWindow;
+        if (_intervals[job][index].root == bytes32(0)) return 0;
+        return _windowEnd(job, _jobs[job], index);
     }
 
     /// @inheritdoc IJobRegistry
@@ -348,6 +408,13 @@ contract JobRegistry is IJobRegistry {
         _credit(winner, job, bond + bounty);
         _credit(j.client, job, j.payment);
         emit JobFraudulent(job, winner, bond + bounty, j.payment, burned);
+    }
+
+    /// @dev Last second interval `index` can be challenged: postedAt + challengeWindow, or later if extended.
+    function _windowEnd(JobId job, Job storage j, uint64 index) internal view returns (uint256 end) {
+        end = uint256(_intervals[job][index].postedAt) + j.params.challengeWindow;
+        uint256 ext = _extendedEnd[job][index];
+        if (ext > end) end = ext;
     }
 
     function _credit(address account, JobId job, uint256 amount) internal {

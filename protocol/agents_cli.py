@@ -459,7 +459,14 @@ def attach_with_abis(chain, d, abis: dict[str, list]):
             raise ChainError(f"{name}: no contract at {address} on {chain.name} (wrong address or chain?)")
         chain.register_errors(abis[name])
         contracts.append(chain.w3.eth.contract(address=address, abi=abis[name]))
-    return Protocol(chain, *contracts)
+    availability = None
+    if d.availability and isinstance(abis.get("DataAvailability"), list):
+        chain.register_errors(abis["DataAvailability"])
+        availability = chain.w3.eth.contract(address=Web3.to_checksum_address(d.availability),
+                                             abi=abis["DataAvailability"])
+    elif d.availability:
+        availability = chain.at("DataAvailability", d.availability)
+    return Protocol(chain, *contracts, availability=availability)
 
 
 def save_deployment(proto, path: Path) -> None:
@@ -470,6 +477,8 @@ def save_deployment(proto, path: Path) -> None:
         **proto.deployment.__dict__,
         "abis": {n: c.abi for n, c in zip(_CONTRACTS, (proto.registry, proto.game, proto.adjudicator), strict=True)},
     }
+    if proto.availability is not None:
+        d["abis"]["DataAvailability"] = proto.availability.abi
     atomic_write(Path(path), json.dumps(d).encode())
 
 

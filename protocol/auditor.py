@@ -210,8 +210,13 @@ class AuditorAgent:
     """Where the auditor keeps its own replay results (records, the state at each interval's end,
     progress): a restarted auditor resumes from them instead of replaying the whole job again."""
     _pending_bad: int | None = None
+    onchain: Any = None
+    """A :class:`protocol.availability.OnChainArtifacts`: step records and logs the reader cannot
+    serve are demanded on-chain and read back, verified, from the published events."""
 
     def __post_init__(self) -> None:
+        if self.onchain is not None:  # asked for whatever the reader cannot serve verified
+            self.fallbacks.append(self.onchain)
         self.book = StepBook(self.ctx)
         self.player = Player(self.proto, self.account, PARTY_CHALLENGER)
         self._states[0] = state_tensors(self.ctx.job.initial_state)

@@ -361,6 +361,8 @@ class Deployment:
     game: str
     adjudicator: str
     chain_id: int
+    availability: str | None = None
+    """The DataAvailability contract (None in a deployment file written before it existed)."""
 
     def save(self, path: Path) -> None:
         from vtrain.training.rundir import atomic_write
@@ -385,4 +387,7 @@ class Deployment:
                 raise ChainError(f"deployment file {path}: {k}: {d[k]!r} is not an address")
         if isinstance(d["chain_id"], bool) or not isinstance(d["chain_id"], int) or d["chain_id"] <= 0:
             raise ChainError(f"deployment file {path}: chain_id: expected a positive integer, got {d['chain_id']!r}")
-        return Deployment(d["registry"], d["game"], d["adjudicator"], d["chain_id"])
+        da = d.get("availability")
+        if da is not None and (not isinstance(da, str) or not Web3.is_address(da)):
+            raise ChainError(f"deployment file {path}: availability: {da!r} is not an address")
+        return Deployment(d["registry"], d["game"], d["adjudicator"], d["chain_id"], da)

@@ -105,7 +105,7 @@ def demo(rpc: str | None, model: str, cheat: str | None) -> None:
     "period) instead of the production ones (1 day window, 1 h clock, 1 h posting period, 0.01 ETH bond).",
 )
 def deploy(rpc: str | None, out: Path, dev_floors: bool) -> None:
-    """Deploy JobRegistry, Adjudicator and DisputeGame and write their addresses to OUT."""
+    """Deploy JobRegistry, Adjudicator, DisputeGame and DataAvailability and write their addresses to OUT."""
     from protocol.agents_cli import save_deployment
     from protocol.chain import Chain
     from protocol.deploy import DEV_FLOORS, PRODUCTION_FLOORS
@@ -122,7 +122,7 @@ def deploy(rpc: str | None, out: Path, dev_floors: bool) -> None:
         raise click.ClickException(f"--out {out}: {e.strerror or e}") from None
     console.print(
         f"deployed on {chain.name}: registry {proto.registry.address}, game {proto.game.address}, "
-        f"adjudicator {proto.adjudicator.address} -> {out}"
+        f"adjudicator {proto.adjudicator.address}, availability {proto.availability.address} -> {out}"
     )
 
 

@@ -1,4 +1,5 @@
-"""Deploying the protocol: registry (escrow), adjudicator, dispute game, and binding them."""
+"""Deploying the protocol: registry (escrow), adjudicator, dispute game, data availability, and
+binding them."""
 
 from __future__ import annotations
 
@@ -57,11 +58,17 @@ class Protocol:
     adjudicator: Contract
     job_blocks: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
     """Block of each job's JobCreated event, once looked up (see ``protocol.agent.job_first_block``)."""
+    availability: Contract | None = None
+    """The DataAvailability contract (None when attached to a deployment without one)."""
 
     @property
     def deployment(self) -> Deployment:
         return Deployment(
-            self.registry.address, self.game.address, self.adjudicator.address, self.chain.w3.eth.chain_id
+            self.registry.address,
+            self.game.address,
+            self.adjudicator.address,
+            self.chain.w3.eth.chain_id,
+            self.availability.address if self.availability is not None else None,
         )
 
     @staticmethod
@@ -75,18 +82,27 @@ class Protocol:
             chain.at("JobRegistry", d.registry),
             chain.at("DisputeGame", d.game),
             chain.at("Adjudicator", d.adjudicator),
+            availability=chain.at("DataAvailability", d.availability) if d.availability else None,
         )
 
 
 def deploy(chain: Chain, deployer: str, floors: Floors = DEV_FLOORS) -> Protocol:
-    """Deploy and bind the three contracts; returns them. ``floors``: the registry's deployment
+    """Deploy and bind the four contracts; returns them. ``floors``: the registry's deployment
     parameters (the development ones by default; ``vtrain deploy`` uses PRODUCTION_FLOORS)."""
     registry = chain.deploy("JobRegistry", *floors.args(), sender=deployer)
     adjudicator = chain.deploy("Adjudicator", sender=deployer)
     game = chain.deploy("DisputeGame", registry.address, adjudicator.address, sender=deployer)
     chain.send(registry.functions.setDisputeGame(game.address), deployer, what="setDisputeGame")
+    availability = deploy_availability(chain, registry, deployer)
     log.info(
-        "protocol deployed: registry %s game %s adjudicator %s (%s)", registry.address, game.address,
-        adjudicator.address, floors,
+        "protocol deployed: registry %s game %s adjudicator %s availability %s (%s)", registry.address,
+        game.address, adjudicator.address, availability.address, floors,
     )
-    return Protocol(chain, registry, game, adjudicator)
+    return Protocol(chain, registry, game, adjudicator, availability=availability)
+
+
+def deploy_availability(chain: Chain, registry: Contract, deployer: str) -> Contract:
+    """Deploy the DataAvailability contract for ``registry`` and bind it (once, by the registry's deployer)."""
+    availability = chain.deploy("DataAvailability", registry.address, sender=deployer)
+    chain.send(registry.functions.setAvailability(availability.address), deployer, what="setAvailability")
+    return availability

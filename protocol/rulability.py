@@ -55,6 +55,11 @@ ADJUDICATED_KINDS = frozenset(
         OpKind.EXPAND,
         OpKind.ONE_HOT,
         OpKind.GATHER,
+        OpKind.TAKE,
+        OpKind.SELECT,
+        OpKind.MAX_GRAD,
+        OpKind.DROPOUT_MASK,
+        OpKind.STEP,
     }
 )
 #: Kinds the DisputeGame binds itself (``openOp``: to stateRoot_{s-1}, stateRoot_s, a constant root).

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import torch
 
@@ -44,6 +45,7 @@ class TrainerAgent:
     policy: TermsPolicy = field(default_factory=lambda: TermsPolicy("trainer"))
     """What this trainer requires of a job's terms before it stakes (``accept`` checks it)."""
     player: Player = field(init=False)
+    _responder: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.nproc > 1 and self.cheat is not None:
@@ -245,10 +247,21 @@ class TrainerAgent:
         (o,) = list(train_steps(self.ctx.job, state, s, s, cheat=self.cheat, keep_trace=True))
         return StepTrace.of(s, self.ctx.job.graph, o.result)
 
+    def answer_demands(self) -> int:
+        """Answer every open data-availability demand on this job from the store (found by their
+        events, so a restarted trainer answers what is still open). Returns answers sent."""
+        if self.proto.availability is None:
+            return 0
+        from protocol.availability import AvailabilityResponder
+
+        if self._responder is None:
+            self._responder = AvailabilityResponder(self.proto, self.account, self.ctx, self.store, self.job_id)
+        return self._responder.respond()
+
     def play(self) -> int:
-        """One pass over this job's games: at most one move each. Returns moves sent."""
+        """One pass over this job's games (at most one move each) and its open demands. Returns moves sent."""
         strategy = TrainerStrategy(self.ctx, self.book(), self._trace)
-        sent = 0
+        sent = self.answer_demands()
         for gid in self.player.games_of(self.job_id):
             sent += self.player.step(gid, lambda g, v: strategy.move(v))
         return sent

@@ -8,6 +8,7 @@ stay under the 16,777,216 per-transaction cap.
     .venv/bin/python scripts/bench_gas.py adjudicator
     .venv/bin/python scripts/bench_gas.py gpt gpt-disputes   # the demo GPT: per op kind, whole disputes
     .venv/bin/python scripts/bench_gas.py new-kinds new-kind-disputes   # TAKE SELECT MAX_GRAD DROPOUT_MASK STEP
+    .venv/bin/python scripts/bench_gas.py availability       # publishing one whole step on-chain (DA)
 
 Each table is a function returning rows, so other parts (game figures) can be added beside it.
 """
@@ -427,6 +428,126 @@ TABLES: dict[str, Callable[[], None]] = {
                                     adjudicator_table(new_kind_cases())),
     "new-kind-disputes": new_kind_disputes,
 }
+
+
+def publish_step(model: str, s: int = 1) -> dict[str, int]:
+    """Gas to make the trainer publish one whole step of the demo ``model`` through DataAvailability:
+    the step record (all pages of op log roots) and every op log with entries (empty logs are known
+    from their root), in as many demands and answers as the bounds need."""
+    import tempfile
+
+    from protocol.availability import MAX_OP_ROOTS, MAX_TO_INDEX, AvailabilityResponder
+    from protocol.chain import Chain
+    from protocol.demo import create_job, default_spec
+    from protocol.deploy import deploy
+    from protocol.jobs import JobContext, Terms
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+    from vtrain.commit.roots import op_log_leaves
+    from vtrain.commit.trace import op_log_entries
+    from vtrain.numerics.logfile import decode_step_log
+
+    _one_torch_thread()
+    chain = Chain.connect(None)
+    acct = chain.accounts()
+    proto = deploy(chain, acct[0])
+    ctx = JobContext.of(default_spec(model))
+    terms = Terms()
+    store = ArtifactStore(tempfile.mkdtemp())
+    job = create_job(proto, acct[1], acct[2], ctx, terms)
+    trainer = TrainerAgent(proto, acct[2], ctx, store, job)
+    trainer.accept(terms)
+    trainer.run_interval()
+    resp = AvailabilityResponder(proto, acct[2], ctx, store, job)
+    da = proto.availability
+    demand_gas: list[int] = []
+
+    def demand(fn) -> None:
+        demand_gas.append(int(chain.send(fn, acct[3], value=terms.challenger_bond, what="demand")["gasUsed"]))
+        assert resp.respond() == 1, "the trainer did not answer"
+
+    n_ops = ctx.job.graph.n_ops
+    for first in range(0, n_ops, MAX_OP_ROOTS):
+        demand(da.functions.demandStep(job, 0, s, first))
+    step_log = decode_step_log(store.get_log(job, s), s, ctx.job.graph)
+    with_entries = leaves_total = 0
+    for op in range(n_ops):
+        entries = op_log_entries(step_log, op)
+        if not entries:
+            continue
+        with_entries += 1
+        leaves_total += len(entries) + 2
+        start = key = 0
+        while True:
+            demand(da.functions.demandLog(job, 0, s, op, key, MAX_TO_INDEX, start))
+            ev = da.events.LogPublished.get_logs(from_block=chain.w3.eth.block_number)[-1]["args"]
+            count = len(ev["leaves"]) // 9
+            if ev["position"] + count >= ev["size"]:
+                break
+            start = ev["position"] + count - 1
+            key = int.from_bytes(ev["leaves"][-9:-5], "big")
+        assert len(op_log_leaves(entries)) == len(entries) + 2
+    answers = [g for _, g in resp.gas]
+    return {
+        "ops": n_ops,
+        "ops_with_entries": with_entries,
+        "log_leaves": leaves_total,
+        "answers": len(answers),
+        "answer_gas": sum(answers),
+        "demand_gas": sum(demand_gas),
+        "largest_tx": max(answers + demand_gas),
+    }
+
+
+def availability_table(models: tuple[str, ...] = ("mlp", "gpt")) -> None:
+    print("\n## data availability: publishing one whole step on-chain (py-evm)\n")
+    print("| model | ops | ops with log entries | log leaves | answers | answer gas (sum) | demand gas (sum) "
+          "| largest tx | % of cap |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for model in models:
+        r = publish_step(model)
+        print(f"| {model} | {r['ops']} | {r['ops_with_entries']} | {r['log_leaves']:,} | {r['answers']} "
+              f"| {r['answer_gas']:,} | {r['demand_gas']:,} | {r['largest_tx']:,} "
+              f"| {100 * r['largest_tx'] / TX_GAS_CAP:.1f} |")
+        assert r["largest_tx"] < TX_GAS_CAP
+
+
+def availability_bounds() -> None:
+    """Gas of the largest answers the bounds allow: a full page of MAX_LOG_LEAVES log leaves, a page
+    of 1024 leaves, and a step record of 1024 state components with MAX_OP_ROOTS op log roots."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import da_harness as D
+    import game_harness as H
+
+    from protocol.availability import MAX_LOG_LEAVES, MAX_TO_INDEX
+
+    dep = H.deploy()
+    rows = []
+    for n in (1024, MAX_LOG_LEAVES):
+        dep.reset()
+        run = H.simulate(H.JobConfig())
+        op = run.graph.index["update0"]
+        lr = D.with_logs(run, {(2, op): D.entries_leaves([(2 * k, 1, 0) for k in range(n - 2)])})
+        job = H.active_job(dep, lr.run)
+        did = D.demand_log(dep, job, 0, 2, op, 0, MAX_TO_INDEX, 0)
+        r = dep.tx(dep.da.functions.answerLog(did, D.run_args(lr, 0, 2, op, 0, n)), dep.trainer)
+        rows.append((f"log page of {n:,} leaves ({9 * n:,} B)", r.gasUsed))
+    dep.reset()
+    lr = D.with_logs(H.simulate(H.JobConfig(n_steps=1, interval_length=1, n_slots=1024)))
+    job = H.active_job(dep, lr.run)
+    did = D.demand_step(dep, job, 0, 1, 0)
+    r = dep.tx(dep.da.functions.answerStep(did, *D.step_args(lr, 0, 1, 0)), dep.trainer)
+    rows.append(("step record: 1,024 components + 1,024 op roots", r.gasUsed))
+    print("\n## data availability: largest answers (py-evm)\n")
+    print("| answer | gas | % of cap |\n|---|---:|---:|")
+    for name, gas in rows:
+        print(f"| {name} | {gas:,} | {100 * gas / TX_GAS_CAP:.1f} |")
+        assert gas < TX_GAS_CAP
+    per_leaf = (rows[1][1] - rows[0][1]) / (MAX_LOG_LEAVES - 1024)
+    print(f"\nmarginal gas per log leaf: {per_leaf:,.0f}; a 1 MB op log ({2**20 // 9:,} leaves) needs "
+          f"{-(-(2**20 // 9) // MAX_LOG_LEAVES)} pages, about {per_leaf * 2**20 / 9 / 1e6:,.0f}M gas in all")
+
+
+TABLES["availability"] = lambda: (availability_bounds(), availability_table())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,7 +40,10 @@ FLOORS = {"challengeWindow": MIN_WINDOW, "clock": MIN_CLOCK, "postingPeriod": MI
 #: ``bounty``: the model pays a winning challenger the whole stake (the old rule; solvency);
 #: ``burn``: the model forgets what convictions burn (solvency);
 #: ``floor``: the model takes a clock one second below the floor as valid (expectation).
-SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen", "reclaim", "bounty", "burn", "floor")
+#: ``demand_escrow``: the model forgets an open demand's bond in the job's escrow (solvency);
+#: ``extension``: the model forgets that an answer extends the interval's window (expectation).
+SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen", "reclaim", "bounty", "burn", "floor",
+             "demand_escrow", "extension")
 
 
 class Violation(AssertionError):
@@ -72,6 +75,8 @@ class JobModel:
     accepted_at: int | None = None
     late: bool = False  # an interval was not posted by its deadline (seen while Active)
     reclaimed: bool = False
+    extended: dict[int, int] = field(default_factory=dict)
+    """Window ends moved later by answered availability demands (interval -> last second)."""
 
     @property
     def honest_posts(self) -> bool:
@@ -105,11 +110,20 @@ class JobModel:
         return None
 
     def window_end(self, index: int) -> int:
+        """Last second interval ``index`` can be challenged (extended by answered demands)."""
+        return max(self.base_window_end(index), self.extended.get(index, 0))
+
+    def base_window_end(self, index: int) -> int:
+        """postedAt + challengeWindow: the last second a demand on ``index`` can be made."""
         return self.posted_at[index] + self.window
 
     def bounty(self) -> int:
         """What a conviction of this job pays its winner beyond its bond (the registry's rounding)."""
         return self.stake * BOUNTY_BPS // 10_000
+
+    def finalize_after(self) -> int:
+        """Last second before finalize: the last window's end or a later extended one."""
+        return max([self.window_end(self.n_intervals - 1), *self.extended.values()])
 
     def escrow(self, sabotage: str | None = None) -> int:
         bonds = 0 if sabotage == "escrow" else self.open_games * self.bond
@@ -216,6 +230,7 @@ class Model:
     ledger: Ledger = field(default_factory=Ledger)
     touched_jobs: set[int] = field(default_factory=set)
     finished: list[int] = field(default_factory=list)  # games over since the last check
+    demands: dict[int, DemandModel] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.sabotage is not None and self.sabotage not in SABOTAGES:
@@ -286,7 +301,7 @@ class Model:
             errs.add("WrongJobStatus")
         if len(j.posted) != j.n_intervals:
             errs.add("IntervalsMissing")
-        elif now <= j.window_end(j.n_intervals - 1):
+        elif now <= j.finalize_after():
             errs.add("WindowStillOpen")
         if j.open_games:
             errs.add("GamesOpen")
@@ -446,3 +461,114 @@ class Model:
         self.ledger.credit(g.challenger, j.bond)
         self.finished.append(game)
         self.touched_jobs.add(j.job)
+
+
+# ---------------------------------------------------------------- data-availability demands
+
+
+@dataclass
+class DemandModel:
+    """A DataAvailability demand: the trainer has ``clock`` seconds from ``t0`` to answer."""
+
+    demand: int
+    job: int
+    interval: int
+    step: int
+    kind: int  # 1 step record, 2 op log
+    demander: str
+    t0: int
+    clock: int
+    status: str = "open"  # open, answered, timed_out, closed
+    returned: int | None = None  # wei the chain credited the demander when it ended
+
+    @property
+    def live(self) -> bool:
+        return self.status == "open"
+
+    def deadline(self) -> int:
+        return self.t0 + self.clock
+
+
+def expect_demand(m: Model, job: int, interval: int, step: int, value: int, now: int) -> set[str]:
+    """Errors that may explain a reverted demandStep/demandLog."""
+    j = m.jobs[job]
+    errs = set()
+    if j.status != JobStatus.ACTIVE:
+        errs.add("WrongJobStatus")
+    if interval >= len(j.posted):
+        errs.add("IntervalNotPosted")
+    elif now > j.base_window_end(interval):
+        errs.add("DemandWindowClosed")
+    if value != j.bond:
+        errs.add("WrongValue")
+    return errs
+
+
+def expect_answer(m: Model, d: DemandModel, sender: str, now: int, proof_ok: bool) -> set[str]:
+    j = m.jobs[d.job]
+    errs = set()
+    if not d.live:
+        errs.add("DemandNotOpen")
+    if sender != j.trainer:
+        errs.add("Unauthorized")
+    if j.status != JobStatus.ACTIVE:
+        errs.add("WrongJobStatus")
+    if now > d.deadline():
+        errs.add("ClockExpired")
+    if not proof_ok:
+        errs.add("InvalidProof")
+    return errs
+
+
+def expect_demand_timeout(m: Model, d: DemandModel, now: int) -> set[str]:
+    errs = set()
+    if not d.live:
+        errs.add("DemandNotOpen")
+    elif m.jobs[d.job].status != JobStatus.ACTIVE:
+        errs.add("WrongJobStatus")
+    elif now <= d.deadline():
+        errs.add("DeadlineNotPassed")
+    return errs
+
+
+def expect_close_demand(m: Model, d: DemandModel) -> set[str]:
+    if not d.live:
+        return {"DemandNotOpen"}
+    return set() if m.jobs[d.job].status == JobStatus.FRAUDULENT else {"WrongJobStatus"}
+
+
+def demanded(m: Model, d: DemandModel) -> None:
+    j = m.jobs[d.job]
+    j.open_games += 0 if m.sabotage == "demand_escrow" else 1
+    m.ledger.deposited += j.bond
+    m.demands[d.demand] = d
+    m.touched_jobs.add(d.job)
+
+
+def answered(m: Model, d: DemandModel, t: int) -> None:
+    """Bond back to the demander; the interval's window moved to at least t + clock."""
+    j = m.jobs[d.job]
+    j.open_games -= 0 if m.sabotage == "demand_escrow" else 1
+    d.status = "answered"
+    m.ledger.credit(d.demander, j.bond)
+    if m.sabotage != "extension":
+        j.extended[d.interval] = max(j.extended.get(d.interval, 0), t + j.clock)
+    m.touched_jobs.add(d.job)
+
+
+def demand_timed_out(m: Model, d: DemandModel) -> None:
+    """The trainer is convicted (the registry's ``_convict``): the demander wins its bond + the
+    bounty, the client its payment, the rest of the stake is burned."""
+    j = m.jobs[d.job]
+    j.open_games -= 0 if m.sabotage == "demand_escrow" else 1
+    d.status = "timed_out"
+    m._convict(j, d.demander, j.bond, j.stake if m.sabotage == "bounty" else j.bounty())
+    m.touched_jobs.add(d.job)
+
+
+def demand_closed(m: Model, d: DemandModel) -> None:
+    j = m.jobs[d.job]
+    j.open_games -= 0 if m.sabotage == "demand_escrow" else 1
+    d.status = "closed"
+    m.ledger.credit(d.demander, j.bond)
+    m.touched_jobs.add(d.job)

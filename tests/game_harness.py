@@ -133,7 +133,9 @@ _ERROR_TABLE: dict[bytes, tuple[str, list[str]]] = {}
 
 def _error_table() -> dict[bytes, tuple[str, list[str]]]:
     if not _ERROR_TABLE:
-        for name in ("JobRegistry", "DisputeGame", "ToyAdjudicator", "ReentrantReceiver", "ChunkAdjudicator"):
+        for name in (
+            "JobRegistry", "DisputeGame", "ToyAdjudicator", "ReentrantReceiver", "ChunkAdjudicator", "DataAvailability"
+        ):
             for item in load_artifact(name).abi:
                 if item["type"] != "error":
                     continue
@@ -219,6 +221,8 @@ class Deployment:
     gas_log: list[tuple[str, int]] = field(default_factory=list)
     receipts: list[Any] = field(default_factory=list)
     _deployed: Snapshot | None = None
+    da: Any = None
+    """The DataAvailability contract (bound to the registry)."""
 
     def snapshot(self) -> Snapshot:
         """The chain (state and time) and this object's bookkeeping at this point."""
@@ -354,6 +358,8 @@ class Deployment:
         balance = self.w3.eth.get_balance(self.registry.address)
         assert balance == total_owed + burned + escrow, (balance, total_owed, burned, escrow)
         assert self.w3.eth.get_balance(self.game.address) == 0
+        if self.da is not None:
+            assert self.w3.eth.get_balance(self.da.address) == 0
 
 
 @dataclass(frozen=True)
@@ -404,6 +410,8 @@ def deploy(w3: Web3 | None = None, adjudicator: str = "ToyAdjudicator") -> Deplo
     dep.toy = dep.deploy(adjudicator)
     dep.game = dep.deploy("DisputeGame", dep.registry.address, dep.toy.address)
     dep.tx(dep.registry.functions.setDisputeGame(dep.game.address), dep.deployer)
+    dep.da = dep.deploy("DataAvailability", dep.registry.address)
+    dep.tx(dep.registry.functions.setAvailability(dep.da.address), dep.deployer)
     dep._deployed = dep.snapshot()
     return dep
 

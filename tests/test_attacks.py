@@ -908,6 +908,106 @@ def test_auditor_with_logs_of_one_interval_withheld_replays_the_rest_and_does_no
         assert auditor.audit() is None and auditor.withheld == {} and auditor.signed_off()
 
 
+# ================================================================== data availability (contracts/DataAvailability.sol)
+
+
+def test_trainer_that_withholds_a_demanded_step_loses_its_stake(dep, honest):
+    """A demand the trainer leaves unanswered: anyone claims the timeout, the demander wins."""
+    import da_harness as D
+
+    with trial("da-withheld-demand-times-out"):
+        job = H.active_job(dep, honest)
+        did = D.demand_step(dep, job, 1, 6)
+        dep.advance(CFG.clock + 1)
+        dep.tx(dep.da.functions.claimTimeout(did), dep.anyone)
+        fraud_settled(dep, job, dep.challenger)
+
+
+def test_honest_trainer_answers_griefing_demands_and_finalizes_within_the_cap(dep, honest):
+    """Many demanders, each at the last second of the window: the honest trainer answers all, every
+    demander gets its bond back, the trainer is paid, finalize comes by windowEnd + 2 clock."""
+    import da_harness as D
+
+    with trial("da-griefing-demands-bounded"):
+        lr = D.with_logs(honest)
+        job = H.active_job(dep, honest)
+        end = dep.call(dep.registry.functions.windowEnd(job, 1))
+        dep.at(end - 3)
+        ids = [D.demand_step(dep, job, 1, 5 + k % 4, who=w) for k, w in
+               enumerate([dep.challenger, dep.challenger2, dep.anyone, dep.client])]
+        dep.at(end + CFG.clock - 4)
+        for did in ids:
+            step = D.demand(dep, did)["step"]
+            dep.tx(dep.da.functions.answerStep(did, *D.step_args(lr, 1, step)), dep.trainer)
+        with reverts("DemandWindowClosed"):
+            dep.dry(dep.da.functions.demandStep(job, 1, 5, 0), dep.challenger, value=CFG.challenger_bond)
+        ext = dep.call(dep.registry.functions.windowEnd(job, 1))
+        assert ext <= end + 2 * CFG.clock
+        dep.at(ext + 1)
+        dep.tx(dep.registry.functions.finalize(job), dep.anyone)
+        for w in (dep.challenger, dep.challenger2, dep.anyone):
+            assert dep.owed(w) == CFG.challenger_bond
+        assert dep.owed(dep.trainer) == CFG.payment + CFG.trainer_stake
+
+
+def test_forged_availability_answer_reverts_and_the_honest_answer_is_accepted(dep, honest):
+    import da_harness as D
+
+    with trial("da-forged-answer"):
+        lr = D.with_logs(honest)
+        job = H.active_job(dep, honest)
+        op = honest.graph.index["update0"]
+        did = D.demand_log(dep, job, 0, 2, op, 0, 100)
+        good = D.answer_run_for(lr, 0, 2, op, 0, 100)
+        forged = good[:7] + (good[7][:9] + D.leaf(4, 3, 0x40000000) + good[7][18:],) + good[8:]
+        with reverts("RangeMismatch"):
+            dep.dry(dep.da.functions.answerLog(did, forged), dep.trainer)
+        dep.tx(dep.da.functions.answerLog(did, good), dep.trainer)
+        assert D.demand(dep, did)["status"] == 2
+        assert dep.owed(dep.challenger) == CFG.challenger_bond
+
+
+@pytest.mark.parametrize("kind", ["duplicate-index", "out-of-order", "bad-code"])
+def test_malformed_committed_log_is_proven_and_convicts_the_trainer(dep, kind):
+    """A log the trainer could open either way (two entries for one element) or with a code
+    outside the alphabet: anyone proves it from two adjacent leaves (or one) while Active."""
+    import da_harness as D
+
+    with trial(f"da-malformed-log-{kind}"):
+        run = H.simulate(CFG)
+        op = run.graph.index["update0"]
+        entries = {"duplicate-index": [(5, 1, 0), (5, 2, 0)], "out-of-order": [(9, 1, 0), (5, 2, 0)],
+                   "bad-code": [(5, 9, 0)]}[kind]
+        lr = D.with_logs(run, {(6, op): D.entries_leaves(entries)})
+        job = H.active_job(dep, lr.run)
+        span = (1, 2) if kind == "bad-code" else (1, 3)
+        dep.tx(dep.da.functions.proveMalformedLog(job, 1, 6, op, D.run_args(lr, 1, 6, op, *span)), dep.anyone)
+        assert dep.job_status(job) == JobStatus.FRAUDULENT
+        assert dep.owed(dep.anyone) == CFG.trainer_stake and dep.owed(dep.client) == CFG.payment
+
+
+def test_reentrancy_on_demand_bond_refund_and_reward(dep, honest):
+    """Demanders that are contracts: the answered demand's bond and the timeout reward are credits;
+    withdraw pays each exactly once while the receiver re-enters the availability contract."""
+    import da_harness as D
+
+    with trial("reentrancy-demand-refund-and-reward"):
+        lr = D.with_logs(honest)
+        a, b = receiver(dep), receiver(dep)
+        da = dep.da.functions
+        job = H.active_job(dep, honest)
+        via(dep, a, da.demandStep(job, 0, 1, 0), value=CFG.challenger_bond)
+        did_a = dep.call(da.demandCount())
+        dep.tx(da.answerStep(did_a, *D.step_args(lr, 0, 1)), dep.trainer)
+        withdraw_reentering(dep, a, da.claimTimeout(did_a), "DemandNotOpen")
+        via(dep, b, da.demandStep(job, 0, 2, 0), value=CFG.challenger_bond)
+        did_b = dep.call(da.demandCount())
+        dep.advance(CFG.clock + 1)
+        dep.tx(da.claimTimeout(did_b), dep.anyone)
+        withdraw_reentering(dep, b, da.claimTimeout(did_b), "DemandNotOpen")
+        assert dep.call(b.functions.received()) == CFG.challenger_bond + CFG.trainer_stake
+
+
 # ================================================================== every cheat of protocol/cheats.py (real agents)
 
 

@@ -9,7 +9,11 @@ posting deadline), challenges (honest and false challengers, several per job and
 right and wrong bond), game moves by honest and cheating actors of tests/game_harness.py (whole
 games played out; moves out of turn, by third parties and with wrong data, which must revert and
 leave the game unchanged), time jumps (to clock deadlines, window ends and game bounds, one
-second either side), claimTimeout, closeGame, finalize and withdrawals (twice).
+second either side), claimTimeout, closeGame, finalize and withdrawals (twice); and data-availability moves
+(DataAvailability: step-record and op-log demands inside and around the unextended window,
+answers by the trainer or a third party, demand timeouts, closeDemand), whose window extensions
+the model follows (``DemandMachine`` starts every sequence with demands). An honest trainer
+answers each demand ``RESERVE`` seconds before its deadline.
 
 tests/fuzz_model.py keeps a model of every job, game clock and account; every call's success or
 revert (and its custom error) is predicted. Checked after every rule:
@@ -65,6 +69,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import da_harness as D
+import fuzz_model as FM
 import game_harness as H
 import pytest
 import security_report
@@ -101,7 +107,10 @@ RESERVE = 60
 MIN_CLOCK = 100
 MAX_LIVE_GAMES = 6
 MAX_JOBS = 5
+MAX_LIVE_DEMANDS = 4
 ZERO = b"\x00" * 32
+FM_MAX_TO_INDEX = 0xFFFFFFFE
+DEMAND_STATUS = {1: "open", 2: "answered", 3: "timed_out", 4: "convicted", 5: "closed"}
 
 
 @dataclass
@@ -225,6 +234,8 @@ class ContractMachine(RuleBasedStateMachine):
         self._views: dict[int, dict[str, Any]] = {}
         self.clean = True
         self._diligent = False
+        self._da_runs: dict[int, D.LogRun] = {}
+        self.demand_ops: dict[int, int] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -384,6 +395,9 @@ class ContractMachine(RuleBasedStateMachine):
         self._diligent = True
         try:
             for _ in range(200):
+                if self._answer_urgent_demand(horizon):  # (data availability: an honest trainer answers)
+                    now = self.dep.now()
+                    continue
                 urgent = [
                     g for g in self.model.live_games()
                     if self.model.jobs[g.job].status == JobStatus.ACTIVE
@@ -799,6 +813,177 @@ class ContractMachine(RuleBasedStateMachine):
             self.model.withdraw(account, received)
             self.stats.counts["withdrawn"] += 1
 
+    # ------------------------------------------------------------------ data availability
+
+    def _da_run(self, job: int) -> D.LogRun:
+        if job not in self._da_runs:
+            self._da_runs[job] = D.with_logs(self.runs[job])
+        return self._da_runs[job]
+
+    def _live_demands(self) -> list[FM.DemandModel]:
+        return [d for d in self.model.demands.values() if d.live]
+
+    def _demand(self, j: JobModel, interval: int, pos: int, log: bool, op: int, who: str, value: int) -> None:
+        run = self.runs[j.job]
+        k = min(interval, run.cfg.n_intervals - 1)
+        steps = list(run.cfg.interval_steps(k))
+        step = steps[pos % len(steps)]
+        op %= run.graph.n_ops
+        da = self.dep.da.functions
+        fn = da.demandLog(j.job, interval, step, op, 0, FM_MAX_TO_INDEX, 0) if log else da.demandStep(
+            j.job, interval, step, 0)
+        r, t = self._send(fn, who, lambda t: FM.expect_demand(self.model, j.job, interval, step, value, t),
+                          f"demand{'Log' if log else 'Step'}({j.job}, {interval}, {step})", value=value)
+        if r is None:
+            return
+        (ev,) = self.dep.da.events.DemandCreated().process_receipt(r, errors=DISCARD)
+        did = int(ev.args.id)
+        if did != len(self.model.demands) + 1:
+            raise self._violation("expectation", f"demand id {did}, expected {len(self.model.demands) + 1}")
+        if int(ev.args.deadline) != t + j.clock:
+            raise self._violation("clocks", f"demand {did}: deadline {ev.args.deadline}, expected {t + j.clock}")
+        FM.demanded(self.model, FM.DemandModel(did, j.job, interval, step, 2 if log else 1, who, t, j.clock))
+        self.demand_ops[did] = op
+        self.stats.counts["demand.created" + (".log" if log else ".step")] += 1
+
+    def _answer(self, d: FM.DemandModel, sender: str) -> bool:
+        """The job's trainer (or ``sender``) answers ``d`` from its own run; True when accepted."""
+        j = self.model.jobs[d.job]
+        lr = self._da_run(d.job)
+        proof_ok = d.interval < len(j.posted) and j.posted[d.interval] == lr.run.interval_roots[d.interval]
+        da = self.dep.da.functions
+        if d.kind == 1:
+            fn = da.answerStep(d.demand, *D.step_args(lr, d.interval, d.step))
+        else:
+            op = self.demand_ops[d.demand]
+            fn = da.answerLog(d.demand, D.answer_run_for(lr, d.interval, d.step, op, 0, FM_MAX_TO_INDEX, 0))
+        r, t = self._send(fn, sender, lambda t: FM.expect_answer(self.model, d, sender, t, proof_ok),
+                          f"answer({d.demand})", mine=True)
+        if r is None:
+            return False
+        FM.answered(self.model, d, t)
+        d.returned = self._credited(r, d.demander)
+        if (end := self.dep.call(self.dep.registry.functions.windowEnd(d.job, d.interval))) != j.window_end(d.interval):
+            raise self._violation("expectation", f"windowEnd({d.job}, {d.interval}) is {end} after answer "
+                                  f"{d.demand}, model {j.window_end(d.interval)}")
+        self.stats.counts["demand.answered"] += 1
+        return True
+
+    def _answer_urgent_demand(self, horizon: int) -> bool:
+        """An honest trainer answers its open demand closest to its deadline, once that falls
+        before ``horizon`` + RESERVE. True when it answered one."""
+        urgent = [d for d in self._live_demands() if self.model.jobs[d.job].status == JobStatus.ACTIVE
+                  and self.model.jobs[d.job].honest_posts and d.deadline() <= horizon + RESERVE]
+        if not urgent:
+            return False
+        d = min(urgent, key=FM.DemandModel.deadline)
+        if not self._answer(d, self.model.jobs[d.job].trainer):
+            raise self._violation("honest_never_loses", f"the honest trainer of job {d.job} cannot answer demand "
+                                  f"{d.demand} by {d.deadline()}")
+        self.stats.counts["demand.answered.diligent"] += 1
+        return True
+
+    def _demand_timeout(self, d: FM.DemandModel, sender: str) -> None:
+        r, _ = self._send(self.dep.da.functions.claimTimeout(d.demand), sender,
+                          lambda t: FM.expect_demand_timeout(self.model, d, t), f"demandTimeout({d.demand})")
+        if r is not None:
+            FM.demand_timed_out(self.model, d)
+            d.returned = self._credited(r, d.demander)
+            self.stats.counts["demand.timed_out"] += 1
+
+    def _close_demand(self, d: FM.DemandModel, sender: str) -> None:
+        r, _ = self._send(self.dep.da.functions.closeDemand(d.demand), sender,
+                          lambda t: FM.expect_close_demand(self.model, d), f"closeDemand({d.demand})")
+        if r is not None:
+            FM.demand_closed(self.model, d)
+            d.returned = self._credited(r, d.demander)
+            self.stats.counts["demand.closed"] += 1
+
+    def _drain_demands(self) -> None:
+        for _ in range(3 * len(self.model.demands) + 5):
+            live = self._live_demands()
+            if not live:
+                return
+            d = min(live, key=FM.DemandModel.deadline)
+            if self.model.jobs[d.job].status == JobStatus.FRAUDULENT:
+                self._close_demand(d, self.anyone)
+            elif self.dep.now() <= d.deadline():
+                self._jump_to(d.deadline() + 1)  # an honest trainer answers first
+            else:
+                self._demand_timeout(d, self.anyone)
+        raise self._violation("games_end", f"demands {[d.demand for d in self._live_demands()]} open after draining")
+
+    @precondition(lambda self: len(self._live_demands()) < MAX_LIVE_DEMANDS
+                  and any(j.posted for j in self.model.jobs.values()))
+    @rule(i=picks, interval=st.integers(0, 3), pos=st.integers(0, 3), log=st.booleans(), op=st.integers(0, 9),
+          who=st.integers(0, 6), delta=st.sampled_from([0, 0, 0, 0, 1]), at=boundary)
+    @_step
+    def demand(self, i: int, interval: int, pos: int, log: bool, op: int, who: int, delta: int,
+               at: int | None) -> None:
+        """Anyone demands a step record or an op log of a posted interval (``at``: first moves time
+        to the interval's unextended window end + at; 3: the next, unposted interval)."""
+        jobs = [j for j in self.model.jobs.values() if j.posted]
+        j = self._pick(jobs, i, [x for x in jobs if x.status == JobStatus.ACTIVE])
+        interval = interval % len(j.posted) if interval < 3 else len(j.posted)
+        if at is not None and interval < len(j.posted):
+            self._jump_to(j.base_window_end(interval) + at)
+        self._demand(j, interval, pos, log, op, self.accounts[who], j.bond + delta)
+
+    @precondition(lambda self: self.model.demands)
+    @rule(i=picks, as_trainer=st.sampled_from([True, True, True, False]))
+    @_step
+    def answer(self, i: int, as_trainer: bool) -> None:
+        """The trainer (sometimes someone else) answers a demand, mostly an open one."""
+        demands = list(self.model.demands.values())
+        d = self._pick(demands, i, [x for x in demands if x.live])
+        self._answer(d, self.model.jobs[d.job].trainer if as_trainer else self.anyone)
+
+    @precondition(lambda self: self.model.demands)
+    @rule(i=picks, who=st.integers(0, 6), at=boundary)
+    @_step
+    def demand_timeout(self, i: int, who: int, at: int | None) -> None:
+        """Anyone claims a demand's timeout (``at``: first moves time to its deadline + at)."""
+        demands = list(self.model.demands.values())
+        d = self._pick(demands, i, [x for x in demands if x.live])
+        if at is not None and d.live:
+            self._jump_to(d.deadline() + at)
+        self._demand_timeout(d, self.accounts[who])
+
+    @precondition(lambda self: self.model.demands)
+    @rule(i=picks, who=st.integers(0, 6))
+    @_step
+    def close_demand(self, i: int, who: int) -> None:
+        demands = list(self.model.demands.values())
+        frozen = [d for d in demands if d.live and self.model.jobs[d.job].status == JobStatus.FRAUDULENT]
+        self._close_demand(self._pick(demands, i, frozen), self.accounts[who])
+
+    def check_demands(self) -> None:
+        """Each demand's status is the model's; an open one ends by its deadline (claimTimeout, or
+        closeDemand on a fraudulent job, succeeds past it); every ended demand returned at least
+        the demander's bond."""
+        self.stats.checks += 1
+        d_, m = self.dep, self.model
+        now = d_.now()
+        for d in m.demands.values():
+            chain = DEMAND_STATUS[int(d_.call(d_.da.functions.getDemand(d.demand))[4])]
+            if chain != d.status:
+                raise self._violation("expectation", f"demand {d.demand} is {chain} on chain, {d.status} in model")
+            bond = m.jobs[d.job].bond
+            if not d.live and (d.returned or 0) < bond:
+                raise self._violation("honest_never_loses", f"demand {d.demand} ({d.status}) returned {d.returned} "
+                                      f"wei, less than its bond {bond}")
+            if d.live and now > d.deadline():
+                status = m.jobs[d.job].status
+                fn = d_.da.functions.claimTimeout if status == JobStatus.ACTIVE else d_.da.functions.closeDemand
+                try:
+                    d_.dry(fn(d.demand), self.anyone)
+                except Reverted as e:
+                    raise self._violation("games_end", f"demand {d.demand} open at t={now} past its deadline "
+                                          f"{d.deadline()} and {fn.fn_name} reverts {e}") from None
+
+    demand_again = demand
+    answer_again = answer
+
     # Rules that drive games are drawn twice as often as the others (hypothesis draws uniformly
     # among rules whose precondition holds).
     challenge_again = challenge
@@ -820,6 +1005,7 @@ class ContractMachine(RuleBasedStateMachine):
         self.check_honest_never_loses()
         self.check_games_end()
         self.check_finished_games_frozen()
+        self.check_demands()
         self.clean = True
 
     def check_solvency(self, full: bool) -> None:
@@ -956,6 +1142,7 @@ class ContractMachine(RuleBasedStateMachine):
         """Ends every game, settles every job that can be, withdraws everything; then the
         registry holds exactly the escrow of the jobs left Open-less and unfinished."""
         d, m = self.dep, self.model
+        self._drain_demands()
         for _ in range(4 * len(m.games) + 10):
             live = m.live_games()
             if not live:
@@ -969,6 +1156,7 @@ class ContractMachine(RuleBasedStateMachine):
                 self._claim_timeout(g, self.anyone)
         else:
             raise self._violation("games_end", f"games {[g.game for g in m.live_games()]} still live after draining")
+        self._drain_demands()
         now = self._diligence()  # reclaimJob waits for open games: reclaim once they are over
         for j in list(m.jobs.values()):
             if j.overdue(now):
@@ -983,7 +1171,7 @@ class ContractMachine(RuleBasedStateMachine):
                 m.cancel(j.job)
         done = [j for j in m.jobs.values() if j.status == JobStatus.ACTIVE and len(j.posted) == j.n_intervals]
         if done:
-            self._jump_to(max(j.window_end(j.n_intervals - 1) for j in done) + 1)
+            self._jump_to(max(j.finalize_after() for j in done) + 1)
             for j in done:
                 self._send(
                     d.registry.functions.finalize(j.job), self.anyone,
@@ -1062,6 +1250,47 @@ def test_fuzz_contracts_large_budget():
     assert stats.sequences >= SLOW.max_examples and stats.violations == 0
 
 
+demands = st.fixed_dictionaries(
+    {"interval": st.integers(0, 2), "pos": st.integers(0, 3), "log": st.booleans(), "op": st.integers(0, 9),
+     "who": st.integers(0, 6)}
+)
+
+
+class DemandMachine(ContractMachine):
+    """The machine with data-availability demands on the first job from the start (posted intervals,
+    inside their windows), so that answers, timeouts, closes and extended windows are reached."""
+
+    @initialize(specs=st.lists(job_specs, min_size=1, max_size=2), ds=st.lists(demands, min_size=1, max_size=3),
+                games=st.lists(challenges, min_size=0, max_size=2))
+    @_step
+    def ready_jobs(self, specs: list[dict[str, Any]], ds: list[dict[str, Any]],  # type: ignore[override]
+                   games: list[dict[str, Any]]) -> None:
+        """As ContractMachine.ready_jobs (every interval posted), then demands on the first job."""
+        for spec in specs:
+            j = self._create(spec)
+            assert j is not None
+            self._accept(j, j.trainer, j.stake)
+            for i in range(j.n_intervals):
+                self._post(j, j.trainer, i, self.runs[j.job].interval_roots[i])
+        j = self.model.jobs[1]
+        for d in ds:
+            self._demand(j, d["interval"] % len(j.posted), d["pos"], d["log"], d["op"], self.accounts[d["who"]], j.bond)
+        for c in games:
+            self._challenge(j, c)
+
+
+def test_fuzz_demands_small_budget():
+    stats = Stats()
+    machine = type("DemandFuzz", (DemandMachine,), {"stats": stats})
+    run_state_machine_as_test(machine, settings=FAST)
+    security_report.record("fuzz", "demands_small", stats.violations == 0, sequences=stats.sequences,
+                           steps=stats.steps, checks=stats.checks, violations=stats.violations)
+    log.info("fuzz demands_small: %s", dict(stats.counts))
+    c = stats.counts
+    assert c["demand.created.step"] + c["demand.created.log"] > 0, c
+    assert c["demand.answered"] > 0 and c["drained"] == stats.sequences, c
+
+
 #: Small budget for the sabotage runs: a failure is reported as found, not shrunk.
 SABOTAGE_BUDGET = settings(FAST, max_examples=10, stateful_step_count=20, phases=[HPhase.generate])
 
@@ -1089,3 +1318,13 @@ def test_fuzzer_finds_a_deliberately_wrong_expectation(sabotage, invariant):
     assert f"INVARIANT {invariant} violated" in str(info.value)
     log.info("sabotage %s found after %d sequences, %d steps: %s", sabotage, machine.stats.sequences,
              machine.stats.steps, info.value)
+
+
+@pytest.mark.parametrize("sabotage,invariant", [("demand_escrow", "solvency"), ("extension", "expectation")])
+def test_fuzzer_finds_a_deliberately_wrong_demand_expectation(sabotage, invariant):
+    """The data-availability rules can fail too: a model that forgets demand bonds or window
+    extensions is caught."""
+    machine = type(f"Sabotaged_{sabotage}", (DemandMachine,), {"SABOTAGE": sabotage, "stats": Stats()})
+    with pytest.raises(Violation) as info:
+        run_state_machine_as_test(machine, settings=SABOTAGE_BUDGET)
+    assert info.value.invariant == invariant, str(info.value)

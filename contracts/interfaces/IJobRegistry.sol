@@ -54,6 +54,12 @@ interface IJobRegistry {
     event Withdrawn(address indexed account, uint256 amount);
     /// @notice Emitted once, when the deployer binds the dispute game.
     event DisputeGameSet(address game);
+    /// @notice Emitted once, when the deployer binds the data-availability contract.
+    event AvailabilitySet(address availability);
+    /// @notice Emitted when an answered availability demand's bond is credited back to its demander.
+    event BondReleased(JobId indexed job, address indexed demander, uint256 bond);
+    /// @notice Emitted when an answered demand moves interval `index`'s challenge window to `windowEnd`.
+    event WindowExtended(JobId indexed job, uint64 indexed index, uint256 windowEnd);
 
     // ------------------------------------------------------------ client and trainer
 
@@ -110,7 +116,8 @@ interface IJobRegistry {
     function setDisputeGame(address game) external;
 
     /// @notice Locks a challenger's bond (`msg.value` == challengerBond) for a new game on `index`.
-    /// @dev Only the dispute game. Requires the job Active, the interval posted and its window open.
+    /// @dev Only the dispute game or the availability contract. Requires the job Active, the interval
+    ///      posted and its (possibly extended) window open.
     /// @param job The job.
     /// @param index The challenged interval.
     /// @param challenger The challenger (for events and settlement).
@@ -127,17 +134,51 @@ interface IJobRegistry {
     /// @notice Settles a finished game: trainer won -> the bond is credited to the trainer; challenger
     ///         won -> the job becomes Fraudulent, the challenger is credited bond + bounty (bountyBps of
     ///         the stake), the client its payment, and the rest of the stake is burned.
-    /// @dev Only the dispute game; the job must be Active.
+    /// @dev Only the dispute game or the availability contract (an unanswered or malformed demand:
+    ///      trainerWon false); the job must be Active.
     /// @param job The job.
     /// @param challenger The game's challenger.
     /// @param trainerWon The winner.
     function settleGame(JobId job, address challenger, bool trainerWon) external;
 
     /// @notice Refunds the bond of a game closed because the job became Fraudulent in another game.
-    /// @dev Only the dispute game; the job must be Fraudulent.
+    /// @dev Only the dispute game or the availability contract; the job must be Fraudulent.
     /// @param job The job.
     /// @param challenger The game's challenger.
     function refundGame(JobId job, address challenger) external;
+
+    // ------------------------------------------------------------ availability hooks
+
+    /// @notice Binds the data-availability contract (once, by the deployer). It may, like the game,
+    ///         `lockBond`, `settleGame` (a timed-out demand convicts) and `refundGame`, and alone
+    ///         `releaseBond`, `extendWindow` and `convict`.
+    /// @param da The DataAvailability contract.
+    function setAvailability(address da) external;
+
+    /// @notice An answered demand: its bond is credited back to the demander (one open game fewer).
+    /// @dev Only the availability contract; the job must be Active.
+    /// @param job The job.
+    /// @param demander The demand's demander.
+    function releaseBond(JobId job, address demander) external;
+
+    /// @notice Moves the end of interval `index`'s challenge window to `until` if that is later, so an
+    ///         auditor has time to replay data published near the window's end.
+    /// @dev Only the availability contract; the job must be Active. Reverts with `ExtensionTooLong`
+    ///      past postedAt + challengeWindow + 2 * clock (finalize is delayed by at most 2 * clock).
+    /// @param job The job.
+    /// @param index A posted interval.
+    /// @param until The new last second of the window.
+    function extendWindow(JobId job, uint64 index, uint256 until) external;
+
+    /// @notice The trainer is proven to have committed a malformed log: the job becomes Fraudulent,
+    ///         `winner` is credited the trainer's stake and the client its payment.
+    /// @dev Only the availability contract; the job must be Active.
+    /// @param job The job.
+    /// @param winner The prover.
+    function convict(JobId job, address winner) external;
+
+    /// @notice The availability contract bound to this registry (zero before `setAvailability`).
+    function availability() external view returns (address);
 
     // ------------------------------------------------------------ views
 
@@ -175,7 +216,8 @@ interface IJobRegistry {
     /// @param index The interval.
     function getInterval(JobId job, uint64 index) external view returns (Interval memory);
 
-    /// @notice Last second at which interval `index` can be challenged (0 when not posted).
+    /// @notice Last second at which interval `index` can be challenged (0 when not posted): postedAt +
+    ///         challengeWindow, or later once `extendWindow` moved it.
     /// @param job The job.
     /// @param index The interval.
     function windowEnd(JobId job, uint64 index) external view returns (uint256);

@@ -293,6 +293,10 @@ error TransferFailed(address to, uint256 amount);
 error PostingNotOverdue(JobId job, uint64 index, uint256 deadline, uint256 now_);
 /// @notice Thrown when the dispute game is already set or is the zero address.
 error GameAlreadySet(address game);
+/// @notice Thrown when the availability contract is already set or is the zero address.
+error AvailabilityAlreadySet(address availability);
+/// @notice Thrown when a window extension goes past postedAt + challengeWindow + 2 * clock.
+error ExtensionTooLong(JobId job, uint64 index, uint256 until, uint256 cap);
 
 // ---------------------------------------------------------------- errors: game
 
