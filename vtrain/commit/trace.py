@@ -23,6 +23,7 @@ from vtrain.commit.roots import (
     op_log_root_arrays,
     roots_tree,
     tensor_root,
+    tensor_roots,
     tensor_tree,
 )
 from vtrain.graph.executor import StepLog, StepResult
@@ -104,7 +105,7 @@ class StepTrace:
 
     @cached_property
     def op_roots(self) -> list[bytes]:
-        return [tensor_root(o) for o in self.outputs]
+        return tensor_roots(self.outputs, "op outputs")  # one threaded call (C builder)
 
     @cached_property
     def tree(self) -> MerkleTree:
