@@ -177,10 +177,11 @@ def test_state_and_trace_vectors(impl: str) -> None:
 
 
 def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VTRAIN_NATIVE_HASH")}
     return subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        env={**base, "PYTHONPATH": str(ROOT), "VTRAIN_NATIVE_HASH": "1", **env},
         capture_output=True,
         text=True,
         timeout=120,
