@@ -6,8 +6,8 @@
  * right with an odd last node promoted (= the RFC 9162 split at the largest power of two < n),
  * the empty tree's root = SHA-256("").
  *
- * SHA-256 compression: x86 SHA extensions (two messages interleaved, to hide the latency of
- * sha256rnds2) when CPUID reports them, a portable C version otherwise; chosen at load time.
+ * SHA-256 compression, chosen at load time from CPUID: x86 SHA extensions (two messages
+ * interleaved), else AVX2 (eight messages, one per 32-bit lane), else portable C.
  * Work is cut into aligned subtrees of 2^k leaves, hashed by a pthread pool (the caller's
  * thread included); ctypes releases the GIL for the whole call.
  *
@@ -26,7 +26,7 @@
 #endif
 
 #define VT_API __attribute__((visibility("default")))
-#define VT_ABI_VERSION 1
+#define VT_ABI_VERSION 2
 
 static const uint32_t K256[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -74,11 +74,6 @@ static void compress_portable(uint32_t st[8], const uint8_t *p, size_t nblocks) 
     }
 }
 
-static void compress2_portable(uint32_t sa[8], uint32_t sb[8], const uint8_t *pa, const uint8_t *pb,
-                               size_t nblocks) {
-    compress_portable(sa, pa, nblocks);
-    compress_portable(sb, pb, nblocks);
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* SHA extensions (Intel SHA-NI). State kept as ABEF/CDGH, as sha256rnds2 wants it. */
@@ -163,35 +158,134 @@ static int cpu_has_shani(void) {
     __cpuid_count(7, 0, a, b, c, d);
     return (b >> 29) & 1; /* CPUID.(EAX=7,ECX=0):EBX.SHA[bit 29] */
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* AVX2: eight messages at once, one 32-bit lane each (for x86 CPUs without SHA extensions). */
+
+#define AVX2 __attribute__((target("avx2")))
+
+AVX2 static inline void transpose8(__m256i r[8]) {
+    __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    r[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+    r[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+    r[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+    r[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+    r[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+    r[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    r[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+    r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+#define V_ROR(x, n) _mm256_or_si256(_mm256_srli_epi32((x), (n)), _mm256_slli_epi32((x), 32 - (n)))
+#define V_ADD(a, b) _mm256_add_epi32((a), (b))
+#define V_XOR3(a, b, c) _mm256_xor_si256(_mm256_xor_si256((a), (b)), (c))
+
+/* st: 8 lanes x 8 words (lane l at st + 8 l); p[l]: lane l's blocks (nblocks x 64 bytes). */
+AVX2 static void compress8_avx2(uint32_t *st, const uint8_t *const *p, size_t nblocks) {
+    const __m256i bswap = _mm256_set_epi8(12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14,
+                                          15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3);
+    __m256i s[8], w[16];
+    for (int l = 0; l < 8; l++) s[l] = _mm256_loadu_si256((const __m256i *)(st + 8 * l));
+    transpose8(s); /* s[i] = word i of every lane */
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        for (int h = 0; h < 2; h++) {
+            __m256i *r = w + 8 * h;
+            for (int l = 0; l < 8; l++) r[l] = _mm256_loadu_si256((const __m256i *)(p[l] + 64 * blk + 32 * h));
+            transpose8(r);
+            for (int i = 0; i < 8; i++) r[i] = _mm256_shuffle_epi8(r[i], bswap);
+        }
+        __m256i a = s[0], b = s[1], c = s[2], d = s[3], e = s[4], f = s[5], g = s[6], hh = s[7];
+#pragma GCC unroll 64
+        for (int t = 0; t < 64; t++) {
+            if (t >= 16) {
+                __m256i w15 = w[(t - 15) & 15], w2 = w[(t - 2) & 15];
+                __m256i s0 = V_XOR3(V_ROR(w15, 7), V_ROR(w15, 18), _mm256_srli_epi32(w15, 3));
+                __m256i s1 = V_XOR3(V_ROR(w2, 17), V_ROR(w2, 19), _mm256_srli_epi32(w2, 10));
+                w[t & 15] = V_ADD(V_ADD(w[t & 15], s0), V_ADD(w[(t - 7) & 15], s1));
+            }
+            __m256i ch = _mm256_xor_si256(_mm256_and_si256(e, f), _mm256_andnot_si256(e, g));
+            __m256i t1 = V_ADD(V_ADD(hh, V_XOR3(V_ROR(e, 6), V_ROR(e, 11), V_ROR(e, 25))),
+                               V_ADD(V_ADD(ch, _mm256_set1_epi32((int)K256[t])), w[t & 15]));
+            __m256i maj = _mm256_or_si256(_mm256_and_si256(a, b), _mm256_and_si256(c, _mm256_or_si256(a, b)));
+            __m256i t2 = V_ADD(V_XOR3(V_ROR(a, 2), V_ROR(a, 13), V_ROR(a, 22)), maj);
+            hh = g; g = f; f = e; e = V_ADD(d, t1);
+            d = c; c = b; b = a; a = V_ADD(t1, t2);
+        }
+        s[0] = V_ADD(s[0], a); s[1] = V_ADD(s[1], b); s[2] = V_ADD(s[2], c); s[3] = V_ADD(s[3], d);
+        s[4] = V_ADD(s[4], e); s[5] = V_ADD(s[5], f); s[6] = V_ADD(s[6], g); s[7] = V_ADD(s[7], hh);
+    }
+    transpose8(s);
+    for (int l = 0; l < 8; l++) _mm256_storeu_si256((__m256i *)(st + 8 * l), s[l]);
+}
+
+static int cpu_has_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    if (!(c & bit_OSXSAVE) || !(c & bit_AVX)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 6) != 6) return 0; /* the OS saves XMM and YMM state */
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 5) & 1; /* CPUID.(EAX=7,ECX=0):EBX.AVX2[bit 5] */
+}
 #else
 static int cpu_has_shani(void) { return 0; }
+static int cpu_has_avx2(void) { return 0; }
 #endif
 
 /* ---------------------------------------------------------------------------------------- */
 /* Dispatch */
 
 typedef void (*compress_fn)(uint32_t *, const uint8_t *, size_t);
-typedef void (*compress2_fn)(uint32_t *, uint32_t *, const uint8_t *, const uint8_t *, size_t);
+/* LANES messages at once: st = LANES x 8 words, p[l] = lane l's blocks. */
+typedef void (*compressn_fn)(uint32_t *, const uint8_t *const *, size_t);
+
+#define MAX_LANES 8
+
+static void compressn_portable(uint32_t *st, const uint8_t *const *p, size_t nblocks) {
+    compress_portable(st, p[0], nblocks);
+}
+
+#ifdef VT_X86
+static void compressn_shani(uint32_t *st, const uint8_t *const *p, size_t nblocks) {
+    compress2_shani(st, st + 8, p[0], p[1], nblocks);
+}
+#endif
 
 static compress_fn C1 = compress_portable;
-static compress2_fn C2 = compress2_portable;
-static int g_impl = 0; /* 0 portable, 1 SHA-NI */
+static compressn_fn CN = compressn_portable;
+static int LANES = 1;
+static int g_impl = 0; /* 0 portable, 1 SHA-NI, 2 AVX2 */
 
-/* Select the implementation: 0 portable, 1 SHA-NI, -1 the best this CPU has. Returns the one in use. */
+/* Select the implementation: 0 portable, 1 SHA-NI, 2 AVX2 (8 lanes), -1 the best this CPU has
+ * (SHA-NI, then AVX2, then portable). One the CPU lacks gives portable. Returns the one in use. */
 VT_API int vt_select(int impl) {
-    int shani = cpu_has_shani();
-    if (impl < 0) impl = shani;
-    if (impl == 1 && shani) {
+    int shani = cpu_has_shani(), avx2 = cpu_has_avx2();
+    if (impl < 0) impl = shani ? 1 : avx2 ? 2 : 0;
+    C1 = compress_portable;
+    CN = compressn_portable;
+    LANES = 1;
+    g_impl = 0;
 #ifdef VT_X86
+    if (impl == 1 && shani) {
         C1 = compress_shani;
-        C2 = compress2_shani;
+        CN = compressn_shani;
+        LANES = 2;
         g_impl = 1;
-#endif
-    } else {
-        C1 = compress_portable;
-        C2 = compress2_portable;
-        g_impl = 0;
+    } else if (impl == 2 && avx2) {
+        CN = compress8_avx2;
+        LANES = 8;
+        g_impl = 2;
     }
+#endif
     return g_impl;
 }
 
@@ -245,26 +339,34 @@ static void hash_prefixed(uint8_t prefix, const uint8_t *p, size_t len, uint8_t 
     store_digest(out, st);
 }
 
-/* Two messages of the same length; safe when an output overlaps its input (all reads first). */
-static void hash_prefixed_x2(uint8_t prefix, const uint8_t *pa, const uint8_t *pb, size_t len,
-                             uint8_t *outa, uint8_t *outb) {
-    uint32_t sa[8], sb[8];
-    uint8_t ta[128], tb[128];
-    memcpy(sa, H0, sizeof sa);
-    memcpy(sb, H0, sizeof sb);
+/* LANES messages of the same length, at p0 + k * stride (k < LANES), digests to out0 + 32 k.
+ * Safe when the outputs overlap the inputs (every read happens before the first write). */
+static void hash_prefixed_lanes(uint8_t prefix, const uint8_t *p0, size_t stride, size_t len, uint8_t *out0) {
+    uint32_t st[8 * MAX_LANES];
+    uint8_t t[MAX_LANES][128];
+    const uint8_t *bp[MAX_LANES] = {0};
+    int lanes = LANES;
+    for (int l = 0; l < lanes; l++) memcpy(st + 8 * l, H0, sizeof H0);
     size_t nfull = (len + 1) / 64;
     if (nfull) {
-        ta[0] = tb[0] = prefix;
-        memcpy(ta + 1, pa, 63);
-        memcpy(tb + 1, pb, 63);
-        C2(sa, sb, ta, tb, 1);
-        if (nfull > 1) C2(sa, sb, pa + 63, pb + 63, nfull - 1);
+        for (int l = 0; l < lanes; l++) {
+            t[l][0] = prefix;
+            memcpy(t[l] + 1, p0 + l * stride, 63);
+            bp[l] = t[l];
+        }
+        CN(st, bp, 1);
+        if (nfull > 1) {
+            for (int l = 0; l < lanes; l++) bp[l] = p0 + l * stride + 63;
+            CN(st, bp, nfull - 1);
+        }
     }
-    size_t nb = build_tail(ta, prefix, pa, len, nfull * 64);
-    build_tail(tb, prefix, pb, len, nfull * 64);
-    C2(sa, sb, ta, tb, nb);
-    store_digest(outa, sa);
-    store_digest(outb, sb);
+    size_t nb = 0;
+    for (int l = 0; l < lanes; l++) {
+        nb = build_tail(t[l], prefix, p0 + l * stride, len, nfull * 64);
+        bp[l] = t[l];
+    }
+    CN(st, bp, nb);
+    for (int l = 0; l < lanes; l++) store_digest(out0 + 32 * l, st + 8 * l);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -276,9 +378,9 @@ static void hash_leaves(const uint8_t *buf, uint64_t len, uint64_t chunk, uint64
     uint64_t full_hi = len / chunk; /* leaves [0, full_hi) are full */
     if (full_hi > hi) full_hi = hi;
     uint64_t i = lo;
-    for (; i + 1 < full_hi; i += 2)
-        hash_prefixed_x2(0x00, buf + i * chunk, buf + (i + 1) * chunk, chunk, out + 32 * (i - lo),
-                         out + 32 * (i + 1 - lo));
+    if (LANES > 1)
+        for (; i + LANES <= full_hi; i += LANES)
+            hash_prefixed_lanes(0x00, buf + i * chunk, chunk, chunk, out + 32 * (i - lo));
     for (; i < hi; i++) {
         uint64_t n = (i + 1) * chunk <= len ? chunk : len - i * chunk;
         hash_prefixed(0x00, buf + i * chunk, n, out + 32 * (i - lo));
@@ -289,9 +391,8 @@ static void hash_leaves(const uint8_t *buf, uint64_t len, uint64_t chunk, uint64
 static void level_range(const uint8_t *in, uint64_t n, uint64_t lo, uint64_t hi, uint8_t *out) {
     uint64_t pairs = n / 2;
     uint64_t j = lo, end = hi < pairs ? hi : pairs;
-    for (; j + 1 < end; j += 2)
-        hash_prefixed_x2(0x01, in + 64 * j, in + 64 * (j + 1), 64, out + 32 * (j - lo),
-                         out + 32 * (j + 1 - lo));
+    if (LANES > 1)
+        for (; j + LANES <= end; j += LANES) hash_prefixed_lanes(0x01, in + 64 * j, 64, 64, out + 32 * (j - lo));
     for (; j < end; j++) hash_prefixed(0x01, in + 64 * j, 64, out + 32 * (j - lo));
     if ((n & 1) && hi > pairs && lo <= pairs) memmove(out + 32 * (pairs - lo), in + 32 * (n - 1), 32);
 }

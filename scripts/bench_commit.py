@@ -9,7 +9,9 @@ single-threaded ``hashlib.sha256`` pass over the same bytes ("vs raw"). Rows:
 
 - ``reference``: the pure-Python builder (one ``hashlib`` call per leaf and node, as before the
   C builder); its per-call overhead bounds it (the "per-call floor" row);
-- ``C, 1 thread`` / ``C, N threads``: the C builder (vtrain/commit/native.py, ``make native``).
+- ``C, 1 thread`` / ``C, N threads``: the C builder (vtrain/commit/native.py, ``make native``)
+  on the best SHA-256 this CPU has; the AVX2 and portable rows force the others (CPUs without
+  SHA-NI) and compare them with the same raw pass (OpenSSL, which uses SHA-NI when present).
   The format costs 7 SHA-256 blocks per 256-byte leaf (5 for ``0x00 || 256 bytes``, ~2 for its
   share of the nodes) where a raw pass costs 4, so one thread tops out near 4/7 = 0.57x;
 - state root: a GPT-2 117M AdamW-sized state (params, exp_avg, exp_avg_sq in GPT-2's shapes,
@@ -125,6 +127,13 @@ def bench_tensor(t: Table, mb: int, r: int, nt: int, pymerkle_mb: int) -> float:
         assert tensor_root(arr) == want[0], "the C builder disagrees with the reference"
         t.row("C, 1 thread", best_of(r, lambda: tensor_root(arr, threads=1)), nb, raw)
         t.row(f"C, {nt} threads", best_of(r, lambda: tensor_root(arr, threads=nt)), nb, raw)
+        best = native.implementation()
+        for impl, label in (("avx2", "AVX2, 8 lanes (x86 without SHA-NI)"), ("portable", "portable C")):
+            if impl != best and native.select(impl) == impl:
+                try:
+                    t.row(f"C {label}, 1 thread", best_of(r, lambda: tensor_root(arr, threads=1)), nb, raw)
+                finally:
+                    native.select("best")
         t.row("C tensor_tree (all levels kept), 1 thread", best_of(r, lambda: tensor_tree(arr, threads=1)), nb, raw)
         tree_nt = best_of(r, lambda: tensor_tree(arr, threads=nt))
         t.row(f"C tensor_tree (all levels kept), {nt} threads", tree_nt, nb, raw)

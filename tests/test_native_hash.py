@@ -32,15 +32,15 @@ VECTORS = ROOT / "tests" / "vectors"
 
 needs_native = pytest.mark.skipif(not native.available(), reason="C tree builder not built (make native)")
 
-IMPLS = ["portable", "sha-ni"]
+IMPLS = ["portable", "sha-ni", "avx2"]
 # Element counts of the issue: empty, one short leaf, around one leaf, and 4097 leaves (odd tree
 # sizes at every level, several aligned blocks of the C builder).
 SIZES = [0, 1, 63, 64, 65, 4096 * 64 + 7]
 
 
-def _cpu_has_sha() -> bool:
+def _cpu_has(flag: str) -> bool:
     try:
-        return "sha_ni" in Path("/proc/cpuinfo").read_text().split()
+        return flag in Path("/proc/cpuinfo").read_text().split()
     except OSError:
         return False
 
@@ -49,8 +49,9 @@ def _cpu_has_sha() -> bool:
 def impl(request: pytest.FixtureRequest):
     if not native.available():
         pytest.skip("C tree builder not built (make native)")
-    if request.param == "sha-ni" and not _cpu_has_sha():
-        pytest.skip("this CPU has no SHA extensions")
+    flag = {"sha-ni": "sha_ni", "avx2": "avx2"}.get(request.param)
+    if flag and not _cpu_has(flag):
+        pytest.skip(f"this CPU has no {request.param}")
     assert native.select(request.param) == request.param
     yield request.param
     native.select("best")
@@ -72,7 +73,8 @@ def _hashlib_root(data: bytes, chunk: int) -> bytes:
 
 @needs_native
 def test_best_is_sha_ni_when_the_cpu_has_it() -> None:
-    assert native.implementation() == ("sha-ni" if _cpu_has_sha() else "portable")
+    best = "sha-ni" if _cpu_has("sha_ni") else "avx2" if _cpu_has("avx2") else "portable"
+    assert native.implementation() == best
 
 
 @pytest.mark.parametrize("n", SIZES)

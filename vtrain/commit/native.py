@@ -2,8 +2,8 @@
 
 It computes the same trees as the pure-Python builders of :mod:`vtrain.commit.merkle` (which stay
 the reference and the fallback), but hashes every leaf and node of a buffer in one call: SHA
-extensions when the CPU has them (chosen at load time), a portable C SHA-256 otherwise, and a
-thread pool for large inputs. ctypes releases the GIL for the call.
+extensions when the CPU has them, else AVX2 (eight messages at once), else portable C (chosen at
+load time), and a thread pool for large inputs. ctypes releases the GIL for the call.
 
 ``VTRAIN_NATIVE_HASH=0`` disables it; ``VTRAIN_NATIVE_HASH_LIB`` names another library file;
 ``VTRAIN_HASH_THREADS`` sets the default thread count (else the CPUs this process may use).
@@ -35,8 +35,8 @@ __all__ = [
 
 #: Where ``make native`` puts the library (next to this module).
 LIB_PATH = Path(__file__).with_name("_sha256tree.so")
-_ABI_VERSION = 1
-_IMPLS = {0: "portable", 1: "sha-ni"}
+_ABI_VERSION = 2
+_IMPLS = {0: "portable", 1: "sha-ni", 2: "avx2"}
 
 _u64, _int, _ptr = ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
 
@@ -87,18 +87,19 @@ def available() -> bool:
 
 
 def implementation() -> str:
-    """``"sha-ni"``, ``"portable"`` (the C library) or ``"python"`` (no library)."""
+    """``"sha-ni"``, ``"avx2"``, ``"portable"`` (the C library) or ``"python"`` (no library)."""
     return "python" if _LIB is None else _IMPLS[_LIB.vt_impl()]
 
 
 def select(impl: str) -> str:
-    """Use ``"sha-ni"`` (when the CPU has it), ``"portable"`` or ``"best"``; returns the one in use.
+    """Use ``"sha-ni"``, ``"avx2"`` (each when the CPU has it, else portable), ``"portable"`` or
+    ``"best"`` (the default: SHA-NI, then AVX2); returns the one in use.
 
-    For tests and benchmarks: both give the same digests.
+    For tests and benchmarks: all give the same digests.
     """
     if _LIB is None:
         raise RuntimeError("native SHA-256 trees: expected the C library, got none loaded")
-    codes = {"portable": 0, "sha-ni": 1, "best": -1}
+    codes = {"portable": 0, "sha-ni": 1, "avx2": 2, "best": -1}
     if impl not in codes:
         raise ValueError(f"impl: expected one of {sorted(codes)}, got {impl!r}")
     return _IMPLS[_LIB.vt_select(codes[impl])]
