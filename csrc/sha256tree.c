@@ -266,7 +266,8 @@ static int LANES = 1;
 static int g_impl = 0; /* 0 portable, 1 SHA-NI, 2 AVX2 */
 
 /* Select the implementation: 0 portable, 1 SHA-NI, 2 AVX2 (8 lanes), -1 the best this CPU has
- * (SHA-NI, then AVX2, then portable). One the CPU lacks gives portable. Returns the one in use. */
+ * (SHA-NI, then AVX2, then portable). One the CPU lacks gives portable. Returns the one in use.
+ * Not thread-safe: call it only while no other call of this library runs (tests, benchmarks). */
 VT_API int vt_select(int impl) {
     int shani = cpu_has_shani(), avx2 = cpu_has_avx2();
     if (impl < 0) impl = shani ? 1 : avx2 ? 2 : 0;
