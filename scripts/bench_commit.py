@@ -13,7 +13,8 @@ single-threaded ``hashlib.sha256`` pass over the same bytes ("vs raw"). Rows:
   on the best SHA-256 this CPU has; the AVX2 and portable rows force the others (CPUs without
   SHA-NI) and compare them with the same raw pass (OpenSSL, which uses SHA-NI when present).
   The format costs 7 SHA-256 blocks per 256-byte leaf (5 for ``0x00 || 256 bytes``, ~2 for its
-  share of the nodes) where a raw pass costs 4, so one thread tops out near 4/7 = 0.57x;
+  share of the nodes) where a raw pass costs 4: at the raw pass's speed per block one thread
+  would top out at 4/7 = 0.57x (two messages interleaved per core get a little past that);
 - state root: a GPT-2 117M AdamW-sized state (params, exp_avg, exp_avg_sq in GPT-2's shapes,
   ``--state-gb`` of float32; 0 skips), every component root and the state tree;
 - trace root: every op output of one certified step of a small GPT plus the trace tree, and the
