@@ -127,6 +127,8 @@ def _fold_fast(level: list[bytes]) -> bytes:
     if not _native.available() or len(level) < 2:
         return _fold(level)
     joined = b"".join(level)
+    if len(joined) != DIGEST_SIZE * len(level):  # not all digests: keep the reference's result
+        return _fold(level)
     while len(joined) > DIGEST_SIZE:
         joined = _native.level_up(joined, threads=1)
     return joined
