@@ -105,7 +105,7 @@ class StepTrace:
 
     @cached_property
     def op_roots(self) -> list[bytes]:
-        return tensor_roots(self.outputs, "op outputs")  # one threaded call (C builder)
+        return list[bytes](tensor_roots(self.outputs, "op outputs"))  # one threaded call (C builder)
 
     @cached_property
     def tree(self) -> MerkleTree:

@@ -64,7 +64,7 @@ def batch_for(job: Job, step: int) -> torch.Tensor:
 
 def component_roots(state: list[torch.Tensor]) -> list[bytes]:
     """The state's component tensor roots, hashed in one threaded call (C builder)."""
-    return tensor_roots([t.detach().numpy() for t in state], "state")
+    return list[bytes](tensor_roots([t.detach().numpy() for t in state], "state"))
 
 
 def step_log_root_of(log_: StepLog, graph: Graph) -> bytes:
