@@ -5,9 +5,24 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test clean
+.PHONY: setup native demo test clean
 
-setup: $(VENV)/.installed node_modules/.package-lock.json
+setup: $(VENV)/.installed node_modules/.package-lock.json native
+
+# The optional C SHA-256 tree builder (vtrain/commit/native.py). Without a working C compiler
+# this warns and leaves commitments on the pure-Python path (same roots, slower); never fails.
+NATIVE_LIB    := vtrain/commit/_sha256tree.so
+NATIVE_CFLAGS ?= -O3 -fPIC -shared -pthread -fvisibility=hidden -Wall -Wextra
+
+native: $(NATIVE_LIB)
+
+$(NATIVE_LIB): csrc/sha256tree.c
+	@if $(CC) $(NATIVE_CFLAGS) -o $@.tmp $< 2>$@.log; then \
+		mv $@.tmp $@; rm -f $@.log; echo "native: built $@ with $(CC)"; \
+	else \
+		rm -f $@.tmp; echo "native: WARNING: '$(CC)' could not build $@ (see $@.log);" \
+			"commitments use the pure-Python SHA-256 trees (same roots, ~10x slower)" >&2; \
+	fi
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,4 +48,4 @@ test: setup
 	exit $$rc
 
 clean:
-	rm -rf build artifacts cache
+	rm -rf build artifacts cache $(NATIVE_LIB) $(NATIVE_LIB).log

@@ -10,6 +10,10 @@
   bottom-up), checked against ``(index, size)`` so the position is part of what is proven;
 - a consistency proof is RFC 9162's ``PROOF(m, D[n])``.
 
+Two builders give the same bits: the C library of :mod:`vtrain.commit.native` (every leaf and
+node of a buffer in one call, SHA extensions, threads; used when it is built) and the pure-Python
+``reference_*`` functions here (one ``hashlib`` call per hash; the reference, and the fallback).
+
 The Solidity side is ``contracts/lib/Merkle.sol``; the shared vectors are in ``tests/vectors``.
 """
 
@@ -24,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from vtrain.commit import native as _native
 from vtrain.errors import InvalidProof
 from vtrain.types import Digest, Root
 
@@ -37,10 +42,13 @@ __all__ = [
     "InclusionProof",
     "MerkleTree",
     "chunked_root",
+    "chunked_roots",
     "hash_chunks",
     "leaf_hash",
     "merkle_root",
     "node_hash",
+    "reference_chunked_root",
+    "reference_hash_chunks",
     "root_from_path",
     "root_of_leaf_hashes",
     "verify_consistency",
@@ -106,11 +114,24 @@ def _level_up(level: list[bytes]) -> list[bytes]:
 
 
 def _fold(level: list[bytes]) -> bytes:
+    """The root over ``level`` by the pure-Python reference builder."""
     if not level:
         return EMPTY_ROOT
     while len(level) > 1:
         level = _level_up(level)
     return level[0]
+
+
+def _fold_fast(level: list[bytes]) -> bytes:
+    """:func:`_fold` by the C builder when it is loaded."""
+    if not _native.available() or len(level) < 2:
+        return _fold(level)
+    joined = b"".join(level)
+    if len(joined) != DIGEST_SIZE * len(level):  # not all digests: keep the reference's result
+        return _fold(level)
+    while len(joined) > DIGEST_SIZE:
+        joined = _native.level_up(joined, threads=1)
+    return joined
 
 
 def _as_u8(buf: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
@@ -156,21 +177,61 @@ def _chunk_hashes(u8: np.ndarray, chunk_size: int) -> list[bytes]:
     return hashes
 
 
-def hash_chunks(buf: bytes | bytearray | memoryview | np.ndarray, chunk_size: int) -> list[Digest]:
-    """Leaf hashes of ``buf`` cut into ``chunk_size``-byte chunks (the last one may be short)."""
+Buffer = bytes | bytearray | memoryview | np.ndarray
+
+
+def _split_digests(joined: bytes) -> list[bytes]:
+    return [joined[i : i + DIGEST_SIZE] for i in range(0, len(joined), DIGEST_SIZE)]
+
+
+def hash_chunks(buf: Buffer, chunk_size: int, *, threads: int | None = None) -> list[Digest]:
+    """Leaf hashes of ``buf`` cut into ``chunk_size``-byte chunks (the last one may be short).
+
+    ``threads``: for the C builder (None: :func:`vtrain.commit.native.default_threads`).
+    """
+    _check_chunk_size(chunk_size)
+    u8 = _as_u8(buf)
+    if _native.available():
+        return [Digest(h) for h in _split_digests(_native.hash_chunks(u8, chunk_size, threads=threads))]
+    return [Digest(h) for h in _chunk_hashes(u8, chunk_size)]
+
+
+def reference_hash_chunks(buf: Buffer, chunk_size: int) -> list[Digest]:
+    """:func:`hash_chunks` by the pure-Python reference builder (one ``hashlib`` call per leaf)."""
     _check_chunk_size(chunk_size)
     return [Digest(h) for h in _chunk_hashes(_as_u8(buf), chunk_size)]
 
 
-def chunked_root(buf: bytes | bytearray | memoryview | np.ndarray, chunk_size: int) -> Root:
+def chunked_root(buf: Buffer, chunk_size: int, *, threads: int | None = None) -> Root:
     """Root of the tree whose leaves are ``buf`` cut into ``chunk_size``-byte chunks.
 
-    Same result as ``MerkleTree.from_chunks(buf, chunk_size).root`` but holds only one block of
-    leaf hashes at a time: blocks of ``2^14`` leaves are aligned subtrees, so their roots are the
-    nodes of level 14 and the rest of the tree is built on top of them.
+    Same result as ``MerkleTree.from_chunks(buf, chunk_size).root`` without keeping the tree.
+    ``threads``: for the C builder (None: :func:`vtrain.commit.native.default_threads`).
+    """
+    return chunked_roots([buf], chunk_size, threads=threads)[0]
+
+
+def chunked_roots(bufs: Sequence[Buffer], chunk_size: int, *, threads: int | None = None) -> list[Root]:
+    """:func:`chunked_root` of each buffer; the C builder hashes them all in one threaded call."""
+    _check_chunk_size(chunk_size)
+    u8s = [_as_u8(b) for b in bufs]
+    if _native.available():
+        roots, _ = _native.chunked_roots(u8s, chunk_size, threads=threads)
+        return [Root(r) for r in roots]
+    return [_reference_chunked_root(u8, chunk_size) for u8 in u8s]
+
+
+def reference_chunked_root(buf: Buffer, chunk_size: int) -> Root:
+    """:func:`chunked_root` by the pure-Python reference builder.
+
+    Holds only one block of leaf hashes at a time: blocks of ``2^14`` leaves are aligned
+    subtrees, so their roots are the nodes of level 14 and the rest of the tree is built on top.
     """
     _check_chunk_size(chunk_size)
-    u8 = _as_u8(buf)
+    return _reference_chunked_root(_as_u8(buf), chunk_size)
+
+
+def _reference_chunked_root(u8: np.ndarray, chunk_size: int) -> Root:
     step = _BLOCK_LEAVES * chunk_size
     if len(u8) <= step:
         return Root(_fold(_chunk_hashes(u8, chunk_size)))
@@ -182,13 +243,13 @@ def chunked_root(buf: bytes | bytearray | memoryview | np.ndarray, chunk_size: i
 
 def root_of_leaf_hashes(hashes: Sequence[bytes]) -> Root:
     """Root of the tree with the given leaf hashes (``EMPTY_ROOT`` for none)."""
-    return Root(_fold(list(hashes)))
+    return Root(_fold_fast(list(hashes)))
 
 
 def merkle_root(leaves: Iterable[bytes]) -> Root:
     """Root of the tree whose leaves hold the given data."""
     sha, prefix = _sha256, LEAF_PREFIX
-    return Root(_fold([sha(prefix + d).digest() for d in leaves]))
+    return Root(_fold_fast([sha(prefix + d).digest() for d in leaves]))
 
 
 def _split(n: int) -> int:
@@ -215,12 +276,24 @@ class MerkleTree:
         self._build(level)
 
     def _build(self, level: list[bytes]) -> None:
+        if _native.available():
+            self._build_joined(b"".join(level), len(level))
+            return
         self._size = len(level)
         levels = [b"".join(level)]
         while len(level) > 1:
             level = _level_up(level)
             levels.append(b"".join(level))
         self._levels: tuple[bytes, ...] = tuple(levels)
+
+    def _build_joined(self, leaves: bytes, n: int, threads: int | None = None) -> None:
+        """Build from ``n`` concatenated leaf hashes with the C builder."""
+        self._size = n
+        levels = [leaves]
+        while n > 1:
+            levels.append(_native.level_up(levels[-1], threads=threads))
+            n = (n + 1) // 2
+        self._levels = tuple(levels)
 
     @classmethod
     def _of_hashes(cls, hashes: list[bytes]) -> MerkleTree:
@@ -241,12 +314,15 @@ class MerkleTree:
         return cls(hashes)
 
     @classmethod
-    def from_chunks(
-        cls, buf: bytes | bytearray | memoryview | np.ndarray, chunk_size: int
-    ) -> MerkleTree:
+    def from_chunks(cls, buf: Buffer, chunk_size: int, *, threads: int | None = None) -> MerkleTree:
         """Build from ``buf`` cut into ``chunk_size``-byte leaves (the last one may be short)."""
         _check_chunk_size(chunk_size)
-        return cls._of_hashes(_chunk_hashes(_as_u8(buf), chunk_size))
+        u8 = _as_u8(buf)
+        if _native.available():
+            tree = cls.__new__(cls)
+            tree._build_joined(_native.hash_chunks(u8, chunk_size, threads=threads), -(-len(u8) // chunk_size), threads)
+            return tree
+        return cls._of_hashes(_chunk_hashes(u8, chunk_size))
 
     @property
     def size(self) -> int:

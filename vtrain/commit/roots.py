@@ -6,7 +6,7 @@ RFC 9162 trees of :mod:`vtrain.commit.merkle`; indices are 0-based everywhere.
 
 | commitment | leaves | function |
 |---|---|---|
-| tensor root | FP32 LE bytes of 64-element chunks | :func:`tensor_root`, :func:`tensor_tree` |
+| tensor root | FP32 LE bytes of 64-element chunks | :func:`tensor_root`, :func:`tensor_roots`, :func:`tensor_tree` |
 | state root | component tensor roots | :func:`state_root` |
 | step leaf | ``uint64be(s) || stateRoot || logRoot`` | :func:`step_leaf` |
 | interval root | step leaves | :func:`interval_root` |
@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from vtrain.commit import native as _native
 from vtrain.commit.merkle import (
     EMPTY_ROOT,
     InclusionProof,
@@ -37,6 +38,7 @@ from vtrain.commit.merkle import (
     chunked_root,
     leaf_hash,
     merkle_root,
+    reference_chunked_root,
     verify_inclusion,
 )
 from vtrain.errors import InvalidProof
@@ -85,7 +87,9 @@ __all__ = [
     "state_root",
     "step_leaf",
     "step_log_root",
+    "reference_tensor_root",
     "tensor_root",
+    "tensor_roots",
     "tensor_tree",
     "trace_root",
     "validate_finite",
@@ -194,19 +198,49 @@ def chunk_bytes(arr: np.ndarray, c: int) -> bytes:
     return a[CHUNK_ELEMS * c : CHUNK_ELEMS * (c + 1)].tobytes()
 
 
-def tensor_root(arr: np.ndarray) -> Root:
+def tensor_root(arr: np.ndarray, *, threads: int | None = None) -> Root:
     """Root of a float32 tensor: FP32 LE, row-major, 64-element chunks per leaf.
 
     The shape is not committed here (it is in the graph). Zero elements give ``EMPTY_ROOT``.
     Raises TypeError for a non-float32 array and ValueError for NaN/Inf; ``-0.0`` is hashed as
-    is (see :func:`canonical_zero`).
+    is (see :func:`canonical_zero`). ``threads``: see :func:`tensor_roots`.
     """
-    return chunked_root(_tensor(arr, "tensor"), _CHUNK_BYTES)
+    return _tensor_roots([arr], ["tensor"], threads)[0]
 
 
-def tensor_tree(arr: np.ndarray) -> MerkleTree:
+def tensor_roots(arrs: Sequence[np.ndarray], what: str = "tensors", *, threads: int | None = None) -> list[Root]:
+    """:func:`tensor_root` of each tensor (a state's components, a step's op outputs).
+
+    With the C builder (:mod:`vtrain.commit.native`) every tensor is hashed in one call on
+    ``threads`` threads (None: every CPU this process may use), the NaN/Inf check fused into it;
+    without it, by the pure-Python reference builder. Errors name ``what[i]``.
+    """
+    return _tensor_roots(arrs, [f"{what}[{i}]" for i in range(len(arrs))], threads)
+
+
+def _tensor_roots(arrs: Sequence[np.ndarray], names: list[str], threads: int | None) -> list[Root]:
+    flat = [validate_float32(a, name).reshape(-1) for a, name in zip(arrs, names, strict=True)]
+    if not _native.available():
+        for a, name in zip(flat, names, strict=True):
+            validate_finite(a, name)
+        return [reference_chunked_root(a, _CHUNK_BYTES) for a in flat]
+    u8s = [a.view(np.uint8) for a in flat]
+    roots, bad = _native.chunked_roots(u8s, _CHUNK_BYTES, check_f32=True, threads=threads)
+    for a, name, is_bad in zip(flat, names, bad, strict=True):
+        if is_bad:
+            validate_finite(a, name)  # raises, naming the first NaN/Inf
+            raise AssertionError(f"{name}: the C builder saw a NaN/Inf that numpy did not")
+    return [Root(r) for r in roots]
+
+
+def reference_tensor_root(arr: np.ndarray) -> Root:
+    """:func:`tensor_root` by the pure-Python reference builder (one ``hashlib`` call per hash)."""
+    return reference_chunked_root(_tensor(arr, "tensor"), _CHUNK_BYTES)
+
+
+def tensor_tree(arr: np.ndarray, *, threads: int | None = None) -> MerkleTree:
     """The full tree of :func:`tensor_root`, for chunk proofs (leaf ``c`` = chunk ``c``)."""
-    return MerkleTree.from_chunks(_tensor(arr, "tensor"), _CHUNK_BYTES)
+    return MerkleTree.from_chunks(_tensor(arr, "tensor"), _CHUNK_BYTES, threads=threads)
 
 
 # ---------------------------------------------------------------------------------------------

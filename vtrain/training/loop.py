@@ -18,7 +18,7 @@ from vtrain.commit.roots import (
     batch_indices,
     state_root,
     step_log_root,
-    tensor_root,
+    tensor_roots,
 )
 from vtrain.graph.executor import StepLog, StepResult, state_tensors
 from vtrain.graph.step_graph import Graph
@@ -63,7 +63,8 @@ def batch_for(job: Job, step: int) -> torch.Tensor:
 
 
 def component_roots(state: list[torch.Tensor]) -> list[bytes]:
-    return [tensor_root(t.detach().numpy()) for t in state]
+    """The state's component tensor roots, hashed in one threaded call (C builder)."""
+    return list[bytes](tensor_roots([t.detach().numpy() for t in state], "state"))
 
 
 def step_log_root_of(log_: StepLog, graph: Graph) -> bytes:
