@@ -130,6 +130,10 @@ def canonical(x: torch.Tensor) -> torch.Tensor:
     return x + 0.0
 
 
+_SMALL = 4096
+"""Up to this many elements (on the CPU) the rule runs in numpy on every element: cheaper than
+torch's fixed cost per call for the fast filter."""
+
 _MAGNITUDE = 0x7FFFFFFF
 _EXPONENT = 0x7F800000
 
@@ -260,6 +264,18 @@ def round_output(
             _check_finite(r.reshape(-1), what)
         return canonical(r), OpLog.empty()
     vf, df, rf = v.reshape(-1), d.reshape(-1), r.reshape(-1)
+    if vf.device.type == "cpu" and vf.numel() <= _SMALL:  # torch's per-call cost dominates: numpy rule
+        rn = rf.numpy()
+        if check_finite and not np.isfinite(rn).all():
+            _check_finite_slow(rf, what)
+        okn = None if directed_ok is None else directed_ok.reshape(-1).numpy()
+        dn = df.numpy()
+        if directed_floor is not None:
+            okn = dn > directed_floor if okn is None else okn & (dn > directed_floor)
+        sub, code, value = _entries_at_np(vf.numpy(), dn, rn, okn)
+        if not len(sub):
+            return canonical(r), OpLog.empty()
+        return canonical(r), OpLog(sub.astype(np.int64), code, value)
     reach = 2.0 * df * _CMP_SLACK
     cand = midpoint_candidates(vf, rf, reach)
     if cand is None:  # also proves every element finite (a NaN/Inf margin is never > 0)
