@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
-import time
-from pathlib import Path
+import os
 
-import click
-from rich.console import Console
+# Idle OpenMP threads sleep instead of spinning (read once, when torch loads libgomp: so before any
+# torch import). Numerically neutral; without it two threads on a busy machine run a step up to
+# 8x slower than one (scripts/bench_numerics.py --threads). An explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import click  # noqa: E402
+from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from vtrain.errors import VtrainError
@@ -35,6 +42,51 @@ def _progress() -> Progress:
         transient=False,
         disable=not console.is_terminal,
     )
+
+
+def _apply_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int:
+    """Set this process's compute threads as soon as the option is parsed (before any step)."""
+    from vtrain.graph.executor import set_threads
+
+    if value is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        value = int(os.environ["OMP_NUM_THREADS"]) or None
+    try:
+        return set_threads(value)
+    except VtrainError as e:
+        raise click.BadParameter(str(e), param_hint="--threads") from None
+
+
+def threads_option(f):
+    """``--threads N``: torch intra-op threads (inter-op: 1). Default: $OMP_NUM_THREADS, else the
+    physical cores this process may use. Never changes a bit of a certified run, only its speed."""
+    return click.option(
+        "--threads",
+        type=click.IntRange(min=1),
+        default=None,
+        callback=_apply_threads,
+        help="Compute threads (default: $OMP_NUM_THREADS, else physical cores). On a shared machine "
+        "give the cores you may use; more threads than free cores slow every step.",
+    )(f)
+
+
+def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from vtrain.graph.executor import resolve_device
+
+    try:
+        return str(resolve_device(value))
+    except VtrainError as e:
+        raise click.BadParameter(str(e), param_hint="--device") from None
+
+
+def device_option(f):
+    """``--device cpu|cuda[:N]``: where the FP64 compute runs; logs and roots are device independent."""
+    return click.option(
+        "--device",
+        default="cpu",
+        show_default=True,
+        callback=_check_device,
+        help="cpu or cuda[:N]: where the step computes (FP64 on either; a log from one replays on the other).",
+    )(f)
 
 
 def spec_from_options(
@@ -115,7 +167,9 @@ def spec_from_options(
     default=None,
     help="Read the whole spec from a file (JSON, or TOML if named *.toml) instead of the options.",
 )
-def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
+@device_option
+@threads_option
+def train_cmd(out: Path, spec_path: Path | None, device: str, threads: int, **opts) -> None:
     """Train with controlled numerics and write spec, roots, logs and checkpoints to OUT."""
     try:
         spec = TrainSpec.from_file(spec_path) if spec_path else spec_from_options(**opts)
@@ -134,7 +188,7 @@ def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
         log_bytes = 0
         with _progress() as prog:
             task = prog.add_task(f"training {spec.model} ({spec.mode})", total=spec.steps)
-            for o in train_steps(job, state, 1, spec.steps):
+            for o in train_steps(job, state, 1, spec.steps, device=device):
                 if spec.mode in (Mode.CERTIFIED.value, Mode.PAPER.value):
                     log_bytes += run.write_log(o.step, o.log, job.graph)
                 run.append_roots(o.step, o.loss, o.state_root, o.log_root)
@@ -152,6 +206,8 @@ def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
             "final_state_root": last.state_root.hex(),
             "final_loss": last.loss,
             "log_bytes": log_bytes,
+            "device": device,
+            "threads": threads,
         }
         click.echo(json.dumps(summary))
     except VtrainError as e:
@@ -165,7 +221,11 @@ def train_cmd(out: Path, spec_path: Path | None, **opts) -> None:
 @click.option("--from-step", type=click.IntRange(min=0), default=0, show_default=True, help="Start at this checkpoint.")
 @click.option("--to-step", type=click.IntRange(min=1), default=None, help="Last step to replay (default: all).")
 @click.option("--mode", type=click.Choice([m.value for m in Mode]), default=None, help="Override the run's mode.")
-def replay_cmd(run_path: Path, from_step: int, to_step: int | None, mode: str | None) -> None:
+@device_option
+@threads_option
+def replay_cmd(
+    run_path: Path, from_step: int, to_step: int | None, mode: str | None, device: str, threads: int
+) -> None:
     """Replay a run with its rounding logs and compare every step's state root. Exit 1 on divergence."""
     try:
         run = RunDir(run_path)
@@ -184,7 +244,9 @@ def replay_cmd(run_path: Path, from_step: int, to_step: int | None, mode: str | 
         matched = 0
         with _progress() as prog:
             task = prog.add_task("replaying", total=last - from_step)
-            for o in replay_steps(job, state, from_step + 1, last, lambda s: run.read_log(s, job.graph), mode=mode):
+            logs = lambda s: run.read_log(s, job.graph)  # noqa: E731
+            t0 = time.perf_counter()
+            for o in replay_steps(job, state, from_step + 1, last, logs, mode=mode, device=device):
                 want = roots.get(o.step)
                 if want is None:
                     raise click.ClickException(f"roots.jsonl has no record of step {o.step}")
@@ -198,6 +260,9 @@ def replay_cmd(run_path: Path, from_step: int, to_step: int | None, mode: str | 
             "steps": last - from_step,
             "matched": matched,
             "first_divergent_step": first_bad,
+            "seconds": round(time.perf_counter() - t0, 3),
+            "device": device,
+            "threads": threads,
         }
         click.echo(json.dumps(verdict))
         if first_bad is not None:

@@ -304,18 +304,18 @@ def physical_cores() -> int:
 def set_threads(n: int | None) -> int:
     """Use ``n`` compute threads in this process (default: :func:`physical_cores`); returns ``n``.
 
-    Sets torch's intra-op pool to ``n`` and its inter-op pool to 1 (the executor runs one op at
-    a time), and the OpenMP/MKL/OpenBLAS variables for child processes. Thread counts never
-    change a bit of a certified or paper run (reduction order is covered by the bound); they only
-    change speed. On a shared machine pass the cores you may use: more threads than free cores
-    make every parallel kernel wait for the slowest thread.
+    Sets torch's intra-op pool to ``n`` (torch passes it on to OpenMP and MKL, so the BLAS
+    uses the same ``n`` threads, not its own pool on top) and its inter-op pool to 1 (the executor
+    runs one op at a time). Thread counts never change a bit of a certified or paper run
+    (reduction order is covered by the bound); they only change speed. On a shared machine pass
+    the cores you may use: more threads than free cores make every parallel kernel wait for the
+    slowest thread (the OpenMP variables ``OMP_NUM_THREADS``/``OMP_WAIT_POLICY=PASSIVE`` for child
+    processes are the caller's business).
     """
     if n is None:
         n = physical_cores()
     if n < 1:
         raise VtrainError(f"threads: expected a positive count, got {n}")
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(n)
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(1)
