@@ -123,3 +123,18 @@ def test_cli_train_and_replay_take_device_and_threads(tmp_path) -> None:
             assert r.exit_code == 2 and "CUDA is not available" in r.output
     finally:
         torch.set_num_threads(n)
+
+
+def test_gpu_check_script_cpu_path_replays_bit_exactly() -> None:
+    """scripts/gpu_check.sh with the CPU on both sides (its GPU path needs a GPU: run by hand)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--tiny", "--steps", "2"], cwd=root,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "| small-gpt | cpu | cpu | 2/2 bit-exact |" in p.stdout
+    if not torch.cuda.is_available():
+        p = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=root, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2 and "CUDA is not available" in p.stderr
