@@ -119,15 +119,25 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: s
         ex = executor_for(job, mode, device)
         state = state_tensors(job.initial_state)
         times, cpu, log_bytes, raw_bytes, roots = [], [], [], [], []
+        rtimes, rcpu, rsame = [], [], True
         values = logged = explicit = 0
         for s in range(1, warmup + steps + 1):
             data = batch_for(job, s)
             c0, t0 = time.process_time(), time.perf_counter()
             res = ex.run(state, data, step=s)
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            if mode == "certified":  # the auditor's step on the same state, with the trainer's log
+                c1, t1 = time.process_time(), time.perf_counter()
+                rep = ex.run(state, data, log_in=res.log, step=s)
+                rtimes.append(time.perf_counter() - t1)
+                rcpu.append(time.process_time() - c1)
+                rsame = rsame and component_roots(rep.state) == component_roots(res.state)
             state = res.state
             roots.append(component_roots(state))
             if s <= warmup:
+                if rtimes:
+                    rtimes.pop()
+                    rcpu.pop()
                 continue
             times.append(dt)
             cpu.append(dc)
@@ -142,6 +152,10 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: s
                      "cpu_median_s": statistics.median(cpu), "values": values,
                      "logged": logged, "explicit": explicit, "log_bytes": log_bytes,
                      "raw_bytes": raw_bytes, "roots": roots}
+        if rtimes:
+            out["certified replay" + ("" if rsame else " (DIVERGED)")] = {
+                "times": rtimes, "median_s": statistics.median(rtimes), "cpu": rcpu,
+                "cpu_median_s": statistics.median(rcpu)}
     return out
 
 
@@ -505,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
             raw[label] = {m: {k: v for k, v in r.items() if k != "roots"} for m, r in res.items()}
             print(f"## (a) step time, {label} on {a.device}: {describe(spec, job)}\n")
             print(f"Median of {a.steps} steps after {a.warmup} warm-up step(s); fp32 = plain torch "
-                  f"(vtrain.torch_ref). Target: certified <= 3x fp32.\n")
+                  f"(vtrain.torch_ref); certified replay = the auditor's step with the trainer's log. "
+                  f"Targets: certified <= 3x fp32, replay <= 1.1x certified.\n")
             print(table(TIMING_HEAD, timing_rows(res)))
             rows, note = log_rows(res)
             print(f"\n## (b) rounding log, {label} (same steps)\n")
