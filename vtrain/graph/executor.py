@@ -220,9 +220,7 @@ class StepExecutor:
         stats.values += v.numel()
         what = f"{op.kind.name} op {op.id}"
         if self.mode == Mode.ROUND_NOLOG:
-            out, _ = round_output(v, None, what, check_finite=eager)
-            if not eager:
-                sums.append(out.sum(dtype=torch.float64))
+            out, _ = round_output(v, None, what, check_finite=True if eager else sums)
             return out
         if self.mode == Mode.PAPER:
             if log_in is None:
@@ -238,9 +236,7 @@ class StepExecutor:
         bound = d if k in LOGGING_KINDS else None
         if log_in is None:
             floor = tight_floor(op) if bound is not None else None
-            out, entries = round_output(v, bound, what, directed_floor=floor, check_finite=eager)
-            if not eager:
-                sums.append(out.sum(dtype=torch.float64))
+            out, entries = round_output(v, bound, what, directed_floor=floor, check_finite=True if eager else sums)
             if len(entries):
                 out_log.sparse[op.id] = entries
                 stats.logged += len(entries)

@@ -244,7 +244,7 @@ def round_output(
     what: str,
     directed_ok: torch.Tensor | None = None,
     directed_floor: float | None = None,
-    check_finite: bool = True,
+    check_finite: bool | list[torch.Tensor] = True,
 ) -> tuple[torch.Tensor, OpLog]:
     """Trainer side: round FP64 ``v`` (bound ``d``, ``None`` for exact ops) to FP32 and log per the rule.
 
@@ -252,22 +252,31 @@ def round_output(
     ``directed_ok`` (optional mask) marks elements whose bound is tight enough for a down/up entry;
     ``directed_floor`` says the same lazily (``d > directed_floor``, evaluated on flagged elements
     only); the others get an explicit entry when a midpoint is in reach (always accepted on-chain).
-    ``check_finite=False`` leaves the NaN/Inf check to the caller (the executor checks once per step).
+    ``check_finite``: ``True`` checks for NaN/Inf now; ``False`` leaves it to the caller; a list
+    gets an FP64 sum of the output to check later (the executor: once per step), nothing when the
+    filter already proved every element finite.
 
     Bit for bit the same output and entries as :func:`round_output_reference` (tested): a cheap
     exact filter (:func:`midpoint_candidates`) finds the few elements with a midpoint in reach and
     the reference rule runs on those only.
     """
     r = v.to(torch.float32)
+    later = check_finite if isinstance(check_finite, list) else None
+    now = check_finite is True
     if d is None:
-        if check_finite:
+        if now:
             _check_finite(r.reshape(-1), what)
-        return canonical(r), OpLog.empty()
+        out = canonical(r)
+        if later is not None:
+            later.append(out.sum(dtype=torch.float64))
+        return out, OpLog.empty()
     vf, df, rf = v.reshape(-1), d.reshape(-1), r.reshape(-1)
     if vf.device.type == "cpu" and vf.numel() <= _SMALL:  # torch's per-call cost dominates: numpy rule
         rn = rf.numpy()
-        if check_finite and not np.isfinite(rn).all():
-            _check_finite_slow(rf, what)
+        if (now or later is not None) and not np.isfinite(rn).all():
+            if now:
+                _check_finite_slow(rf, what)
+            later.append(torch.tensor(float("nan"), dtype=torch.float64))  # type: ignore[union-attr]
         okn = None if directed_ok is None else directed_ok.reshape(-1).numpy()
         dn = df.numpy()
         if directed_floor is not None:
@@ -276,12 +285,14 @@ def round_output(
         if not len(sub):
             return canonical(r), OpLog.empty()
         return canonical(r), OpLog(sub.astype(np.int64), code, value)
-    reach = 2.0 * df * _CMP_SLACK
+    reach = df * (2.0 * _CMP_SLACK)  # the same bits as the rule's 2.0 * df * _CMP_SLACK (exact doubling)
     cand = midpoint_candidates(vf, rf, reach)
     if cand is None:  # also proves every element finite (a NaN/Inf margin is never > 0)
         return canonical(r), OpLog.empty()
-    if check_finite:
+    if now:
         _check_finite(rf, what)
+    elif later is not None:
+        later.append(rf.sum(dtype=torch.float64))
     cand = cand.to(vf.device)
     ok = None
     if directed_ok is not None:
