@@ -215,7 +215,7 @@ class StepExecutor:
                         raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
                 else:
                     sums.append(out.sum(dtype=torch.float64))
-                return canonical(out)
+                return out.add_(0.0)  # canonical zero, in place on the fresh output
         v, d = _compute_fp64(op, ins)
         stats.values += v.numel()
         what = f"{op.kind.name} op {op.id}"
@@ -445,11 +445,11 @@ def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, to
         v = torch.matmul(x[0], x[1].transpose(-1, -2))
         s = torch.matmul(ins[0].abs(), ins[1].abs().transpose(-1, -2))
         n = ins[0].shape[-1]
-        if len(ins) == 3:
-            v = v + x[2]
-            s = s + ins[2].abs()
+        if len(ins) == 3:  # in place on the fresh products (large fresh buffers cost page faults)
+            v.add_(x[2])
+            s.add_(ins[2].abs())
             n += 1
-        return v, (TRAINER_BOUND_SLACK * gamma(n)) * (s.double() + n * _SUBNORMAL)
+        return v, s.double().add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n))
     if k in (OpKind.SUM, OpKind.MEAN):
         n = ins[0].shape[-1]
         v = x[0].sum(dim=-1, keepdim=True)

@@ -260,13 +260,13 @@ def round_output(
     exact filter (:func:`midpoint_candidates`) finds the few elements with a midpoint in reach and
     the reference rule runs on those only.
     """
-    r = v.to(torch.float32)
+    r = v.to(torch.float32, copy=True).add_(0.0)  # canonical zero in place: the rule reads -0 as +0
     later = check_finite if isinstance(check_finite, list) else None
     now = check_finite is True
     if d is None:
         if now:
             _check_finite(r.reshape(-1), what)
-        out = canonical(r)
+        out = r
         if later is not None:
             later.append(out.sum(dtype=torch.float64))
         return out, OpLog.empty()
@@ -283,12 +283,12 @@ def round_output(
             okn = dn > directed_floor if okn is None else okn & (dn > directed_floor)
         sub, code, value = _entries_at_np(vf.numpy(), dn, rn, okn)
         if not len(sub):
-            return canonical(r), OpLog.empty()
-        return canonical(r), OpLog(sub.astype(np.int64), code, value)
+            return r, OpLog.empty()
+        return r, OpLog(sub.astype(np.int64), code, value)
     reach = df * (2.0 * _CMP_SLACK)  # the same bits as the rule's 2.0 * df * _CMP_SLACK (exact doubling)
     cand = midpoint_candidates(vf, rf, reach)
     if cand is None:  # also proves every element finite (a NaN/Inf margin is never > 0)
-        return canonical(r), OpLog.empty()
+        return r, OpLog.empty()
     if now:
         _check_finite(rf, what)
     elif later is not None:
@@ -307,8 +307,8 @@ def round_output(
         okc = dc > directed_floor if okc is None else okc & (dc > directed_floor)
     sub, code, value = _entries_at_np(vc, dc, rc, okc)
     if not len(sub):
-        return canonical(r), OpLog.empty()
-    return canonical(r), OpLog(c[sub].astype(np.int64), code, value)
+        return r, OpLog.empty()
+    return r, OpLog(c[sub].astype(np.int64), code, value)
 
 
 def round_output_reference(
