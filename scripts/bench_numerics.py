@@ -338,7 +338,7 @@ def verdict_cell(r: dict, steps: int) -> str:
 def gpt2_spec(a: argparse.Namespace, mode: str = "certified") -> TrainSpec:
     return TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=a.gpt2_batch, steps=a.gpt2_steps,
                      interval=a.gpt2_steps, mode=mode,
-                     gpt=GPTConfig(vocab=50257, n_layer=a.gpt2_layers, d_model=768, n_head=12,
+                     gpt=GPTConfig(vocab=a.gpt2_vocab, n_layer=a.gpt2_layers, d_model=a.gpt2_width, n_head=12,
                                    context=a.gpt2_context))
 
 
@@ -414,7 +414,8 @@ def gpt2_section(a: argparse.Namespace) -> dict:
     spec = gpt2_spec(a)
     me = [sys.executable, str(Path(__file__).resolve()), "--threads", str(a.threads), "--device", a.device,
           "--gpt2-steps", str(a.gpt2_steps), "--gpt2-batch", str(a.gpt2_batch), "--gpt2-context",
-          str(a.gpt2_context), "--gpt2-layers", str(a.gpt2_layers), "--gpt2-fp32-steps", str(a.gpt2_fp32_steps)]
+          str(a.gpt2_context), "--gpt2-layers", str(a.gpt2_layers), "--gpt2-fp32-steps", str(a.gpt2_fp32_steps),
+          "--gpt2-width", str(a.gpt2_width), "--gpt2-vocab", str(a.gpt2_vocab)]
     res: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench_gpt2_") as tmp:
         run = Path(tmp) / "run"
@@ -435,14 +436,15 @@ def gpt2_section(a: argparse.Namespace) -> dict:
     v = rp["verdict"] or {}
     verdict = (f"{v.get('matched')}/{v.get('steps')} bit-exact" if v and v.get("first_divergent_step") is None
                else f"{v or rp['error']}")
-    print(f"## (d) GPT-2 117M shapes on {a.device}: {spec.gpt.n_layer} layers, d 768, 12 heads, vocab 50,257, "
+    print(f"## (d) GPT-2 117M shapes on {a.device}: {spec.gpt.n_layer} layers, d {spec.gpt.d_model}, 12 heads, "
+          f"vocab {spec.gpt.vocab:,}, "
           f"context {spec.gpt.context}, batch {spec.batch_size}, adamw; {tr['state_values']:,} state values, "
           f"{tr['ops']} ops per step; {a.threads} thread(s)\n")
     print(table(["figure", "value"], [
         [f"certified step (median of {n})", f"{med(tr['step_s']):.1f} s"],
         [f"fp32 torch step (median of {len(fp['step_s'])})", f"{med(fp['step_s']):.2f} s"],
         ["certified / fp32", ratio(med(tr["step_s"]), med(fp["step_s"]))],
-        ["commit per step (component roots, state root, log root)", f"{med(tr['commit_s']):.1f} s"],
+        ["commit per step (component roots, state root, log root)", f"{med(tr['commit_s']):.2f} s"],
         ["log bytes per step (zlib)", f"{statistics.mean(tr['log_bytes']):,.0f}"],
         ["log entries per step", f"{statistics.mean(tr['entries']):,.0f}"],
         ["peak RSS: certified trainer / fp32 / auditor", f"{tr['rss_gib']:.1f} / {fp['rss_gib']:.1f} / "
@@ -493,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpt2-context", type=int, default=256, help="(d): context (>= 256 for the target)")
     ap.add_argument("--gpt2-layers", type=int, default=12, help="(d): layers (12 = GPT-2 small)")
     ap.add_argument("--gpt2-fp32-steps", type=int, default=2, help="(d): plain torch fp32 steps")
+    ap.add_argument("--gpt2-width", type=int, default=768, help="(d): d_model (768; smaller only to test)")
+    ap.add_argument("--gpt2-vocab", type=int, default=50257, help="(d): vocab (50,257; smaller only to test)")
     ap.add_argument("--gpt2-phase", default=None, help=argparse.SUPPRESS)  # internal: one phase of (d)
     ap.add_argument("--gpt2-dir", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
