@@ -108,6 +108,14 @@ for spec in examples/*gpt2*.json examples/*gpt2*.toml; do
   run_pair "$(basename "$spec")" "$DEVICE" cpu --spec "$spec" --threads "${THREADS:-$(nproc)}"
 done
 
+# 4. GPT-2 117M shapes (12 layers, d 768, vocab 50,257, context 256): certified steps on the device,
+#    replay on the CPU under ATEN_CPU_CAPABILITY=default (bench_numerics.py (d)), if time is left.
+if [ "$TINY" = 0 ] && [ "$DEVICE" != cpu ] && [ "$(left)" -gt 150 ]; then
+  timeout "$(( $(left) - 10 ))" "$PY" scripts/bench_numerics.py --skip-timing --skip-replication --gpt2-117m \
+    --device "$DEVICE" --gpt2-steps 3 --gpt2-fp32-steps 2 --threads "${THREADS:-$(nproc)}" \
+    || echo "(GPT-2 117M section timed out or failed)"
+fi
+
 echo
 echo "| config | trainer device | auditor device | verdict | train s/step | replay s/step |"
 echo "|---|---|---|---|---|---|"
