@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 # Idle OpenMP threads sleep instead of spinning (read once, when torch loads libgomp: so before any
-# torch import). Numerically neutral; without it two threads on a busy machine ran a replay
-# 7x slower than one (docs/numerics.md, "Devices and threads"). An explicit setting wins.
+# torch import). Numerically neutral; without it two threads on a busy machine trained 25x slower
+# than one (docs/numerics.md, "Devices and threads"). An explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import json  # noqa: E402
