@@ -295,7 +295,21 @@ def spec_option(f):
     )(f)
 
 
+def _apply_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    from vtrain.cli import _apply_threads as apply  # lazy: torch is not needed for --help
+
+    apply(ctx, param, value)
+
+
 def agent_options(f):
+    f = click.option(
+        "--threads",
+        type=click.IntRange(min=1),
+        default=None,
+        expose_value=False,
+        callback=_apply_threads,
+        help="Compute threads for training/replay (default: $OMP_NUM_THREADS, else physical cores).",
+    )(f)
     f = click.option("--events", is_flag=True, help="Stream JSON-line events on stdout (for an orchestrator).")(f)
     f = click.option(
         "--poll",

@@ -5,6 +5,9 @@
     .venv/bin/python scripts/bench_numerics.py --long          # + replication over 1000 steps
     .venv/bin/python scripts/bench_numerics.py --profile       # + where a certified step spends time
     .venv/bin/python scripts/bench_numerics.py --skip-timing --skip-replication --divergence-plot div.png
+    .venv/bin/python scripts/bench_numerics.py --gpt2-117m --skip-timing --skip-replication
+                                                   # GPT-2 117M shapes: manual, slow (minutes/step on 2 cores)
+    .venv/bin/python scripts/bench_numerics.py --device cuda   # (a) on a GPU (scripts/gpu_check.sh)
 
 Everything is measured in this one run and printed as markdown tables:
 
@@ -14,6 +17,10 @@ Everything is measured in this one run and printed as markdown tables:
 (b) rounding-log bytes per step and the fraction of rounded values that got an entry, certified
     (sparse) vs paper (dense ternary), on the same trajectory: both modes output ``RN32(v)``, so
     their states are identical step by step (checked and reported).
+(d) ``--gpt2-117m``: the built-in GPT at GPT-2 small shapes (12 layers, d 768, 12 heads, vocab
+    50,257, context 256): certified step time, commit time, log bytes and peak RSS per step, fp32
+    step time, and a replay in a second CPU environment (``ATEN_CPU_CAPABILITY=default``), each
+    phase a separate process (RSS from ``wait4``).
 (c) replication verdicts: ``vtrain train`` in this environment, ``vtrain replay`` in emulated
     other hardware (``/work/shared/notes/nondeterminism.md``), each a separate process, for every
     mode; matched steps and the first divergent step.
@@ -110,22 +117,33 @@ def describe(spec: TrainSpec, job: Job) -> str:
 
 
 # --- (a) + (b): step time and log size, in process ------------------------------------------------
-def measure_modes(job: Job, modes: list[str], warmup: int, steps: int) -> dict[str, dict]:
-    """Run ``warmup + steps`` steps in each mode from the initial state; time only ``ex.run``."""
+def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: str = "cpu") -> dict[str, dict]:
+    """Run ``warmup + steps`` steps in each mode from the initial state; time only ``ex.run``
+    (which returns the state on the CPU, so a GPU step is complete when it returns)."""
     out: dict[str, dict] = {}
     for mode in modes:
-        ex = executor_for(job, mode)
+        ex = executor_for(job, mode, device)
         state = state_tensors(job.initial_state)
         times, cpu, log_bytes, raw_bytes, roots = [], [], [], [], []
+        rtimes, rcpu, rsame = [], [], True
         values = logged = explicit = 0
         for s in range(1, warmup + steps + 1):
             data = batch_for(job, s)
             c0, t0 = time.process_time(), time.perf_counter()
             res = ex.run(state, data, step=s)
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            if mode == "certified":  # the auditor's step on the same state, with the trainer's log
+                c1, t1 = time.process_time(), time.perf_counter()
+                rep = ex.run(state, data, log_in=res.log, step=s)
+                rtimes.append(time.perf_counter() - t1)
+                rcpu.append(time.process_time() - c1)
+                rsame = rsame and component_roots(rep.state) == component_roots(res.state)
             state = res.state
             roots.append(component_roots(state))
             if s <= warmup:
+                if rtimes:
+                    rtimes.pop()
+                    rcpu.pop()
                 continue
             times.append(dt)
             cpu.append(dc)
@@ -140,6 +158,10 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int) -> dict[s
                      "cpu_median_s": statistics.median(cpu), "values": values,
                      "logged": logged, "explicit": explicit, "log_bytes": log_bytes,
                      "raw_bytes": raw_bytes, "roots": roots}
+        if rtimes:
+            out["certified replay" + ("" if rsame else " (DIVERGED)")] = {
+                "times": rtimes, "median_s": statistics.median(rtimes), "cpu": rcpu,
+                "cpu_median_s": statistics.median(rcpu)}
     return out
 
 
@@ -333,7 +355,7 @@ def verdict_cell(r: dict, steps: int) -> str:
     return f"{v['matched']}/{steps}, diverges at step {v['first_divergent_step']}"
 
 
-# --- (d): divergence plot: differing weights per step, plain FP32 vs certified ----------------------
+# --- (e): divergence plot: differing weights per step, plain FP32 vs certified ----------------------
 def dump_replay(run_dir: Path, out: Path) -> None:
     """Child process (``--dump-replay``): replay ``run_dir`` in this process's environment (with the
     trainer's logs for certified; fp32 simply trains again) and save each step's parameters."""
@@ -418,6 +440,129 @@ def divergence(a: argparse.Namespace, envs: list[str], steps: int, png: Path) ->
     return series
 
 
+# --- (d): GPT-2 117M shapes, one process per phase ------------------------------------------------
+def gpt2_spec(a: argparse.Namespace, mode: str = "certified") -> TrainSpec:
+    return TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=a.gpt2_batch, steps=a.gpt2_steps,
+                     interval=a.gpt2_steps, mode=mode,
+                     gpt=GPTConfig(vocab=a.gpt2_vocab, n_layer=a.gpt2_layers, d_model=a.gpt2_width, n_head=12,
+                                   context=a.gpt2_context))
+
+
+def gpt2_phase(a: argparse.Namespace) -> int:
+    """One phase of (d) in its own process: ``train`` (certified, writes a run folder) or ``fp32``.
+    Prints one JSON line of figures."""
+    from vtrain.numerics.logfile import encode_step_log as encode
+    from vtrain.training.loop import _outcome
+    from vtrain.training.rundir import RunDir, reset_roots
+
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    t0 = time.perf_counter()
+    spec = gpt2_spec(a, "certified" if a.gpt2_phase == "train" else "fp32")
+    job = build_job(spec)
+    out: dict[str, Any] = {"build_s": time.perf_counter() - t0, "ops": job.graph.n_ops,
+                           "state_values": sum(int(torch.tensor(s.shape).prod()) for s in job.graph.slots)}
+    state = state_tensors(job.initial_state)
+    ex = executor_for(job, "certified" if a.gpt2_phase == "train" else "fp32", a.device)
+    steps = a.gpt2_steps if a.gpt2_phase == "train" else a.gpt2_fp32_steps
+    run = None
+    if a.gpt2_phase == "train":
+        run = RunDir(a.gpt2_dir)
+        run.write_spec(spec)
+        reset_roots(run)
+        run.write_checkpoint(0, job.graph, state)
+    step_s, commit_s, log_bytes, entries = [], [], [], []
+    for s in range(1, steps + 1):
+        t1 = time.perf_counter()
+        res = ex.run(state, batch_for(job, s), step=s)
+        step_s.append(time.perf_counter() - t1)
+        if run is not None:
+            t2 = time.perf_counter()
+            o = _outcome(s, res, job.graph)  # component roots, state root, log root
+            commit_s.append(time.perf_counter() - t2)
+            log_bytes.append(len(encode(res.log, s, job.graph)))
+            entries.append(res.log.n_entries)
+            run.write_log(s, res.log, job.graph)
+            run.append_roots(s, o.loss, o.state_root, o.log_root)
+        state = res.state
+        print(f"  [{a.gpt2_phase}] step {s}: {step_s[-1]:.1f} s", file=sys.stderr, flush=True)
+    if run is not None:
+        run.write_checkpoint(steps, job.graph, state)
+    out.update(step_s=step_s, commit_s=commit_s, log_bytes=log_bytes, entries=entries, loss=res.loss)
+    print(json.dumps(out))
+    return 0
+
+
+def _child(args: list[str], extra: dict[str, str], timeout: float) -> tuple[int, str, str, float, float]:
+    """Run a child process; (rc, stdout, stderr, wall s, peak RSS GiB of that child from wait4)."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        p = subprocess.Popen(args, cwd=ROOT, env=env_for(extra), stdout=fo, stderr=fe)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                p.kill()
+                pid, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.2)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        return (p.returncode, fo.read().decode(), fe.read().decode(), time.perf_counter() - t0,
+                ru.ru_maxrss / 2**20)
+
+
+def gpt2_section(a: argparse.Namespace) -> dict:
+    """(d): certified train (this env), fp32 steps, replay under ATEN_CPU_CAPABILITY=default."""
+    spec = gpt2_spec(a)
+    me = [sys.executable, str(Path(__file__).resolve()), "--threads", str(a.threads), "--device", a.device,
+          "--gpt2-steps", str(a.gpt2_steps), "--gpt2-batch", str(a.gpt2_batch), "--gpt2-context",
+          str(a.gpt2_context), "--gpt2-layers", str(a.gpt2_layers), "--gpt2-fp32-steps", str(a.gpt2_fp32_steps),
+          "--gpt2-width", str(a.gpt2_width), "--gpt2-vocab", str(a.gpt2_vocab)]
+    res: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_gpt2_") as tmp:
+        run = Path(tmp) / "run"
+        for phase in ("train", "fp32"):
+            rc, out, err, wall, rss = _child([*me, "--gpt2-phase", phase, "--gpt2-dir", str(run)], {}, 6 * 3600)
+            if rc != 0:
+                raise SystemExit(f"gpt2 {phase} failed (rc {rc}):\n{err[-3000:]}")
+            res[phase] = {**(last_json(out) or {}), "wall_s": wall, "rss_gib": rss}
+        code = "from vtrain.cli import replay_cmd; replay_cmd()"
+        rc, out, err, wall, rss = _child([sys.executable, "-c", code, "--run", str(run), "--threads",
+                                          str(max(a.threads, 1)), "--device", "cpu"],
+                                         {"ATEN_CPU_CAPABILITY": "default"}, 6 * 3600)
+        res["replay"] = {"rc": rc, "verdict": last_json(out), "wall_s": wall, "rss_gib": rss,
+                         "error": None if last_json(out) else err.strip().splitlines()[-1:]}
+    tr, fp, rp = res["train"], res["fp32"], res["replay"]
+    n = len(tr["step_s"])
+    med = statistics.median
+    v = rp["verdict"] or {}
+    verdict = (f"{v.get('matched')}/{v.get('steps')} bit-exact" if v and v.get("first_divergent_step") is None
+               else f"{v or rp['error']}")
+    print(f"## (d) GPT-2 117M shapes on {a.device}: {spec.gpt.n_layer} layers, d {spec.gpt.d_model}, 12 heads, "
+          f"vocab {spec.gpt.vocab:,}, "
+          f"context {spec.gpt.context}, batch {spec.batch_size}, adamw; {tr['state_values']:,} state values, "
+          f"{tr['ops']} ops per step; {a.threads} thread(s)\n")
+    print(table(["figure", "value"], [
+        [f"certified step (median of {n})", f"{med(tr['step_s']):.1f} s"],
+        [f"fp32 torch step (median of {len(fp['step_s'])})", f"{med(fp['step_s']):.2f} s"],
+        ["certified / fp32", ratio(med(tr["step_s"]), med(fp["step_s"]))],
+        ["commit per step (component roots, state root, log root)", f"{med(tr['commit_s']):.2f} s"],
+        ["log bytes per step (zlib)", f"{statistics.mean(tr['log_bytes']):,.0f}"],
+        ["log entries per step", f"{statistics.mean(tr['entries']):,.0f}"],
+        ["peak RSS: certified trainer / fp32 / auditor", f"{tr['rss_gib']:.1f} / {fp['rss_gib']:.1f} / "
+                                                          f"{rp['rss_gib']:.1f} GiB"],
+        ["graph build", f"{tr['build_s']:.1f} s"],
+        ["replay, ATEN_CPU_CAPABILITY=default (separate process)", verdict],
+        ["replay wall (all steps, incl. build)", f"{rp['wall_s']:.0f} s"],
+    ]))
+    print()
+    return res
+
+
 # --- main ------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -451,10 +596,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="(d) draw differing weights per step, fp32 vs certified, replayed under --envs")
     ap.add_argument("--plot-steps", type=int, default=30, help="steps of the divergence plot (d)")
     ap.add_argument("--dump-replay", nargs=2, type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu", help="device of the (a) timings and (d): cpu or cuda[:N]")
+    ap.add_argument("--modes", default=",".join(MODES), help="modes of the (a) timings, comma-separated")
+    ap.add_argument("--no-mlp", action="store_true", help="(a): the small GPT only")
+    ap.add_argument("--gpt2-117m", action="store_true", help="(d): GPT-2 117M shapes (manual, slow)")
+    ap.add_argument("--gpt2-steps", type=int, default=3, help="(d): certified steps (and replayed steps)")
+    ap.add_argument("--gpt2-batch", type=int, default=1, help="(d): batch size")
+    ap.add_argument("--gpt2-context", type=int, default=256, help="(d): context (>= 256 for the target)")
+    ap.add_argument("--gpt2-layers", type=int, default=12, help="(d): layers (12 = GPT-2 small)")
+    ap.add_argument("--gpt2-fp32-steps", type=int, default=2, help="(d): plain torch fp32 steps")
+    ap.add_argument("--gpt2-width", type=int, default=768, help="(d): d_model (768; smaller only to test)")
+    ap.add_argument("--gpt2-vocab", type=int, default=50257, help="(d): vocab (50,257; smaller only to test)")
+    ap.add_argument("--gpt2-phase", default=None, help=argparse.SUPPRESS)  # internal: one phase of (d)
+    ap.add_argument("--gpt2-dir", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.dump_replay:  # child process of (d)
         dump_replay(*a.dump_replay)
         return 0
+    if a.gpt2_phase:
+        return gpt2_phase(a)
     if a.long:
         a.repl_steps = max(a.repl_steps, 1000)
     if a.threads > 0:
@@ -466,13 +626,18 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {os.getloadavg()[0]:.1f})\n")
 
     if not a.skip_timing:
-        for label, spec in (("small GPT", gpt_spec(a)), ("MLP", mlp_spec(a))):
+        modes = [m for m in a.modes.split(",") if m]
+        for m in modes:
+            Mode(m)
+        labelled = [("small GPT", gpt_spec(a))] + ([] if a.no_mlp else [("MLP", mlp_spec(a))])
+        for label, spec in labelled:
             job = build_job(spec)
-            res = measure_modes(job, MODES, a.warmup, a.steps)
+            res = measure_modes(job, modes, a.warmup, a.steps, a.device)
             raw[label] = {m: {k: v for k, v in r.items() if k != "roots"} for m, r in res.items()}
-            print(f"## (a) step time, {label}: {describe(spec, job)}\n")
+            print(f"## (a) step time, {label} on {a.device}: {describe(spec, job)}\n")
             print(f"Median of {a.steps} steps after {a.warmup} warm-up step(s); fp32 = plain torch "
-                  f"(vtrain.torch_ref). Target: certified <= 3x fp32.\n")
+                  f"(vtrain.torch_ref); certified replay = the auditor's step with the trainer's log. "
+                  f"Targets: certified <= 3x fp32, replay <= 1.1x certified.\n")
             print(table(TIMING_HEAD, timing_rows(res)))
             rows, note = log_rows(res, job.graph)
             print(f"\n## (b) rounding log, {label} (same steps)\n")
@@ -487,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
             w, c, b = (int(x) for x in item.lower().split("x"))
             sa = argparse.Namespace(**{**vars(a), "width": w, "context": c, "batch": b})
             job = build_job(gpt_spec(sa))
-            res = measure_modes(job, ["fp32", "certified"], a.warmup, a.steps)
+            res = measure_modes(job, ["fp32", "certified"], a.warmup, a.steps, a.device)
             f, cf = res["fp32"], res["certified"]
             rows.append([f"{a.layers}L d{w} T{c} B{b}", job.graph.n_ops, fmt_ms(f["median_s"]),
                          fmt_ms(cf["median_s"]), ratio(cf["median_s"], f["median_s"]),
@@ -506,6 +671,10 @@ def main(argv: list[str] | None = None) -> int:
         print("Time inside the executor's helpers, by op kind ('(op total)' = the whole op):\n")
         print(by_kind)
         print("\ncProfile, top functions by own time:\n\n```\n" + prof + "\n```\n")
+        sys.stdout.flush()
+
+    if a.gpt2_117m:
+        raw["gpt2_117m"] = gpt2_section(a)
         sys.stdout.flush()
 
     if not a.skip_replication:

@@ -16,13 +16,21 @@ import nodes
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread() -> Iterator[None]:
     """The suite's tensors are tiny: torch's thread pool costs more than it saves (up to 100x on a
-    loaded 2-core machine). Cross-thread-count replication runs in subprocesses with their own env."""
+    loaded 2-core machine). Cross-thread-count replication runs in subprocesses with their own env.
+    ``OMP_NUM_THREADS=1`` is also the default of ``--threads`` for commands run in-process and of
+    the suite's child processes (tests/test_replication.py sets its own)."""
+    import os
+
     import torch
 
     n = torch.get_num_threads()
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = old or "1"
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+    if old is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 @pytest.fixture

@@ -241,3 +241,141 @@ def test_direct_fp32_single_ops_equal_fp64_then_round_bit_for_bit(kind: OpKind) 
     ref, _ = round_output(v[finite], None, "ref")
     assert d is None
     assert torch.equal(fast[finite].view(torch.int32), ref.view(torch.int32))
+
+
+# --- the fast path equals the reference rule, bit for bit ---------------------------------------
+
+def _assert_same_rounding(v: torch.Tensor, d: torch.Tensor | None, floor: float | None = None) -> None:
+    from vtrain.numerics.rounding import round_output_reference
+
+    ok = None if (floor is None or d is None) else d > floor
+    out_ref, log_ref = round_output_reference(v, d, "ref", directed_ok=ok)
+    out_fast, log_fast = round_output(v, d, "fast", directed_floor=floor)
+    out_mask, log_mask = round_output(v, d, "fast", directed_ok=ok)
+    for out, lg in ((out_fast, log_fast), (out_mask, log_mask)):
+        assert torch.equal(out.view(torch.int32), out_ref.view(torch.int32))
+        assert lg.index.tolist() == log_ref.index.tolist()
+        assert lg.code.tolist() == log_ref.code.tolist()
+        assert lg.value.view(np.int32).tolist() == log_ref.value.view(np.int32).tolist()
+        assert lg.index.dtype == log_ref.index.dtype and lg.code.dtype == log_ref.code.dtype
+
+
+def _adversarial_values(rng: np.random.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP64 values on, next to and around FP32 midpoints, powers of two, subnormals, zero and the
+    largest finite FP32, with bounds from 0 to many spacings."""
+    exps = rng.integers(-152, 128, n)
+    mant = rng.integers(2**23, 2**24, n).astype(np.float64)
+    mant[rng.random(n) < 0.2] = 2.0**23  # powers of two
+    r = np.ldexp(mant, exps - 23).astype(np.float32)
+    r[rng.random(n) < 0.05] = np.float32(0.0)
+    r[rng.random(n) < 0.02] = np.float32(3.4028234663852886e38)
+    r[rng.random(n) < 0.05] = np.float32(2.0**-126)
+    sub = (rng.integers(1, 2**23, n) * 2.0**-149).astype(np.float32)
+    r = np.where(rng.random(n) < 0.05, sub, r)  # subnormals
+    r = np.where(rng.random(n) < 0.5, -r, r).astype(np.float32)
+    up = np.nextafter(r, np.float32(np.inf)).astype(np.float64)
+    dn = np.nextafter(r, np.float32(-np.inf)).astype(np.float64)
+    r64 = r.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mids = np.where(rng.random(n) < 0.5, (r64 + up) / 2, (r64 + dn) / 2)
+    mids = np.where(np.isfinite(mids), mids, r64)
+    pick = rng.random(n)
+    v = np.where(pick < 0.3, mids, r64)
+    ulp64 = np.abs(v) * 2.0**-52 + 2.0**-1074
+    steps = rng.integers(-4, 5, n)
+    v = np.where((pick >= 0.3) & (pick < 0.6), mids + steps * ulp64, v)  # a few FP64 ulps off a tie
+    frac = rng.uniform(-0.6, 0.6, n)
+    v = np.where(pick >= 0.85, r64 + frac * (up - r64), v)
+    v = np.where(np.isfinite(v) & (np.abs(v) < 3.4028235e38), v, r64)
+    spacing = np.abs(up - r64)
+    spacing = np.where(np.isfinite(spacing), spacing, np.abs(r64 - dn))
+    scale = np.exp2(rng.uniform(-60, 6, n)) * rng.choice([0.0, 1.0], n, p=[0.1, 0.9])
+    d = spacing * scale
+    d[rng.random(n) < 0.05] = np.exp2(rng.uniform(-1074, -900, 1))[0]
+    return torch.from_numpy(v), torch.from_numpy(d)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("n", [1000, 20000])  # the numpy path for small ops and the torch filter
+def test_fast_rounding_equals_the_reference_rule_on_adversarial_values(seed: int, n: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    v, d = _adversarial_values(rng, n)
+    assert bool(torch.isfinite(v.to(torch.float32)).all())
+    _assert_same_rounding(v, d)
+    _assert_same_rounding(v, d, floor=float(d.median()))
+    _assert_same_rounding(v, None)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(fp32s, st.integers(-3, 3), st.floats(0, 64)), min_size=1, max_size=60))
+def test_fast_rounding_equals_the_reference_rule_near_ties(items) -> None:
+    """Values a few FP64 ulps from FP32 midpoints (and on them), reaches up to 64 spacings."""
+    r = np.array([x[0] for x in items], np.float32)
+    up = np.nextafter(r, np.float32(np.inf)).astype(np.float64)
+    ok = np.isfinite(up)
+    r, up = r[ok], up[ok]
+    if not len(r):
+        return
+    mid = (r.astype(np.float64) + up) / 2
+    k = np.array([x[1] for x in items])[ok]
+    v = mid + k * np.abs(mid) * 2.0**-52
+    v = np.where(np.abs(v) < 3.4028235e38, v, r.astype(np.float64))
+    d = (up - r.astype(np.float64)) * np.exp2(-np.array([x[2] for x in items])[ok])
+    _assert_same_rounding(torch.from_numpy(v), torch.from_numpy(d))
+
+
+def test_fast_rounding_equals_the_reference_rule_on_real_matmuls() -> None:
+    """The 512-term cancelling matmul above and the executor's MATMUL floor."""
+    from vtrain.graph.executor import tight_floor
+
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((64, 512)) * np.exp(rng.uniform(-30, 8, (64, 512)))).astype(np.float32)
+    b = rng.standard_normal((48, 512)).astype(np.float32)
+    b[:, :256] = -b[:, 256:]
+    a[:, :256] = a[:, 256:]
+    op = _op(OpKind.MATMUL, (64, 48))
+    v, d = _compute_fp64(op, [torch.from_numpy(a), torch.from_numpy(b)])
+    _assert_same_rounding(v, d, floor=tight_floor(op))
+
+
+@pytest.mark.parametrize("n", [3, 10000])  # the numpy path and the torch filter
+def test_fast_filter_reports_non_finite_values(n: int) -> None:
+    for bad, at in ((np.nan, 1), (1e300, n - 1), (-np.inf, 0)):  # NaN, FP32 overflow, Inf
+        v = torch.linspace(1.0, 2.0, n, dtype=torch.float64)
+        v[at] = bad
+        with pytest.raises(NonFiniteValue, match=f"MATMUL op 3: .*first flat index {at}"):
+            round_output(v, torch.full((n,), 1e-20, dtype=torch.float64), "MATMUL op 3")
+        later: list[torch.Tensor] = []
+        round_output(v, torch.full((n,), 1e-20, dtype=torch.float64), "x", check_finite=later)
+        assert len(later) == 1 and not bool(torch.isfinite(later[0]))  # deferred: the step check fails
+    later = []
+    round_output(torch.linspace(1.0, 2.0, n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64), "x",
+                 check_finite=later)
+    assert all(bool(torch.isfinite(t)) for t in later)
+
+
+def test_min_half_spacing_is_the_smaller_half_gap_everywhere() -> None:
+    from vtrain.numerics.rounding import min_half_spacing
+
+    rng = np.random.default_rng(5)
+    bits = np.concatenate([rng.integers(0, 0x7F800000, 200000), [0, 1, 0x007FFFFF, 0x00800000, 0x00800001,
+                                                                   0x01000000, 0x3F800000, 0x7F7FFFFF]])
+    r = bits.astype(np.uint32).view(np.float32)
+    r = np.concatenate([r, -r])
+    up = np.nextafter(r, np.float32(np.inf)).astype(np.float64)
+    dn = np.nextafter(r, np.float32(-np.inf)).astype(np.float64)
+    r64 = r.astype(np.float64)
+    want = np.minimum(up - r64, r64 - dn) / 2  # inf at +-max finite is never the smaller
+    got = min_half_spacing(torch.from_numpy(r)).numpy()
+    assert np.array_equal(got, want)
+
+
+def test_fast_near_tie_search_equals_the_reference() -> None:
+    from vtrain.numerics.rounding import unlogged_near_ties, unlogged_near_ties_reference
+
+    rng = np.random.default_rng(9)
+    v, d = _adversarial_values(rng, 20000)
+    rf = v.to(torch.float32)
+    _, entries = round_output(v, d, "x")
+    for log in (entries, OpLog.empty()):
+        assert np.array_equal(unlogged_near_ties(v, d, rf, log), unlogged_near_ties_reference(v, d, rf, log))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,11 @@ from typing import Any
 
 import click
 from click.core import ParameterSource
+
+# Idle OpenMP threads sleep instead of spinning (read once, when torch loads libgomp: torch is
+# imported lazily, after this). Numerically neutral; without it two threads on a busy machine
+# trained 25x slower than one (docs/numerics.md, "Devices and threads"). An explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +242,53 @@ def _resume_point(run: Any, job: Any) -> tuple[int, list]:
     return 0, state
 
 
+
+def _apply_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int:
+    """Set this process's compute threads as soon as the option is parsed (before any step)."""
+    from vtrain.errors import VtrainError
+    from vtrain.graph.executor import set_threads
+
+    if value is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        value = int(os.environ["OMP_NUM_THREADS"]) or None
+    try:
+        return set_threads(value)
+    except VtrainError as e:
+        raise click.BadParameter(str(e), param_hint="--threads") from None
+
+
+def threads_option(f):
+    """``--threads N``: torch intra-op threads (inter-op: 1). Default: $OMP_NUM_THREADS, else the
+    physical cores this process may use. Never changes a bit of a certified run, only its speed."""
+    return click.option(
+        "--threads",
+        type=click.IntRange(min=1),
+        default=None,
+        callback=_apply_threads,
+        help="Compute threads (default: $OMP_NUM_THREADS, else physical cores). On a shared machine "
+        "give the cores you may use; more threads than free cores slow every step.",
+    )(f)
+
+
+def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from vtrain.errors import VtrainError
+    from vtrain.graph.executor import resolve_device
+
+    try:
+        return str(resolve_device(value))
+    except VtrainError as e:
+        raise click.BadParameter(str(e), param_hint="--device") from None
+
+
+def device_option(f):
+    """``--device cpu|cuda[:N]``: where the FP64 compute runs; logs and roots are device independent."""
+    return click.option(
+        "--device",
+        default="cpu",
+        show_default=True,
+        callback=_check_device,
+        help="cpu or cuda[:N]: where the step computes (FP64 on either; a log from one replays on the other).",
+    )(f)
+
 @click.command("train", epilog=EXIT_CODES_HELP)
 @click.option("--out", "out", type=click.Path(path_type=Path), default=None,
               help="Run folder to create (a partial run of the same spec there is continued).")
@@ -278,9 +331,18 @@ def _resume_point(run: Any, job: Any) -> tuple[int, list]:
     help="Data-parallel ranks on this host (torch.distributed, gloo); same roots and logs as one process. "
     "Several hosts: torchrun (docs/architecture.md).",
 )
+@device_option
+@threads_option
 @click.pass_context
 def train_cmd(
-    ctx: click.Context, out: Path | None, resume: Path | None, spec_path: Path | None, nproc: int, **opts
+    ctx: click.Context,
+    out: Path | None,
+    resume: Path | None,
+    spec_path: Path | None,
+    nproc: int,
+    device: str,
+    threads: int,
+    **opts,
 ) -> None:
     """Train with controlled numerics and write spec, data, roots, logs and checkpoints to the run folder.
 
@@ -291,11 +353,13 @@ def train_cmd(
     otherwise); stdout gets one JSON line at the end.
     """
     _refuse_conflicts(ctx, spec_path, resume, out)
-    _train(out, resume, spec_path, opts, nproc)
+    _train(out, resume, spec_path, opts, nproc, device)
 
 
 @_guarded
-def _train(out: Path | None, resume: Path | None, spec_path: Path | None, opts: dict, nproc: int = 1) -> None:
+def _train(
+    out: Path | None, resume: Path | None, spec_path: Path | None, opts: dict, nproc: int = 1, device: str = "cpu"
+) -> None:
     from vtrain.training.rundir import RunDir
     from vtrain.training.spec import TrainSpec, build_job
 
@@ -346,10 +410,10 @@ def _train(out: Path | None, resume: Path | None, spec_path: Path | None, opts: 
             raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; choose another --out")
         start, state = _resume_point(run, job)
         click.echo(f"resuming {run.path} after step {start} of {spec.steps}", err=True)
-    _train_loop(run, job, state, start)
+    _train_loop(run, job, state, start, device)
 
 
-def _train_loop(run: Any, job: Any, state: list, start: int) -> None:
+def _train_loop(run: Any, job: Any, state: list, start: int, device: str = "cpu") -> None:
     from vtrain.numerics.rounding import Mode
     from vtrain.progress import StepProgress
     from vtrain.training.loop import initial_commitment, train_steps
@@ -362,7 +426,7 @@ def _train_loop(run: Any, job: Any, state: list, start: int) -> None:
     done = start
     try:
         with StepProgress(f"train {spec.model} ({spec.mode})", spec.steps, done=start) as prog:
-            for o in train_steps(job, state, start + 1, spec.steps):
+            for o in train_steps(job, state, start + 1, spec.steps, device=device):
                 if spec.mode in (Mode.CERTIFIED.value, Mode.PAPER.value):
                     log_bytes += run.write_log(o.step, o.log, job.graph)
                 if o.step % spec.interval == 0 or o.step == spec.steps:
@@ -385,6 +449,7 @@ def _train_loop(run: Any, job: Any, state: list, start: int) -> None:
         "final_state_root": last.state_root.hex(),
         "final_loss": last.loss,
         "log_bytes": log_bytes,
+        "device": device,
     }
     click.echo(json.dumps(summary))
 
@@ -397,17 +462,21 @@ def _train_loop(run: Any, job: Any, state: list, start: int) -> None:
 @click.option("--from-step", type=click.IntRange(min=0), default=0, show_default=True, help="Start at this checkpoint.")
 @click.option("--to-step", type=click.IntRange(min=1), default=None, help="Last step to replay (default: all).")
 @click.option("--mode", type=click.Choice(MODE_NAMES), default=None, help="Override the run's mode.")
-def replay_cmd(run_path: Path, from_step: int, to_step: int | None, mode: str | None) -> None:
+@device_option
+@threads_option
+def replay_cmd(
+    run_path: Path, from_step: int, to_step: int | None, mode: str | None, device: str, threads: int
+) -> None:
     """Replay a run with its rounding logs and compare every step's state root (exit 3 on divergence).
 
     Works from any directory: the run folder holds its data; data changed since training is
     reported with the file and both sha256 before any step runs.
     """
-    _replay(run_path, from_step, to_step, mode)
+    _replay(run_path, from_step, to_step, mode, device)
 
 
 @_guarded
-def _replay(run_path: Path, from_step: int, to_step: int | None, mode: str | None) -> None:
+def _replay(run_path: Path, from_step: int, to_step: int | None, mode: str | None, device: str = "cpu") -> None:
     from vtrain.progress import StepProgress
     from vtrain.training.loop import replay_steps
     from vtrain.training.rundir import RunDir
@@ -429,7 +498,8 @@ def _replay(run_path: Path, from_step: int, to_step: int | None, mode: str | Non
     first_bad = None
     matched = 0
     with StepProgress("replay", last, done=from_step) as prog:
-        for o in replay_steps(job, state, from_step + 1, last, lambda s: run.read_log(s, job.graph), mode=mode):
+        logs = lambda s: run.read_log(s, job.graph)  # noqa: E731
+        for o in replay_steps(job, state, from_step + 1, last, logs, mode=mode, device=device):
             want = roots.get(o.step)
             if want is None:
                 raise Failure(f"roots.jsonl has no record of step {o.step}")
@@ -438,7 +508,8 @@ def _replay(run_path: Path, from_step: int, to_step: int | None, mode: str | Non
             elif first_bad is None:
                 first_bad = o.step
             prog.update(o.step)
-    verdict = {"run": str(run_path), "steps": last - from_step, "matched": matched, "first_divergent_step": first_bad}
+    verdict = {"run": str(run_path), "steps": last - from_step, "matched": matched, "first_divergent_step": first_bad,
+               "device": device}
     click.echo(json.dumps(verdict))
     if first_bad is not None:
         sys.exit(EXIT_DIVERGED)

@@ -51,14 +51,17 @@ class TorchReference:
 
     mode = Mode.FP32
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, device: str | torch.device | None = None) -> None:
+        from vtrain.graph.executor import resolve_device
+
+        self.device = resolve_device(device)
         self.job = job
         self.spec = job.spec
         self.graph = job.graph
         self.n_params = self._n_params()
         self.names = [s.name for s in self.graph.slots[: self.n_params]]
         self.params = [
-            torch.zeros(s.shape, dtype=torch.float32, requires_grad=True)
+            torch.zeros(s.shape, dtype=torch.float32, device=self.device, requires_grad=True)
             for s in self.graph.slots[: self.n_params]
         ]
         self.named = dict(zip(self.names, self.params, strict=True))
@@ -130,25 +133,25 @@ class TorchReference:
         cfg = self.spec.optimizer
         if isinstance(cfg, SGDConfig):
             for p, buf in zip(self.params, state[n : 2 * n], strict=True):
-                self.opt.state[p]["momentum_buffer"] = buf.detach().clone()
+                self.opt.state[p]["momentum_buffer"] = buf.detach().to(self.device, copy=True)
             return
         steps = _adam_step_count(float(state[3 * n]), float(state[3 * n + 1]), cfg)
         for p, m, v in zip(self.params, state[n : 2 * n], state[2 * n : 3 * n], strict=True):
             self.opt.state[p].update(
                 step=torch.tensor(float(steps), dtype=torch.float32),
-                exp_avg=m.detach().clone(),
-                exp_avg_sq=v.detach().clone(),
+                exp_avg=m.detach().to(self.device, copy=True),
+                exp_avg_sq=v.detach().to(self.device, copy=True),
             )
 
     def _export(self) -> list[torch.Tensor]:
         n = self.n_params
-        out = [canonical(p.detach().clone()) for p in self.params]
+        out = [canonical(p.detach().cpu().clone()) for p in self.params]
         cfg = self.spec.optimizer
         st = self.opt.state
         if isinstance(cfg, SGDConfig):
-            return out + [canonical(st[p]["momentum_buffer"].detach().clone()) for p in self.params]
-        out += [canonical(st[p]["exp_avg"].detach().clone()) for p in self.params]
-        out += [canonical(st[p]["exp_avg_sq"].detach().clone()) for p in self.params]
+            return out + [canonical(st[p]["momentum_buffer"].detach().cpu().clone()) for p in self.params]
+        out += [canonical(st[p]["exp_avg"].detach().cpu().clone()) for p in self.params]
+        out += [canonical(st[p]["exp_avg_sq"].detach().cpu().clone()) for p in self.params]
         t = int(st[self.params[0]]["step"].item()) if n else 0
         out += [torch.tensor([cfg.beta1**t], dtype=torch.float32),
                 torch.tensor([cfg.beta2**t], dtype=torch.float32)]
@@ -169,7 +172,7 @@ class TorchReference:
         if tuple(data.shape) != g.data_shape:
             raise VtrainError(f"data: expected shape {g.data_shape}, got {tuple(data.shape)}")
         self._load(state)
-        loss = self.loss(data.to(torch.float32))
+        loss = self.loss(data.to(self.device, torch.float32))
         if not bool(torch.isfinite(loss)):
             raise NonFiniteValue(f"fp32 reference: loss is {float(loss)}")
         loss.backward()
@@ -183,8 +186,9 @@ class TorchReference:
         return StepResult(new_state, loss, StepLog(Mode.FP32), RoundingStats())
 
 
-def executor_for(job: Job, mode: Mode | str) -> StepExecutor | TorchReference:
-    """The step runner of ``mode``: :class:`TorchReference` for ``fp32``, else the graph's."""
+def executor_for(job: Job, mode: Mode | str, device: str | torch.device | None = None) -> StepExecutor | TorchReference:
+    """The step runner of ``mode`` on ``device`` (default CPU): :class:`TorchReference` for
+    ``fp32``, else the graph's."""
     if Mode(mode) == Mode.FP32:
-        return TorchReference(job)
-    return StepExecutor(job.graph, mode)
+        return TorchReference(job, device)
+    return StepExecutor(job.graph, mode, device)

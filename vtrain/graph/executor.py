@@ -8,6 +8,8 @@ trainer's FP32 outputs bit for bit (``docs/numerics.md``).
 from __future__ import annotations
 
 import logging
+import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +27,7 @@ from vtrain.numerics.rounding import (
     OpLog,
     RoundingStats,
     U,
+    all_finite,
     apply_log,
     canonical,
     gamma,
@@ -63,10 +66,22 @@ class StepResult:
 
 
 class StepExecutor:
-    """Executes a graph step by step; one instance per (graph, mode)."""
+    """Executes a graph step by step; one instance per (graph, mode, device).
+
+    ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a :class:`torch.device`; default CPU) is where
+    the FP64 compute runs. The rounding rule and the log do not depend on it (docs/numerics.md,
+    "Devices"): a log written on one device replays on another. ``run`` takes and returns the
+    state, trace and log on the CPU.
+    """
 
     def __init__(
-        self, graph: Graph, mode: Mode | str = Mode.CERTIFIED, canonical_log: bool = True, collective=None
+        self,
+        graph: Graph,
+        mode: Mode | str = Mode.CERTIFIED,
+        device: str | torch.device | None = None,
+        *,
+        canonical_log: bool = True,
+        collective=None,
     ) -> None:
         """``canonical_log`` (certified trainer): decide every near-tie on the exact value, so the output
         and the log do not depend on this machine's FP64 results (:mod:`vtrain.numerics.canonical`);
@@ -83,8 +98,15 @@ class StepExecutor:
         self.collective = collective
         if self.mode == Mode.FP32:
             raise VtrainError("fp32 is plain torch training: use vtrain.torch_ref.executor_for(job, 'fp32')")
+        self.device = resolve_device(device)
         self._last_use = self._compute_last_use()
         self._hooked = set(hooked_ops(graph)) if self.mode == Mode.PAPER else set()
+        self._consts = {i: torch.from_numpy(np.ascontiguousarray(c)).to(self.device) for i, c in graph.consts.items()}
+        self._scalars = {
+            op.id: torch.tensor(bits_f32(op.attrs[0]), dtype=torch.float32, device=self.device)
+            for op in graph.ops
+            if op.kind in _SCALAR_KINDS
+        }
 
     def _compute_last_use(self) -> list[int]:
         last = list(range(self.graph.n_ops))
@@ -110,6 +132,11 @@ class StepExecutor:
         and every unlogged near-tie; ``resolver_factory(op, inputs)`` may settle those exactly.
         ``op_hook(op, inputs, out, log)`` (trainer only) may edit an op's output and the step's log: it is
         how tests and demos play a cheating trainer, never used by the honest path.
+
+        NaN/Inf: every op output is checked. On the plain paths (no hook, no check, no resolver)
+        the checks are folded into one FP64 sum per step; if that is not finite (or anything else
+        fails), the step is run again op by op with eager checks, so the error names the first bad
+        op exactly as before.
         """
         g = self.graph
         if len(state) != len(g.slots):
@@ -124,6 +151,23 @@ class StepExecutor:
         replay = log_in is not None
         if replay and log_in.mode != self.mode:
             raise VtrainError(f"log mode: expected {self.mode.value}, got {log_in.mode.value}")
+        deferred = op_hook is None and not check and resolver_factory is None
+        if deferred:
+            try:
+                res = self._run(state, data, log_in, keep_trace, None, False, step, None, deferred=True)
+            except VtrainError:
+                res = None
+            if res is not None:
+                return res
+        return self._run(state, data, log_in, keep_trace, resolver_factory, check, step, op_hook, deferred=False)
+
+    def _run(
+        self, state, data, log_in, keep_trace, resolver_factory, check, step, op_hook, deferred
+    ) -> StepResult | None:
+        g = self.graph
+        dev = self.device
+        state = [t.to(dev) for t in state]
+        data = data.to(dev)
         out_log = StepLog(self.mode)
         stats = RoundingStats()
         vals: list[torch.Tensor | None] = [None] * g.n_ops
@@ -131,12 +175,16 @@ class StepExecutor:
         violations: list[tuple[int, LogViolation]] = []
         new_state: list[torch.Tensor | None] = [None] * len(g.slots)
         where = f"step {step}" if step is not None else "step"
+        sums: list[torch.Tensor] | None = [] if deferred else None
+        last_use, loss_op = self._last_use, g.loss_op
         for op in g.ops:
             ins = [vals[i] for i in op.inputs]
             if self.collective is not None:
                 ins = self.collective.inputs(op, ins)
             try:
-                out = self._run_op(op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations)
+                out = self._run_op(
+                    op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums
+                )
             except NonFiniteValue as e:
                 raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}") from None
             except CorruptLog as e:
@@ -148,25 +196,33 @@ class StepExecutor:
                 trace.append(out)
             if op.kind == OpKind.OUTPUT:
                 new_state[op.attrs[0]] = out
-            for i in op.inputs:
-                if self._last_use[i] == op.id and i != g.loss_op and trace is None:
-                    vals[i] = None
+            if trace is None:
+                for i in op.inputs:
+                    if last_use[i] == op.id and i != loss_op:
+                        vals[i] = None
+        if sums is not None and sums and not math.isfinite(float(torch.stack(sums).sum())):
+            return None  # a NaN/Inf somewhere: the eager rerun names the op
         loss_t = vals[g.loss_op] if vals[g.loss_op] is not None else trace[g.loss_op]  # type: ignore[index]
         if any(s is None for s in new_state):
             raise GraphError("graph does not write every state slot")
+        if dev.type != "cpu":
+            new_state = [t.cpu() for t in new_state]  # type: ignore[union-attr]
+            if trace is not None:
+                trace = [t.cpu() for t in trace]
         return StepResult(new_state, float(loss_t.reshape(-1)[0]), out_log, stats, trace, violations)  # type: ignore[arg-type]
 
     # -- one op -----------------------------------------------------------------------------------
     def _run_op(
-        self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations
+        self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums=None
     ) -> torch.Tensor:
+        """One op; with ``sums`` (a list) the NaN/Inf check is deferred: its FP64 sum is appended."""
         k = op.kind
         if k == OpKind.INPUT:
             return state[op.attrs[0]]
         if k == OpKind.DATA:
             return canonical(data.to(torch.float32))
         if k == OpKind.CONST:
-            return torch.from_numpy(self.graph.consts[op.id])
+            return self._consts[op.id]
         if self.collective is not None and op.id in self.collective.reductions and log_in is None:
             out, entries, slow = self.collective.reduce(op, ins)
             stats.values += out.numel()
@@ -179,18 +235,23 @@ class StepExecutor:
             return out
         if k not in ROUNDING_KINDS:
             return _move(op, ins)
+        eager = sums is None
         if k in FP32_EXACT_KINDS and self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG):
             if log_in is None or not len(log_in.entries(op.id)):
-                out = compute_exact_fp32(op, ins)
+                out = compute_exact_fp32(op, ins, self._scalars.get(op.id))
                 stats.values += out.numel()
-                if not bool(torch.isfinite(out).all()):
-                    raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
-                return canonical(out)
+                if eager:
+                    if not all_finite(out):
+                        raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
+                else:
+                    sums.append(out.sum(dtype=torch.float64))
+                return out.add_(0.0)  # canonical zero, in place on the fresh output
         v, d = _compute_fp64(op, ins)
         stats.values += v.numel()
         what = f"{op.kind.name} op {op.id}"
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
-            out, _ = round_output(v, None, what)  # the paper does not log weight gradients or the optimizer
+            # the paper does not log weight gradients or the optimizer
+            out, _ = round_output(v, None, what, check_finite=True if eager else sums)
             return out
         if self.mode == Mode.PAPER:
             if log_in is None:
@@ -209,8 +270,8 @@ class StepExecutor:
                 out, entries, slow = round_canonical(self.graph, op, ins, v, bound, what)
                 stats.ambiguous_resolved += slow
             else:
-                tight = bound_is_tight(op, d) if bound is not None else None
-                out, entries = round_output(v, bound, what, directed_ok=tight)
+                floor = tight_floor(op) if bound is not None else None
+                out, entries = round_output(v, bound, what, directed_floor=floor, check_finite=True if eager else sums)
             if len(entries):
                 out_log.sparse[op.id] = entries
                 stats.logged += len(entries)
@@ -219,11 +280,82 @@ class StepExecutor:
             return out
         entries = log_in.entries(op.id)
         viol: list[LogViolation] | None = [] if check else None
-        resolver = resolver_factory(op, ins) if resolver_factory is not None else None
-        out = apply_log(v, bound, entries, what, resolver, viol)
+        resolver = None
+        if resolver_factory is not None:
+            resolver = resolver_factory(op, [t.cpu() for t in ins] if self.device.type != "cpu" else ins)
+        out = apply_log(v, bound, entries, what, resolver, viol, check_finite=eager)
+        if not eager:
+            sums.append(out.sum(dtype=torch.float64))
         if viol:
             violations.extend((op.id, x) for x in viol)
         return out
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The torch device to compute on; a clear error when CUDA is asked for and not there."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise VtrainError(f"device: expected cpu or cuda[:N], got {device!r} ({e})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise VtrainError(
+                f"device {device}: CUDA is not available here (torch {torch.__version__}, "
+                f"built with CUDA {torch.version.cuda or 'none'}); use --device cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise VtrainError(f"device {device}: expected an index below {torch.cuda.device_count()}")
+        # The trainer's sum|t| is an FP32 GEMM; TF32 would only loosen it, but keep it plain FP32.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    elif dev.type != "cpu":
+        raise VtrainError(f"device: expected cpu or cuda[:N], got {device!r}")
+    return dev
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (hyper-threads counted once); at least 1."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, (os.cpu_count() or 2) // 2)
+    cores = set()
+    for c in cpus:
+        try:
+            base = f"/sys/devices/system/cpu/cpu{c}/topology/"
+            with open(base + "physical_package_id") as f1, open(base + "core_id") as f2:
+                cores.add((f1.read().strip(), f2.read().strip()))
+        except OSError:
+            cores.add(("?", str(c)))
+    return max(1, len(cores))
+
+
+def set_threads(n: int | None) -> int:
+    """Use ``n`` compute threads in this process (default: :func:`physical_cores`); returns ``n``.
+
+    Sets torch's intra-op pool to ``n`` (torch passes it on to OpenMP and MKL, so the BLAS
+    uses the same ``n`` threads, not its own pool on top) and its inter-op pool to 1 (the executor
+    runs one op at a time). Thread counts never change a bit of a certified or paper run
+    (reduction order is covered by the bound); they only change speed. On a shared machine pass
+    the cores you may use: more threads than free cores make every parallel kernel wait for the
+    slowest thread (the OpenMP variables ``OMP_NUM_THREADS``/``OMP_WAIT_POLICY=PASSIVE`` for child
+    processes are the caller's business).
+    """
+    if n is None:
+        n = physical_cores()
+    if n < 1:
+        raise VtrainError(f"threads: expected a positive count, got {n}")
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or parallel work already started: keep what is there
+        pass
+    return n
+
+
+_SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV_S})
 
 
 FP32_EXACT_KINDS = frozenset({OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S})
@@ -232,8 +364,11 @@ RN32(exact), the same bits as FP64-then-round, on every IEEE machine (no FMA con
 operation; denormals are not flushed in torch by default). DIV and SQRT stay on the FP64 path."""
 
 
-def compute_exact_fp32(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
-    """RN32 of a single add/sub/mul (or scalar form) computed directly in FP32."""
+def compute_exact_fp32(op: OpNode, ins: list[torch.Tensor], scalar: torch.Tensor | None = None) -> torch.Tensor:
+    """RN32 of a single add/sub/mul (or scalar form) computed directly in FP32.
+
+    ``scalar``: the op's FP32 constant as a 0-dim tensor on the inputs' device (cached by the
+    executor); built from ``op.attrs`` when not given."""
     k = op.kind
     if k == OpKind.ADD:
         return torch.add(ins[0], ins[1])
@@ -241,7 +376,7 @@ def compute_exact_fp32(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
         return torch.sub(ins[0], ins[1])
     if k == OpKind.MUL:
         return torch.mul(ins[0], ins[1])
-    c = torch.tensor(bits_f32(op.attrs[0]), dtype=torch.float32)
+    c = scalar if scalar is not None else torch.tensor(bits_f32(op.attrs[0]), dtype=torch.float32, device=ins[0].device)
     if k == OpKind.ADD_S:
         return torch.add(ins[0], c)
     if k == OpKind.MUL_S:
@@ -264,28 +399,28 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
         return a.narrow(axis, start, op.shape[axis]).contiguous()
     if k == OpKind.PAD:
         axis, start = op.attrs
-        out = torch.zeros(op.shape, dtype=a.dtype)
+        out = torch.zeros(op.shape, dtype=a.dtype, device=a.device)
         out.narrow(axis, start, a.shape[axis]).copy_(a)
         return out
     if k == OpKind.EXPAND:
         return a.expand(op.shape).contiguous()
     if k == OpKind.MAX:
         return a.amax(dim=-1, keepdim=True)
-    zero = torch.zeros((), dtype=a.dtype)
+    zero = torch.zeros((), dtype=a.dtype, device=a.device)
     if k == OpKind.RELU:
         return torch.where(a > 0, a, zero)
     if k == OpKind.RELU_GRAD:
-        return torch.where(a > 0, ins[1], torch.zeros((), dtype=ins[1].dtype))
+        return torch.where(a > 0, ins[1], torch.zeros((), dtype=ins[1].dtype, device=a.device))
     if k == OpKind.ONE_HOT:
-        classes = torch.arange(op.attrs[0], dtype=a.dtype)
+        classes = torch.arange(op.attrs[0], dtype=a.dtype, device=a.device)
         return (a.unsqueeze(-1) == classes).to(a.dtype)
     if k == OpKind.GATHER:
         x, idx = ins
         n = x.shape[-1]
         valid = (idx >= 0) & (idx < n) & (idx == torch.floor(idx))
-        safe = torch.where(valid, idx, torch.zeros((), dtype=idx.dtype)).to(torch.int64)
+        safe = torch.where(valid, idx, torch.zeros((), dtype=idx.dtype, device=idx.device)).to(torch.int64)
         got = x.gather(-1, safe)
-        return torch.where(valid, got, torch.zeros((), dtype=x.dtype))
+        return torch.where(valid, got, torch.zeros((), dtype=x.dtype, device=x.device))
     raise GraphError(f"{k.name} is not a data-movement op")
 
 
@@ -293,11 +428,17 @@ _SUBNORMAL = 2.0**-149
 _TIGHT_FLOOR = 2.0**-100
 
 
-def bound_is_tight(op: OpNode, d: torch.Tensor) -> torch.Tensor | None:
-    """Elements whose trainer bound stays within 1.25x of the contract's (None: all of them)."""
+def tight_floor(op: OpNode) -> float | None:
+    """Elements with ``d`` above this are tight (:func:`bound_is_tight`); None: all of them."""
     if op.kind != OpKind.MATMUL:
         return None
-    return d > _TIGHT_FLOOR * gamma(2)
+    return _TIGHT_FLOOR * gamma(2)
+
+
+def bound_is_tight(op: OpNode, d: torch.Tensor) -> torch.Tensor | None:
+    """Elements whose trainer bound stays within 1.25x of the contract's (None: all of them)."""
+    floor = tight_floor(op)
+    return None if floor is None else d > floor
 
 
 def _scalar(op: OpNode) -> float:
@@ -339,11 +480,11 @@ def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, to
         v = torch.matmul(x[0], x[1].transpose(-1, -2))
         s = torch.matmul(ins[0].abs(), ins[1].abs().transpose(-1, -2))
         n = ins[0].shape[-1]
-        if len(ins) == 3:
-            v = v + x[2]
-            s = s + ins[2].abs()
+        if len(ins) == 3:  # in place on the fresh products (large fresh buffers cost page faults)
+            v.add_(x[2])
+            s.add_(ins[2].abs())
             n += 1
-        return v, (TRAINER_BOUND_SLACK * gamma(n)) * (s.double() + n * _SUBNORMAL)
+        return v, s.double().add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n))
     if k in (OpKind.SUM, OpKind.MEAN):
         n = ins[0].shape[-1]
         v = x[0].sum(dim=-1, keepdim=True)

@@ -141,11 +141,11 @@ def round_canonical(
             bk, ck = decide(exact_element(desc, tensors, int(cand[k])))
             bits[k], codes[k] = bk, ck
     vals = torch.from_numpy(bits.to(torch.int64).numpy().astype(np.uint32).view(np.float32).copy())
-    out[cand] = canonical(vals)
+    out[cand] = canonical(vals).to(out.device)
     keep = codes != int(Code.NONE)
-    idx = cand[keep]
+    idx = cand.cpu()[keep]
     code = codes[keep].to(torch.uint8)
-    value = torch.where(code == int(Code.EXPLICIT), out[idx], torch.zeros((), dtype=torch.float32))
+    value = torch.where(code == int(Code.EXPLICIT), out[idx.to(out.device)].cpu(), torch.zeros((), dtype=torch.float32))
     log = OpLog(idx.numpy().astype(np.int64), code.numpy(), value.numpy().astype(np.float32))
     return out.reshape(r.shape), log, int(slow.numel())
 
@@ -165,10 +165,10 @@ def _terms(op: OpNode, ins: list[torch.Tensor], cand: torch.Tensor) -> tuple[tor
         t = a2[row].double() * b2[batch * n_cols + j].double()
         if len(ins) == 3:
             t = torch.cat([t, ins[2].reshape(-1)[j].double().unsqueeze(1)], dim=1)
-        return t, kk + (len(ins) == 3)
+        return t.cpu(), kk + (len(ins) == 3)  # decisions run on the host: only the candidates' rows move
     a = ins[0]
     n = a.shape[-1]
-    return a.reshape(-1, n)[cand].double(), n
+    return a.reshape(-1, n)[cand].double().cpu(), n
 
 
 def _two_sum(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

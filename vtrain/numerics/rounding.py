@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -101,10 +102,28 @@ def _neighbours(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.nextafter(r, -inf), torch.nextafter(r, inf)
 
 
-def _check_finite(x: torch.Tensor, what: str) -> None:
+def _check_finite_slow(x: torch.Tensor, what: str) -> None:
     if not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).nonzero()[0][0]) if x.dim() == 1 else -1
         raise NonFiniteValue(f"{what}: expected finite values, got NaN/Inf (first flat index {bad})")
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every element of an FP32 (or FP64) tensor is finite, in one reduction.
+
+    The FP64 sum of finite FP32 values cannot overflow (``n * 2^128 < 2^1024`` for any real
+    ``n``), and any NaN or infinity makes it NaN or infinite; so the sum is finite exactly when
+    every element is. One pass instead of ``isfinite`` + ``all`` (four passes and a bool tensor).
+    FP64 inputs are checked the same way only where they are RN32-representable (the executor's
+    FP32 outputs); for general FP64 tensors use ``torch.isfinite``.
+    """
+    return math.isfinite(float(x.sum(dtype=torch.float64)))
+
+
+def _check_finite(x: torch.Tensor, what: str) -> None:
+    if not all_finite(x):
+        _check_finite_slow(x, what)
+        raise NonFiniteValue(f"{what}: expected finite values, got NaN/Inf")  # pragma: no cover
 
 
 def canonical(x: torch.Tensor) -> torch.Tensor:
@@ -112,20 +131,49 @@ def canonical(x: torch.Tensor) -> torch.Tensor:
     return x + 0.0
 
 
-def round_output(
-    v: torch.Tensor, d: torch.Tensor | None, what: str, directed_ok: torch.Tensor | None = None
-) -> tuple[torch.Tensor, OpLog]:
-    """Trainer side: round FP64 ``v`` (bound ``d``, ``None`` for exact ops) to FP32 and log per the rule.
+_SMALL = 4096
+"""Up to this many elements (on the CPU) the rule runs in numpy on every element: cheaper than
+torch's fixed cost per call for the fast filter."""
 
-    Returns the FP32 output (always ``RN32(v)``, zero canonicalised) and the sparse entries.
-    ``directed_ok`` (optional mask) marks elements whose bound is tight enough for a down/up entry;
-    the others get an explicit entry when a midpoint is in reach (always accepted on-chain).
+_MAGNITUDE = 0x7FFFFFFF
+_EXPONENT = 0x7F800000
+
+
+def min_half_spacing(rf: torch.Tensor) -> torch.Tensor:
+    """FP64 ``h`` per FP32 element ``r``: half the smaller of the two gaps to ``r``'s FP32 neighbours.
+
+    From the bits: the exponent of the FP32 number just below ``|r|`` (``|r|`` itself at zero)
+    gives ``2^E``; ``h = 2^E * 2^-24``, at least ``2^-150`` (subnormal spacing ``2^-149``). At a
+    power of two this is the gap toward zero (half the other); everywhere ``h`` is exact.
     """
-    r = v.to(torch.float32)
-    _check_finite(r.reshape(-1), what)
-    if d is None:
-        return canonical(r), OpLog.empty()
-    vf, df, rf = v.reshape(-1), d.reshape(-1), r.reshape(-1)
+    a = rf.view(torch.int32).bitwise_and(_MAGNITUDE).sub_(1).clamp_min_(0).bitwise_and_(_EXPONENT)
+    return a.view(torch.float32).double().mul_(2.0**-24).clamp_min_(2.0**-150)
+
+
+def midpoint_candidates(v: torch.Tensor, rf: torch.Tensor, reach: torch.Tensor) -> torch.Tensor | None:
+    """Flat indices that may have an FP32 midpoint within ``reach`` of ``v`` (``None``: none does).
+
+    The fast filter of :func:`round_output` and :func:`apply_log`. With ``t = v - RN32(v)`` (exact
+    in FP64) and ``h`` = :func:`min_half_spacing`, both midpoints around ``v`` are at least
+    ``h - |t|`` from it, and ``fl(h - |t|)`` is the FP64 rounding of exactly the quantity the
+    reference computes as ``m - v`` for the nearer midpoint (or a smaller one at a power of two),
+    so every element the reference flags (``fl(m - v) <= reach``) is a candidate here (proof:
+    docs/numerics.md, "Fast path"). Non-finite ``v`` (or an FP32 overflow) always makes a candidate set.
+    """
+    gap = min_half_spacing(rf).sub_((v - rf.double()).abs_())
+    margin = gap.sub_(reach)  # fl(gap - reach) <= 0 exactly when gap <= reach (no overflow here)
+    lo = margin.min()
+    if bool(lo > 0):
+        return None
+    if margin.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(~(margin > 0).numpy()))
+    return (~(margin > 0)).nonzero().reshape(-1)
+
+
+def _entries_at(
+    vf: torch.Tensor, df: torch.Tensor, rf: torch.Tensor, directed_ok: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference rule on a set of elements: (positions flagged, codes, values)."""
     lo_n, hi_n = _neighbours(rf)
     r64 = rf.double()
     m_hi = (r64 + hi_n.double()) * 0.5
@@ -135,20 +183,149 @@ def round_output(
     near_lo = (vf - m_lo) <= reach
     flagged = (near_hi | near_lo).nonzero().reshape(-1)
     if flagged.numel() == 0:
-        return canonical(r), OpLog.empty()
+        empty = torch.zeros(0, dtype=torch.uint8, device=vf.device)
+        return flagged, empty, torch.zeros(0, dtype=torch.float32, device=vf.device)
     nh, nl = near_hi[flagged], near_lo[flagged]
     spacing = torch.where(nh, hi_n[flagged].double() - r64[flagged], r64[flagged] - lo_n[flagged].double())
     single = nh ^ nl
     directed = single & (16.0 * df[flagged] * _CMP_SLACK <= spacing)
     if directed_ok is not None:
-        directed = directed & directed_ok.reshape(-1)[flagged]
+        directed = directed & directed_ok[flagged]
+    dev = vf.device
     code = torch.where(
         directed,
-        torch.where(nh, torch.tensor(int(Code.DOWN)), torch.tensor(int(Code.UP))),
-        torch.tensor(int(Code.EXPLICIT)),
+        torch.where(nh, torch.tensor(int(Code.DOWN), device=dev), torch.tensor(int(Code.UP), device=dev)),
+        torch.tensor(int(Code.EXPLICIT), device=dev),
     ).to(torch.uint8)
-    value = torch.where(code == int(Code.EXPLICIT), canonical(rf[flagged]), torch.zeros((), dtype=torch.float32))
-    return canonical(r), OpLog(flagged.numpy().astype(np.int64), code.numpy(), value.numpy().astype(np.float32))
+    zero = torch.zeros((), dtype=torch.float32, device=dev)
+    value = torch.where(code == int(Code.EXPLICIT), canonical(rf[flagged]), zero)
+    return flagged, code, value
+
+
+def _entries_at_np(
+    vf: np.ndarray, df: np.ndarray, rf: np.ndarray, directed_ok: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_entries_at` in numpy, for the few candidates of the fast path (no per-call torch overhead).
+
+    The same IEEE binary64 operations in the same order (sums of neighbours, halving, differences,
+    products with the slack), so the same bits; tested against the torch reference."""
+    r64 = rf.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi_n = np.nextafter(rf, np.float32(np.inf))
+        lo_n = np.nextafter(rf, np.float32(-np.inf))
+        m_hi = (r64 + hi_n.astype(np.float64)) * 0.5
+        m_lo = (r64 + lo_n.astype(np.float64)) * 0.5
+        reach = 2.0 * df * _CMP_SLACK
+        near_hi = (m_hi - vf) <= reach
+        near_lo = (vf - m_lo) <= reach
+    flagged = np.flatnonzero(near_hi | near_lo)
+    if not len(flagged):
+        return flagged, np.zeros(0, np.uint8), np.zeros(0, np.float32)
+    nh, nl = near_hi[flagged], near_lo[flagged]
+    rfl = r64[flagged]
+    spacing = np.where(nh, hi_n[flagged].astype(np.float64) - rfl, rfl - lo_n[flagged].astype(np.float64))
+    directed = (nh ^ nl) & (16.0 * df[flagged] * _CMP_SLACK <= spacing)
+    if directed_ok is not None:
+        directed = directed & directed_ok[flagged]
+    code = np.where(directed, np.where(nh, np.uint8(Code.DOWN), np.uint8(Code.UP)), np.uint8(Code.EXPLICIT))
+    code = code.astype(np.uint8)
+    value = np.where(code == int(Code.EXPLICIT), rf[flagged] + np.float32(0.0), np.float32(0.0)).astype(np.float32)
+    return flagged, code, value
+
+
+def _op_log(index: torch.Tensor, code: torch.Tensor, value: torch.Tensor) -> OpLog:
+    return OpLog(
+        index.cpu().numpy().astype(np.int64), code.cpu().numpy(), value.cpu().numpy().astype(np.float32)
+    )
+
+
+def round_output(
+    v: torch.Tensor,
+    d: torch.Tensor | None,
+    what: str,
+    directed_ok: torch.Tensor | None = None,
+    directed_floor: float | None = None,
+    check_finite: bool | list[torch.Tensor] = True,
+) -> tuple[torch.Tensor, OpLog]:
+    """Trainer side: round FP64 ``v`` (bound ``d``, ``None`` for exact ops) to FP32 and log per the rule.
+
+    Returns the FP32 output (always ``RN32(v)``, zero canonicalised) and the sparse entries.
+    ``directed_ok`` (optional mask) marks elements whose bound is tight enough for a down/up entry;
+    ``directed_floor`` says the same lazily (``d > directed_floor``, evaluated on flagged elements
+    only); the others get an explicit entry when a midpoint is in reach (always accepted on-chain).
+    ``check_finite``: ``True`` checks for NaN/Inf now; ``False`` leaves it to the caller; a list
+    gets an FP64 sum of the output to check later (the executor: once per step), nothing when the
+    filter already proved every element finite.
+
+    Bit for bit the same output and entries as :func:`round_output_reference` (tested): a cheap
+    exact filter (:func:`midpoint_candidates`) finds the few elements with a midpoint in reach and
+    the reference rule runs on those only.
+    """
+    r = v.to(torch.float32, copy=True).add_(0.0)  # canonical zero in place: the rule reads -0 as +0
+    later = check_finite if isinstance(check_finite, list) else None
+    now = check_finite is True
+    if d is None:
+        if now:
+            _check_finite(r.reshape(-1), what)
+        out = r
+        if later is not None:
+            later.append(out.sum(dtype=torch.float64))
+        return out, OpLog.empty()
+    vf, df, rf = v.reshape(-1), d.reshape(-1), r.reshape(-1)
+    if vf.device.type == "cpu" and vf.numel() <= _SMALL:  # torch's per-call cost dominates: numpy rule
+        rn = rf.numpy()
+        if (now or later is not None) and not np.isfinite(rn).all():
+            if now:
+                _check_finite_slow(rf, what)
+            later.append(torch.tensor(float("nan"), dtype=torch.float64))  # type: ignore[union-attr]
+        okn = None if directed_ok is None else directed_ok.reshape(-1).numpy()
+        dn = df.numpy()
+        if directed_floor is not None:
+            okn = dn > directed_floor if okn is None else okn & (dn > directed_floor)
+        sub, code, value = _entries_at_np(vf.numpy(), dn, rn, okn)
+        if not len(sub):
+            return r, OpLog.empty()
+        return r, OpLog(sub.astype(np.int64), code, value)
+    reach = df * (2.0 * _CMP_SLACK)  # the same bits as the rule's 2.0 * df * _CMP_SLACK (exact doubling)
+    cand = midpoint_candidates(vf, rf, reach)
+    if cand is None:  # also proves every element finite (a NaN/Inf margin is never > 0)
+        return r, OpLog.empty()
+    if now:
+        _check_finite(rf, what)
+    elif later is not None:
+        later.append(rf.sum(dtype=torch.float64))
+    cand = cand.to(vf.device)
+    ok = None
+    if directed_ok is not None:
+        ok = directed_ok.reshape(-1)[cand]
+    c = cand.cpu().numpy()
+    if vf.device.type == "cpu":
+        vc, dc, rc = vf.numpy()[c], df.numpy()[c], rf.numpy()[c]
+    else:
+        vc, dc, rc = vf[cand].cpu().numpy(), df[cand].cpu().numpy(), rf[cand].cpu().numpy()
+    okc = None if ok is None else ok.cpu().numpy()
+    if directed_floor is not None:
+        okc = dc > directed_floor if okc is None else okc & (dc > directed_floor)
+    sub, code, value = _entries_at_np(vc, dc, rc, okc)
+    if not len(sub):
+        return r, OpLog.empty()
+    return r, OpLog(c[sub].astype(np.int64), code, value)
+
+
+def round_output_reference(
+    v: torch.Tensor, d: torch.Tensor | None, what: str, directed_ok: torch.Tensor | None = None
+) -> tuple[torch.Tensor, OpLog]:
+    """The rule evaluated on every element (the specification :func:`round_output` must equal)."""
+    r = v.to(torch.float32)
+    _check_finite_slow(r.reshape(-1), what)
+    if d is None:
+        return canonical(r), OpLog.empty()
+    vf, df, rf = v.reshape(-1), d.reshape(-1), r.reshape(-1)
+    ok = None if directed_ok is None else directed_ok.reshape(-1)
+    flagged, code, value = _entries_at(vf, df, rf, ok)
+    if flagged.numel() == 0:
+        return canonical(r), OpLog.empty()
+    return canonical(r), _op_log(flagged, code, value)
 
 
 AmbiguityResolver = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -173,28 +350,36 @@ def apply_log(
     what: str,
     resolver: AmbiguityResolver | None = None,
     violations: list[LogViolation] | None = None,
+    check_finite: bool = True,
 ) -> torch.Tensor:
     """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to an honest trainer.
 
     With ``violations`` (a list to fill) or ``resolver``, it also looks for elements the rule alone
     cannot settle: an entry far from the replayed value (log abuse), an entry on an exact op, or an
     unlogged element within ``2d`` of a midpoint. Those are reported and, given a resolver, replaced
-    by the value exact arithmetic upholds.
+    by the value exact arithmetic upholds. ``check_finite=False`` leaves the NaN/Inf check to the
+    caller. Works on any device (the entries are moved to ``v``'s).
     """
     r = v.to(torch.float32)
-    _check_finite(r.reshape(-1), what)
-    out = r.reshape(-1).clone()
+    if check_finite:
+        _check_finite(r.reshape(-1), what)
+    dev = v.device
     suspect: dict[int, tuple[int, str]] = {}
     exact_op = d is None
     vf = v.reshape(-1)
-    df = torch.zeros_like(vf) if d is None else d.reshape(-1)
+    checking = violations is not None or resolver is not None
+    if not len(entries) and not checking:
+        return canonical(r)
+    out = r.reshape(-1).clone()
     if len(entries):
-        idx = torch.from_numpy(entries.index)
-        if int(idx.max()) >= out.numel() or int(idx.min()) < 0:
-            raise VtrainError(f"{what}: log index out of range for {out.numel()} elements")
-        codes = torch.from_numpy(entries.code.astype(np.int64))
-        if bool(((codes < 1) | (codes > 3)).any()):
+        df = torch.zeros_like(vf) if d is None else d.reshape(-1)
+        n = out.numel()
+        if int(entries.index.max()) >= n or int(entries.index.min()) < 0:
+            raise VtrainError(f"{what}: log index out of range for {n} elements")
+        if bool(((entries.code < 1) | (entries.code > 3)).any()):
             raise VtrainError(f"{what}: invalid rounding-log code")
+        idx = torch.from_numpy(entries.index).to(dev)
+        codes = torch.from_numpy(entries.code.astype(np.int64)).to(dev)
         vi, di, ri = vf[idx], df[idx], out[idx]
         lo_n, hi_n = _neighbours(ri)
         r64 = ri.double()
@@ -205,24 +390,17 @@ def apply_log(
         below = torch.where(take_hi, ri, lo_n)  # FP32 neighbours of the chosen midpoint
         above = torch.where(take_hi, hi_n, ri)
         directed = torch.where(codes == int(Code.DOWN), below, above)
-        explicit = torch.from_numpy(entries.value)
+        explicit = torch.from_numpy(entries.value).to(dev)
         out[idx] = torch.where(codes == int(Code.EXPLICIT), explicit, directed)
-        if violations is not None or resolver is not None:
+        if checking:
             far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > 3.0 * di)
             wild = (codes == int(Code.EXPLICIT)) & ((explicit.double() - vi).abs() > 6.0 * di)
             if exact_op:
                 far = far | (codes != int(Code.EXPLICIT))
             for k in (far | wild).nonzero().reshape(-1).tolist():
                 suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
-    if (violations is not None or resolver is not None) and not exact_op:
-        rf = r.reshape(-1)
-        lo_n, hi_n = _neighbours(rf)
-        r64 = rf.double()
-        reach = 2.0 * df * _CMP_SLACK
-        amb = (((r64 + hi_n.double()) * 0.5 - vf) <= reach) | ((vf - (r64 + lo_n.double()) * 0.5) <= reach)
-        if len(entries):
-            amb[torch.from_numpy(entries.index)] = False
-        for k in amb.nonzero().reshape(-1).tolist():
+    if checking and not exact_op:
+        for k in unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries).tolist():
             suspect[int(k)] = (0, "unlogged element near a midpoint")
     if suspect:
         keys = np.array(sorted(suspect), dtype=np.int64)
@@ -230,9 +408,41 @@ def apply_log(
             violations.extend(LogViolation(int(k), suspect[int(k)][0], suspect[int(k)][1]) for k in keys)
         if resolver is not None:
             codes_np = np.array([suspect[int(k)][0] for k in keys], dtype=np.uint8)
-            proposed = out[torch.from_numpy(keys)].numpy().copy()
-            out[torch.from_numpy(keys)] = torch.from_numpy(resolver(keys, proposed, codes_np).astype(np.float32))
+            kt = torch.from_numpy(keys).to(dev)
+            proposed = out[kt].cpu().numpy().copy()
+            out[kt] = torch.from_numpy(resolver(keys, proposed, codes_np).astype(np.float32)).to(dev)
     return canonical(out.reshape(r.shape))
+
+
+def unlogged_near_ties(vf: torch.Tensor, df: torch.Tensor, rf: torch.Tensor, entries: OpLog) -> np.ndarray:
+    """Flat indices without an entry whose ``v`` has a midpoint within ``2d`` (sorted, int64).
+
+    The fast filter (:func:`midpoint_candidates`) first, the reference test on its candidates only;
+    the same set as :func:`unlogged_near_ties_reference` (tested)."""
+    reach = 2.0 * df * _CMP_SLACK
+    cand = midpoint_candidates(vf, rf, reach)
+    if cand is None:
+        return np.zeros(0, np.int64)
+    cand = cand.to(vf.device)
+    near = _near_midpoint(vf[cand], rf[cand], reach[cand])
+    hits = cand[near].cpu().numpy().astype(np.int64)
+    return hits[~np.isin(hits, entries.index)] if len(entries) else hits
+
+
+def _near_midpoint(vf: torch.Tensor, rf: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
+    lo_n, hi_n = _neighbours(rf)
+    r64 = rf.double()
+    return (((r64 + hi_n.double()) * 0.5 - vf) <= reach) | ((vf - (r64 + lo_n.double()) * 0.5) <= reach)
+
+
+def unlogged_near_ties_reference(
+    vf: torch.Tensor, df: torch.Tensor, rf: torch.Tensor, entries: OpLog
+) -> np.ndarray:
+    """:func:`unlogged_near_ties` on every element (the specification)."""
+    amb = _near_midpoint(vf, rf, 2.0 * df * _CMP_SLACK)
+    if len(entries):
+        amb[torch.from_numpy(entries.index).to(vf.device)] = False
+    return amb.nonzero().reshape(-1).cpu().numpy().astype(np.int64)
 
 
 # --- the paper's baseline (vtrain.numerics.paper): its trits packed five to a byte ----------------

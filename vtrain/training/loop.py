@@ -93,12 +93,14 @@ def train_steps(
     mode: Mode | str | None = None,
     cheat: Cheat | None = None,
     keep_trace: bool = False,
+    device: str | None = None,
 ) -> Iterator[StepOutcome]:
     """Train steps ``first..last`` (inclusive, 1-based) from ``state`` (the state after ``first-1``).
 
-    ``cheat`` lets tests and demos play a dishonest trainer (see :class:`Cheat`).
+    ``cheat`` lets tests and demos play a dishonest trainer (see :class:`Cheat`). ``device``:
+    where the step computes (``cpu``, ``cuda``; the log and the roots do not depend on it).
     """
-    ex = executor_for(job, mode or job.spec.mode)  # fp32: plain torch (TorchReference)
+    ex = executor_for(job, mode or job.spec.mode, device)  # fp32: plain torch (TorchReference)
     for s in range(first, last + 1):
         data = batch_for(job, s)
         hook = None
@@ -124,9 +126,11 @@ def replay_steps(
     check: bool = False,
     resolver_factory=None,
     keep_trace: bool = False,
+    device: str | None = None,
 ) -> Iterator[StepOutcome]:
-    """Replay steps ``first..last`` with the trainer's logs; bit-identical to an honest trainer."""
-    ex = executor_for(job, mode or job.spec.mode)  # fp32: plain torch (TorchReference)
+    """Replay steps ``first..last`` with the trainer's logs; bit-identical to an honest trainer
+    on any ``device``."""
+    ex = executor_for(job, mode or job.spec.mode, device)  # fp32: plain torch (TorchReference)
     for s in range(first, last + 1):
         log_in = logs(s) if ex.mode in (Mode.CERTIFIED, Mode.PAPER) else StepLog(ex.mode)
         res = ex.run(
