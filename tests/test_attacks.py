@@ -983,7 +983,7 @@ def test_malformed_committed_log_is_proven_and_convicts_the_trainer(dep, kind):
         span = (1, 2) if kind == "bad-code" else (1, 3)
         dep.tx(dep.da.functions.proveMalformedLog(job, 1, 6, op, D.run_args(lr, 1, 6, op, *span)), dep.anyone)
         assert dep.job_status(job) == JobStatus.FRAUDULENT
-        assert dep.owed(dep.anyone) == CFG.trainer_stake and dep.owed(dep.client) == CFG.payment
+        assert dep.owed(dep.anyone) == H.bounty(CFG.trainer_stake) and dep.owed(dep.client) == CFG.payment
 
 
 def test_reentrancy_on_demand_bond_refund_and_reward(dep, honest):

@@ -128,7 +128,7 @@ def test_unanswered_demand_times_out_and_convicts_the_trainer(dep, lr):
     dep.tx(dep.da.functions.claimTimeout(did), dep.anyone)
     assert dep.job_status(job) == JobStatus.FRAUDULENT
     assert D.demand(dep, did)["status"] == TIMED_OUT
-    assert dep.owed(dep.challenger) == CFG.challenger_bond + CFG.trainer_stake
+    assert dep.owed(dep.challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
     assert dep.owed(dep.client) == CFG.payment
     assert dep.job(job)["openGames"] == 0
 
@@ -270,7 +270,7 @@ def test_proveMalformedLog_convicts_for_each_malformation(dep, kind, span, reaso
     (ev,) = dep.events(dep.da, "LogMalformed")
     assert (ev.reason, ev.at, ev.winner) == (reason, at, dep.anyone)
     assert dep.job_status(job) == JobStatus.FRAUDULENT
-    assert dep.owed(dep.anyone) == CFG.trainer_stake
+    assert dep.owed(dep.anyone) == H.bounty(CFG.trainer_stake)
     assert dep.owed(dep.client) == CFG.payment
 
 
@@ -297,7 +297,7 @@ def test_answer_showing_a_malformed_log_convicts_the_trainer(dep):
     dep.tx(dep.da.functions.answerLog(did, D.run_args(lr, 0, 2, op, 0, 5)), dep.trainer)
     assert D.demand(dep, did)["status"] == CONVICTED
     assert dep.job_status(job) == JobStatus.FRAUDULENT
-    assert dep.owed(dep.challenger) == CFG.challenger_bond + CFG.trainer_stake
+    assert dep.owed(dep.challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
     assert dep.job(job)["openGames"] == 0
 
 

@@ -11,6 +11,7 @@ import tempfile
 from protocol.auditor import AuditorAgent
 from protocol.availability import OnChainArtifacts
 from protocol.demo import create_job, default_spec
+from protocol.deploy import DEV_FLOORS
 from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactStore
 from protocol.trainer import TrainerAgent
@@ -64,7 +65,8 @@ def test_trainer_that_withholds_and_does_not_answer_loses_its_stake(fresh_demo_w
     proto.chain.advance_time(TERMS.clock + 1)
     assert auditor.audit() is None  # the expired demand is claimed
     assert trainer.status() == "fraudulent"
-    assert _owed(proto, auditor.account) == TERMS.challenger_bond * len(onchain.demanded) + TERMS.trainer_stake
+    bounty = TERMS.trainer_stake * DEV_FLOORS.bounty_bps // 10_000  # the rest of the stake is burned
+    assert _owed(proto, auditor.account) == TERMS.challenger_bond * len(onchain.demanded) + bounty
 
 
 def test_the_auditor_re_verifies_published_data_and_refuses_tampered_bytes(fresh_demo_world) -> None:

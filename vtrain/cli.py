@@ -353,12 +353,18 @@ def train_cmd(
     otherwise); stdout gets one JSON line at the end.
     """
     _refuse_conflicts(ctx, spec_path, resume, out)
-    _train(out, resume, spec_path, opts, nproc, device)
+    _train(out, resume, spec_path, opts, nproc, device, threads)
 
 
 @_guarded
 def _train(
-    out: Path | None, resume: Path | None, spec_path: Path | None, opts: dict, nproc: int = 1, device: str = "cpu"
+    out: Path | None,
+    resume: Path | None,
+    spec_path: Path | None,
+    opts: dict,
+    nproc: int = 1,
+    device: str = "cpu",
+    threads: int | None = None,
 ) -> None:
     from vtrain.training.rundir import RunDir
     from vtrain.training.spec import TrainSpec, build_job
@@ -410,10 +416,10 @@ def _train(
             raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; choose another --out")
         start, state = _resume_point(run, job)
         click.echo(f"resuming {run.path} after step {start} of {spec.steps}", err=True)
-    _train_loop(run, job, state, start, device)
+    _train_loop(run, job, state, start, device, threads)
 
 
-def _train_loop(run: Any, job: Any, state: list, start: int, device: str = "cpu") -> None:
+def _train_loop(run: Any, job: Any, state: list, start: int, device: str = "cpu", threads: int | None = None) -> None:
     from vtrain.numerics.rounding import Mode
     from vtrain.progress import StepProgress
     from vtrain.training.loop import initial_commitment, train_steps
@@ -450,6 +456,7 @@ def _train_loop(run: Any, job: Any, state: list, start: int, device: str = "cpu"
         "final_loss": last.loss,
         "log_bytes": log_bytes,
         "device": device,
+        "threads": threads,
     }
     click.echo(json.dumps(summary))
 
@@ -472,11 +479,14 @@ def replay_cmd(
     Works from any directory: the run folder holds its data; data changed since training is
     reported with the file and both sha256 before any step runs.
     """
-    _replay(run_path, from_step, to_step, mode, device)
+    _replay(run_path, from_step, to_step, mode, device, threads)
 
 
 @_guarded
-def _replay(run_path: Path, from_step: int, to_step: int | None, mode: str | None, device: str = "cpu") -> None:
+def _replay(
+    run_path: Path, from_step: int, to_step: int | None, mode: str | None, device: str = "cpu",
+    threads: int | None = None,
+) -> None:
     from vtrain.progress import StepProgress
     from vtrain.training.loop import replay_steps
     from vtrain.training.rundir import RunDir
@@ -509,7 +519,7 @@ def _replay(run_path: Path, from_step: int, to_step: int | None, mode: str | Non
                 first_bad = o.step
             prog.update(o.step)
     verdict = {"run": str(run_path), "steps": last - from_step, "matched": matched, "first_divergent_step": first_bad,
-               "device": device}
+               "device": device, "threads": threads}
     click.echo(json.dumps(verdict))
     if first_bad is not None:
         sys.exit(EXIT_DIVERGED)
