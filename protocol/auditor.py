@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -22,8 +22,8 @@ from protocol.deploy import Protocol
 from protocol.game import PARTY_CHALLENGER, ChallengerStrategy, StepBook
 from protocol.jobs import JobContext, Terms
 from protocol.store import ArtifactReader, ArtifactStore, StepRecord
-from vtrain.commit.roots import LogEntry, interval_root, state_root
-from vtrain.commit.trace import StepTrace, framed_log_root
+from vtrain.commit.roots import LogEntry, decode_log_leaf, interval_root, state_root
+from vtrain.commit.trace import StepTrace, framed_log_root, framed_op_log_leaves, framed_op_log_roots
 from vtrain.errors import (
     CorruptArtifact,
     CorruptCheckpoint,
@@ -117,6 +117,10 @@ class MalformedCommittedLog:
     error: str
     reason: str
     sha256: str
+    leaves: tuple[bytes, ...] = field(default=(), repr=False)
+    """The op's log leaves as committed (the proof's material)."""
+    op_roots: tuple[bytes, ...] = field(default=(), repr=False)
+    """Every op's log root of the step as committed (they hash to ``logRoot_s``)."""
 
     def __str__(self) -> str:
         return (f"interval {self.interval}: the committed rounding log of step {self.step} (sha256 {self.sha256}) "
@@ -210,6 +214,7 @@ class AuditorAgent:
     """Where the auditor keeps its own replay results (records, the state at each interval's end,
     progress): a restarted auditor resumes from them instead of replaying the whole job again."""
     _pending_bad: int | None = None
+    _proofs_sent: set[int] = field(default_factory=set)
     onchain: Any = None
     """A :class:`protocol.availability.OnChainArtifacts`: step records and logs the reader cannot
     serve are demanded on-chain and read back, verified, from the published events."""
@@ -440,7 +445,9 @@ class AuditorAgent:
                 lg = check_step_log(framed, graph)
             except LogEntryError as e:
                 if got == committed:
-                    return MalformedCommittedLog(interval, s, e.op, type(e).__name__, str(e), sha)
+                    return MalformedCommittedLog(interval, s, e.op, type(e).__name__, str(e), sha,
+                                                 tuple(framed_op_log_leaves(framed, e.op)),
+                                                 tuple(framed_op_log_roots(framed, graph)))
                 raise _Rejected(e, sha, e.op) from None
             if got != committed:
                 raise _Rejected(
@@ -525,6 +532,34 @@ class AuditorAgent:
             bytes(self.proto.chain.call(self.proto.registry.functions.getInterval(self.job_id, i))[0]) for i in range(n)
         ]
 
+    def prove_malformed(self, interval: int) -> bool:
+        """Convict the trainer on-chain for interval ``interval``'s malformed committed log
+        (``DataAvailability.proveMalformedLog``: two adjacent leaves out of order, or a leaf whose
+        code or value breaks the format, proven against the posted roots); once per interval. False
+        when there is no availability contract or the malformation is not one the contract checks
+        (an index past the op's size, a NaN explicit value): the job is then only not signed off."""
+        m = self.malformed.get(interval)
+        da = getattr(self.proto, "availability", None)
+        if m is None or da is None or not m.leaves or interval in self._proofs_sent:
+            return False
+        self._proofs_sent.add(interval)
+        from protocol.availability import log_run
+        from protocol.chain import ChainError
+
+        recs = [r for _, r in sorted(self._committed.get(interval, {}).items())]
+        first, end = _malformed_window(m.leaves)
+        run = log_run(recs, m.step, list(m.op_roots), m.op, list(m.leaves), first, end)
+        try:
+            self.proto.chain.send(da.functions.proveMalformedLog(self.job_id, interval, m.step, m.op, run),
+                                  self.account, what=f"proveMalformedLog(job {self.job_id}, step {m.step}, op {m.op})")
+        except ChainError as e:
+            log.warning("job %d: the malformed log of step %d op %d is not provable on-chain (%s)",
+                        self.job_id, m.step, m.op, e)
+            return False
+        log.warning("job %d: proved on-chain that step %d's committed log is malformed at op %d: trainer convicted",
+                    self.job_id, m.step, m.op)
+        return True
+
     def audit(self) -> int | None:
         """Replay every newly posted interval; return the first interval whose root differs."""
         if self._pending_bad is not None:  # found before a restart, maybe not challenged yet
@@ -544,6 +579,8 @@ class AuditorAgent:
             data = self._verified_step_data(i)
             if not isinstance(data, VerifiedInterval):
                 self._block(i, data)
+                if isinstance(data, MalformedCommittedLog):
+                    self.prove_malformed(i)
                 return None
             self.unavailable.pop(i, None)
             self.withheld.pop(i, None)
@@ -681,3 +718,19 @@ class AuditorAgent:
     def withdraw(self) -> int:
         """Pull everything the registry owes this agent's account; returns the amount (wei)."""
         return self.player.withdraw()
+
+
+def _malformed_window(leaves: Sequence[bytes]) -> tuple[int, int]:
+    """Leaves ``[first, end)`` of a malformed op log that show the fault to the contract: the first
+    pair whose keys do not increase, else the first entry whose code (1-3) or value (explicit only)
+    breaks the format, else (a sentinel problem) the whole log, at most one answer page."""
+    from protocol.availability import MAX_LOG_LEAVES
+
+    keys = [decode_log_leaf(x) for x in leaves]
+    for p in range(len(keys) - 1):
+        if keys[p][0] >= keys[p + 1][0]:
+            return p, p + 2
+    for p, (_, code, value) in enumerate(keys[1:-1], start=1):
+        if code not in (1, 2, 3) or (code != 3 and value != 0):
+            return p, p + 1
+    return 0, min(len(leaves), MAX_LOG_LEAVES)

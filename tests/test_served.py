@@ -438,6 +438,18 @@ def test_committed_malformed_log_is_reported_as_such_never_challenged(world, nam
         assert isinstance(m, MalformedCommittedLog)
         assert (m.interval, m.step, m.error, m.sha256) == (0, SUBST_STEP, error, _sha(store.get_log(job, SUBST_STEP)))
         assert f"op {m.op}" in m.reason
+        # and on-chain: DataAvailability.proveMalformedLog convicts where the contract checks the fault
+        status = w.proto.chain.call(w.proto.registry.functions.jobStatus(job))
+        owed = w.proto.chain.call(w.proto.registry.functions.owed(auditor.account))
+        if name in ON_CHAIN_PROVABLE:
+            assert status == 5 and owed >= TERMS.trainer_stake // 2, (name, status, owed)  # Fraudulent, the bounty
+        else:
+            assert status == 2, name  # still Active: only not signed off (docs/security.md, known limits)
+        assert not auditor.prove_malformed(0)  # once per interval
+
+
+#: Malformations the DataAvailability contract checks on-chain (keys in order, codes, values).
+ON_CHAIN_PROVABLE = {"duplicated-index", "unsorted-indices", "unknown-code"}
 
 
 # ============================================================ a fallback source

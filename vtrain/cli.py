@@ -507,6 +507,7 @@ def _replay(
     state = run.read_checkpoint(from_step, job.graph)
     first_bad = None
     matched = 0
+    t0 = time.perf_counter()
     with StepProgress("replay", last, done=from_step) as prog:
         logs = lambda s: run.read_log(s, job.graph)  # noqa: E731
         for o in replay_steps(job, state, from_step + 1, last, logs, mode=mode, device=device):
@@ -519,7 +520,7 @@ def _replay(
                 first_bad = o.step
             prog.update(o.step)
     verdict = {"run": str(run_path), "steps": last - from_step, "matched": matched, "first_divergent_step": first_bad,
-               "device": device, "threads": threads}
+               "seconds": round(time.perf_counter() - t0, 3), "device": device, "threads": threads}
     click.echo(json.dumps(verdict))
     if first_bad is not None:
         sys.exit(EXIT_DIVERGED)

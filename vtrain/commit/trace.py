@@ -17,9 +17,11 @@ import torch
 from vtrain.commit.merkle import MerkleTree
 from vtrain.commit.roots import (
     EMPTY_OP_LOG_ROOT,
+    HIGH_KEY,
     LogEntry,
     encode_op_descriptor,
     graph_tree,
+    log_leaf,
     op_log_root_arrays,
     op_log_root_unchecked,
     roots_tree,
@@ -89,15 +91,30 @@ def op_log_roots(log: StepLog, graph: Graph) -> list[bytes]:
     return roots
 
 
-def framed_log_root(framed: FramedLog, graph: Graph) -> bytes:
-    """``logRoot_s`` of a log's entries exactly as written (:func:`op_log_root_unchecked` per op):
-    what the bytes commit to, checked or not. Equal to :func:`op_log_roots`' tree for a valid log."""
+def framed_op_log_roots(framed: FramedLog, graph: Graph) -> list[bytes]:
+    """Each op's log root of a log's entries exactly as written (:func:`op_log_root_unchecked`)."""
     roots: list[bytes] = []
     for op in graph.ops:
         e = framed.sparse.get(op.id)
         roots.append(EMPTY_OP_LOG_ROOT if e is None or len(e.index) == 0
                      else op_log_root_unchecked(e.index, e.code, e.value_bits))
-    return step_log_root(roots)
+    return roots
+
+
+def framed_log_root(framed: FramedLog, graph: Graph) -> bytes:
+    """``logRoot_s`` of a log's entries exactly as written: what the bytes commit to, checked or
+    not. Equal to :func:`op_log_roots`' tree for a valid log."""
+    return step_log_root(framed_op_log_roots(framed, graph))
+
+
+def framed_op_log_leaves(framed: FramedLog, op: int) -> list[bytes]:
+    """Op ``op``'s log leaves exactly as written, between the sentinels (keys ``index + 1`` mod 2^32)."""
+    e = framed.sparse.get(op)
+    body = [] if e is None else [
+        log_leaf((int(i) + 1) & 0xFFFFFFFF, int(c) & 0xFF, int(v) & 0xFFFFFFFF)
+        for i, c, v in zip(e.index.tolist(), e.code.tolist(), e.value_bits.tolist(), strict=True)
+    ]
+    return [log_leaf(0, 0, 0), *body, log_leaf(HIGH_KEY, 0, 0)]
 
 
 @dataclass
