@@ -187,4 +187,4 @@ def executor_for(job: Job, mode: Mode | str) -> StepExecutor | TorchReference:
     """The step runner of ``mode``: :class:`TorchReference` for ``fp32``, else the graph's."""
     if Mode(mode) == Mode.FP32:
         return TorchReference(job)
-    return StepExecutor(job.graph, mode)
+    return StepExecutor(job.graph, mode, seed=job.spec.data_seed)

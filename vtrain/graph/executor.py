@@ -14,7 +14,16 @@ import numpy as np
 import torch
 
 from vtrain.errors import CorruptLog, GraphError, NonFiniteValue, VtrainError
-from vtrain.graph.step_graph import LOGGING_KINDS, ROUNDING_KINDS, Graph, OpKind, OpNode, bits_f32
+from vtrain.graph.generated import generated_output
+from vtrain.graph.step_graph import (
+    GENERATED_KINDS,
+    LOGGING_KINDS,
+    ROUNDING_KINDS,
+    Graph,
+    OpKind,
+    OpNode,
+    bits_f32,
+)
 from vtrain.numerics.rounding import (
     TRAINER_BOUND_SLACK,
     DenseLog,
@@ -65,9 +74,11 @@ class StepResult:
 class StepExecutor:
     """Executes a graph step by step; one instance per (graph, mode)."""
 
-    def __init__(self, graph: Graph, mode: Mode | str = Mode.CERTIFIED) -> None:
+    def __init__(self, graph: Graph, mode: Mode | str = Mode.CERTIFIED, seed: bytes | None = None) -> None:
         self.graph = graph
         self.mode = Mode(mode)
+        self.seed = seed  # the job's 32-byte data seed (DROPOUT_MASK hashes it)
+        self._step: int | None = None
         if self.mode == Mode.FP32:
             raise VtrainError("fp32 is plain torch training: use vtrain.torch_ref.executor_for(job, 'fp32')")
         self._last_use = self._compute_last_use()
@@ -117,6 +128,7 @@ class StepExecutor:
         violations: list[tuple[int, LogViolation]] = []
         new_state: list[torch.Tensor | None] = [None] * len(g.slots)
         where = f"step {step}" if step is not None else "step"
+        self._step = step  # read by STEP and DROPOUT_MASK ops
         for op in g.ops:
             ins = [vals[i] for i in op.inputs]
             try:
@@ -151,6 +163,8 @@ class StepExecutor:
             return canonical(data.to(torch.float32))
         if k == OpKind.CONST:
             return torch.from_numpy(self.graph.consts[op.id])
+        if k in GENERATED_KINDS:
+            return generated_output(op, self.seed, self._step)
         if k not in ROUNDING_KINDS:
             return _move(op, ins)
         if k in FP32_EXACT_KINDS and self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG):
@@ -256,6 +270,23 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
         safe = torch.where(valid, idx, torch.zeros((), dtype=idx.dtype)).to(torch.int64)
         got = x.gather(-1, safe)
         return torch.where(valid, got, torch.zeros((), dtype=x.dtype))
+    if k == OpKind.TAKE:
+        x, idx = ins
+        axis = op.attrs[0]
+        n = x.shape[axis]
+        valid = (idx >= 0) & (idx < n) & (idx == torch.floor(idx))
+        safe = torch.where(valid, idx, torch.zeros((), dtype=idx.dtype)).to(torch.int64)
+        got = x.index_select(axis, safe.reshape(-1)).reshape(op.shape)
+        keep = valid.reshape((1,) * axis + tuple(idx.shape) + (1,) * (x.dim() - axis - 1))
+        return torch.where(keep, got, torch.zeros((), dtype=x.dtype))
+    if k == OpKind.SELECT:
+        cond, x, y = ins
+        return torch.where(cond != 0, x, y).expand(op.shape).contiguous()
+    if k == OpKind.MAX_GRAD:
+        x, gr = ins
+        hit = x == x.amax(dim=-1, keepdim=True)
+        first = hit & (torch.cumsum(hit.to(torch.int32), dim=-1) == 1)
+        return torch.where(first, gr, torch.zeros((), dtype=gr.dtype))
     raise GraphError(f"{k.name} is not a data-movement op")
 
 
