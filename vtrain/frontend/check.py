@@ -4,7 +4,10 @@ and every updated buffer (running statistics). A lowering is right when these ag
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,7 +15,32 @@ import torch
 
 from vtrain.frontend.capture import Captured, TorchTask, _WithLoss
 from vtrain.graph.fp64 import evaluate_fp64
-from vtrain.graph.step_graph import OpKind
+from vtrain.graph.generated import dropout_uniforms
+from vtrain.graph.step_graph import OpKind, bits_f32, f32_bits
+
+
+@contextlib.contextmanager
+def same_dropout(seed: bytes, step: int) -> Iterator[None]:
+    """Make torch's ``F.dropout`` use the graph's masks: the k-th dropout call with p > 0 gets
+    DROPOUT_MASK salt k (the builder numbers them in the same, execution, order)."""
+    F = torch.nn.functional
+    orig = F.dropout
+    salt = [0]
+
+    def dropout(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return x
+        u = dropout_uniforms(seed, step, salt[0], math.prod(x.shape))
+        salt[0] += 1
+        keep = torch.from_numpy((u >= np.uint32(round(p * 2**32))).reshape(tuple(x.shape)))
+        scale = bits_f32(f32_bits(1.0 / (1.0 - p)))
+        return x * (keep.to(x.dtype) * scale)
+
+    F.dropout = dropout
+    try:
+        yield
+    finally:
+        F.dropout = orig
 
 
 @dataclass
@@ -33,20 +61,21 @@ class Comparison:
 
 def compare_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: bytes | None = None,
                  step: int = 1) -> Comparison:
-    """Evaluate the graph in FP64 and torch autograd in FP64 on ``rows`` (dropout must be off in torch)."""
+    """Evaluate the graph in FP64 and torch autograd in FP64 on ``rows`` (torch's dropout calls use
+    the graph's masks, see :func:`same_dropout`)."""
     g = cap.graph
     state = [torch.from_numpy(a).double() for a in cap.initial_state]
     vals = evaluate_fp64(g, state, torch.from_numpy(rows), seed=seed, step=step)
     ref = copy.deepcopy(task.module).double().train()
     wrapper = _WithLoss(ref, task.loss, cap.fields)
-    loss = wrapper(torch.from_numpy(rows).double())
+    with same_dropout(seed or bytes(32), step):
+        loss = wrapper(torch.from_numpy(rows).double())
     loss.backward()
     named = dict(ref.named_parameters(remove_duplicate=False))
     grads = {}
     for i, name in enumerate(cap.slot_names[: cap.n_params]):
-        torch_grad = sum(named[k].grad for k in cap.aliases[name] if k in named and named[k].grad is not None)
-        if isinstance(torch_grad, int):
-            torch_grad = torch.zeros_like(named[name])
+        p = named[name]  # tied names share this one Parameter (and its one .grad)
+        torch_grad = p.grad if p.grad is not None else torch.zeros_like(p)
         grads[name] = (vals[g.grad_ops[i]].detach().numpy().reshape(-1),
                        torch_grad.detach().numpy().reshape(-1))
     bufs = {}
@@ -56,4 +85,4 @@ def compare_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: bytes |
         name = cap.slot_names[j]
         bufs[name] = (vals[outputs[j].id].detach().numpy().reshape(-1),
                       sd[name].double().numpy().reshape(-1))
-    return Comparison((float(vals[g.loss_op].reshape(-1)[0]), float(loss)), grads, bufs)
+    return Comparison((float(vals[g.loss_op].reshape(-1)[0]), float(loss.detach())), grads, bufs)
