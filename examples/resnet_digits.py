@@ -1,6 +1,6 @@
 """A small ResNet on sklearn's 8x8 digits (1x8x8 images), trained through the torch front end.
 
-    vtrain train --model examples/resnet_digits.py:task --steps 8
+    vtrain train --out runs/resnet --model examples/resnet_digits.py:task --steps 8 --batch-size 8
 
 ``task()`` returns a :class:`vtrain.frontend.TorchTask`: the module, the loss, torch.optim-style
 optimizer settings and the data (see docs/frontend.md).
@@ -49,3 +49,18 @@ class ResNet(nn.Module):
         h = self.pool(F.relu(self.bn(self.stem(x))))
         h = self.layer2(self.layer1(h))
         return self.fc(torch.flatten(self.avg(h), 1))
+
+
+def task(width: int = 8, optimizer: str = "SGD", lr: float | None = None, clip: float | None = None,
+         warmup: int = 0, total_steps: int = 0):
+    """The ResNet on sklearn's digits (1x8x8 images, 10 classes), cross-entropy, SGD or AdamW."""
+    from vtrain.frontend import Schedule, TorchTask
+    from vtrain.frontend.data import digits_images
+
+    x, y = digits_images()
+    if optimizer == "SGD":
+        opt = {"name": "SGD", "lr": lr or 0.05, "momentum": 0.9, "weight_decay": 5e-4}
+    else:
+        opt = {"name": "AdamW", "lr": lr or 3e-3, "betas": (0.9, 0.99), "weight_decay": 0.01}
+    schedule = Schedule(warmup, total_steps, 0.1) if total_steps else None
+    return TorchTask(ResNet(width), F.cross_entropy, opt, [x], y, clip_grad_norm=clip, schedule=schedule)

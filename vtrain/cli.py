@@ -52,6 +52,8 @@ def spec_from_options(
     heads: int,
     context: int,
     hidden: str,
+    model_arg: tuple[str, ...] = (),
+    checkpoint: str | None = None,
 ) -> TrainSpec:
     opt: SGDConfig | AdamWConfig
     if optimizer == "sgd":
@@ -80,14 +82,35 @@ def spec_from_options(
         seed=seed,
         mode=mode,
         text_path=str(text) if text else None,
+        model_args=_model_args(model_arg),
+        checkpoint=checkpoint,
         mlp=MLPConfig(hidden=hid),
         gpt=GPTConfig(vocab=vocab, context=context, n_layer=layers, n_head=heads, d_model=width),
     )
 
 
+def _model_args(pairs: tuple[str, ...]) -> dict:
+    """``KEY=VALUE`` options as factory keyword arguments (VALUE as JSON when it parses, else a string)."""
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key.isidentifier():
+            raise click.BadParameter(f"expected KEY=VALUE, got {p!r}", param_hint="--model-arg")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 @click.command("train")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Run folder to create.")
-@click.option("--model", type=click.Choice(["mlp", "gpt"]), default="mlp", show_default=True)
+@click.option("--model", default="mlp", show_default=True,
+              help="'mlp', 'gpt', or a torch model: FILE.py:FACTORY (returning a vtrain.frontend.TorchTask).")
+@click.option("--model-arg", "model_arg", multiple=True, metavar="KEY=VALUE",
+              help="FILE.py:FACTORY: a keyword argument of the factory (VALUE parsed as JSON, else a string).")
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="FILE.py:FACTORY: start from these weights (safetensors or a state_dict .pt).")
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option(

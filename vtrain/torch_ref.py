@@ -186,5 +186,9 @@ class TorchReference:
 def executor_for(job: Job, mode: Mode | str) -> StepExecutor | TorchReference:
     """The step runner of ``mode``: :class:`TorchReference` for ``fp32``, else the graph's."""
     if Mode(mode) == Mode.FP32:
+        if job.torch is not None:
+            from vtrain.frontend.job import TorchTaskReference
+
+            return TorchTaskReference(job)  # type: ignore[return-value]
         return TorchReference(job)
     return StepExecutor(job.graph, mode, seed=job.spec.data_seed)

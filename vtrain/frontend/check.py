@@ -86,3 +86,37 @@ def compare_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: bytes |
         bufs[name] = (vals[outputs[j].id].detach().numpy().reshape(-1),
                       sd[name].double().numpy().reshape(-1))
     return Comparison((float(vals[g.loss_op].reshape(-1)[0]), float(loss.detach())), grads, bufs)
+
+
+def compare_step_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: bytes | None = None,
+                      step: int = 1) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """One whole step (forward, backward, clipping, schedule, optimizer) in FP64: every new state
+    slot of the graph against torch.optim (and ``clip_grad_norm_``) on the same FP64 model."""
+    from vtrain.models.optim import SGDConfig
+
+    g = cap.graph
+    state = [torch.from_numpy(a).double() for a in cap.initial_state]
+    vals = evaluate_fp64(g, state, torch.from_numpy(rows), seed=seed, step=step)
+    ref = copy.deepcopy(task.module).double().train()
+    named = dict(ref.named_parameters(remove_duplicate=False))
+    params = [named[n] for n in cap.slot_names[: cap.n_params]]
+    cfg = cap.optimizer
+    lr = cfg.lr if task.schedule is None else float(task.schedule.table(cfg.lr, step)[step - 1])
+    if isinstance(cfg, SGDConfig):
+        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, momentum=cfg.momentum,
+                                                     weight_decay=cfg.weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                weight_decay=cfg.weight_decay)
+    with same_dropout(seed or bytes(32), step):
+        loss = _WithLoss(ref, task.loss, cap.fields)(torch.from_numpy(rows).double())
+    loss.backward()
+    if task.clip_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, task.clip_grad_norm)
+    opt.step()
+    outputs = {o.attrs[0]: o for o in g.ops if o.kind == OpKind.OUTPUT}
+    sd = ref.state_dict()
+    out = {}
+    for j, name in enumerate(cap.slot_names[: cap.n_params + cap.n_buffers]):
+        out[name] = (vals[outputs[j].id].detach().numpy().reshape(-1), sd[name].double().numpy().reshape(-1))
+    return out
