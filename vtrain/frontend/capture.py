@@ -395,6 +395,7 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
     live = [t for t in param_ts if t.op in reach]
     live_grads = dict(zip([t.op for t in live], g.grad(loss, live))) if live else {}
     grads = [live_grads.get(t.op) or g.const(np.zeros(t.shape, np.float32), "zero_grad") for t in param_ts]
+    grad_ops = {i: gr.op for i, gr in enumerate(grads)}  # the loss gradients (before any clipping)
     if task.clip_grad_norm is not None:
         grads = _clip_grads(g, grads, float(task.clip_grad_norm))
     lr_t = None
@@ -409,7 +410,7 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
     outs += new_s
     for slot, t in enumerate(outs):
         g.output(L.reshape(t, g.slots[slot].shape), slot)
-    graph = g.build(loss, {i: gr.op for i, gr in enumerate(grads)})
+    graph = g.build(loss, grad_ops)
     init += [v for _, _, v in opt_slots]
     log.info("captured %d ATen nodes into %d primitive ops", sum(counts.values()), graph.n_ops)
     return Captured(graph, init, slot_names, aliases, len(param_ts), len(buf_specs), flds, cfg, counts)

@@ -807,6 +807,18 @@ def _expand(L: Lowerer, node, a, size, implicit=False):
     return Sym(L.g.expand(t, shape))
 
 
+@lowering(aten.repeat.default)
+def _repeat(L: Lowerer, node, a, repeats):
+    """Tiling: RESHAPE to (1, s0, 1, s1, ..), EXPAND to (r0, s0, r1, s1, ..), RESHAPE to (r0 s0, r1 s1, ..)."""
+    t = L.t(a)
+    reps = list(repeats)
+    shape = (1,) * (len(reps) - t.rank) + t.shape
+    inter = tuple(v for s in shape for v in (1, s))
+    big = tuple(v for r, s in zip(reps, shape) for v in (r, s))
+    e = L.g.expand(L.reshape(t, inter), big)
+    return Sym(L.reshape(e, tuple(r * s for r, s in zip(reps, shape))))
+
+
 @lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
 def _slice(L: Lowerer, node, a, dim=0, start=None, end=None, step=1):
     """``a[start:end:step]`` along ``dim``: SLICE (step 1) or TAKE with a CONST index (step > 1)."""
