@@ -88,7 +88,8 @@ def test_elementwise_lowerings(name: str, seed: int) -> None:
 
 
 MOVEMENT = {
-    "view_permute_transpose": (lambda x, w: (x.view(3, 2, 2) * w.view(2, 2)).permute(2, 0, 1).transpose(0, 1).reshape(3, 4)),
+    "view_permute_transpose": (lambda x, w: (x.view(3, 2, 2) * w.view(2, 2)).permute(2, 0, 1).transpose(0, 1)
+                               .reshape(3, 4)),
     "cat_stack_split": (lambda x, w: torch.cat([*torch.split(x * w, [1, 2, 1], dim=1), x], dim=1)
                         + torch.stack([x, w.expand(3, 4)], 0).sum(0).repeat(1, 2)),
     "slice_step_select_flatten": (lambda x, w: torch.flatten((x * w)[:, ::2]) * (x * w)[1, 1:3].sum()
