@@ -370,3 +370,9 @@ def test_data_loaders(tmp_path: Path) -> None:
         TorchTask(nn.Linear(2, 2), F.mse_loss, SGD, [np.zeros((2, 2))], np.array([0.5, 1.0]),
                   target_dtype=torch.int64).samples()
     assert math.isfinite(float(x.sum()))
+
+
+def test_docs_list_every_lowering() -> None:
+    from vtrain.frontend.lowering import lowering_table
+
+    assert lowering_table() in (ROOT / "docs" / "frontend.md").read_text()

@@ -14,6 +14,7 @@ graph is finite: ``x - 2^100`` rounds to ``-2^100`` for any |x| < 2^76, so masks
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -963,3 +964,21 @@ NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.
 def lowering_of(target: Any) -> Lowering | None:
     """The lowering of an ATen overload, or None."""
     return LOWERINGS.get(target)
+
+
+def lowering_table() -> str:
+    """The markdown table of every lowering: ATen overloads and the first docstring line."""
+    by_fn: dict[Lowering, list[str]] = {}
+    for op, fn in LOWERINGS.items():
+        by_fn.setdefault(fn, []).append(str(op).removeprefix("aten."))
+    rows = ["| ATen op | exact semantics in primitives |", "|---|---|"]
+    for fn, ops in sorted(by_fn.items(), key=lambda kv: sorted(kv[1])[0]):
+        doc = (fn.__doc__ or "").strip().splitlines()
+        first = " ".join(ln.strip() for ln in doc[: next((i for i, ln in enumerate(doc) if not ln.strip()), len(doc))])
+        first = re.sub(r":func:`_?([a-z_0-9]+)`", r"the `\1` lowering", first).replace("``", "`")
+        rows.append(f"| {', '.join(f'`{o}`' for o in sorted(ops))} | {first} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # pragma: no cover - prints the table for docs/frontend.md
+    print(lowering_table())
