@@ -376,3 +376,16 @@ def test_docs_list_every_lowering() -> None:
     from vtrain.frontend.lowering import lowering_table
 
     assert lowering_table() in (ROOT / "docs" / "frontend.md").read_text()
+
+
+def test_toml_spec_with_a_model_table(tmp_path: Path) -> None:
+    from vtrain.training.spec import TrainSpec
+
+    f = tmp_path / "spec.toml"
+    f.write_text('model = "examples/resnet_digits.py:task"\nbatch_size = 4\ncheckpoint = "w.pt"\n'
+                 '[model_args]\nwidth = 4\noptimizer = "AdamW"\n')
+    spec = TrainSpec.from_file(f)
+    assert spec.model_args == {"width": 4, "optimizer": "AdamW"} and spec.checkpoint == "w.pt"
+    f.write_text('model = "examples/resnet_digits.py:task"\nmodel_args = 3\n')
+    with pytest.raises(SpecError, match="model_args: expected a table"):
+        TrainSpec.from_file(f)
