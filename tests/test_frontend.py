@@ -389,3 +389,13 @@ def test_toml_spec_with_a_model_table(tmp_path: Path) -> None:
     f.write_text('model = "examples/resnet_digits.py:task"\nmodel_args = 3\n')
     with pytest.raises(SpecError, match="model_args: expected a table"):
         TrainSpec.from_file(f)
+
+
+def test_frozen_parameters_are_constants() -> None:
+    torch.manual_seed(4)
+    module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    module[0].weight.requires_grad_(False)
+    task = _task(module, _rand((8, 4), 1), _rand((8, 2), 2), loss=F.mse_loss)
+    cap = capture(task, 4)
+    assert "0.weight" not in cap.slot_names and cap.slot_names[: cap.n_params] == ["0.bias", "2.weight", "2.bias"]
+    _check(task, 4)

@@ -331,7 +331,9 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
 
     # slots: parameters (state_dict order, tied once), then mutated buffers
     specs = list(sig.input_specs)
-    param_specs = [s for s in specs if s.kind.name == "PARAMETER"]
+    sd_vars = module.state_dict(keep_vars=True)
+    # a frozen parameter (requires_grad=False) is a constant of the graph, like a read-only buffer
+    param_specs = [s for s in specs if s.kind.name == "PARAMETER" and sd_vars[key_of(s.target)].requires_grad]
     buf_specs = [s for s in specs if s.kind.name == "BUFFER" and s.target in mutated]
     sd = module.state_dict(keep_vars=True)
     canon: dict[int, str] = {i: ks[0] for i, ks in groups.items()}
@@ -372,6 +374,8 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
             continue
         if kind == "USER_INPUT":
             placeholders[s.arg.name] = Sym(data)
+        elif kind == "PARAMETER":  # frozen
+            placeholders[s.arg.name] = sd_vars[key_of(s.target)].detach()
         elif kind == "BUFFER":
             placeholders[s.arg.name] = ep.state_dict[s.target] if s.target in ep.state_dict else ep.constants[s.target]
         elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
