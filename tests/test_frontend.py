@@ -285,7 +285,8 @@ def test_hf_gpt2_matches_torch_in_fp64_with_dropout_and_tied_weights() -> None:
     wte = cap.graph.input_op(0)
     assert any(o.kind == OpKind.TAKE and o.inputs[0] == wte for o in cap.graph.ops)  # embedding = TAKE
     assert sum(o.kind == OpKind.DROPOUT_MASK for o in cap.graph.ops) == 7
-    assert any(o.kind == OpKind.SELECT for o in cap.graph.ops)  # the causal mask
+    ops = cap.graph.ops
+    assert any(o.kind == OpKind.SELECT and ops[o.inputs[0]].name == "mask_keep" for o in ops)  # causal mask
     _check(task, 3, seed=bytes(range(32)))
 
 

@@ -193,11 +193,30 @@ def _scalar_of(v: Any) -> float | None:
 
 
 # === elementwise arithmetic ==========================================================================
+def _additive_mask(v: Any) -> np.ndarray | None:
+    """A known tensor whose entries are all 0 or <= -2^100 (an additive attention mask), as FP32."""
+    if not isinstance(v, torch.Tensor) or v.dim() == 0 or not v.is_floating_point():
+        return None
+    arr = v.detach().to(torch.float64).numpy()
+    if np.isnan(arr).any():
+        return None
+    arr = np.where(np.isinf(arr), np.copysign(BIG, arr), arr)
+    if not np.all((arr == 0) | (arr <= -BIG)) or np.all(arr == 0):
+        return None
+    return arr.astype(np.float32)
+
+
 @lowering(aten.add.Tensor, aten.add.Scalar)
 def _add(L: Lowerer, node, a, b, alpha=1):
-    """``a + alpha*b``: ADD (broadcast), or ADD_S for a scalar operand (alpha: MUL_S first)."""
+    """``a + alpha*b``: ADD (broadcast), or ADD_S for a scalar operand (alpha: MUL_S first); a known
+    additive mask ``m`` (entries 0 or <= -2^100) is SELECT(m == 0, x, m): equal to ``x + m`` for |x| < 2^76."""
     if alpha != 1:
         b = _mul(L, node, b, alpha)
+    for x, m in ((a, b), (b, a)):
+        mask = _additive_mask(m) if isinstance(x, Sym) else None
+        if mask is not None:
+            keep = L.g.const((mask == 0).astype(np.float32), "mask_keep")
+            return Sym(L.g.select(keep, L.t(x), L.g.const(mask, "mask_value")))
     sa, sb = _scalar_of(a), _scalar_of(b)
     if sb is not None:
         return Sym(L.g.add_s(L.t(a), finite(sb)))
