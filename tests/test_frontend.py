@@ -290,6 +290,7 @@ def test_hf_gpt2_matches_torch_in_fp64_with_dropout_and_tied_weights() -> None:
     _check(task, 3, seed=bytes(range(32)))
 
 
+@pytest.mark.slow
 def test_gpt2_full_vocab_is_practical() -> None:
     """50,257 tokens: the embedding is a TAKE (no V-wide one-hot product in the forward)."""
     model = _gpt2(vocab=50257, dropout=0.0)
@@ -324,25 +325,29 @@ def test_spec_model_file_errors(tmp_path: Path) -> None:
 def test_checkpoint_is_the_initial_state(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
+    from vtrain.frontend.job import make_task
     from vtrain.training.spec import TrainSpec, build_job
 
-    base = TrainSpec(model="examples/resnet_digits.py:task", model_args={"width": 4}, batch_size=4, steps=2)
-    job = build_job(base)
-    sd = {k: v.clone() + 0.25 if v.is_floating_point() else v.clone()
-          for k, v in job.torch.task.module.state_dict().items()}
-    for path in (tmp_path / "w.safetensors", tmp_path / "w.pt"):
-        save_file(sd, str(path)) if path.suffix == ".safetensors" else torch.save(sd, path)
-        tuned = build_job(TrainSpec(**{**base.__dict__, "checkpoint": str(path)}))
-        names = tuned.torch.captured.slot_names
-        i = names.index("stem.weight")
-        assert np.array_equal(tuned.initial_state[i], sd["stem.weight"].numpy())
-        j = names.index("bn.running_mean")
-        assert np.array_equal(tuned.initial_state[j], sd["bn.running_mean"].numpy())
+    ref = "examples/resnet_digits.py:task"
+    module = make_task(ref, {"width": 4}, 0, None).module
+    sd = {k: v.clone() + 0.25 if v.is_floating_point() else v.clone() for k, v in module.state_dict().items()}
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    torch.save(sd, tmp_path / "w.pt")
+    loaded = make_task(ref, {"width": 4}, 0, str(tmp_path / "w.pt")).module.state_dict()
+    assert all(torch.equal(loaded[k], sd[k]) for k in sd)
+    tuned = build_job(TrainSpec(model=ref, model_args={"width": 4}, batch_size=4, steps=2,
+                                checkpoint=str(tmp_path / "w.safetensors")))
+    names = tuned.torch.captured.slot_names
+    assert np.array_equal(tuned.initial_state[names.index("stem.weight")], sd["stem.weight"].numpy())
+    assert np.array_equal(tuned.initial_state[names.index("bn.running_mean")], sd["bn.running_mean"].numpy())
     del sd["fc.bias"]
     sd["extra"] = torch.zeros(1)
     torch.save(sd, tmp_path / "bad.pt")
     with pytest.raises(FrontendError, match=r"missing \['fc.bias'\].*unexpected \['extra'\]"):
-        build_job(TrainSpec(**{**base.__dict__, "checkpoint": str(tmp_path / "bad.pt")}))
+        make_task(ref, {"width": 4}, 0, str(tmp_path / "bad.pt"))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(FrontendError, match="cannot read it"):
+        make_task(ref, {"width": 4}, 0, str(tmp_path / "junk.pt"))
 
 
 def test_data_loaders(tmp_path: Path) -> None:
