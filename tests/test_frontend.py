@@ -405,3 +405,18 @@ def test_frozen_parameters_are_constants() -> None:
     cap = capture(task, 4)
     assert "0.weight" not in cap.slot_names and cap.slot_names[: cap.n_params] == ["0.bias", "2.weight", "2.bias"]
     _check(task, 4)
+
+
+def test_npz_example_trains_from_a_users_file(tmp_path: Path) -> None:
+    from vtrain.graph.executor import state_tensors
+    from vtrain.training.loop import train_steps
+    from vtrain.training.spec import TrainSpec, build_job
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 5)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=(x[:, 0] > 0).astype(np.int64))
+    job = build_job(TrainSpec(model="examples/npz_classifier.py:task", model_args={"path": str(tmp_path / "d.npz")},
+                              batch_size=8, steps=3))
+    assert job.dataset.samples.shape == (40, 6)
+    losses = [o.loss for o in train_steps(job, state_tensors(job.initial_state), 1, 3)]
+    assert all(math.isfinite(v) for v in losses)
