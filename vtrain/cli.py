@@ -89,6 +89,19 @@ def spec_from_options(
     )
 
 
+def _model_option(value: str) -> str:
+    """``--model``: 'mlp', 'gpt' or FILE.py:FACTORY (the file's existence is checked when the job is built)."""
+    if value in ("mlp", "gpt"):
+        return value
+    from vtrain.frontend.job import parse_model_ref
+
+    try:
+        parse_model_ref(value)
+    except VtrainError as e:
+        raise click.BadParameter(f"{value!r}: {str(e).removeprefix('spec: model: ')}", param_hint="--model") from None
+    return value
+
+
 def _model_args(pairs: tuple[str, ...]) -> dict:
     """``KEY=VALUE`` options as factory keyword arguments (VALUE as JSON when it parses, else a string)."""
     out = {}
@@ -105,7 +118,7 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 
 @click.command("train")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Run folder to create.")
-@click.option("--model", default="mlp", show_default=True,
+@click.option("--model", default="mlp", show_default=True, callback=lambda c, p, v: _model_option(v),
               help="'mlp', 'gpt', or a torch model: FILE.py:FACTORY (returning a vtrain.frontend.TorchTask).")
 @click.option("--model-arg", "model_arg", multiple=True, metavar="KEY=VALUE",
               help="FILE.py:FACTORY: a keyword argument of the factory (VALUE parsed as JSON, else a string).")
