@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from vtrain.errors import DatasetError, SpecError
@@ -420,3 +422,73 @@ def test_npz_example_trains_from_a_users_file(tmp_path: Path) -> None:
     assert job.dataset.samples.shape == (40, 6)
     losses = [o.loss for o in train_steps(job, state_tensors(job.initial_state), 1, 3)]
     assert all(math.isfinite(v) for v in losses)
+
+
+# --- window ops over random geometries (the lowerings called directly, no export) ---------------------
+class _Node:
+    users: dict = {}
+
+
+def _window_graph(build, x0: np.ndarray, w0: np.ndarray | None):
+    from vtrain.frontend.lowering import Lowerer, Sym
+    from vtrain.graph.fp64 import evaluate_fp64
+    from vtrain.graph.step_graph import GraphBuilder
+
+    g = GraphBuilder()
+    L = Lowerer(g)
+    x = g.input("x", x0.shape)
+    w = g.input("w", w0.shape) if w0 is not None else None
+    g.data((1,))
+    out = build(L, Sym(x), Sym(w) if w is not None else None)
+    out_t = out[0].t if isinstance(out, tuple) else out.t
+    ct = np.random.default_rng(9).standard_normal(out_t.shape).astype(np.float32)
+    loss = g.sum(g.reshape(g.mul(out_t, g.const(ct)), (1, math.prod(out_t.shape))))
+    wrt = [x] + ([w] if w is not None else [])
+    grads = g.grad(loss, wrt)
+    graph = g.build(loss)
+    state = [torch.from_numpy(x0).double()] + ([torch.from_numpy(w0).double()] if w0 is not None else [])
+    vals = evaluate_fp64(graph, state, torch.zeros(1, dtype=torch.float64))
+    return vals[out_t.op], [vals[gr.op] for gr in grads], torch.from_numpy(ct).double()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(3, 7), st.integers(3, 7), st.integers(1, 3),
+       st.integers(1, 3), st.integers(1, 3), st.integers(0, 2), st.integers(1, 2), st.booleans(), st.integers(0, 99))
+def test_conv2d_lowering_over_random_geometries(cin, cout, h, w, kh, kw, stride, pad, dil, bias, seed) -> None:
+    from vtrain.frontend.lowering import _convolution
+
+    assume((h + 2 * pad - dil * (kh - 1) - 1) >= 0 and (w + 2 * pad - dil * (kw - 1) - 1) >= 0)
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal((2, cin, h, w)).astype(np.float32)
+    w0 = rng.standard_normal((cout, cin, kh, kw)).astype(np.float32)
+    b0 = torch.from_numpy(rng.standard_normal(cout).astype(np.float32)) if bias else None
+    out, (gx, gw), ct = _window_graph(
+        lambda L, x, wt: _convolution(L, _Node(), x, wt, b0, [stride] * 2, [pad] * 2, [dil] * 2, False, [0, 0], 1),
+        x0, w0)
+    xt = torch.from_numpy(x0).double().requires_grad_(True)
+    wt = torch.from_numpy(w0).double().requires_grad_(True)
+    ref = F.conv2d(xt, wt, b0.double() if b0 is not None else None, stride, pad, dil)
+    (ref * ct).sum().backward()
+    assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(gx, xt.grad, rtol=1e-12, atol=1e-12) and torch.allclose(gw, wt.grad, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(3, 7), st.integers(3, 7), st.integers(1, 3), st.integers(1, 3), st.integers(0, 1),
+       st.booleans(), st.integers(0, 99))
+def test_pool_lowerings_over_random_geometries(h, w, k, stride, pad, ties, seed) -> None:
+    from vtrain.frontend.lowering import _avg_pool2d, _max_pool2d
+
+    assume(pad * 2 <= k and h + 2 * pad >= k and w + 2 * pad >= k)
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal((2, 2, h, w)).astype(np.float32)
+    if ties:
+        x0 = np.round(x0)  # many equal values: the gradient goes to the first maximum, as torch's
+    for lower, ref_fn in ((_max_pool2d, F.max_pool2d), (_avg_pool2d, F.avg_pool2d)):
+        out, (gx,), ct = _window_graph(
+            lambda L, x, _, lower=lower: lower(L, _Node(), x, [k, k], [stride, stride], [pad, pad]), x0, None)
+        xt = torch.from_numpy(x0).double().requires_grad_(True)
+        ref = ref_fn(xt, k, stride, pad)
+        (ref * ct).sum().backward()
+        assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
+        assert torch.allclose(gx, xt.grad, rtol=1e-12, atol=1e-12)
