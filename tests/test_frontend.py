@@ -77,6 +77,9 @@ ELEMENTWISE = {
     "masked_fill_any": (lambda x, w: (w * x).masked_fill(x < 0, -1e9).softmax(-1)
                         * (x > 0.9).any(-1, keepdim=True), (5,)),
     "broadcast_bias": (lambda x, w: x * w[:, None] + w[None, :1], (4,)),
+    "or_detach_index": (lambda x, w: torch.where((x > 0.5) | (x < -0.5), w, x) * w.detach()
+                        + (x * w)[..., torch.tensor([4, 0, 0, 2, 1])]
+                        + torch.div(x, w * w + 1, rounding_mode=None), (5,)),
 }
 
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from vtrain.frontend.errors import FrontendError, UnsupportedOp, node_origin
-from vtrain.frontend.lowering import NO_FOLD, Lowerer, Sym, lowering_of, supported_ops
+from vtrain.frontend.lowering import NO_FOLD, Lowerer, Sym, lowering_of, mark_detaches, supported_ops
 from vtrain.graph.step_graph import Graph, GraphBuilder, T
 from vtrain.models.optim import AdamWConfig, OptimConfig, SGDConfig, apply_optimizer, optimizer_slots
 
@@ -314,6 +314,7 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
     wrapper = _WithLoss(module, task.loss, flds)
     try:
         ep = torch.export.export(wrapper, (rows,), strict=False)
+        mark_detaches(ep)
         ep = ep.run_decompositions()
     except Exception as e:  # noqa: BLE001 - export errors come from the user's code; keep them short
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -788,7 +788,29 @@ def _identity(L: Lowerer, node, a, *args, **kwargs):
     return a if isinstance(a, Sym) else Sym(L.t(a))
 
 
-@lowering(aten.detach.default)
+@torch.library.custom_op("vtrain::stop_gradient", mutates_args=())
+def stop_gradient(x: torch.Tensor) -> torch.Tensor:
+    """``x.detach()`` as an op that survives ``run_decompositions`` (which turns detach into alias)."""
+    return x.clone()
+
+
+@stop_gradient.register_fake
+def _stop_gradient_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def mark_detaches(ep) -> None:
+    """Before decomposing: every ``aten.detach`` node becomes ``vtrain::stop_gradient``."""
+    changed = False
+    for n in ep.graph.nodes:
+        if n.op == "call_function" and n.target == aten.detach.default:
+            n.target = torch.ops.vtrain.stop_gradient.default
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
+
+
+@lowering(aten.detach.default, torch.ops.vtrain.stop_gradient.default)
 def _detach(L: Lowerer, node, a):
     """A copy that stops the gradient: a RESHAPE op marked as a constant for autodiff."""
     t = L.t(a)
