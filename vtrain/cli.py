@@ -48,7 +48,7 @@ a test checks they agree)."""
 
 #: Options that set a spec field (refused together with --spec or --resume), and the model they belong to.
 SPEC_OPTIONS = ("model", "optimizer", "steps", "interval", "batch_size", "seed", "mode", "lr", "text",
-                "layers", "width", "heads", "context", "hidden")
+                "layers", "width", "heads", "context", "hidden", "model_arg", "checkpoint")
 GPT_ONLY = ("text", "layers", "width", "heads", "context")
 MLP_ONLY = ("hidden",)
 
@@ -123,6 +123,8 @@ def spec_from_options(
     heads: int,
     context: int,
     hidden: str,
+    model_arg: tuple[str, ...] = (),
+    checkpoint: str | None = None,
 ) -> Any:
     from vtrain.models.nn import GPTConfig, MLPConfig
     from vtrain.models.optim import AdamWConfig, SGDConfig
@@ -155,6 +157,8 @@ def spec_from_options(
         seed=seed,
         mode=mode,
         text_path=str(text) if text else None,
+        model_args=_model_args(model_arg),
+        checkpoint=checkpoint,
         mlp=MLPConfig(hidden=hid),
         gpt=GPTConfig(vocab=vocab, context=context, n_layer=layers, n_head=heads, d_model=width),
     )
@@ -289,12 +293,46 @@ def device_option(f):
         help="cpu or cuda[:N]: where the step computes (FP64 on either; a log from one replays on the other).",
     )(f)
 
+def _model_option(value: str) -> str:
+    """``--model``: 'mlp', 'gpt' or FILE.py:FACTORY (the file's existence is checked when the job is built)."""
+    if value in ("mlp", "gpt"):
+        return value
+    from vtrain.errors import VtrainError
+    from vtrain.frontend.job import parse_model_ref
+
+    try:
+        parse_model_ref(value)
+    except VtrainError as e:
+        raise click.BadParameter(f"{value!r}: {str(e).removeprefix('spec: model: ')}", param_hint="--model") from None
+    return value
+
+
+def _model_args(pairs: tuple[str, ...]) -> dict:
+    """``KEY=VALUE`` options as factory keyword arguments (VALUE as JSON when it parses, else a string)."""
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key.isidentifier():
+            raise click.BadParameter(f"expected KEY=VALUE, got {p!r}", param_hint="--model-arg")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+
 @click.command("train", epilog=EXIT_CODES_HELP)
 @click.option("--out", "out", type=click.Path(path_type=Path), default=None,
               help="Run folder to create (a partial run of the same spec there is continued).")
 @click.option("--resume", "resume", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Continue the interrupted run in this folder, with its own spec.")
-@click.option("--model", type=click.Choice(["mlp", "gpt"]), default="mlp", show_default=True)
+@click.option("--model", default="mlp", show_default=True, callback=lambda c, p, v: _model_option(v),
+              help="'mlp', 'gpt', or a torch model: FILE.py:FACTORY (returning a vtrain.frontend.TorchTask).")
+@click.option("--model-arg", "model_arg", multiple=True, metavar="KEY=VALUE",
+              help="FILE.py:FACTORY: a keyword argument of the factory (VALUE parsed as JSON, else a string).")
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="FILE.py:FACTORY: start from these weights (safetensors or a state_dict .pt).")
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option(

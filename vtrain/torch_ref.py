@@ -190,5 +190,9 @@ def executor_for(job: Job, mode: Mode | str, device: str | torch.device | None =
     """The step runner of ``mode`` on ``device`` (default CPU): :class:`TorchReference` for
     ``fp32``, else the graph's."""
     if Mode(mode) == Mode.FP32:
+        if job.torch is not None:
+            from vtrain.frontend.job import TorchTaskReference
+
+            return TorchTaskReference(job)  # type: ignore[return-value]
         return TorchReference(job, device)
-    return StepExecutor(job.graph, mode, device)
+    return StepExecutor(job.graph, mode, device, seed=job.spec.data_seed)

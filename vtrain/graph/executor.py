@@ -16,7 +16,16 @@ import numpy as np
 import torch
 
 from vtrain.errors import CorruptLog, GraphError, NonFiniteValue, VtrainError
-from vtrain.graph.step_graph import LOGGING_KINDS, ROUNDING_KINDS, Graph, OpKind, OpNode, bits_f32
+from vtrain.graph.generated import generated_output
+from vtrain.graph.step_graph import (
+    GENERATED_KINDS,
+    LOGGING_KINDS,
+    ROUNDING_KINDS,
+    Graph,
+    OpKind,
+    OpNode,
+    bits_f32,
+)
 from vtrain.numerics.canonical import round_canonical
 from vtrain.numerics.paper import apply_paper, hooked_ops, round_paper
 from vtrain.numerics.rounding import (
@@ -80,6 +89,7 @@ class StepExecutor:
         mode: Mode | str = Mode.CERTIFIED,
         device: str | torch.device | None = None,
         *,
+        seed: bytes | None = None,
         canonical_log: bool = True,
         collective=None,
     ) -> None:
@@ -89,9 +99,13 @@ class StepExecutor:
 
         ``collective`` (data-parallel trainer, :class:`vtrain.distributed.collective.Collective`): the
         graph is one rank's shard; ``collective.inputs(op, ins)`` cuts replicated inputs to the shard and
-        the ops in ``collective.reductions`` are combined across ranks by ``collective.reduce(op, ins)``."""
+        the ops in ``collective.reductions`` are combined across ranks by ``collective.reduce(op, ins)``.
+
+        ``seed``: the job's 32-byte data seed (DROPOUT_MASK hashes it)."""
         self.graph = graph
         self.mode = Mode(mode)
+        self.seed = seed
+        self._step: int | None = None
         self.canonical_log = canonical_log
         if collective is not None and (self.mode != Mode.CERTIFIED or not canonical_log):
             raise VtrainError(f"data-parallel training needs the certified mode's canonical log, got {self.mode.value}")
@@ -177,6 +191,7 @@ class StepExecutor:
         where = f"step {step}" if step is not None else "step"
         sums: list[torch.Tensor] | None = [] if deferred else None
         last_use, loss_op = self._last_use, g.loss_op
+        self._step = step  # read by STEP and DROPOUT_MASK ops
         for op in g.ops:
             ins = [vals[i] for i in op.inputs]
             if self.collective is not None:
@@ -223,6 +238,8 @@ class StepExecutor:
             return canonical(data.to(torch.float32))
         if k == OpKind.CONST:
             return self._consts[op.id]
+        if k in GENERATED_KINDS:
+            return generated_output(op, self.seed, self._step).to(self.device)
         if self.collective is not None and op.id in self.collective.reductions and log_in is None:
             out, entries, slow = self.collective.reduce(op, ins)
             stats.values += out.numel()
@@ -421,6 +438,23 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
         safe = torch.where(valid, idx, torch.zeros((), dtype=idx.dtype, device=idx.device)).to(torch.int64)
         got = x.gather(-1, safe)
         return torch.where(valid, got, torch.zeros((), dtype=x.dtype, device=x.device))
+    if k == OpKind.TAKE:
+        x, idx = ins
+        axis = op.attrs[0]
+        n = x.shape[axis]
+        valid = (idx >= 0) & (idx < n) & (idx == torch.floor(idx))
+        safe = torch.where(valid, idx, torch.zeros((), dtype=idx.dtype, device=idx.device)).to(torch.int64)
+        got = x.index_select(axis, safe.reshape(-1)).reshape(op.shape)
+        keep = valid.reshape((1,) * axis + tuple(idx.shape) + (1,) * (x.dim() - axis - 1))
+        return torch.where(keep, got, torch.zeros((), dtype=x.dtype, device=x.device))
+    if k == OpKind.SELECT:
+        cond, x, y = ins
+        return torch.where(cond != 0, x, y).expand(op.shape).contiguous()
+    if k == OpKind.MAX_GRAD:
+        x, gr = ins
+        hit = x == x.amax(dim=-1, keepdim=True)
+        first = hit & (torch.cumsum(hit.to(torch.int32), dim=-1) == 1)
+        return torch.where(first, gr, torch.zeros((), dtype=gr.dtype, device=gr.device))
     raise GraphError(f"{k.name} is not a data-movement op")
 
 

@@ -79,6 +79,9 @@ ROUNDING_KINDS = frozenset(
 )
 """Kinds whose FP64 result is rounded to FP32 (the rest copy FP32 values exactly)."""
 
+GENERATED_KINDS = frozenset({OpKind.DROPOUT_MASK, OpKind.STEP})
+"""Kinds without inputs whose output follows from the job's data seed and the step number."""
+
 LOGGING_KINDS = frozenset({OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.MATMUL, OpKind.SUM, OpKind.MEAN})
 """Kinds with a non-zero certified bound: the only ones that can have rounding-log entries."""
 
@@ -286,11 +289,19 @@ class GraphBuilder:
     def mean(self, a: T) -> T:
         return self._op(OpKind.MEAN, [a], a.shape[:-1] + (1,))
 
-    def max(self, a: T) -> T:
-        """Row maximum; treated as a constant by autodiff (it only ever shifts softmax inputs)."""
+    def max(self, a: T, differentiable: bool = False) -> T:
+        """Row maximum. By default a constant for autodiff (it only shifts softmax inputs); with
+        ``differentiable`` (max pooling) its VJP is MAX_GRAD: the gradient goes to the first maximum."""
         t = self._op(OpKind.MAX, [a], a.shape[:-1] + (1,))
-        self.no_grad.add(t.op)
+        if not differentiable:
+            self.no_grad.add(t.op)
         return t
+
+    def max_grad(self, x: T, g: T) -> T:
+        """``out[..., k] = g[..., 0]`` at the first index attaining the row maximum of ``x``, else +0."""
+        if g.shape != x.shape[:-1] + (1,):
+            raise GraphError(f"max_grad: expected g shape {x.shape[:-1] + (1,)}, got {g.shape}")
+        return self._op(OpKind.MAX_GRAD, [x, g], x.shape)
 
     # -- data movement -------------------------------------------------------------------------
     def reshape(self, a: T, shape: Shape) -> T:
@@ -340,6 +351,39 @@ class GraphBuilder:
         if idx.shape != x.shape[:-1] + (1,):
             raise GraphError(f"gather: expected idx shape {x.shape[:-1] + (1,)}, got {idx.shape}")
         return self._op(OpKind.GATHER, [x, idx], idx.shape)
+
+    def take(self, x: T, idx: T, axis: int = 0) -> T:
+        """``out[pre, j..., post] = x[pre, idx[j...], post]`` (+0.0 where ``idx[j...]`` is not an
+        integer in ``[0, x.shape[axis])``): embedding lookups, patch gathers, index_select."""
+        if not 0 <= axis < x.rank:
+            raise GraphError(f"take: axis {axis} outside the {x.rank} axes of {x.shape}")
+        return self._op(OpKind.TAKE, [x, idx], x.shape[:axis] + idx.shape + x.shape[axis + 1 :], [axis])
+
+    def select(self, cond: T, a: T, b: T) -> T:
+        """``out[i] = a[i] if cond[i] != 0 else b[i]`` (each input's dims equal the output's or 1)."""
+        r = max(cond.rank, a.rank, b.rank)
+        cond, a, b = (self.reshape(t, (1,) * (r - t.rank) + t.shape) for t in (cond, a, b))
+        shape = _broadcast(_broadcast(cond.shape, a.shape), b.shape)
+        return self._op(OpKind.SELECT, [cond, a, b], shape)
+
+    def dropout_mask(self, shape: Shape, p: float) -> T:
+        """Keep-mask times ``1/(1-p)``: ``RN32(1/(1-p))`` where the element's hash >= ``round(p 2^32)``,
+        else +0.0. The hash is of the job's data seed, the step, a per-op salt and the element index."""
+        if not 0.0 <= p < 1.0:
+            raise GraphError(f"dropout_mask: expected a drop probability in [0, 1), got {p}")
+        threshold = round(p * 2**32)
+        if threshold >= 2**32:
+            raise GraphError(f"dropout_mask: drop probability {p} rounds to 1 (threshold 2^32)")
+        salt = sum(1 for o in self.ops if o.kind == OpKind.DROPOUT_MASK)
+        t = self._op(OpKind.DROPOUT_MASK, [], tuple(shape), [threshold, f32_bits(1.0 / (1.0 - p)), salt], "dropout")
+        self.no_grad.add(t.op)
+        return t
+
+    def step(self) -> T:
+        """The step number (1-based) as one FP32 value, shape (1,)."""
+        t = self._op(OpKind.STEP, [], (1,), [], "step")
+        self.no_grad.add(t.op)
+        return t
 
     # -- helpers -------------------------------------------------------------------------------
     def reduce_to(self, g: T, shape: Shape) -> T:
@@ -491,4 +535,50 @@ class GraphBuilder:
             x, idx = ins
             oh = self.one_hot(self.reshape(idx, idx.shape[:-1]), x.shape[-1])
             return [(x.op, self.mul(oh, g))]
+        if k == K.TAKE:
+            return [(ins[0].op, self._take_vjp(ins[0], ins[1], n.attrs[0], g))]
+        if k == K.SELECT:
+            cond, a, b = ins
+            zero = self.const(np.zeros((1,) * g.rank, np.float32), "zero")
+            return [
+                (a.op, self.reduce_to(self.select(cond, g, zero), a.shape)),
+                (b.op, self.reduce_to(self.select(cond, zero, g), b.shape)),
+            ]
+        if k == K.MAX:
+            return [(ins[0].op, self.max_grad(ins[0], g))]
         raise GraphError(f"no gradient rule for {k.name} (op {n.id})")
+
+    def _take_vjp(self, x: T, idx: T, axis: int, g: T) -> T:
+        """Gradient of TAKE w.r.t. ``x``. A CONST index table: TAKE of ``g`` by the inverse table
+        (for each source position, the output positions reading it, -1 padded), then one SUM per
+        element. A data-dependent index (embedding): ``ONE_HOT(idx)^T`` times ``g`` (one MATMUL)."""
+        n = x.shape[axis]
+        pre, post = x.shape[:axis], x.shape[axis + 1 :]
+        J = math.prod(idx.shape)
+        gf = self.reshape(g, pre + (J,) + post)
+        table = self.consts.get(idx.op) if self.ops[idx.op].kind == OpKind.CONST else None
+        if table is not None:
+            flat = table.reshape(-1)
+            valid = (flat >= 0) & (flat < n) & (flat == np.floor(flat))
+            cols: list[list[int]] = [[] for _ in range(n)]
+            for j in np.nonzero(valid)[0]:
+                cols[int(flat[j])].append(int(j))
+            R = max(1, max(len(c) for c in cols))
+            inv = np.full((n, R), -1.0, np.float32)
+            for i, c in enumerate(cols):
+                inv[i, : len(c)] = c
+            got = self.take(gf, self.const(inv, "take_inverse"), axis)  # pre + (n, R) + post
+            if R == 1:
+                return self.reshape(got, x.shape)
+            r = len(pre) + 1  # the R axis
+            order = [i for i in range(got.rank) if i != r] + [r]
+            summed = self.sum(self.permute(got, order))  # pre + (n,) + post + (1,)
+            return self.reshape(summed, x.shape)
+        P = math.prod(pre) * math.prod(post)
+        # g as (P, J): the positions of idx last, the rest of x's axes first
+        gp = self.permute(gf, [i for i in range(gf.rank) if i != axis] + [axis])
+        gp = self.reshape(gp, (P, J))
+        oh_t = self.transpose(self.one_hot(self.reshape(idx, (J,)), n))  # (n, J)
+        gx = self.matmul(oh_t, gp)  # (n, P)
+        gx = self.reshape(gx, (n,) + pre + post)
+        return self.permute(gx, list(range(1, axis + 1)) + [0] + list(range(axis + 1, gx.rank)))

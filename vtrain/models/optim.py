@@ -47,15 +47,25 @@ def optimizer_slots(
     return out
 
 
-def sgd_update(g: GraphBuilder, cfg: SGDConfig, p: T, grad: T, buf: T) -> tuple[T, T]:
+def _times_lr(g: GraphBuilder, x: T, cfg: OptimConfig, lr: T | None) -> T:
+    """``x * lr``: MUL_S by the fixed rate, or MUL by the step's rate (a (1,) tensor of the graph)."""
+    if lr is None:
+        return g.mul_s(x, cfg.lr)
+    return g.mul(x, g.reshape(lr, (1,) * x.rank))
+
+
+def sgd_update(g: GraphBuilder, cfg: SGDConfig, p: T, grad: T, buf: T, lr: T | None = None) -> tuple[T, T]:
+    """torch.optim.SGD (dampening 0, no Nesterov): ``b = m b + (g + wd p)``, ``p -= lr b``."""
     if cfg.weight_decay:
         grad = g.add(grad, g.mul_s(p, cfg.weight_decay))
     new_buf = g.add(g.mul_s(buf, cfg.momentum), grad)
-    new_p = g.sub(p, g.mul_s(new_buf, cfg.lr))
+    new_p = g.sub(p, _times_lr(g, new_buf, cfg, lr))
     return new_p, new_buf
 
 
-def adamw_update(g: GraphBuilder, cfg: AdamWConfig, p: T, grad: T, m: T, v: T, bc1: T, bc2: T) -> tuple[T, T, T]:
+def adamw_update(
+    g: GraphBuilder, cfg: AdamWConfig, p: T, grad: T, m: T, v: T, bc1: T, bc2: T, lr: T | None = None
+) -> tuple[T, T, T]:
     """One AdamW update; ``bc1 = 1 - beta1^t`` and ``bc2 = 1 - beta2^t`` (shape (1,))."""
     new_m = g.add(g.mul_s(m, cfg.beta1), g.mul_s(grad, 1.0 - cfg.beta1))
     new_v = g.add(g.mul_s(v, cfg.beta2), g.mul_s(g.mul(grad, grad), 1.0 - cfg.beta2))
@@ -63,18 +73,18 @@ def adamw_update(g: GraphBuilder, cfg: AdamWConfig, p: T, grad: T, m: T, v: T, b
     v_hat = g.div(new_v, bc2)
     step = g.div(m_hat, g.add_s(g.sqrt(v_hat), cfg.eps))
     step = g.add(step, g.mul_s(p, cfg.weight_decay))
-    new_p = g.sub(p, g.mul_s(step, cfg.lr))
+    new_p = g.sub(p, _times_lr(g, step, cfg, lr))
     return new_p, new_m, new_v
 
 
 def apply_optimizer(
-    g: GraphBuilder, cfg: OptimConfig, params: list[T], grads: list[T], state: list[T]
+    g: GraphBuilder, cfg: OptimConfig, params: list[T], grads: list[T], state: list[T], lr: T | None = None
 ) -> tuple[list[T], list[T]]:
-    """New parameters and new optimizer state, in slot order."""
+    """New parameters and new optimizer state, in slot order; ``lr`` (shape (1,)): a scheduled rate."""
     if isinstance(cfg, SGDConfig):
         new_p, new_s = [], []
         for p, gr, b in zip(params, grads, state):
-            a, c = sgd_update(g, cfg, p, gr, b)
+            a, c = sgd_update(g, cfg, p, gr, b, lr)
             new_p.append(a)
             new_s.append(c)
         return new_p, new_s
@@ -84,7 +94,7 @@ def apply_optimizer(
     bc1, bc2 = g.rsub_s(1.0, new_b1p), g.rsub_s(1.0, new_b2p)
     new_p, new_m, new_v = [], [], []
     for p, gr, m, v in zip(params, grads, ms, vs):
-        a, b, c = adamw_update(g, cfg, p, gr, m, v, bc1, bc2)
+        a, b, c = adamw_update(g, cfg, p, gr, m, v, bc1, bc2, lr)
         new_p.append(a)
         new_m.append(b)
         new_v.append(c)

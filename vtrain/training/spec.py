@@ -32,7 +32,7 @@ from vtrain.training.data import Dataset, digits_dataset, load_text_file, synthe
 class TrainSpec:
     """A training job: model, optimizer, data, schedule and numerics mode."""
 
-    model: str = "mlp"  # "mlp" (digits, MSE) or "gpt" (character-level)
+    model: str = "mlp"  # "mlp" (digits, MSE), "gpt" (character-level) or "FILE.py:FACTORY" (a torch model)
     mlp: MLPConfig = field(default_factory=MLPConfig)
     gpt: GPTConfig = field(default_factory=GPTConfig)
     optimizer: SGDConfig | AdamWConfig = field(default_factory=SGDConfig)
@@ -43,6 +43,8 @@ class TrainSpec:
     mode: str = Mode.CERTIFIED.value
     text_path: str | None = None  # gpt: a user's text file; default: the synthetic corpus
     corpus_chars: int = 20_000
+    model_args: dict[str, Any] = field(default_factory=dict)  # FILE.py:FACTORY: keyword arguments
+    checkpoint: str | None = None  # FILE.py:FACTORY: initial weights (safetensors / state_dict .pt)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -152,8 +154,16 @@ def _float(where: str, v: Any, lo: float, hi: float, lo_open: bool = False, hi_o
 
 def _validate(s: TrainSpec) -> None:
     """Types and ranges of every setting (a spec is also built from options and code)."""
+    if not isinstance(s.model, str):
+        raise SpecError(f"spec: model: expected 'mlp', 'gpt' or 'FILE.py:FACTORY', got {s.model!r}")
     if s.model not in ("mlp", "gpt"):
-        raise SpecError(f"spec: model: expected 'mlp' or 'gpt', got {s.model!r}")
+        from vtrain.frontend.job import parse_model_ref
+
+        parse_model_ref(s.model)
+    if not isinstance(s.model_args, dict) or not all(isinstance(k, str) for k in s.model_args):
+        raise SpecError(f"spec: model_args: expected a table of keyword arguments, got {s.model_args!r}")
+    if s.checkpoint is not None and not isinstance(s.checkpoint, str):
+        raise SpecError(f"spec: checkpoint: expected a file name, got {s.checkpoint!r}")
     modes = [m.value for m in Mode]
     if s.mode not in modes:
         raise SpecError(f"spec: mode: expected one of {modes}, got {s.mode!r}")
@@ -196,6 +206,7 @@ class Job:
     dataset: Dataset
     graph: Graph
     initial_state: list[np.ndarray]
+    torch: Any = None  # vtrain.frontend.job.TorchJob for a FILE.py:FACTORY model
 
 
 def load_dataset(spec: TrainSpec) -> Dataset:
@@ -208,6 +219,11 @@ def load_dataset(spec: TrainSpec) -> Dataset:
 
 def build_job(spec: TrainSpec) -> Job:
     """Dataset, step graph and initial state for ``spec``."""
+    if spec.model not in ("mlp", "gpt"):
+        from vtrain.frontend.job import build_torch_job
+
+        tj, samples, vocab = build_torch_job(spec)
+        return Job(spec, Dataset(samples, vocab), tj.captured.graph, tj.captured.initial_state, tj)
     ds = load_dataset(spec)
     if spec.model == "mlp":
         pspec = mlp_params(spec.mlp)

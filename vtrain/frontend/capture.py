@@ -1,0 +1,426 @@
+"""A user's torch model as a step graph: capture with ``torch.export``, lower each node, then build
+the backward (``GraphBuilder.grad``) and the optimizer (``vtrain.models.optim``) on top.
+
+The batch is one FP32 row per sample (``Dataset.samples``): the model's input fields, then the
+target's. A wrapper module slices the row batch, casts integer fields (token ids, class labels) and
+calls ``loss(module(*inputs), target)``; that wrapper is exported, so the exported program starts
+at the committed DATA op. State slots: the trainable parameters (tied ones once, under the first
+``state_dict`` name), then the buffers the forward updates (batch-norm running statistics), then
+the optimizer state. Buffers the forward only reads are constants of the graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vtrain.frontend.errors import FrontendError, UnsupportedOp, node_origin
+from vtrain.frontend.lowering import NO_FOLD, Lowerer, Sym, lowering_of, mark_detaches, supported_ops
+from vtrain.graph.step_graph import Graph, GraphBuilder, T
+from vtrain.models.optim import AdamWConfig, OptimConfig, SGDConfig, apply_optimizer, optimizer_slots
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named part of a sample row: its per-sample shape and torch dtype (float32 or an int type)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Linear warmup then cosine decay of the learning rate to ``min_lr_ratio * lr`` at ``total_steps``."""
+
+    warmup_steps: int = 0
+    total_steps: int = 1
+    min_lr_ratio: float = 0.0
+
+    def table(self, lr: float, n_steps: int) -> np.ndarray:
+        """``lr_s`` for steps ``1..n_steps`` (FP32, computed once at build time and committed)."""
+        out = np.empty(n_steps, np.float64)
+        for i in range(n_steps):
+            s = i + 1
+            if self.warmup_steps and s <= self.warmup_steps:
+                out[i] = lr * s / self.warmup_steps
+                continue
+            span = max(1, self.total_steps - self.warmup_steps)
+            prog = min(1.0, (s - self.warmup_steps) / span)
+            out[i] = lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
+        return out.astype(np.float32)
+
+
+@dataclass
+class TorchTask:
+    """What a model factory returns: the module, the loss, torch.optim-style settings and the data.
+
+    ``inputs``: one array ``[N, *shape]`` per positional input of ``module``; ``target``: ``[N, *shape]``.
+    ``optimizer``: ``{"name": "SGD" | "AdamW", ...torch.optim keyword arguments}``.
+    ``clip_grad_norm``: global gradient-norm clipping (in the graph); ``schedule``: LR schedule.
+    """
+
+    module: nn.Module
+    loss: Callable[..., torch.Tensor]
+    optimizer: Mapping[str, Any]
+    inputs: Sequence[np.ndarray]
+    target: np.ndarray
+    input_dtypes: Sequence[torch.dtype] | None = None
+    target_dtype: torch.dtype | None = None
+    clip_grad_norm: float | None = None
+    schedule: Schedule | None = None
+    vocab: list[str] | None = None
+
+    def fields(self) -> list[Field]:
+        dts = list(self.input_dtypes or [_dtype_of(a) for a in self.inputs])
+        out = [Field(f"input{i}", tuple(a.shape[1:]), d) for i, (a, d) in enumerate(zip(self.inputs, dts))]
+        out.append(Field("target", tuple(self.target.shape[1:]), self.target_dtype or _dtype_of(self.target)))
+        return out
+
+    def samples(self) -> np.ndarray:
+        """The dataset rows: each sample's fields flattened and concatenated, as FP32."""
+        arrays = [*self.inputs, self.target]
+        n = {int(a.shape[0]) for a in arrays}
+        if len(n) != 1:
+            raise FrontendError(f"data: every array needs the same number of samples, got {sorted(n)}")
+        flds = self.fields()
+        cols = []
+        for a, f in zip(arrays, flds):
+            a = np.asarray(a)
+            if f.dtype != torch.float32:
+                if not np.all(np.equal(np.mod(a, 1), 0)) or np.abs(a).max(initial=0) >= 2**24:
+                    raise FrontendError(f"data: field {f.name} is {f.dtype} but holds values that are not "
+                                        "integers below 2^24")
+            cols.append(np.asarray(a, np.float32).reshape(a.shape[0], -1))
+        out = np.ascontiguousarray(np.concatenate(cols, axis=1), np.float32) + np.float32(0.0)
+        if not np.isfinite(out).all():
+            raise FrontendError("data: the arrays hold NaN or infinite values")
+        return out
+
+
+def _dtype_of(a: np.ndarray) -> torch.dtype:
+    return torch.int64 if np.issubdtype(np.asarray(a).dtype, np.integer) else torch.float32
+
+
+class _WithLoss(nn.Module):
+    """``rows [B, L]`` -> ``loss(module(*inputs), target)``: the function that is exported."""
+
+    def __init__(self, module: nn.Module, loss: Callable[..., torch.Tensor], fields: list[Field]) -> None:
+        super().__init__()
+        self.module = module
+        self.loss_fn = loss
+        self.fields = fields
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        B = rows.shape[0]
+        vals, off = [], 0
+        for f in self.fields:
+            v = rows[:, off : off + f.size].reshape(B, *f.shape)
+            vals.append(v.to(f.dtype) if f.dtype != torch.float32 else v)
+            off += f.size
+        out = self.module(*vals[:-1])
+        return self.loss_fn(out, vals[-1])
+
+
+# --- optimizer settings -------------------------------------------------------------------------------
+def optimizer_config(settings: Mapping[str, Any]) -> OptimConfig:
+    """torch.optim-style settings (``{"name": "SGD", "lr": .., "momentum": .., "weight_decay": ..}`` or
+    ``{"name": "AdamW", "lr": .., "betas": (b1, b2), "eps": .., "weight_decay": ..}``) as an optimizer config."""
+    if not isinstance(settings, Mapping):
+        raise FrontendError(f"optimizer: expected a mapping with a 'name', got {type(settings).__name__}")
+    s = dict(settings)
+    name = str(s.pop("name", "")).lower()
+    if name == "sgd":
+        for k, bad in (("nesterov", True), ("maximize", True)):
+            if s.pop(k, False) == bad:
+                raise FrontendError(f"optimizer SGD: {k}=True is not supported")
+        if float(s.pop("dampening", 0.0)) != 0.0:
+            raise FrontendError("optimizer SGD: dampening must be 0")
+        allowed = {"lr", "momentum", "weight_decay"}
+        _only(s, allowed, "SGD")
+        return SGDConfig(lr=float(s.get("lr", 1e-3)), momentum=float(s.get("momentum", 0.0)),
+                         weight_decay=float(s.get("weight_decay", 0.0)))
+    if name == "adamw":
+        if s.pop("amsgrad", False) or s.pop("maximize", False):
+            raise FrontendError("optimizer AdamW: amsgrad/maximize are not supported")
+        _only(s, {"lr", "betas", "eps", "weight_decay"}, "AdamW")
+        b1, b2 = s.get("betas", (0.9, 0.999))
+        return AdamWConfig(lr=float(s.get("lr", 1e-3)), beta1=float(b1), beta2=float(b2),
+                           eps=float(s.get("eps", 1e-8)), weight_decay=float(s.get("weight_decay", 0.01)))
+    raise FrontendError(f"optimizer: expected name 'SGD' or 'AdamW' (torch.optim), got {settings.get('name')!r}")
+
+
+def _only(s: dict, allowed: set[str], what: str) -> None:
+    extra = sorted(set(s) - allowed)
+    if extra:
+        raise FrontendError(f"optimizer {what}: unsupported setting(s) {extra} (supported: {sorted(allowed)})")
+
+
+# --- lowering driver ----------------------------------------------------------------------------------
+@dataclass
+class Captured:
+    """A lowered training step and how its slots map onto the user's module."""
+
+    graph: Graph
+    initial_state: list[np.ndarray]
+    slot_names: list[str]
+    aliases: dict[str, list[str]]
+    """Slot name -> every ``state_dict`` key it stands for (tied weights share one slot)."""
+    n_params: int
+    n_buffers: int
+    fields: list[Field]
+    optimizer: OptimConfig
+    aten_ops: dict[str, int] = field(default_factory=dict)
+
+
+def _flatten_syms(v: Any) -> bool:
+    if isinstance(v, Sym):
+        return True
+    if isinstance(v, list | tuple):
+        return any(_flatten_syms(x) for x in v)
+    if isinstance(v, dict):
+        return any(_flatten_syms(x) for x in v.values())
+    return False
+
+
+def _unsupported(node, why: str = "") -> UnsupportedOp:
+    origin = node_origin(node)
+    msg = f"ATen op {node.target} has no lowering to vtrain primitives"
+    if why:
+        msg = f"ATen op {node.target}: {why}"
+    if origin:
+        msg += f" (from {origin})"
+    return UnsupportedOp(msg + ".\nSupported ATen ops: " + ", ".join(supported_ops()))
+
+
+def lower_program(ep, L: Lowerer, placeholders: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
+    """Lower every node of ``ep`` (core ATen); returns the output node's values and op counts."""
+    env: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    outputs: list[Any] = []
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            env[node.name] = placeholders[node.name]
+            continue
+        if node.op == "output":
+            outputs = [env.get(a.name) if hasattr(a, "name") else a for a in node.args[0]]
+            break
+        if node.op != "call_function":
+            raise _unsupported(node, f"FX node kind {node.op!r}")
+        args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
+        if node.target is operator.getitem:
+            env[node.name] = args[0][args[1]]
+            continue
+        counts[str(node.target)] = counts.get(str(node.target), 0) + 1
+        if not _flatten_syms((args, kwargs)) and node.target not in NO_FOLD:
+            try:
+                with torch.no_grad():
+                    env[node.name] = node.target(*args, **kwargs)  # known at build time
+            except Exception as e:  # noqa: BLE001 - any failure of a user's op is reported with its origin
+                raise _unsupported(node, f"evaluating it at build time failed: {e}") from None
+            continue
+        fn = lowering_of(node.target)
+        if fn is None:
+            raise _unsupported(node)
+        L.node = node
+        try:
+            out = fn(L, node, *args, **kwargs)
+        except UnsupportedOp as e:
+            if "Supported ATen ops" in str(e):
+                raise
+            raise _unsupported(node, str(e)) from None
+        env[node.name] = _check_shapes(L, node, out)
+    return outputs, counts
+
+
+def _check_shapes(L: Lowerer, node, out: Any) -> Any:
+    """Wrap each output with the exported dtype; fix a 0-dim/1-element shape; refuse a mismatch."""
+    val = node.meta.get("val")
+    if isinstance(out, Sym) and isinstance(val, torch.Tensor):
+        want = tuple(int(s) for s in val.shape) or (1,)
+        t = out.t
+        if t.shape != want:
+            if math.prod(t.shape) != math.prod(want):
+                raise _unsupported(node, f"internal: lowered shape {t.shape}, exported shape {want}")
+            t = L.reshape(t, want)
+        return Sym(t, val.dtype)
+    if isinstance(out, tuple | list) and isinstance(val, tuple | list):
+        fixed = [_check_one(L, node, o, v) for o, v in zip(out, val)]
+        return type(out)(fixed) if isinstance(out, tuple) else fixed
+    return out
+
+
+def _check_one(L: Lowerer, node, o: Any, v: Any) -> Any:
+    if isinstance(o, Sym) and isinstance(v, torch.Tensor):
+        want = tuple(int(s) for s in v.shape) or (1,)
+        t = o.t if o.t.shape == want else L.reshape(o.t, want)
+        return Sym(t, v.dtype)
+    return o
+
+
+def _tied_groups(module: nn.Module) -> tuple[list[str], dict[int, list[str]]]:
+    """``state_dict`` keys in order, and for each tensor identity every key naming it."""
+    sd = module.state_dict(keep_vars=True)
+    groups: dict[int, list[str]] = {}
+    for k, v in sd.items():
+        groups.setdefault(id(v), []).append(k)
+    return list(sd), groups
+
+
+def _clip_grads(g: GraphBuilder, grads: list[T], max_norm: float, eps: float = 1e-6) -> list[T]:
+    """Global-norm clipping in the graph: ``scale = min(1, c / (sqrt(sum g^2) + eps))``, each grad times it."""
+    parts = [g.sum(g.reshape(g.mul(gr, gr), (1, math.prod(gr.shape)))) for gr in grads]  # (1, 1) each
+    total = parts[0] if len(parts) == 1 else g.sum(g.reshape(_concat(g, parts), (1, len(parts))))
+    norm = g.sqrt(total)
+    ratio = g.div(g.const(np.full((1, 1), max_norm, np.float32), "clip_norm"), g.add_s(norm, eps))
+    # min(1, r) exactly: RN(1 - r) is zero only when r == 1, so RELU(1 - r) != 0 exactly when r < 1
+    over = g.relu(g.rsub_s(1.0, ratio))
+    scale = g.select(over, ratio, g.const(np.ones((1, 1), np.float32), "one"))
+    return [g.mul(gr, g.reshape(scale, (1,) * gr.rank)) for gr in grads]
+
+
+def _concat(g: GraphBuilder, parts: list[T]) -> T:
+    """(1, 1) tensors side by side as (1, n): PAD each and ADD (exact)."""
+    out = None
+    for i, p in enumerate(parts):
+        padded = g.pad(p, 1, i, len(parts))
+        out = padded if out is None else g.add(out, padded)
+    return out  # type: ignore[return-value]
+
+
+def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Captured:
+    """Export ``task``'s model and loss on a batch of ``batch_size`` rows and build the step graph."""
+    module = task.module
+    module.train()
+    flds = task.fields()
+    rows = torch.from_numpy(task.samples()[:batch_size])
+    if rows.shape[0] < batch_size:
+        rows = torch.from_numpy(np.resize(task.samples(), (batch_size, rows.shape[1])).astype(np.float32))
+    wrapper = _WithLoss(module, task.loss, flds)
+    try:
+        ep = torch.export.export(wrapper, (rows,), strict=False)
+        mark_detaches(ep)
+        ep = ep.run_decompositions()
+    except Exception as e:  # noqa: BLE001 - export errors come from the user's code; keep them short
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FrontendError(f"torch.export could not capture the model and loss: {type(e).__name__}: {first}") from None
+    cfg = optimizer_config(task.optimizer)
+    g = GraphBuilder()
+    L = Lowerer(g)
+    sig = ep.graph_signature
+    keys, groups = _tied_groups(module)
+    key_id = {k: i for i, ks in groups.items() for k in ks}
+    mutated = set(sig.buffers_to_mutate.values())
+
+    def key_of(target: str) -> str:
+        return target.removeprefix("module.")
+
+    # slots: parameters (state_dict order, tied once), then mutated buffers
+    specs = list(sig.input_specs)
+    sd_vars = module.state_dict(keep_vars=True)
+    # a frozen parameter (requires_grad=False) is a constant of the graph, like a read-only buffer
+    param_specs = [s for s in specs if s.kind.name == "PARAMETER" and sd_vars[key_of(s.target)].requires_grad]
+    buf_specs = [s for s in specs if s.kind.name == "BUFFER" and s.target in mutated]
+    sd = module.state_dict(keep_vars=True)
+    canon: dict[int, str] = {i: ks[0] for i, ks in groups.items()}
+    params_by_id: dict[int, list[Any]] = {}
+    for s in param_specs:
+        params_by_id.setdefault(key_id[key_of(s.target)], []).append(s)
+    ordered_params = sorted(params_by_id, key=lambda i: keys.index(canon[i]))
+    placeholders: dict[str, Any] = {}
+    param_ts: list[T] = []
+    init: list[np.ndarray] = []
+    slot_names: list[str] = []
+    aliases: dict[str, list[str]] = {}
+    for i in ordered_params:
+        name = canon[i]
+        t = g.input(name, tuple(sd[name].shape) or (1,))
+        param_ts.append(t)
+        init.append(_f32(sd[name]))
+        slot_names.append(name)
+        aliases[name] = list(groups[i])
+        for s in params_by_id[i]:
+            placeholders[s.arg.name] = Sym(t)
+    buf_ts: dict[str, T] = {}
+    for s in sorted(buf_specs, key=lambda s: keys.index(key_of(s.target))):
+        name = key_of(s.target)
+        t = g.input(name, tuple(sd[name].shape) or (1,))
+        buf_ts[s.target] = t
+        init.append(_f32(sd[name]))
+        slot_names.append(name)
+        aliases[name] = [name]
+        placeholders[s.arg.name] = Sym(t, sd[name].dtype)
+    opt_slots = optimizer_slots(cfg, [(n, tuple(sd[n].shape) or (1,)) for n in slot_names[: len(param_ts)]])
+    opt_ts = [g.input(n, s) for n, s, _ in opt_slots]
+    slot_names += [n for n, _, _ in opt_slots]
+    data = g.data(tuple(rows.shape))
+    for s in specs:
+        kind = s.kind.name
+        if s.arg.name in placeholders:
+            continue
+        if kind == "USER_INPUT":
+            placeholders[s.arg.name] = Sym(data)
+        elif kind == "PARAMETER":  # frozen
+            placeholders[s.arg.name] = sd_vars[key_of(s.target)].detach()
+        elif kind == "BUFFER":
+            placeholders[s.arg.name] = ep.state_dict[s.target] if s.target in ep.state_dict else ep.constants[s.target]
+        elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
+            placeholders[s.arg.name] = ep.constants[s.target]
+        else:
+            raise FrontendError(f"export input {s.arg.name}: unexpected kind {kind}")
+    outputs, counts = lower_program(ep, L, placeholders)
+    loss_v = None
+    new_bufs: dict[str, T] = {}
+    for spec, val in zip(sig.output_specs, outputs):
+        if spec.kind.name == "BUFFER_MUTATION":
+            new_bufs[spec.target] = L.t(val)
+        elif spec.kind.name == "USER_OUTPUT":
+            if loss_v is not None:
+                raise FrontendError("the loss function must return one scalar tensor, got several outputs")
+            loss_v = val
+    if not isinstance(loss_v, Sym) or math.prod(loss_v.shape) != 1:
+        raise FrontendError("the loss must be a scalar tensor that depends on the model's parameters")
+    loss = L.reshape(loss_v.t, (1, 1))
+    reach = g._needed(loss.op, {t.op for t in param_ts})
+    live = [t for t in param_ts if t.op in reach]
+    live_grads = dict(zip([t.op for t in live], g.grad(loss, live))) if live else {}
+    grads = [live_grads.get(t.op) or g.const(np.zeros(t.shape, np.float32), "zero_grad") for t in param_ts]
+    grad_ops = {i: gr.op for i, gr in enumerate(grads)}  # the loss gradients (before any clipping)
+    if task.clip_grad_norm is not None:
+        grads = _clip_grads(g, grads, float(task.clip_grad_norm))
+    lr_t = None
+    if task.schedule is not None:
+        steps = n_steps or task.schedule.total_steps
+        table = g.const(task.schedule.table(cfg.lr, steps), "lr_table")
+        lr_t = g.take(table, g.add_s(g.step(), -1.0), 0)  # (1,)
+    new_p, new_s = apply_optimizer(g, cfg, param_ts, grads, opt_ts, lr=lr_t)
+    outs = list(new_p)
+    for s in sorted(buf_specs, key=lambda s: keys.index(key_of(s.target))):
+        outs.append(new_bufs[s.target])
+    outs += new_s
+    for slot, t in enumerate(outs):
+        g.output(L.reshape(t, g.slots[slot].shape), slot)
+    graph = g.build(loss, grad_ops)
+    init += [v for _, _, v in opt_slots]
+    log.info("captured %d ATen nodes into %d primitive ops", sum(counts.values()), graph.n_ops)
+    return Captured(graph, init, slot_names, aliases, len(param_ts), len(buf_specs), flds, cfg, counts)
+
+
+def _f32(t: torch.Tensor) -> np.ndarray:
+    a = t.detach().to(torch.float32).numpy().astype(np.float32)
+    return np.ascontiguousarray(a.reshape(a.shape or (1,))) + np.float32(0.0)

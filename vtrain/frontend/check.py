@@ -1,0 +1,122 @@
+"""Checks a lowered step against torch autograd, both in FP64: the loss, every parameter's gradient
+and every updated buffer (running statistics). A lowering is right when these agree to FP64 noise
+(plus the FP32 rounding of the scalar constants the graph stores)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vtrain.frontend.capture import Captured, TorchTask, _WithLoss
+from vtrain.graph.fp64 import evaluate_fp64
+from vtrain.graph.generated import dropout_uniforms
+from vtrain.graph.step_graph import OpKind, bits_f32, f32_bits
+
+
+@contextlib.contextmanager
+def same_dropout(seed: bytes, step: int) -> Iterator[None]:
+    """Make torch's ``F.dropout`` use the graph's masks: the k-th dropout call with p > 0 gets
+    DROPOUT_MASK salt k (the builder numbers them in the same, execution, order)."""
+    F = torch.nn.functional
+    orig = F.dropout
+    salt = [0]
+
+    def dropout(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return x
+        u = dropout_uniforms(seed, step, salt[0], math.prod(x.shape))
+        salt[0] += 1
+        keep = torch.from_numpy((u >= np.uint32(round(p * 2**32))).reshape(tuple(x.shape)))
+        scale = bits_f32(f32_bits(1.0 / (1.0 - p)))
+        return x * (keep.to(x.dtype) * scale)
+
+    F.dropout = dropout
+    try:
+        yield
+    finally:
+        F.dropout = orig
+
+
+@dataclass
+class Comparison:
+    """Graph vs torch values (FP64) of one batch."""
+
+    loss: tuple[float, float]
+    grads: dict[str, tuple[np.ndarray, np.ndarray]]
+    buffers: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    def worst(self) -> float:
+        """The largest error relative to the torch value's scale, over all compared tensors."""
+        errs = [abs(self.loss[0] - self.loss[1]) / max(1.0, abs(self.loss[1]))]
+        for a, b in [*self.grads.values(), *self.buffers.values()]:
+            errs.append(float(np.abs(a - b).max()) / max(1e-3, float(np.abs(b).max())))
+        return max(errs)
+
+
+def compare_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: bytes | None = None,
+                 step: int = 1) -> Comparison:
+    """Evaluate the graph in FP64 and torch autograd in FP64 on ``rows`` (torch's dropout calls use
+    the graph's masks, see :func:`same_dropout`)."""
+    g = cap.graph
+    state = [torch.from_numpy(a).double() for a in cap.initial_state]
+    vals = evaluate_fp64(g, state, torch.from_numpy(rows), seed=seed, step=step)
+    ref = copy.deepcopy(task.module).double().train()
+    wrapper = _WithLoss(ref, task.loss, cap.fields)
+    with same_dropout(seed or bytes(32), step):
+        loss = wrapper(torch.from_numpy(rows).double())
+    loss.backward()
+    named = dict(ref.named_parameters(remove_duplicate=False))
+    grads = {}
+    for i, name in enumerate(cap.slot_names[: cap.n_params]):
+        p = named[name]  # tied names share this one Parameter (and its one .grad)
+        torch_grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        grads[name] = (vals[g.grad_ops[i]].detach().numpy().reshape(-1),
+                       torch_grad.detach().numpy().reshape(-1))
+    bufs = {}
+    sd = ref.state_dict()
+    outputs = {o.attrs[0]: o for o in g.ops if o.kind == OpKind.OUTPUT}
+    for j in range(cap.n_params, cap.n_params + cap.n_buffers):
+        name = cap.slot_names[j]
+        bufs[name] = (vals[outputs[j].id].detach().numpy().reshape(-1),
+                      sd[name].double().numpy().reshape(-1))
+    return Comparison((float(vals[g.loss_op].reshape(-1)[0]), float(loss.detach())), grads, bufs)
+
+
+def compare_step_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: bytes | None = None,
+                      step: int = 1) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """One whole step (forward, backward, clipping, schedule, optimizer) in FP64: every new state
+    slot of the graph against torch.optim (and ``clip_grad_norm_``) on the same FP64 model."""
+    from vtrain.models.optim import SGDConfig
+
+    g = cap.graph
+    state = [torch.from_numpy(a).double() for a in cap.initial_state]
+    vals = evaluate_fp64(g, state, torch.from_numpy(rows), seed=seed, step=step)
+    ref = copy.deepcopy(task.module).double().train()
+    named = dict(ref.named_parameters(remove_duplicate=False))
+    params = [named[n] for n in cap.slot_names[: cap.n_params]]
+    cfg = cap.optimizer
+    lr = cfg.lr if task.schedule is None else float(task.schedule.table(cfg.lr, step)[step - 1])
+    if isinstance(cfg, SGDConfig):
+        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, momentum=cfg.momentum,
+                                                     weight_decay=cfg.weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                weight_decay=cfg.weight_decay)
+    with same_dropout(seed or bytes(32), step):
+        loss = _WithLoss(ref, task.loss, cap.fields)(torch.from_numpy(rows).double())
+    loss.backward()
+    if task.clip_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, task.clip_grad_norm)
+    opt.step()
+    outputs = {o.attrs[0]: o for o in g.ops if o.kind == OpKind.OUTPUT}
+    sd = ref.state_dict()
+    out = {}
+    for j, name in enumerate(cap.slot_names[: cap.n_params + cap.n_buffers]):
+        out[name] = (vals[outputs[j].id].detach().numpy().reshape(-1), sd[name].double().numpy().reshape(-1))
+    return out

@@ -1,0 +1,1025 @@
+"""One lowering per ATen op: how each core-ATen node of an exported program becomes primitive ops.
+
+Registered like ``torch._decomp``'s ``@register_decomposition``: ``@lowering(aten.op.overload, ...)``
+adds a function ``fn(L, node, *args, **kwargs)`` to :data:`LOWERINGS`; its docstring's first line
+states its exact semantics in primitives (``docs/frontend.md`` lists them all). Every value a
+lowering sees is a :class:`Sym` (a tensor of the step graph), a concrete ``torch.Tensor`` (a value
+known at build time: folded constants, non-trainable buffers) or a plain Python value.
+
+Conventions: booleans are FP32 0.0/1.0; integer tensors hold exact integers (|x| < 2^24); a 0-dim
+tensor is a graph tensor of shape (1,); an infinite constant becomes +-2^100 (every value of the
+graph is finite: ``x - 2^100`` rounds to ``-2^100`` for any |x| < 2^76, so masks keep their meaning).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vtrain.frontend.errors import UnsupportedOp
+from vtrain.graph.step_graph import GraphBuilder, OpKind, T
+
+aten = torch.ops.aten
+
+BIG = 2.0**100
+"""What an infinite constant becomes (a finite stand-in for -inf in attention masks)."""
+
+MOVEMENT_KINDS = frozenset({OpKind.RESHAPE, OpKind.PERMUTE, OpKind.SLICE, OpKind.EXPAND, OpKind.TAKE})
+
+
+@dataclass(frozen=True)
+class Sym:
+    """A tensor of the step graph (its torch dtype is tracked for integer/bool semantics)."""
+
+    t: T
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.t.shape
+
+
+Lowering = Callable[..., Any]
+LOWERINGS: dict[Any, Lowering] = {}
+
+
+def lowering(*ops: Any) -> Callable[[Lowering], Lowering]:
+    """Register ``fn`` as the lowering of each ATen overload in ``ops``."""
+
+    def deco(fn: Lowering) -> Lowering:
+        for op in ops:
+            LOWERINGS[op] = fn
+        return fn
+
+    return deco
+
+
+def supported_ops() -> list[str]:
+    """Names of every ATen overload with a lowering (sorted)."""
+    return sorted({str(op) for op in LOWERINGS} | {"aten.arange.*", "aten.full.*", "aten.scalar_tensor.*"})
+
+
+def finite(c: float) -> float:
+    """A scalar as the graph stores it: infinities become +-2^100; NaN is refused."""
+    c = float(c)
+    if math.isnan(c):
+        raise UnsupportedOp("a NaN constant has no place in a step graph (every value must be finite)")
+    if math.isinf(c):
+        return math.copysign(BIG, c)
+    return c
+
+
+class Lowerer:
+    """Builds primitive ops on a :class:`GraphBuilder` for the nodes of one exported program."""
+
+    def __init__(self, g: GraphBuilder) -> None:
+        self.g = g
+        self._small: dict[tuple[float, int], T] = {}
+        self.node = None  # the node being lowered (for error messages)
+
+    # -- values --------------------------------------------------------------------------------
+    def t(self, v: Any) -> T:
+        """The graph tensor of ``v`` (a concrete tensor or a number becomes a CONST)."""
+        if isinstance(v, Sym):
+            return v.t
+        if isinstance(v, bool | int | float):
+            return self.scalar_const(float(v), 1)
+        if isinstance(v, torch.Tensor):
+            arr = v.detach().to(torch.float64).numpy()
+            if np.isnan(arr).any():
+                raise UnsupportedOp("a constant tensor holds NaN")
+            arr = np.where(np.isinf(arr), np.copysign(BIG, arr), arr).astype(np.float32)
+            return self.g.const(arr.reshape(arr.shape or (1,)), "const")
+        raise UnsupportedOp(f"expected a tensor, got {type(v).__name__}")
+
+    def scalar_const(self, c: float, rank: int) -> T:
+        """A CONST of shape (1,)*rank holding ``c`` (shared by every use in the graph)."""
+        key = (finite(c), rank)
+        if key not in self._small:
+            self._small[key] = self.g.const(np.full((1,) * max(rank, 1), key[0], np.float32), f"c{key[0]:g}")
+        return self._small[key]
+
+    def perm(self, t: T, perm: Sequence[int]) -> T:
+        """PERMUTE, or the input of a PERMUTE that this one undoes (no op then)."""
+        perm = [p % max(t.rank, 1) for p in perm]
+        node = self.g.ops[t.op]
+        if node.kind == OpKind.PERMUTE and len(node.attrs) == len(perm):
+            composed = [node.attrs[p] for p in perm]
+            if composed == list(range(len(perm))):
+                return T(node.inputs[0], self.g.ops[node.inputs[0]].shape)
+        return self.g.permute(t, perm)
+
+    def transpose(self, t: T) -> T:
+        p = list(range(t.rank))
+        p[-1], p[-2] = p[-2], p[-1]
+        return self.perm(t, p)
+
+    def reshape(self, t: T, shape: Sequence[int]) -> T:
+        shape = tuple(shape) or (1,)
+        node = self.g.ops[t.op]
+        if node.kind == OpKind.RESHAPE and tuple(self.g.ops[node.inputs[0]].shape) == shape:
+            return T(node.inputs[0], shape)
+        return self.g.reshape(t, shape)
+
+    def from_data(self, t: T) -> bool:
+        """True when ``t`` is the data batch moved around (views, slices, permutes) and nothing else."""
+        op = self.g.ops[t.op]
+        while op.kind in MOVEMENT_KINDS and op.kind != OpKind.TAKE:
+            op = self.g.ops[op.inputs[0]]
+        return op.kind == OpKind.DATA
+
+    def to01(self, x: Any) -> T:
+        """A boolean-valued tensor (0/1) from any tensor: 1.0 where ``x != 0``."""
+        if isinstance(x, Sym) and x.dtype == torch.bool:
+            return x.t
+        t = self.t(x)
+        return self.g.select(t, self.scalar_const(1.0, t.rank), self.scalar_const(0.0, t.rank))
+
+    def reduce(self, x: T, dims: Sequence[int] | None, keepdim: bool, kind: str) -> T:
+        """SUM / MEAN / MAX (``kind``) over ``dims`` as one reduction per output element."""
+        r = x.rank
+        dims = sorted({d % r for d in dims}) if dims else list(range(r))
+        keep = [i for i in range(r) if i not in dims]
+        p = self.perm(x, keep + dims)
+        kept = tuple(x.shape[i] for i in keep)
+        flat = self.reshape(p, kept + (math.prod(x.shape[i] for i in dims),))
+        if kind == "sum":
+            out = self.g.sum(flat)
+        elif kind == "mean":
+            out = self.g.mean(flat)
+        else:
+            out = self.g.max(flat, differentiable=True)
+        shape = tuple(1 if i in dims else x.shape[i] for i in range(r)) if keepdim else kept
+        return self.reshape(out, shape)
+
+    def to_last(self, x: T, dim: int) -> tuple[T, list[int] | None]:
+        """``x`` with axis ``dim`` moved last, and the permutation that moves it back (or None)."""
+        dim %= x.rank
+        if dim == x.rank - 1:
+            return x, None
+        perm = [i for i in range(x.rank) if i != dim] + [dim]
+        inv = [0] * x.rank
+        for i, p in enumerate(perm):
+            inv[p] = i
+        return self.perm(x, perm), inv
+
+
+def out_shape(node) -> tuple[int, ...]:
+    """The torch shape of a node's (first) output, from its export metadata."""
+    val = node.meta.get("val")
+    if isinstance(val, list | tuple):
+        val = val[0]
+    return tuple(int(s) for s in val.shape)
+
+
+def _used_outputs(node) -> set[int]:
+    """Indices ``i`` of a multi-output node that some ``getitem(node, i)`` reads."""
+    return {int(u.args[1]) for u in node.users}
+
+
+def _scalar_of(v: Any) -> float | None:
+    """``v`` as a Python number when it is one (or a 1-element concrete tensor), else None."""
+    if isinstance(v, bool | int | float):
+        return float(v)
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and v.dim() == 0:
+        return float(v)
+    return None
+
+
+# === elementwise arithmetic ==========================================================================
+def _additive_mask(v: Any) -> np.ndarray | None:
+    """A known tensor whose entries are all 0 or <= -2^100 (an additive attention mask), as FP32."""
+    if not isinstance(v, torch.Tensor) or v.dim() == 0 or not v.is_floating_point():
+        return None
+    arr = v.detach().to(torch.float64).numpy()
+    if np.isnan(arr).any():
+        return None
+    arr = np.where(np.isinf(arr), np.copysign(BIG, arr), arr)
+    if not np.all((arr == 0) | (arr <= -BIG)) or np.all(arr == 0):
+        return None
+    return arr.astype(np.float32)
+
+
+@lowering(aten.add.Tensor, aten.add.Scalar)
+def _add(L: Lowerer, node, a, b, alpha=1):
+    """``a + alpha*b``: ADD (broadcast), or ADD_S for a scalar operand (alpha: MUL_S first); a known
+    additive mask ``m`` (entries 0 or <= -2^100) is SELECT(m == 0, x, m): equal to ``x + m`` for |x| < 2^76."""
+    if alpha != 1:
+        b = _mul(L, node, b, alpha)
+    for x, m in ((a, b), (b, a)):
+        mask = _additive_mask(m) if isinstance(x, Sym) else None
+        if mask is not None:
+            keep = L.g.const((mask == 0).astype(np.float32), "mask_keep")
+            return Sym(L.g.select(keep, L.t(x), L.g.const(mask, "mask_value")))
+    sa, sb = _scalar_of(a), _scalar_of(b)
+    if sb is not None:
+        return Sym(L.g.add_s(L.t(a), finite(sb)))
+    if sa is not None:
+        return Sym(L.g.add_s(L.t(b), finite(sa)))
+    return Sym(L.g.add(L.t(a), L.t(b)))
+
+
+@lowering(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(L: Lowerer, node, a, b, alpha=1):
+    """``a - alpha*b``: SUB, ADD_S(a, -c) for a scalar ``b`` (exact: the same rounding), RSUB_S for a scalar ``a``."""
+    if alpha != 1:
+        b = _mul(L, node, b, alpha)
+    sa, sb = _scalar_of(a), _scalar_of(b)
+    if sb is not None:
+        return Sym(L.g.add_s(L.t(a), -finite(sb)))
+    if sa is not None:
+        return Sym(L.g.rsub_s(finite(sa), L.t(b)))
+    return Sym(L.g.sub(L.t(a), L.t(b)))
+
+
+@lowering(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(L: Lowerer, node, a, b, alpha=1):
+    """``b - alpha*a``: as :func:`_sub` with the operands swapped."""
+    return _sub(L, node, b, a, alpha)
+
+
+@lowering(aten.mul.Tensor, aten.mul.Scalar)
+def _mul(L: Lowerer, node, a, b):
+    """``a * b``: MUL (broadcast), or MUL_S for a scalar operand."""
+    sa, sb = _scalar_of(a), _scalar_of(b)
+    if sb is not None:
+        return Sym(L.g.mul_s(L.t(a), finite(sb)))
+    if sa is not None:
+        return Sym(L.g.mul_s(L.t(b), finite(sa)))
+    return Sym(L.g.mul(L.t(a), L.t(b)))
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar)
+def _div(L: Lowerer, node, a, b):
+    """``a / b``: DIV (broadcast), or DIV_S for a scalar divisor (true division only)."""
+    sb = _scalar_of(b)
+    if sb is not None:
+        return Sym(L.g.div_s(L.t(a), finite(sb)))
+    return Sym(L.g.div(L.t(a), L.t(b)))
+
+
+@lowering(aten.div.Tensor_mode)
+def _div_mode(L: Lowerer, node, a, b, rounding_mode=None):
+    """``a / b`` with ``rounding_mode=None`` only (floor/trunc division has no exact primitive)."""
+    if rounding_mode is not None:
+        raise UnsupportedOp(f"div with rounding_mode={rounding_mode!r}")
+    return _div(L, node, a, b)
+
+
+@lowering(aten.neg.default)
+def _neg(L: Lowerer, node, a):
+    """``-a``: MUL_S by -1 (exact)."""
+    return Sym(L.g.neg(L.t(a)))
+
+
+@lowering(aten.relu.default)
+def _relu(L: Lowerer, node, a):
+    """``max(a, 0)``: RELU (gradient: RELU_GRAD)."""
+    return Sym(L.g.relu(L.t(a)))
+
+
+@lowering(aten.abs.default)
+def _abs(L: Lowerer, node, a):
+    """``|a|``: RELU(a) + RELU(-a) (one of the two is zero, so the ADD is exact)."""
+    t = L.t(a)
+    return Sym(L.g.add(L.g.relu(t), L.g.relu(L.g.neg(t))))
+
+
+@lowering(aten.tanh.default)
+def _tanh(L: Lowerer, node, a):
+    """``tanh(a)``: TANH."""
+    return Sym(L.g.tanh(L.t(a)))
+
+
+@lowering(aten.exp.default)
+def _exp(L: Lowerer, node, a):
+    """``exp(a)``: EXP."""
+    return Sym(L.g.exp(L.t(a)))
+
+
+@lowering(aten.log.default)
+def _log(L: Lowerer, node, a):
+    """``log(a)``: LOG."""
+    return Sym(L.g.log(L.t(a)))
+
+
+@lowering(aten.sqrt.default)
+def _sqrt(L: Lowerer, node, a):
+    """``sqrt(a)``: SQRT."""
+    return Sym(L.g.sqrt(L.t(a)))
+
+
+@lowering(aten.rsqrt.default)
+def _rsqrt(L: Lowerer, node, a):
+    """``1 / sqrt(a)``: DIV(CONST 1, SQRT(a)) (two roundings)."""
+    t = L.t(a)
+    return Sym(L.g.div(L.scalar_const(1.0, t.rank), L.g.sqrt(t)))
+
+
+@lowering(aten.reciprocal.default)
+def _reciprocal(L: Lowerer, node, a):
+    """``1 / a``: DIV(CONST 1, a)."""
+    t = L.t(a)
+    return Sym(L.g.div(L.scalar_const(1.0, t.rank), t))
+
+
+@lowering(aten.pow.Tensor_Scalar)
+def _pow(L: Lowerer, node, a, e):
+    """``a ** e`` for e in {0, 0.5, 1, 2, 3, -0.5, -1}: products of ``a`` (MUL), SQRT and DIV."""
+    t = L.t(a)
+    e = float(e)
+    if e == 1.0:
+        return Sym(t)
+    if e == 2.0:
+        return Sym(L.g.mul(t, t))
+    if e == 3.0:
+        return Sym(L.g.mul(L.g.mul(t, t), t))
+    if e == 0.5:
+        return Sym(L.g.sqrt(t))
+    if e == -1.0:
+        return _reciprocal(L, node, a)
+    if e == -0.5:
+        return _rsqrt(L, node, a)
+    if e == 0.0:
+        return Sym(L.g.expand(L.scalar_const(1.0, t.rank), t.shape))
+    raise UnsupportedOp(f"pow with exponent {e} (supported: 0, 0.5, 1, 2, 3, -0.5, -1)")
+
+
+@lowering(aten.sigmoid.default)
+def _sigmoid(L: Lowerer, node, a):
+    """``sigmoid(a) = 0.5 * (1 + tanh(a / 2))``: MUL_S, TANH, ADD_S, MUL_S (no overflow for any a)."""
+    t = L.g.tanh(L.g.mul_s(L.t(a), 0.5))
+    return Sym(L.g.mul_s(L.g.add_s(t, 1.0), 0.5))
+
+
+@lowering(aten.silu.default)
+def _silu(L: Lowerer, node, a):
+    """``a * sigmoid(a)``: MUL of ``a`` and :func:`_sigmoid`."""
+    return Sym(L.g.mul(L.t(a), _sigmoid(L, node, a).t))
+
+
+@lowering(aten.gelu.default)
+def _gelu(L: Lowerer, node, a, approximate="none"):
+    """``approximate='tanh'`` only: ``0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))`` as single ops."""
+    if approximate != "tanh":
+        raise UnsupportedOp("gelu with approximate='none' needs erf, which has no primitive; use "
+                            "approximate='tanh' (nn.GELU(approximate='tanh'))")
+    x = L.t(a)
+    x3 = L.g.mul(L.g.mul(x, x), x)
+    inner = L.g.mul_s(L.g.add(x, L.g.mul_s(x3, 0.044715)), math.sqrt(2.0 / math.pi))
+    return Sym(L.g.mul(L.g.mul_s(x, 0.5), L.g.add_s(L.g.tanh(inner), 1.0)))
+
+
+# === comparisons and selection (booleans are 0.0 / 1.0) ==============================================
+def _difference(L: Lowerer, a, b) -> T:
+    """``a - b`` rounded: zero exactly when ``a == b`` (subnormals are kept), its sign the order's."""
+    sb = _scalar_of(b)
+    sa = _scalar_of(a)
+    if sb is not None:
+        return L.g.add_s(L.t(a), -finite(sb))
+    if sa is not None:
+        return L.g.rsub_s(finite(sa), L.t(b))
+    return L.g.sub(L.t(a), L.t(b))
+
+
+def _pick(L: Lowerer, cond: T, if_nonzero: float, if_zero: float) -> Sym:
+    r = cond.rank
+    return Sym(L.g.select(cond, L.scalar_const(if_nonzero, r), L.scalar_const(if_zero, r)), torch.bool)
+
+
+@lowering(aten.eq.Tensor, aten.eq.Scalar)
+def _eq(L: Lowerer, node, a, b):
+    """``a == b``: SELECT(a - b, 0, 1)."""
+    return _pick(L, _difference(L, a, b), 0.0, 1.0)
+
+
+@lowering(aten.ne.Tensor, aten.ne.Scalar)
+def _ne(L: Lowerer, node, a, b):
+    """``a != b``: SELECT(a - b, 1, 0)."""
+    return _pick(L, _difference(L, a, b), 1.0, 0.0)
+
+
+@lowering(aten.gt.Tensor, aten.gt.Scalar)
+def _gt(L: Lowerer, node, a, b):
+    """``a > b``: SELECT(RELU(a - b), 1, 0)."""
+    return _pick(L, L.g.relu(_difference(L, a, b)), 1.0, 0.0)
+
+
+@lowering(aten.lt.Tensor, aten.lt.Scalar)
+def _lt(L: Lowerer, node, a, b):
+    """``a < b``: SELECT(RELU(b - a), 1, 0)."""
+    return _pick(L, L.g.relu(_difference(L, b, a)), 1.0, 0.0)
+
+
+@lowering(aten.ge.Tensor, aten.ge.Scalar)
+def _ge(L: Lowerer, node, a, b):
+    """``a >= b``: SELECT(RELU(b - a), 0, 1)."""
+    return _pick(L, L.g.relu(_difference(L, b, a)), 0.0, 1.0)
+
+
+@lowering(aten.le.Tensor, aten.le.Scalar)
+def _le(L: Lowerer, node, a, b):
+    """``a <= b``: SELECT(RELU(a - b), 0, 1)."""
+    return _pick(L, L.g.relu(_difference(L, a, b)), 0.0, 1.0)
+
+
+@lowering(aten.logical_not.default, aten.bitwise_not.default)
+def _not(L: Lowerer, node, a):
+    """``not a`` (booleans): SELECT(a, 0, 1)."""
+    if isinstance(a, Sym) and a.dtype not in (torch.bool,) and node.target == aten.bitwise_not.default:
+        raise UnsupportedOp("bitwise_not of an integer tensor")
+    return _pick(L, L.t(a), 0.0, 1.0)
+
+
+@lowering(aten.logical_and.default, aten.bitwise_and.Tensor)
+def _and(L: Lowerer, node, a, b):
+    """``a and b``: SELECT(a, b != 0, 0)."""
+    ta = L.t(a)
+    return Sym(L.g.select(ta, L.to01(b), L.scalar_const(0.0, ta.rank)), torch.bool)
+
+
+@lowering(aten.logical_or.default, aten.bitwise_or.Tensor)
+def _or(L: Lowerer, node, a, b):
+    """``a or b``: SELECT(a, 1, b != 0)."""
+    ta = L.t(a)
+    return Sym(L.g.select(ta, L.scalar_const(1.0, ta.rank), L.to01(b)), torch.bool)
+
+
+@lowering(aten.any.dim, aten.any.dims, aten.any.default)
+def _any(L: Lowerer, node, a, dim=None, keepdim=False):
+    """``any`` over ``dim``: MAX of the 0/1 values."""
+    dims = [dim] if isinstance(dim, int) else dim
+    return Sym(L.reduce(L.to01(a), dims, keepdim, "max"), torch.bool)
+
+
+@lowering(aten.where.self)
+def _where(L: Lowerer, node, cond, a, b):
+    """``a if cond else b``: SELECT (broadcast)."""
+    return Sym(L.g.select(L.t(cond), L.t(a), L.t(b)))
+
+
+# === reductions ======================================================================================
+@lowering(aten.sum.dim_IntList, aten.sum.default)
+def _sum(L: Lowerer, node, a, dim=None, keepdim=False, dtype=None):
+    """Sum over ``dim``: the axes moved last and merged (PERMUTE, RESHAPE), then one SUM."""
+    return Sym(L.reduce(L.t(a), dim, keepdim, "sum"))
+
+
+@lowering(aten.mean.dim, aten.mean.default)
+def _mean(L: Lowerer, node, a, dim=None, keepdim=False, dtype=None):
+    """Mean over ``dim``: as :func:`_sum` with one MEAN (sum / n, one rounding)."""
+    return Sym(L.reduce(L.t(a), dim, keepdim, "mean"))
+
+
+@lowering(aten.amax.default)
+def _amax(L: Lowerer, node, a, dim=(), keepdim=False):
+    """Maximum over ``dim``: one MAX (gradient: MAX_GRAD, to the first maximum)."""
+    return Sym(L.reduce(L.t(a), list(dim) or None, keepdim, "max"))
+
+
+def _softmax_last(L: Lowerer, x: T, log: bool) -> T:
+    z = L.g.sub(x, L.g.max(x))  # a constant shift (no gradient): softmax is invariant to it
+    ez = L.g.exp(z)
+    s = L.g.sum(ez)
+    return L.g.sub(z, L.g.log(s)) if log else L.g.div(ez, s)
+
+
+@lowering(aten._softmax.default)
+def _softmax(L: Lowerer, node, a, dim, half_to_float=False):
+    """``exp(z) / sum(exp(z))`` with ``z = x - max(x)`` (MAX, SUB, EXP, SUM, DIV) over ``dim``."""
+    x, back = L.to_last(L.t(a), dim)
+    y = _softmax_last(L, x, log=False)
+    return Sym(L.perm(y, back) if back else y)
+
+
+@lowering(aten._log_softmax.default)
+def _log_softmax(L: Lowerer, node, a, dim, half_to_float=False):
+    """``z - log(sum(exp(z)))`` with ``z = x - max(x)`` (MAX, SUB, EXP, SUM, LOG, SUB) over ``dim``."""
+    x, back = L.to_last(L.t(a), dim)
+    y = _softmax_last(L, x, log=True)
+    return Sym(L.perm(y, back) if back else y)
+
+
+# === matrix products =================================================================================
+@lowering(aten.mm.default)
+def _mm(L: Lowerer, node, a, b):
+    """``a[M,K] @ b[K,N]``: MATMUL(a, b^T) (one reduction per output element)."""
+    return Sym(L.g.matmul(L.t(a), L.transpose(L.t(b))))
+
+
+@lowering(aten.addmm.default)
+def _addmm(L: Lowerer, node, bias, a, b, beta=1, alpha=1):
+    """``bias + a @ b``: one MATMUL with the bias inside the reduction (a [N] bias), else MATMUL + ADD."""
+    if beta != 1 or alpha != 1:
+        raise UnsupportedOp(f"addmm with beta={beta}, alpha={alpha} (only 1, 1)")
+    ta, tb, tc = L.t(a), L.transpose(L.t(b)), L.t(bias)
+    if tc.shape == (tb.shape[0],):
+        return Sym(L.g.matmul(ta, tb, tc))
+    return Sym(L.g.add(L.g.matmul(ta, tb), tc))
+
+
+@lowering(aten.bmm.default)
+def _bmm(L: Lowerer, node, a, b):
+    """``a[B,M,K] @ b[B,K,N]``: batched MATMUL(a, b^T)."""
+    return Sym(L.g.matmul(L.t(a), L.transpose(L.t(b))))
+
+
+def _patch_table(size: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                 dilation: Sequence[int]) -> tuple[np.ndarray, tuple[int, ...]]:
+    """For each output position (row) and kernel tap (column) the flat input position it reads,
+    -1 where it falls in the zero padding; and the output spatial size."""
+    out = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
+                for n, k, s, p, d in zip(size, kernel, stride, padding, dilation))
+    if any(o <= 0 for o in out):
+        raise UnsupportedOp(f"window {tuple(kernel)} does not fit the input {tuple(size)}")
+    grids = []
+    for k, s, p, d, o in zip(kernel, stride, padding, dilation, out):
+        pos = np.arange(o)[:, None] * s - p + np.arange(k)[None, :] * d  # (o, k)
+        grids.append(pos)
+    if len(size) == 1:
+        (pw,) = grids
+        table = np.where((pw >= 0) & (pw < size[0]), pw, -1)
+    else:
+        ph, pw = grids  # (oh, kh), (ow, kw)
+        h = ph[:, None, :, None]
+        w = pw[None, :, None, :]
+        ok = (h >= 0) & (h < size[0]) & (w >= 0) & (w < size[1])
+        table = np.where(ok, h * size[1] + w, -1).reshape(out[0] * out[1], kernel[0] * kernel[1])
+    return table.astype(np.float32), out
+
+
+def _spatial(v, n: int) -> list[int]:
+    v = [v] if isinstance(v, int) else list(v)
+    return v * n if len(v) == 1 else v
+
+
+def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation) -> tuple[T, tuple[int, ...], np.ndarray]:
+    """``x [N, C, *S]`` -> patches ``[N, C, prod(out), prod(kernel)]`` by one TAKE with a CONST table."""
+    N, C, *S = x.shape
+    table, out = _patch_table(S, kernel, stride, padding, dilation)
+    flat = L.reshape(x, (N, C, math.prod(S)))
+    return L.g.take(flat, L.g.const(table, "patch_table"), 2), out, table
+
+
+@lowering(aten.convolution.default)
+def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """1-D/2-D conv (groups=1): TAKE of the input patches by a CONST table (-1: zero padding), then
+    one MATMUL with the weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE."""
+    if transposed:
+        raise UnsupportedOp("transposed convolution")
+    if groups != 1:
+        raise UnsupportedOp(f"convolution with groups={groups} (only groups=1)")
+    tx, tw = L.t(x), L.t(w)
+    if tx.rank not in (3, 4):
+        raise UnsupportedOp(f"convolution of a rank-{tx.rank} input (only 1-D and 2-D)")
+    nsp = tx.rank - 2
+    N, C, *S = tx.shape
+    n_out, _, *K = tw.shape
+    stride, padding, dilation = (_spatial(v, nsp) for v in (stride, padding, dilation))
+    if any(p != 0 for p in _spatial(output_padding, nsp)):
+        raise UnsupportedOp("convolution with output_padding")
+    tb = L.t(bias) if bias is not None else None
+    if all(k == 1 for k in K) and all(s == 1 for s in stride) and all(p == 0 for p in padding):
+        out = tuple(S)
+        cols = L.reshape(L.perm(L.reshape(tx, (N, C, math.prod(S))), [0, 2, 1]), (N * math.prod(S), C))
+    else:
+        patches, out, _ = _gather_patches(L, tx, K, stride, padding, dilation)  # (N, C, P, k)
+        P, k = math.prod(out), math.prod(K)
+        cols = L.reshape(L.perm(patches, [0, 2, 1, 3]), (N * P, C * k))
+    y = L.g.matmul(cols, L.reshape(tw, (n_out, C * math.prod(K))), tb)  # (N*P, O)
+    y = L.perm(L.reshape(y, (N, math.prod(out), n_out)), [0, 2, 1])
+    return Sym(L.reshape(y, (N, n_out, *out)))
+
+
+@lowering(aten.max_pool2d_with_indices.default)
+def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """Max pool: TAKE of the windows by a CONST table (padding: SELECT to -2^100), then one MAX per
+    output element (gradient: MAX_GRAD, to the first maximum in window order, as torch)."""
+    if ceil_mode:
+        raise UnsupportedOp("max_pool2d with ceil_mode=True")
+    if 1 in _used_outputs(node):
+        raise UnsupportedOp("max_pool2d's indices output (return_indices=True)")
+    tx = L.t(x)
+    N, C, H, W = tx.shape
+    kernel = _spatial(kernel_size, 2)
+    stride = _spatial(stride, 2) if stride else kernel
+    padding, dilation = _spatial(padding, 2), _spatial(dilation, 2)
+    patches, out, table = _gather_patches(L, tx, kernel, stride, padding, dilation)
+    if (table < 0).any():
+        valid = L.g.const((table >= 0).astype(np.float32)[None, None], "pool_valid")
+        patches = L.g.select(valid, patches, L.scalar_const(-BIG, 4))
+    m = L.g.max(patches, differentiable=True)  # (N, C, P, 1)
+    return (Sym(L.reshape(m, (N, C, *out))), None)
+
+
+@lowering(aten.avg_pool2d.default)
+def _avg_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
+                count_include_pad=True, divisor_override=None):
+    """Average pool: TAKE of the windows by a CONST table (padding reads +0), then one MEAN each."""
+    if ceil_mode or divisor_override is not None:
+        raise UnsupportedOp("avg_pool2d with ceil_mode or divisor_override")
+    tx = L.t(x)
+    kernel = _spatial(kernel_size, 2)
+    stride = _spatial(stride, 2) if stride else kernel
+    padding = _spatial(padding, 2)
+    if any(padding) and not count_include_pad:
+        raise UnsupportedOp("avg_pool2d with padding and count_include_pad=False")
+    N, C, H, W = tx.shape
+    patches, out, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1))
+    return Sym(L.reshape(L.g.mean(patches), (N, C, *out)))
+
+
+@lowering(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(L: Lowerer, node, x, output_size):
+    """Adaptive average pool to a size dividing the input: :func:`_avg_pool2d` with kernel = stride."""
+    tx = L.t(x)
+    H, W = tx.shape[-2:]
+    oh, ow = _spatial(output_size, 2)
+    if H % oh or W % ow:
+        raise UnsupportedOp(f"adaptive_avg_pool2d from {H}x{W} to {oh}x{ow} (the output must divide the input)")
+    if (oh, ow) == (1, 1):
+        return Sym(L.reduce(tx, [-2, -1], True, "mean"))
+    return _avg_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
+
+
+# === normalisation ===================================================================================
+@lowering(aten.native_layer_norm.default)
+def _layer_norm(L: Lowerer, node, x, normalized_shape, w, b, eps):
+    """``(x - mean) / sqrt(var + eps) * w + b`` over the last dims: MEAN, SUB, MUL, MEAN, ADD_S, SQRT, DIV, MUL, ADD."""
+    tx = L.t(x)
+    k = len(normalized_shape)
+    n = math.prod(normalized_shape)
+    lead = tx.shape[: tx.rank - k]
+    xr = L.reshape(tx, lead + (n,))
+    mu = L.g.mean(xr)
+    xc = L.g.sub(xr, mu)
+    var = L.g.mean(L.g.mul(xc, xc))
+    std = L.g.sqrt(L.g.add_s(var, float(eps)))
+    y = L.g.div(xc, std)
+    if w is not None:
+        y = L.g.mul(y, L.reshape(L.t(w), (n,)))
+    if b is not None:
+        y = L.g.add(y, L.reshape(L.t(b), (n,)))
+    used = _used_outputs(node)
+    stat_shape = lead + (1,) * k
+    mean_out = Sym(L.reshape(mu, stat_shape)) if 1 in used else None
+    rstd_out = Sym(L.reshape(L.g.div(L.scalar_const(1.0, std.rank), std), stat_shape)) if 2 in used else None
+    return (Sym(L.reshape(y, tx.shape)), mean_out, rstd_out)
+
+
+def _batch_norm(L: Lowerer, node, x, w, b, rm, rv, training, momentum, eps):
+    tx = L.t(x)
+    N, C, *S = tx.shape
+    M = N * math.prod(S)
+    xt = L.reshape(L.perm(tx, [1, 0, *range(2, tx.rank)]), (C, M))  # (C, N*S)
+    used = _used_outputs(node)
+    mu = var = None
+    if training:
+        mu = L.g.mean(xt)  # (C, 1)
+        xc = L.g.sub(xt, mu)
+        var = L.g.mean(L.g.mul(xc, xc))  # biased, as torch normalises
+        std = L.g.sqrt(L.g.add_s(var, float(eps)))
+    else:
+        xc = L.g.sub(xt, L.reshape(L.t(rm), (C, 1)))
+        std = L.g.sqrt(L.g.add_s(L.reshape(L.t(rv), (C, 1)), float(eps)))
+    y = L.g.div(xc, std)
+    if w is not None:
+        y = L.g.mul(y, L.reshape(L.t(w), (C, 1)))
+    if b is not None:
+        y = L.g.add(y, L.reshape(L.t(b), (C, 1)))
+    y = L.perm(L.reshape(y, (C, N, *S)), [1, 0, *range(2, tx.rank)])
+    outs: list[Any] = [Sym(y), None, None, None, None]
+    if 1 in used and mu is not None:
+        outs[1] = Sym(L.reshape(mu, (C,)))
+    if 2 in used:
+        outs[2] = Sym(L.reshape(L.g.div(L.scalar_const(1.0, 2), std), (C,)))
+    if training and ({3, 4} & used):
+        if momentum is None:
+            raise UnsupportedOp("batch norm with momentum=None (cumulative average)")
+        m = float(momentum)
+        rm_t, rv_t = L.reshape(L.t(rm), (C, 1)), L.reshape(L.t(rv), (C, 1))
+        new_rm = L.g.add(L.g.mul_s(rm_t, 1.0 - m), L.g.mul_s(mu, m))
+        unbiased = L.g.mul_s(var, M / (M - 1)) if M > 1 else var
+        new_rv = L.g.add(L.g.mul_s(rv_t, 1.0 - m), L.g.mul_s(unbiased, m))
+        outs[3], outs[4] = Sym(L.reshape(new_rm, (C,))), Sym(L.reshape(new_rv, (C,)))
+    return tuple(outs)
+
+
+@lowering(aten._native_batch_norm_legit_functional.default)
+def _bn_functional(L: Lowerer, node, x, w, b, rm, rv, training, momentum, eps):
+    """Batch norm over (N, *S) per channel, training: MEAN, SUB, MUL, MEAN (biased var), ADD_S, SQRT,
+    DIV, MUL, ADD; running stats ``(1-m) r + m s`` (unbiased var: MUL_S by n/(n-1)) as new buffer values."""
+    return _batch_norm(L, node, x, w, b, rm, rv, training, momentum, eps)
+
+
+@lowering(aten._native_batch_norm_legit_no_training.default)
+def _bn_eval(L: Lowerer, node, x, w, b, rm, rv, momentum, eps):
+    """Batch norm with the running statistics (eval mode): SUB, ADD_S, SQRT, DIV, MUL, ADD."""
+    return _batch_norm(L, node, x, w, b, rm, rv, False, momentum, eps)[:3]
+
+
+@lowering(aten.native_dropout.default)
+def _dropout(L: Lowerer, node, x, p, train):
+    """``x * DROPOUT_MASK(p)`` (one MUL by the committed keep-mask times RN32(1/(1-p))); identity when
+    not training or p = 0. The mask output is ``mask != 0``."""
+    tx = L.t(x)
+    if train is False or float(p) == 0.0:
+        return (Sym(tx), Sym(L.g.expand(L.scalar_const(1.0, tx.rank), tx.shape), torch.bool))
+    m = L.g.dropout_mask(tx.shape, float(p))
+    return (Sym(L.g.mul(tx, m)), Sym(L.to01(Sym(m)), torch.bool) if 1 in _used_outputs(node) else None)
+
+
+# === data movement ===================================================================================
+def _view_shape(t: T, size: Sequence[int]) -> tuple[int, ...]:
+    size = list(size)
+    if -1 in size:
+        k = size.index(-1)
+        rest = math.prod(s for i, s in enumerate(size) if i != k)
+        size[k] = math.prod(t.shape) // max(rest, 1)
+    return tuple(size)
+
+
+@lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
+def _view(L: Lowerer, node, a, size):
+    """Same elements, new shape: RESHAPE."""
+    t = L.t(a)
+    return Sym(L.reshape(t, _view_shape(t, size)))
+
+
+@lowering(aten.permute.default, aten.permute_copy.default)
+def _permute(L: Lowerer, node, a, dims):
+    """Axes reordered: PERMUTE."""
+    return Sym(L.perm(L.t(a), list(dims)))
+
+
+@lowering(aten.t.default)
+def _t(L: Lowerer, node, a):
+    """Transpose of a matrix: PERMUTE [1, 0]."""
+    t = L.t(a)
+    return Sym(L.perm(t, [1, 0]) if t.rank == 2 else t)
+
+
+@lowering(aten.transpose.int)
+def _transpose(L: Lowerer, node, a, d0, d1):
+    """Two axes swapped: PERMUTE."""
+    t = L.t(a)
+    p = list(range(t.rank))
+    p[d0 % t.rank], p[d1 % t.rank] = p[d1 % t.rank], p[d0 % t.rank]
+    return Sym(L.perm(t, p))
+
+
+@lowering(aten.unsqueeze.default, aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default,
+          aten.flatten.using_ints, aten.unflatten.int)
+def _reshape_like(L: Lowerer, node, a, *args):
+    """unsqueeze / squeeze / flatten / unflatten: RESHAPE to the exported shape."""
+    return Sym(L.reshape(L.t(a), out_shape(node)))
+
+
+@lowering(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.contiguous.default,
+          aten.alias_copy.default)
+def _identity(L: Lowerer, node, a, *args, **kwargs):
+    """A copy: no op."""
+    return a if isinstance(a, Sym) else Sym(L.t(a))
+
+
+@torch.library.custom_op("vtrain::stop_gradient", mutates_args=())
+def stop_gradient(x: torch.Tensor) -> torch.Tensor:
+    """``x.detach()`` as an op that survives ``run_decompositions`` (which turns detach into alias)."""
+    return x.clone()
+
+
+@stop_gradient.register_fake
+def _stop_gradient_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def mark_detaches(ep) -> None:
+    """Before decomposing: every ``aten.detach`` node becomes ``vtrain::stop_gradient``."""
+    changed = False
+    for n in ep.graph.nodes:
+        if n.op == "call_function" and n.target == aten.detach.default:
+            n.target = torch.ops.vtrain.stop_gradient.default
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
+
+
+@lowering(aten.detach.default, torch.ops.vtrain.stop_gradient.default)
+def _detach(L: Lowerer, node, a):
+    """A copy that stops the gradient: a RESHAPE op marked as a constant for autodiff."""
+    t = L.t(a)
+    d = L.g._op(OpKind.RESHAPE, [t], t.shape)
+    L.g.no_grad.add(d.op)
+    return Sym(d)
+
+
+_FLOATS = (torch.float32,)
+_INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+
+
+@lowering(aten._to_copy.default, aten.to.dtype)
+def _to_copy(L: Lowerer, node, a, *args, dtype=None, **kwargs):
+    """dtype casts: float32 <-> integer ids (exact for the data batch), bool -> float: no op."""
+    src = a.dtype if isinstance(a, Sym) else torch.float32
+    dst = dtype if dtype is not None else (args[0] if args and isinstance(args[0], torch.dtype) else src)
+    if dst not in _FLOATS + _INTS:
+        raise UnsupportedOp(f"a cast to {dst} (the graph computes in FP32 only)")
+    t = L.t(a)
+    if dst in _INTS and src in _FLOATS and dst != torch.bool and not L.from_data(t):
+        raise UnsupportedOp(f"a cast of a computed float tensor to {dst} (truncation has no exact "
+                            "primitive; only the data batch may be read as integer ids)")
+    if dst == torch.bool and src != torch.bool:
+        return Sym(L.to01(a), torch.bool)
+    return Sym(t, dst)
+
+
+@lowering(aten.expand.default, aten.expand_copy.default)
+def _expand(L: Lowerer, node, a, size, implicit=False):
+    """Broadcast copy: RESHAPE (new leading axes of size 1) then EXPAND."""
+    t = L.t(a)
+    shape = out_shape(node)
+    if t.rank < len(shape):
+        t = L.reshape(t, (1,) * (len(shape) - t.rank) + t.shape)
+    return Sym(L.g.expand(t, shape))
+
+
+@lowering(aten.repeat.default)
+def _repeat(L: Lowerer, node, a, repeats):
+    """Tiling: RESHAPE to (1, s0, 1, s1, ..), EXPAND to (r0, s0, r1, s1, ..), RESHAPE to (r0 s0, r1 s1, ..)."""
+    t = L.t(a)
+    reps = list(repeats)
+    shape = (1,) * (len(reps) - t.rank) + t.shape
+    inter = tuple(v for s in shape for v in (1, s))
+    big = tuple(v for r, s in zip(reps, shape) for v in (r, s))
+    e = L.g.expand(L.reshape(t, inter), big)
+    return Sym(L.reshape(e, tuple(r * s for r, s in zip(reps, shape))))
+
+
+@lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def _slice(L: Lowerer, node, a, dim=0, start=None, end=None, step=1):
+    """``a[start:end:step]`` along ``dim``: SLICE (step 1) or TAKE with a CONST index (step > 1)."""
+    t = L.t(a)
+    dim %= t.rank
+    n = t.shape[dim]
+    lo, hi, _ = slice(start, end, step).indices(n)
+    if step == 1:
+        if lo == 0 and hi == n:
+            return Sym(t)
+        return Sym(L.g.slice(t, dim, lo, hi - lo))
+    idx = np.arange(lo, hi, step, dtype=np.float32)
+    return Sym(L.g.take(t, L.g.const(idx, "slice_index"), dim))
+
+
+@lowering(aten.select.int, aten.select_copy.int)
+def _select_int(L: Lowerer, node, a, dim, index):
+    """``a[..., index, ...]``: SLICE of length 1, then RESHAPE (the axis dropped)."""
+    t = L.t(a)
+    dim %= t.rank
+    index %= t.shape[dim]
+    return Sym(L.reshape(L.g.slice(t, dim, index, 1), out_shape(node)))
+
+
+@lowering(aten.cat.default)
+def _cat(L: Lowerer, node, tensors, dim=0):
+    """Concatenation: each part PADded to the full axis, the parts ADDed (exact: all but one are +0)."""
+    parts = [L.t(x) for x in tensors if not (isinstance(x, torch.Tensor) and x.numel() == 0)]
+    dim %= parts[0].rank
+    total = sum(p.shape[dim] for p in parts)
+    out, start = None, 0
+    for p in parts:
+        padded = L.g.pad(p, dim, start, total) if p.shape[dim] != total else p
+        out = padded if out is None else L.g.add(out, padded)
+        start += p.shape[dim]
+    return Sym(out)
+
+
+@lowering(aten.split_with_sizes.default, aten.split.Tensor, aten.split_with_sizes_copy.default)
+def _split(L: Lowerer, node, a, sizes, dim=0):
+    """Parts along ``dim``: one SLICE each."""
+    t = L.t(a)
+    dim %= t.rank
+    n = t.shape[dim]
+    if isinstance(sizes, int):
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)]
+    out, start = [], 0
+    for s in sizes:
+        out.append(Sym(L.g.slice(t, dim, start, s) if s != n else t))
+        start += s
+    return out
+
+
+@lowering(aten.unbind.int)
+def _unbind(L: Lowerer, node, a, dim=0):
+    """Slices of length 1 along ``dim`` with the axis dropped: SLICE + RESHAPE each."""
+    t = L.t(a)
+    dim %= t.rank
+    shape = t.shape[:dim] + t.shape[dim + 1 :]
+    return [Sym(L.reshape(L.g.slice(t, dim, i, 1), shape)) for i in range(t.shape[dim])]
+
+
+@lowering(aten.constant_pad_nd.default)
+def _constant_pad(L: Lowerer, node, a, pad, value=0.0):
+    """Padding (torch order: last axis first): PAD per axis (negative: SLICE); a nonzero value is
+    ADDed as a CONST that is ``value`` on the border and +0 inside (exact)."""
+    t = L.t(a)
+    for i in range(len(pad) // 2):
+        dim = t.rank - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        if lo < 0 or hi < 0:
+            t = L.g.slice(t, dim, max(-lo, 0), t.shape[dim] + min(lo, 0) + min(hi, 0))
+            lo, hi = max(lo, 0), max(hi, 0)
+        if lo or hi:
+            t = L.g.pad(t, dim, lo, t.shape[dim] + lo + hi)
+    if float(value) != 0.0:
+        inner = torch.zeros(L.t(a).shape)
+        border = torch.nn.functional.pad(inner, list(pad), value=1.0)
+        t = L.g.add(t, L.t(border * finite(value)))
+    return Sym(t)
+
+
+@lowering(aten.embedding.default)
+def _embedding(L: Lowerer, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """``weight[indices]``: TAKE on axis 0 (gradient: ONE_HOT(indices)^T MATMUL g)."""
+    if scale_grad_by_freq:
+        raise UnsupportedOp("embedding with scale_grad_by_freq=True")
+    if padding_idx is not None and padding_idx >= 0:
+        raise UnsupportedOp("embedding with padding_idx (its row gets no gradient in torch)")
+    return Sym(L.g.take(L.t(weight), L.t(indices), 0))
+
+
+@lowering(aten.index_select.default)
+def _index_select(L: Lowerer, node, a, dim, index):
+    """``a`` at ``index`` along ``dim``: TAKE."""
+    t = L.t(a)
+    return Sym(L.g.take(t, L.t(index), dim % t.rank))
+
+
+@lowering(aten.index.Tensor)
+def _index(L: Lowerer, node, a, indices):
+    """``a[idx]`` with one index tensor (other axes whole): TAKE on that axis."""
+    real = [(i, x) for i, x in enumerate(indices) if x is not None]
+    if len(real) != 1:
+        raise UnsupportedOp("advanced indexing with more than one index tensor")
+    dim, idx = real[0]
+    if isinstance(idx, Sym) and idx.dtype == torch.bool or isinstance(idx, torch.Tensor) and idx.dtype == torch.bool:
+        raise UnsupportedOp("boolean-mask indexing (its output shape depends on the data)")
+    return Sym(L.g.take(L.t(a), L.t(idx), dim))
+
+
+@lowering(aten.gather.default)
+def _gather(L: Lowerer, node, a, dim, index, sparse_grad=False):
+    """``a.gather(dim, index)`` along the last axis with one index per row: GATHER."""
+    t, ti = L.t(a), L.t(index)
+    if dim % t.rank != t.rank - 1 or ti.shape != t.shape[:-1] + (1,):
+        raise UnsupportedOp(f"gather along dim {dim} with index shape {ti.shape} "
+                            "(only the last axis, one index per row)")
+    return Sym(L.g.gather(t, ti))
+
+
+# === tensors known at build time =====================================================================
+@lowering(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default)
+def _full_like(L: Lowerer, node, a, fill_value=0.0, **kwargs):
+    """A constant of ``a``'s shape: known at build time (no op until used)."""
+    fill = {aten.zeros_like.default: 0.0, aten.ones_like.default: 1.0, aten.empty_like.default: 0.0}.get(
+        node.target, fill_value)
+    val = node.meta["val"]
+    return torch.full(tuple(val.shape), float(fill), dtype=val.dtype)
+
+
+@lowering(aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default)
+def _assert(L: Lowerer, node, *args, **kwargs):
+    """A shape/dtype assertion of export: nothing to compute."""
+    return None
+
+
+NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.default, aten.bernoulli.p,
+                     aten.rand_like.default, aten.randn_like.default, aten.randint.default})
+"""Ops never evaluated at build time even when every input is known (they are random)."""
+
+def lowering_of(target: Any) -> Lowering | None:
+    """The lowering of an ATen overload, or None."""
+    return LOWERINGS.get(target)
+
+
+def lowering_table() -> str:
+    """The markdown table of every lowering: ATen overloads and the first docstring line."""
+    by_fn: dict[Lowering, list[str]] = {}
+    for op, fn in LOWERINGS.items():
+        by_fn.setdefault(fn, []).append(str(op).removeprefix("aten."))
+    rows = ["| ATen op | exact semantics in primitives |", "|---|---|"]
+    for fn, ops in sorted(by_fn.items(), key=lambda kv: sorted(kv[1])[0]):
+        doc = (fn.__doc__ or "").strip().splitlines()
+        first = " ".join(ln.strip() for ln in doc[: next((i for i, ln in enumerate(doc) if not ln.strip()), len(doc))])
+        first = re.sub(r":func:`_?([a-z_0-9]+)`", r"the `\1` lowering", first).replace("``", "`")
+        rows.append(f"| {', '.join(f'`{o}`' for o in sorted(ops))} | {first} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # pragma: no cover - prints the table for docs/frontend.md
+    print(lowering_table())
