@@ -387,7 +387,7 @@ def test_registry_caps_window_extensions(dep, lr):
     with reverts("Unauthorized"):
         dep.dry(reg.convict(job, dep.anyone), dep.anyone)
     # a registry bound to an account as its availability contract, to call the hook directly
-    fresh = dep.deploy("JobRegistry")
+    fresh = dep.deploy("JobRegistry", *H.FLOORS)
     dep.tx(fresh.functions.setAvailability(dep.anyone), dep.deployer)
     dep.tx(fresh.functions.createJob(lr.run.job_params(dep.trainer)), dep.client, value=CFG.payment)
     dep.tx(fresh.functions.acceptJob(1), dep.trainer, value=CFG.trainer_stake)
@@ -410,7 +410,7 @@ def test_registry_caps_window_extensions(dep, lr):
 def test_setAvailability_once_and_by_the_deployer_only(dep):
     with reverts("AvailabilityAlreadySet", dep.da.address):
         dep.dry(dep.registry.functions.setAvailability(dep.anyone), dep.deployer)
-    fresh = dep.deploy("JobRegistry")
+    fresh = dep.deploy("JobRegistry", *H.FLOORS)
     with reverts("Unauthorized", dep.anyone, dep.deployer):
         dep.dry(fresh.functions.setAvailability(dep.anyone), dep.anyone)
 
