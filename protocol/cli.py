@@ -51,10 +51,11 @@ def main(verbose: int) -> None:
 @click.option("--rpc", metavar="URL", default=None, help="JSON-RPC node (default: the embedded eth-tester chain).")
 @click.option(
     "--model",
-    type=click.Choice(["mlp", "gpt"]),
+    type=click.Choice(["mlp", "gpt", "resnet", "gpt2"]),
     default="mlp",
     show_default=True,
-    help="Model of the demo jobs: the MLP, or the character-level GPT (1 layer, 2 heads).",
+    help="Model of the demo jobs: the MLP, the character-level GPT (1 layer, 2 heads), or through the torch "
+    "front end our ResNet on digits (examples/resnet_digits.py) or HF GPT-2 (examples/hf_gpt2.py, small config).",
 )
 @click.option(
     "--cheat",

@@ -79,7 +79,7 @@ def run_scenario(
     first_block = int(chain.w3.eth.block_number)
     job = create_job(proto, accounts["client"], accounts["trainer"], ctx, terms)
     say(
-        f"[bold]{name}[/]: job {job} ({spec.model}, {spec.steps} steps, K={spec.interval}, "
+        f"[bold]{name}[/]: job {job} ({Path(spec.model).name}, {spec.steps} steps, K={spec.interval}, "
         f"{ctx.job.graph.n_ops} ops/step)"
     )
     cheat_obj = CHEATS[cheat](spec, spec.interval + 2) if cheat else None
@@ -153,8 +153,8 @@ SCENARIOS = [
     ("false challenger", None, True),
 ]
 
-MODELS = ("mlp", "gpt")
-DEFAULT_CHEAT = {"mlp": "abuse-log", "gpt": "tamper-softmax"}
+MODELS = ("mlp", "gpt", "resnet", "gpt2")
+DEFAULT_CHEAT = {"mlp": "abuse-log", "gpt": "tamper-softmax", "resnet": "abuse-log", "gpt2": "abuse-log"}
 """The demo's cheat per model when none is given: one whose dispute the auditor wins today (the
 GPT's lands on an attention MATMUL, op and element named by :class:`protocol.cheats.TamperAttention`)."""
 
@@ -170,7 +170,22 @@ def check_cheat(model: str, cheat: str) -> None:
     CHEATS[cheat](spec, spec.interval + 2)
 
 
+#: The torch front end's examples (``examples/``, beside ``protocol/``): ``--model resnet`` and ``gpt2``.
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
 def default_spec(model: str = "mlp") -> TrainSpec:
+    if model == "resnet":  # our ResNet on digits 1x8x8: conv patch gathers, batch norm, max pool, clipping
+        return TrainSpec.from_dict({
+            "model": f"{EXAMPLES}/resnet_digits.py:task", "steps": 8, "interval": 4, "batch_size": 4,
+            "model_args": {"width": 4, "clip": 1.0, "warmup": 1, "total_steps": 8},
+        })
+    if model == "gpt2":  # HF GPT2LMHeadModel (a small config, random init): embedding gather, dropout, tied weights
+        return TrainSpec.from_dict({
+            "model": f"{EXAMPLES}/hf_gpt2.py:small", "steps": 8, "interval": 4, "batch_size": 2,
+            "model_args": {"context": 8, "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 260,
+                           "dropout": 0.1, "clip": 1.0, "warmup": 1, "total_steps": 8},
+        })
     if model == "gpt":
         from vtrain.models.nn import GPTConfig
 

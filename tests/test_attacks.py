@@ -1005,7 +1005,7 @@ def test_reentrancy_on_demand_bond_refund_and_reward(dep, honest):
         dep.advance(CFG.clock + 1)
         dep.tx(da.claimTimeout(did_b), dep.anyone)
         withdraw_reentering(dep, b, da.claimTimeout(did_b), "DemandNotOpen")
-        assert dep.call(b.functions.received()) == CFG.challenger_bond + CFG.trainer_stake
+        assert dep.call(b.functions.received()) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
 
 
 # ================================================================== every cheat of protocol/cheats.py (real agents)

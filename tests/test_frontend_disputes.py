@@ -255,3 +255,16 @@ def test_every_new_kind_op_of_a_front_end_graph_stands_on_chain(contexts, model)
                 assert adj.functions.adjudicate(claim, proof).call({"gas": 16_000_000}) == stands, (op, i)
             ruled += 1
     assert ruled >= 3 * len({op.kind for op in g.ops} & set(NEW_KINDS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["resnet", "gpt2"])
+def test_the_demo_plays_its_three_scenarios_on_the_front_end_models(model: str) -> None:
+    """`vtrain demo --model resnet|gpt2`: honest job finalizes, the cheater loses by adjudication,
+    the false challenger loses at a bind."""
+    from protocol.demo import run_demo
+
+    rows = run_demo(None, lambda _msg: None, model=model)
+    assert [(r.verdict, r.final_status) for r in rows] == [
+        ("no dispute", "finalized"), ("challenger won", "fraudulent"), ("trainer won", "finalized")]
+    assert rows[1].ruling == "adjudicated" and rows[2].ruling == "bind"

@@ -1267,6 +1267,8 @@ class DemandMachine(ContractMachine):
                    games: list[dict[str, Any]]) -> None:
         """As ContractMachine.ready_jobs (every interval posted), then demands on the first job."""
         for spec in specs:
+            spec = {**spec, "window": max(spec["window"], H.MIN_WINDOW), "clock": max(spec["clock"], MIN_CLOCK),
+                    "posting": max(spec["posting"], H.MIN_POSTING), "bond": max(spec["bond"], H.MIN_BOND)}
             j = self._create(spec)
             assert j is not None
             self._accept(j, j.trainer, j.stake)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -313,7 +314,9 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
         rows = torch.from_numpy(np.resize(task.samples(), (batch_size, rows.shape[1])).astype(np.float32))
     wrapper = _WithLoss(module, task.loss, flds)
     try:
-        ep = torch.export.export(wrapper, (rows,), strict=False)
+        with warnings.catch_warnings():  # torch's own pytree deprecation notice, on every export
+            warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+            ep = torch.export.export(wrapper, (rows,), strict=False)
         mark_detaches(ep)
         ep = ep.run_decompositions()
     except Exception as e:  # noqa: BLE001 - export errors come from the user's code; keep them short
