@@ -495,3 +495,36 @@ def test_pool_lowerings_over_random_geometries(h, w, k, stride, pad, ties, seed)
         (ref * ct).sum().backward()
         assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
         assert torch.allclose(gx, xt.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_export_of_an_hf_gpt2_run_loads_with_from_pretrained(tmp_path: Path) -> None:
+    """`vtrain export` of a front-end HF run: `GPT2LMHeadModel.from_pretrained(out)` loads the run's
+    trained weights (tied embedding included), bit for bit, and runs."""
+    from click.testing import CliRunner
+    from transformers import GPT2LMHeadModel
+
+    from protocol.cli import main
+    from vtrain.frontend.job import state_dict_of
+    from vtrain.outputs.export import verified_state
+    from vtrain.training.rundir import RunDir
+    from vtrain.training.spec import build_job
+
+    root = Path(__file__).resolve().parents[1]
+    run, out = tmp_path / "run", tmp_path / "hf"
+    args = ["--model-arg", "context=8", "--model-arg", "n_layer=1", "--model-arg", "n_embd=16",
+            "--model-arg", "n_head=2", "--model-arg", "vocab_size=260"]
+    r = CliRunner().invoke(main, ["train", "--out", str(run), "--model", f"{root}/examples/hf_gpt2.py:small", *args,
+                                  "--steps", "2", "--batch-size", "2"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["export", str(run), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    model = GPT2LMHeadModel.from_pretrained(str(out))
+    rd = RunDir(run)
+    job = build_job(rd.read_spec())
+    _, state = verified_state(rd, job)
+    trained = state_dict_of(job.torch.captured, state)
+    got = model.state_dict()
+    assert trained and all(torch.equal(got[k], v.reshape(got[k].shape)) for k, v in trained.items())
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # still tied
+    logits = model(torch.zeros((1, 8), dtype=torch.long)).logits
+    assert logits.shape == (1, 8, 260) and bool(torch.isfinite(logits).all())

@@ -62,9 +62,46 @@ def model_config(spec: TrainSpec) -> dict:
     return {"model": spec.model, "config": cfg}
 
 
+def export_torch_run(job: Job, state: list, out: Path, step: int) -> dict:
+    """A front-end run (``FILE.py:FACTORY``): the user's module with the run's weights, saved as the
+    module's own ``state_dict`` in ``model.safetensors``; a module with ``save_pretrained`` (HF
+    transformers) is saved by it, so ``from_pretrained(out)`` loads it (config.json included)."""
+    import copy
+
+    import torch
+    from safetensors.torch import save as st_save_torch
+
+    from vtrain.frontend.job import state_dict_of
+
+    module = copy.deepcopy(job.torch.task.module)
+    own = module.state_dict()
+    sd = {k: v.reshape(own[k].shape).clone() for k, v in state_dict_of(job.torch.captured, state).items()}
+    missing = [k for k in sd if k not in own]
+    if missing:
+        raise VtrainError(f"export: the run's slots {missing} are not in the module's state_dict")
+    with torch.no_grad():
+        module.load_state_dict(sd, strict=False)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if hasattr(module, "save_pretrained"):
+        module.save_pretrained(str(out), safe_serialization=True)
+        kind = "save_pretrained"
+    else:
+        full = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+        atomic_write(out / "model.safetensors", st_save_torch(full, metadata={"step": str(step), "format": "pt"}))
+        atomic_write(out / "config.json", json.dumps({"model": job.spec.model, "model_args": job.spec.model_args,
+                                                      "step": step}, indent=1).encode())
+        kind = "state_dict"
+    names = sorted(module.state_dict())
+    return {"out": str(out), "step": step, "tensors": len(names), "trained": len(sd), "format": kind,
+            "values": int(sum(t.numel() for t in module.state_dict().values())), "names": names}
+
+
 def export_run(run: RunDir, job: Job, out: Path, step: int | None = None) -> dict:
     """Write ``model.safetensors`` (weights only), ``config.json`` and (GPT) ``vocab.json`` to ``out``."""
     step, state = verified_state(run, job, step)
+    if job.torch is not None:
+        return export_torch_run(job, state, out, step)
     w = weights(job, state)
     out = Path(out)
     atomic_write(out / "model.safetensors", st_save(w, metadata={"step": str(step), "format": "pt"}))
