@@ -90,6 +90,8 @@ from hypothesis.stateful import (
 )
 from web3.logs import DISCARD
 
+from vtrain.commit import roots as C
+
 log = logging.getLogger(__name__)
 
 #: (nSteps, intervalLength) of the fuzzed jobs: 1 to 3 intervals, the last one sometimes short.
@@ -851,6 +853,9 @@ class ContractMachine(RuleBasedStateMachine):
         j = self.model.jobs[d.job]
         lr = self._da_run(d.job)
         proof_ok = d.interval < len(j.posted) and j.posted[d.interval] == lr.run.interval_roots[d.interval]
+        # a trainer whose committed step leaf names another step number (the ``step_leaf`` cheat) cannot
+        # prove that leaf as step ``d.step``'s: its answer reverts and the demand times out
+        proof_ok = proof_ok and C.decode_step_leaf(self.runs[d.job].steps[d.step].leaf)[0] == d.step
         da = self.dep.da.functions
         if d.kind == 1:
             fn = da.answerStep(d.demand, *D.step_args(lr, d.interval, d.step))

@@ -267,7 +267,7 @@ def test_demo_command_offers_the_gpt_and_refuses_a_cheat_the_model_cannot_play()
     from protocol.cli import main
 
     runner = CliRunner()
-    assert "[mlp|gpt]" in runner.invoke(main, ["demo", "--help"]).output
+    assert "[mlp|gpt|resnet|gpt2]" in runner.invoke(main, ["demo", "--help"]).output
     r = runner.invoke(main, ["demo", "--model", "mlp", "--cheat", "tamper-attention"])
     assert r.exit_code == 1 and "model 'mlp' has no attention" in r.output, r.output
 
