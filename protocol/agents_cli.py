@@ -745,23 +745,36 @@ def reclaim_job_cmd(
     """Reclaim JOB whose trainer is late posting an interval (and that has no game open): the payment
     and the bounty (part of the trainer's stake; the rest is burned) are credited to the client, then
     withdrawn. Prints {"job": ID, "reclaimed": WEI, ...}."""
+    client_acct, refund, withdrawn = client_refund(
+        rpc, deployment_path, rpc_retries, rpc_deadline, key_file, account_index, job_id,
+        "reclaimJob", "JobReclaimed", "reclaimed",
+    )
+    Out.make("client", job_id, False).say(f"reclaimed job {job_id}: {refund / 1e18:g} ETH credited, withdrawn")
+    Out._line({"job": job_id, "client": client_acct, "reclaimed": refund, "withdrawn": withdrawn})
+
+
+def client_refund(
+    rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, key_file: Path | None,
+    account_index: int, job_id: int, fn: str, event: str, verb: str,
+) -> tuple[str, int, int]:
+    """The client calls registry ``fn(job_id)`` (cancelJob, reclaimJob), reads the refund from its
+    ``event`` and withdraws everything owed: ``(client, refund, withdrawn)``. A revert is a one-line
+    error ("job N cannot be <verb>: ...")."""
     from web3.logs import DISCARD
 
     from protocol.chain import Reverted
 
     if key_file is not None:
-        read_key_file(key_file)
+        read_key_file(key_file)  # a malformed key fails before anything is contacted
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
-    client_acct = use_key(chain, key_file, account_index, "--account-index")
+    me = use_key(chain, key_file, account_index, "--account-index")
     try:
-        r = chain.send(proto.registry.functions.reclaimJob(job_id), client_acct, what=f"reclaimJob({job_id})")
+        r = chain.send(getattr(proto.registry.functions, fn)(job_id), me, what=f"{fn}({job_id})")
     except Reverted as e:
-        raise click.ClickException(f"job {job_id} cannot be reclaimed: {e}") from None
-    ev = proto.registry.events.JobReclaimed().process_receipt(r, errors=DISCARD)
+        raise click.ClickException(f"job {job_id} cannot be {verb}: {e}") from None
+    ev = getattr(proto.registry.events, event)().process_receipt(r, errors=DISCARD)
     refund = int(ev[0]["args"]["refund"]) if ev else 0
-    withdrawn = _withdraw(chain, proto, client_acct)
-    Out.make("client", job_id, False).say(f"reclaimed job {job_id}: {refund / 1e18:g} ETH credited, withdrawn")
-    Out._line({"job": job_id, "client": client_acct, "reclaimed": refund, "withdrawn": withdrawn})
+    return me, refund, _withdraw(chain, proto, me)
 
 
 @client.command("withdraw")

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from protocol.agents_cli import Out, clean_errors, connect, key_option, read_key_file, rpc_options, use_key
+from protocol.agents_cli import Out, clean_errors, client_refund, connect, key_option, rpc_options
 
 #: Job statuses after which nothing more can happen to a job (but withdrawals).
 DONE = ("Cancelled", "Finalized", "Fraudulent")
@@ -97,22 +97,10 @@ def cancel_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadli
                    job_id: int, account_index: int) -> None:
     """Cancel JOB before its trainer accepted it: the payment is credited back and withdrawn.
     Prints {"job": ID, "refund": WEI, "withdrawn": WEI}."""
-    from web3.logs import DISCARD
-
-    from protocol.agents_cli import _withdraw
-    from protocol.chain import Reverted
-
-    if key_file is not None:
-        read_key_file(key_file)
-    chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
-    me = use_key(chain, key_file, account_index, "--account-index")
-    try:
-        r = chain.send(proto.registry.functions.cancelJob(job_id), me, what=f"cancelJob({job_id})")
-    except Reverted as e:
-        raise click.ClickException(f"job {job_id} cannot be cancelled: {e}") from None
-    ev = proto.registry.events.JobCancelled().process_receipt(r, errors=DISCARD)
-    refund = int(ev[0]["args"]["refund"]) if ev else 0
-    withdrawn = _withdraw(chain, proto, me)
+    me, refund, withdrawn = client_refund(
+        rpc, deployment_path, rpc_retries, rpc_deadline, key_file, account_index, job_id,
+        "cancelJob", "JobCancelled", "cancelled",
+    )
     Out.make("client", job_id, False).say(f"cancelled job {job_id}: {refund / 1e18:g} ETH refunded and withdrawn")
     Out._line({"job": job_id, "client": me, "refund": refund, "withdrawn": withdrawn})
 
