@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from vtrain.errors import GraphError
-from vtrain.graph.step_graph import Graph, OpKind, OpNode, Shape
+from vtrain.graph.step_graph import GENERATED_KINDS, Graph, OpKind, OpNode, Shape
 
 
 @dataclass(frozen=True)
@@ -140,13 +140,17 @@ def _join(plan: ShardingPlan, op: OpNode, positions: list[int]) -> Placement | N
 
 
 def _place(plan: ShardingPlan, op: OpNode) -> Placement | None:  # noqa: C901 (one rule per kind)
+    """The op's placement from its inputs' (the rule of its kind), or a GraphError saying why the
+    op mixes samples in a way that is not a batch reduction."""
     K = OpKind
     k = op.kind
     g = plan.graph
     ins = [plan.placement[i] for i in op.inputs]
     if k == K.DATA:
         return _check(plan, op, op.shape, Placement(0, 1))
-    if k in (K.INPUT, K.CONST):
+    if k in (K.INPUT, K.CONST) or k in GENERATED_KINDS:
+        # a DROPOUT_MASK is generated whole (every element at its global index) and cut to the
+        # shard where it meets a sharded tensor, so its bits cannot depend on the split
         return None
     if all(p is None for p in ins):
         return None
@@ -154,7 +158,8 @@ def _place(plan: ShardingPlan, op: OpNode) -> Placement | None:  # noqa: C901 (o
         raise _err(op, "writes a state slot from one shard of the batch (the state must not depend on the split)")
     if k in (K.SUM, K.MEAN, K.MAX):
         p = ins[0]
-        if p.axis == len(op.shape) - 1:  # type: ignore[union-attr]
+        assert p is not None
+        if p.axis == len(op.shape) - 1:  # the reduced axis runs over the batch: combined across ranks
             plan.reductions.add(op.id)
             return None
         return p
@@ -164,20 +169,47 @@ def _place(plan: ShardingPlan, op: OpNode) -> Placement | None:  # noqa: C901 (o
         return _check(plan, op, op.shape, _reshape(op, g.ops[op.inputs[0]].shape, op.shape, ins[0], plan.batch))
     if k == K.PERMUTE:
         p = ins[0]
-        return Placement(list(op.attrs).index(p.axis), p.block)  # type: ignore[union-attr]
+        assert p is not None
+        return _check(plan, op, op.shape, Placement(list(op.attrs).index(p.axis), p.block))
     if k in (K.SLICE, K.PAD):
         p = ins[0]
-        if op.attrs[0] == p.axis:  # type: ignore[union-attr]
-            raise _err(op, "slices or pads the batch axis")
+        assert p is not None
+        if op.attrs[0] == p.axis:
+            raise _err(op, f"{'slices' if k == K.SLICE else 'pads'} the batch axis {p.axis} (it would move "
+                       "entries between samples)")
         return p
-    if k == K.EXPAND:
-        p = ins[0]
-        return p
-    if k == K.ONE_HOT:
-        return ins[0]
-    # elementwise (unary, binary with broadcast, RELU_GRAD, GATHER): same rank, aligned axes
+    if k in (K.EXPAND, K.ONE_HOT):  # the sharded axis keeps its size and position
+        return _check(plan, op, op.shape, ins[0])  # type: ignore[arg-type]
+    if k == K.TAKE:
+        return _place_take(plan, op, ins)
+    if k == K.GATHER and ins[0] is not None and ins[0].axis == len(op.shape) - 1:
+        raise _err(op, "gathers along the batch axis (an index may pick another rank's sample)")
+    if k == K.MAX_GRAD and ins[0] is not None and ins[0].axis == len(op.shape) - 1:
+        raise _err(op, "routes a gradient to the first maximum over the batch axis (the first maximum "
+                   "may lie on another rank); not a supported batch reduction")
+    # elementwise (unary, binary and SELECT with broadcast, RELU_GRAD, GATHER and MAX_GRAD along a
+    # per-sample axis): inputs of the output's rank, axes aligned
     got = _join(plan, op, list(range(len(op.inputs))))
     return _check(plan, op, op.shape, got) if got is not None else None
+
+
+def _place_take(plan: ShardingPlan, op: OpNode, ins: list[Placement | None]) -> Placement:
+    """``out[pre, j..., post] = x[pre, idx[j...], post]``: a sharded ``x`` keeps its batch axis (moved
+    by idx's rank) unless it is the taken axis; a sharded ``idx`` (token ids: an embedding lookup)
+    puts the batch axis among the ``j`` axes."""
+    g = plan.graph
+    axis = op.attrs[0]
+    px, pi = ins
+    idx_rank = len(g.ops[op.inputs[1]].shape)
+    if px is not None and pi is not None:
+        raise _err(op, f"takes from a tensor sharded as {px} by indices sharded as {pi}")
+    if px is not None:
+        if px.axis == axis:
+            raise _err(op, f"takes along the batch axis {axis} (an index may pick another rank's sample)")
+        out_axis = px.axis if px.axis < axis else px.axis + idx_rank - 1
+        return _check(plan, op, op.shape, Placement(out_axis, px.block))
+    assert pi is not None
+    return _check(plan, op, op.shape, Placement(axis + pi.axis, pi.block))
 
 
 def _place_matmul(plan: ShardingPlan, op: OpNode, ins: list[Placement | None]) -> Placement | None:

@@ -96,7 +96,7 @@ def distributed_train_steps(
         fault = _KillAt(combiner, int(kill.split(":")[1]))
         combiner = fault
     coll = Collective(plan, shard, combiner)
-    ex = StepExecutor(plan.local_graph(shard), Mode.CERTIFIED, collective=coll)
+    ex = StepExecutor(plan.local_graph(shard), Mode.CERTIFIED, seed=job.spec.data_seed, collective=coll)
     for s in range(first, last + 1):
         if fault is not None:
             fault.current = s

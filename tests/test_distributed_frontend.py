@@ -1,0 +1,113 @@
+"""Data-parallel training of front-end graphs (vtrain.frontend): the ResNet (convs as patch TAKEs,
+batch norm, pools, residuals) and a tiny HF GPT-2 (embedding TAKEs, DROPOUT_MASK, causal SELECT,
+clipping) give the single process's state roots and log bytes at world sizes 1, 2 and 3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_distributed import _pairs, _reference, _threads
+
+from vtrain.distributed.sharding import analyse
+from vtrain.errors import GraphError
+from vtrain.graph.step_graph import GraphBuilder, OpKind
+from vtrain.training.spec import TrainSpec, build_job
+
+RESNET = TrainSpec(model="examples/resnet_digits.py:task", model_args={"width": 4}, batch_size=7, steps=2,
+                   interval=2)
+GPT2 = TrainSpec(model="examples/hf_gpt2.py:small", model_args={"n_layer": 1, "n_embd": 16, "n_head": 2,
+                 "vocab_size": 300, "context": 8, "dropout": 0.1}, batch_size=5, steps=2, interval=2)
+
+
+@pytest.fixture(scope="module")
+def resnet_job():
+    return build_job(RESNET)
+
+
+@pytest.fixture(scope="module")
+def gpt2_job():
+    pytest.importorskip("transformers")
+    return build_job(GPT2)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_resnet_world_sizes_match_one_process(resnet_job, world):
+    ref = _reference(resnet_job, RESNET.steps)
+    outs = _threads(resnet_job, world, RESNET.steps, seed=world)
+    for r in range(world):
+        assert _pairs(resnet_job, outs[r]) == ref, f"rank {r} of {world}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gpt2_with_dropout_world_sizes_match_one_process(gpt2_job, world):
+    assert any(o.kind == OpKind.DROPOUT_MASK for o in gpt2_job.graph.ops)
+    ref = _reference(gpt2_job, GPT2.steps)
+    outs = _threads(gpt2_job, world, GPT2.steps, seed=world)
+    for r in range(world):
+        assert _pairs(gpt2_job, outs[r]) == ref, f"rank {r} of {world}"
+
+
+def test_resnet_plan_combines_batch_norm_statistics_and_weight_gradients(resnet_job):
+    """Batch norm's training-mode MEANs run over batch x positions (a block of H*W entries per
+    sample on the last axis): batch reductions, as are the conv weight gradients (K = N*P)."""
+    g = resnet_job.graph
+    plan = analyse(g)
+    means = [i for i in plan.reductions if g.ops[i].kind == OpKind.MEAN]
+    assert len(means) == 12  # mean and variance of the six batch norms (stem, 2 x 2 blocks, shortcut)
+    for i in means:
+        p = plan.placement[g.ops[i].inputs[0]]
+        assert p is not None and p.block in (64, 49, 16), (i, p)  # 8x8, 7x7, 4x4 positions per sample
+    assert sum(g.ops[i].kind == OpKind.MATMUL for i in plan.reductions) == 7  # 6 convs + the head
+    for slot, op in g.grad_ops.items():
+        assert plan.placement[op] is None, f"gradient of slot {slot} must be replicated"
+    takes = [o for o in g.ops if o.kind == OpKind.TAKE and plan.placement[o.id] is not None]
+    assert takes and all(plan.placement[t.id].axis == 0 for t in takes)  # patch gathers keep the batch axis
+
+
+def test_gpt2_plan_generates_dropout_masks_whole_and_cuts_them(gpt2_job):
+    """A DROPOUT_MASK hashes each element's GLOBAL index: every rank generates the whole mask and
+    cuts its shard where the mask meets the sharded activations (never a mask of local indices)."""
+    g = gpt2_job.graph
+    plan = analyse(g)
+    masks = [o.id for o in g.ops if o.kind == OpKind.DROPOUT_MASK]
+    assert masks and all(plan.placement[m] is None for m in masks)
+    cut = {op.inputs[pos] for op in g.ops for pos, _ in plan.slice_inputs.get(op.id, [])}
+    assert set(masks) <= cut
+    emb = [o for o in g.ops if o.kind == OpKind.TAKE and plan.placement[o.inputs[1]] is not None]
+    assert emb and all(plan.placement[o.id].axis == 0 for o in emb)  # token-id lookups: sharded by idx
+    assert g.ops[emb[0].inputs[0]].kind == OpKind.INPUT  # from the replicated embedding table
+
+
+def _take_batch(b, x):
+    return b.take(x, b.const(np.array([1.0, 0.0], np.float32), "idx"), 0)
+
+
+def _gather_batch(b, x):
+    return b.gather(b.transpose(x), b.const(np.zeros((3, 1), np.float32), "idx"))
+
+
+def _max_grad_batch(b, x):
+    xt = b.transpose(x)  # (3, 4): the batch on the last axis
+    return b.max_grad(xt, b.max(xt, differentiable=True))
+
+
+def _slice_batch(b, x):
+    return b.slice(b.reshape(x, (12,)), 0, 2, 5)
+
+
+def _take_sharded_by_sharded(b, x):
+    return b.take(x, b.reshape(x, (4, 3)), 1)
+
+
+@pytest.mark.parametrize("build, kind, why", [
+    (_take_batch, "TAKE", "takes along the batch axis 0"),
+    (_gather_batch, "GATHER", "gathers along the batch axis"),
+    (_max_grad_batch, "MAX_GRAD", "first maximum over the batch axis"),
+    (_slice_batch, "SLICE", "slices the batch axis 0"),
+    (_take_sharded_by_sharded, "TAKE", "takes from a tensor sharded as"),
+])
+def test_ops_that_mix_samples_are_refused_naming_the_op_and_why(build, kind, why):
+    b = GraphBuilder()
+    out = build(b, b.data((4, 3)))
+    with pytest.raises(GraphError, match=rf"sharding: op {out.op} \({kind}\b.*{why}"):
+        analyse(b.build(out))
