@@ -4,13 +4,20 @@ clipping) give the single process's state roots and log bytes at world sizes 1, 
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from test_distributed import _pairs, _reference, _threads
 
+from vtrain.cli import replay_cmd, train_cmd
 from vtrain.distributed.sharding import analyse
+from vtrain.distributed.worker import FAULT_ENV, backend_for, rank_device
 from vtrain.errors import GraphError
 from vtrain.graph.step_graph import GraphBuilder, OpKind
+from vtrain.training.rundir import RunDir
 from vtrain.training.spec import TrainSpec, build_job
 
 RESNET = TrainSpec(model="examples/resnet_digits.py:task", model_args={"width": 4}, batch_size=7, steps=2,
@@ -111,3 +118,70 @@ def test_ops_that_mix_samples_are_refused_naming_the_op_and_why(build, kind, why
     out = build(b, b.data((4, 3)))
     with pytest.raises(GraphError, match=rf"sharding: op {out.op} \({kind}\b.*{why}"):
         analyse(b.build(out))
+
+
+def test_the_backend_follows_the_device():
+    assert backend_for("cpu") == "gloo"
+    assert backend_for("cuda") == backend_for("cuda:1") == "nccl"
+    assert rank_device("cpu") == "cpu"
+
+
+# -- real ranks (processes, gloo on loopback) ----------------------------------------------------------
+def _ref_run(tmp_path, args: list[str]) -> RunDir:
+    r = CliRunner().invoke(train_cmd, ["--out", str(tmp_path / "ref"), *args])
+    assert r.exit_code == 0, r.output
+    return RunDir(tmp_path / "ref")
+
+
+def _same_run(a: RunDir, b: RunDir, steps: int, interval: int) -> None:
+    assert a.read_roots() == b.read_roots()
+    for s in range(1, steps + 1):
+        assert a.log_path(s).read_bytes() == b.log_path(s).read_bytes(), f"log of step {s}"
+    for s in [0, *range(interval, steps + 1, interval), steps]:
+        assert a.ckpt_path(s).read_bytes() == b.ckpt_path(s).read_bytes(), f"checkpoint of step {s}"
+
+
+@pytest.mark.slow
+def test_cli_two_ranks_train_the_resnet_resume_after_a_killed_rank_and_replay(tmp_path, monkeypatch):
+    """`vtrain train --model resnet --nproc 2` over gloo: rank 1 dies in step 3, `--resume RUN
+    --nproc 2` finishes it, and the folder equals a one-process run's; `vtrain replay` matches."""
+    args = ["--model", RESNET.model, "--model-arg", "width=4", "--steps", "4", "--interval", "2", "--batch-size", "7"]
+    ref = _ref_run(tmp_path, args)
+    run = tmp_path / "two"
+    monkeypatch.setenv(FAULT_ENV, "1:3")
+    monkeypatch.setenv("VTRAIN_DIST_TIMEOUT", "20")
+    r = CliRunner().invoke(train_cmd, ["--out", str(run), "--nproc", "2", *args])
+    assert r.exit_code != 0 and "rank 1 (killed by SIGKILL)" in r.output, r.output
+    assert sorted(RunDir(run).read_roots()) == [1, 2]
+    monkeypatch.delenv(FAULT_ENV)
+    r = CliRunner().invoke(train_cmd, ["--resume", str(run), "--nproc", "2"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output.strip().splitlines()[-1])
+    assert summary["first_step"] == 3 and summary["world_size"] == 2 and summary["backend"] == "gloo"
+    _same_run(ref, RunDir(run), 4, 2)
+    rep = CliRunner().invoke(replay_cmd, ["--run", str(run)])
+    assert rep.exit_code == 0, rep.output
+    assert json.loads(rep.output.strip().splitlines()[-1])["matched"] == 4
+    r = CliRunner().invoke(train_cmd, ["--resume", str(run), "--nproc", "2"])
+    assert r.exit_code != 0 and "already holds a complete run of 4 steps" in r.output
+
+
+@pytest.mark.slow
+def test_a_killed_two_rank_run_resumes_under_any_world_size(tmp_path, monkeypatch):
+    """A 2-rank run whose rank 1 dies in step 4 (step 3 recorded, no checkpoint after step 2)
+    resumes from step 2 with --nproc 2, 1 or 3 and ends as an uninterrupted one-process run."""
+    args = ["--steps", "5", "--interval", "2", "--batch-size", "9"]
+    ref = _ref_run(tmp_path, args)
+    killed = tmp_path / "killed"
+    monkeypatch.setenv(FAULT_ENV, "1:4")
+    monkeypatch.setenv("VTRAIN_DIST_TIMEOUT", "20")
+    r = CliRunner().invoke(train_cmd, ["--out", str(killed), "--nproc", "2", *args])
+    assert r.exit_code != 0 and "resumes from its last checkpoint" in r.output, r.output
+    assert sorted(RunDir(killed).read_roots()) == [1, 2, 3] and not RunDir(killed).ckpt_path(3).exists()
+    monkeypatch.delenv(FAULT_ENV)
+    for nproc in (2, 1, 3):
+        run = tmp_path / f"resumed{nproc}"
+        shutil.copytree(killed, run)
+        r = CliRunner().invoke(train_cmd, ["--resume", str(run), "--nproc", str(nproc)])
+        assert r.exit_code == 0, (nproc, r.output)
+        _same_run(ref, RunDir(run), 5, 2)

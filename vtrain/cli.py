@@ -214,37 +214,10 @@ def _text_sha(path: str | None) -> str | None:
 
 
 def _resume_point(run: Any, job: Any) -> tuple[int, list]:
-    """The last checkpoint whose state root matches the recorded one; later records are dropped."""
-    from vtrain.commit.roots import state_root
-    from vtrain.errors import CorruptArtifact
-    from vtrain.graph.executor import state_tensors
-    from vtrain.training.loop import component_roots, initial_commitment
+    """The last checkpoint whose state root matches the recorded one (:func:`vtrain.training.resume.resume_point`)."""
+    from vtrain.training.resume import resume_point
 
-    roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
-    done = 0
-    while done + 1 in roots:
-        done += 1
-    for c in sorted((s for s in run.checkpoint_steps() if 0 < s <= done), reverse=True):
-        try:
-            state = run.read_checkpoint(c, job.graph)
-        except CorruptArtifact as e:
-            log.warning("not resuming from checkpoint %d: %s", c, e)
-            continue
-        if state_root(component_roots(state)).hex() == roots[c]["state_root"]:
-            run.truncate_after(c)
-            return c, state
-        log.warning("not resuming from checkpoint %d: its state root differs from roots.jsonl", c)
-    state = state_tensors(job.initial_state)  # step 0 is derived from the spec: always verifiable
-    run.truncate_after(0)
-    root0 = initial_commitment(job)[1]
-    try:
-        ok = state_root(component_roots(run.read_checkpoint(0, job.graph))) == root0
-    except (CorruptArtifact, OSError, Exception):
-        ok = False
-    if not ok:
-        run.write_checkpoint(0, job.graph, state)
-    return 0, state
-
+    return resume_point(run, job)
 
 
 def _apply_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int:
@@ -429,6 +402,11 @@ def _train(
                 raise Failure(f"--out {out} already holds a run of another spec ({diff}); choose another --out")
             spec = old
     job = build_job(spec)
+    if not fresh:
+        run.verify_dataset(job.dataset)
+        roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
+        if len(roots) >= spec.steps and all(s in roots for s in range(1, spec.steps + 1)):
+            raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; choose another --out")
     if nproc > 1:
         from vtrain.distributed.launch import launch
         from vtrain.distributed.worker import check_spec
@@ -436,7 +414,7 @@ def _train(
         check_spec(spec, nproc)
         if fresh:
             run.write_spec(run.pin_inputs(spec, job.dataset))
-        click.echo(json.dumps(launch(run.path, nproc, resume=not fresh)))
+        click.echo(json.dumps(launch(run.path, nproc, resume=not fresh, device=device)))
         return
     if fresh:
         from vtrain.graph.executor import state_tensors
@@ -448,10 +426,6 @@ def _train(
         run.write_checkpoint(0, job.graph, state)
         start = 0
     else:
-        run.verify_dataset(job.dataset)
-        roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
-        if len(roots) >= spec.steps and all(s in roots for s in range(1, spec.steps + 1)):
-            raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; choose another --out")
         start, state = _resume_point(run, job)
         click.echo(f"resuming {run.path} after step {start} of {spec.steps}", err=True)
     _train_loop(run, job, state, start, device, threads)

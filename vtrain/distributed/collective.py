@@ -57,26 +57,35 @@ class Combiner:
         raise NotImplementedError
 
 
+def collective_device() -> torch.device:
+    """Where the default process group's tensors must live: the current GPU for NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class DistCombiner(Combiner):
-    """The default process group (gloo on CPU, NCCL on GPU)."""
+    """The default process group (gloo on CPU, NCCL on GPU); values come back on the CPU."""
 
     def __init__(self) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = collective_device()
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.contiguous().clone()
+        t = t.contiguous().to(self.device, copy=True)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t
+        return t.cpu()
 
     def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.contiguous().clone()
+        t = t.contiguous().to(self.device, copy=True)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t
+        return t.cpu()
 
     def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        t = t.contiguous().to(self.device)
         out = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(out, t.contiguous())
-        return out
+        dist.all_gather(out, t)
+        return [o.cpu() for o in out]
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world
@@ -108,7 +117,12 @@ class Collective:
 
     # -- a batch reduction -------------------------------------------------------------------------
     def reduce(self, op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, OpLog, int]:
-        """The op's FP32 output (same bits on every rank) and its canonical log entries."""
+        """The op's FP32 output (same bits on every rank) and its canonical log entries (computed on
+        the CPU; the output goes back to the inputs' device)."""
+        dev = ins[0].device
+        if dev.type != "cpu":
+            out, entries, slow = self.reduce(op, [t.cpu() for t in ins])
+            return out.to(dev), entries, slow
         if op.kind == OpKind.MAX:  # exact: the max of the ranks' maxima
             return self.combiner.all_reduce_max(ins[0].amax(dim=-1, keepdim=True)), OpLog.empty(), 0
         g = self.plan.graph

@@ -64,9 +64,11 @@ def launch(
     rank_env: Sequence[Mapping[str, str]] | None = None,
     timeout_s: float | None = None,
     span: tuple[int, int] | None = None,
+    device: str = "cpu",
 ) -> dict:
     """Run the spec in ``run/spec.json`` on ``nproc`` local ranks; returns the leader's summary.
-    ``span``: only those steps, from the folder's checkpoint before them (see the worker)."""
+    ``span``: only those steps, from the folder's checkpoint before them (see the worker).
+    ``device``: ``cpu`` (gloo) or ``cuda`` (NCCL, rank r on GPU r)."""
     if nproc < 1:
         raise VtrainError(f"--nproc: expected at least 1, got {nproc}")
     if rank_env is not None and len(rank_env) != nproc:
@@ -95,6 +97,7 @@ def launch(
                 cmd.append("--resume")
             if span is not None:
                 cmd += ["--span", str(span[0]), str(span[1])]
+            cmd += ["--device", str(device)]
             procs.append(subprocess.Popen(cmd, env=env, stdout=outs[r], stderr=errs[r], cwd=root))
         try:
             codes = _wait(procs)

@@ -2,9 +2,10 @@
 
 The rendezvous is torch.distributed's ``env://``: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
 ``WORLD_SIZE`` (what ``torchrun`` sets, and what :mod:`vtrain.distributed.launch` sets for one
-host). Backend: gloo (CPU). Rank 0 is the leader: it alone reads and writes the run folder (spec,
-roots, logs, checkpoints) and sends the spec and a resumed state to the others, so on several
-hosts only the leader's host needs the folder. Every step, every rank checks that all ranks hold
+host). Backend: gloo on the CPU, NCCL with ``--device cuda`` (rank r on GPU ``LOCAL_RANK``).
+Rank 0 is the leader: it alone reads and writes the run folder (spec, roots, logs, checkpoints)
+and sends the spec and a resumed state to the others, so on several hosts only the leader's host
+needs the folder. Every step, every rank checks that all ranks hold
 the same state root and log bytes (:func:`vtrain.distributed.collective.agree`).
 """
 
@@ -29,10 +30,11 @@ from vtrain.graph.executor import StepExecutor, state_tensors
 from vtrain.numerics.logfile import encode_step_log
 from vtrain.numerics.rounding import Mode
 from vtrain.training.loop import StepOutcome, _outcome, batch_for, initial_commitment
-from vtrain.training.rundir import RunDir, atomic_write
+from vtrain.training.resume import resume_point
+from vtrain.training.rundir import RunDir
 from vtrain.training.spec import Job, TrainSpec, build_job
 
-from .collective import Collective, Combiner, DistCombiner, agree
+from .collective import Collective, Combiner, DistCombiner, agree, collective_device
 from .sharding import analyse, shards
 
 log = logging.getLogger(__name__)
@@ -80,11 +82,13 @@ class _KillAt(Combiner):
 
 
 def distributed_train_steps(
-    job: Job, state: list[torch.Tensor], first: int, last: int, combiner: Combiner | None = None
+    job: Job, state: list[torch.Tensor], first: int, last: int, combiner: Combiner | None = None,
+    device: str | None = None,
 ) -> Iterator[StepOutcome]:
     """Steps ``first..last`` of ``job`` on this rank's shard of every batch; each outcome carries the
     whole batch's log and the state every rank agreed on (same as ``loop.train_steps`` in one process).
-    ``combiner``: how ranks exchange values (default: the torch.distributed process group)."""
+    ``combiner``: how ranks exchange values (default: the torch.distributed process group);
+    ``device``: where this rank computes (the log and roots do not depend on it)."""
     combiner = combiner or DistCombiner()
     rank, world = combiner.rank, combiner.world
     check_spec(job.spec, world)
@@ -96,7 +100,7 @@ def distributed_train_steps(
         fault = _KillAt(combiner, int(kill.split(":")[1]))
         combiner = fault
     coll = Collective(plan, shard, combiner)
-    ex = StepExecutor(plan.local_graph(shard), Mode.CERTIFIED, seed=job.spec.data_seed, collective=coll)
+    ex = StepExecutor(plan.local_graph(shard), Mode.CERTIFIED, device, seed=job.spec.data_seed, collective=coll)
     for s in range(first, last + 1):
         if fault is not None:
             fault.current = s
@@ -113,27 +117,17 @@ def _broadcast_state(state: list[torch.Tensor] | None, job: Job) -> list[torch.T
     if dist.get_rank() != 0:
         state = [torch.empty(s.shape, dtype=torch.float32) for s in job.graph.slots]
     assert state is not None
+    dev = collective_device()
+    out = []
     for t in state:
+        t = t.to(dev)
         dist.broadcast(t, src=0)
-    return state_tensors([t.numpy() for t in state])
+        out.append(t.cpu())
+    return state_tensors([t.numpy() for t in out])
 
 
-def _resume_point(run: RunDir, spec: TrainSpec, job: Job) -> tuple[int, list[torch.Tensor]]:
-    """The last checkpoint at or before the last recorded step; later records are cut off."""
-    try:
-        roots = run.read_roots()
-    except VtrainError:
-        roots = {}
-    done = max(roots, default=0)
-    marks = [s for s in range(done + 1) if s % spec.interval == 0 or s == spec.steps]
-    start = max(s for s in marks if run.ckpt_path(s).exists())
-    kept = [json.dumps(roots[s]) + "\n" for s in sorted(roots) if s <= start]
-    atomic_write(run.path / "roots.jsonl", "".join(kept).encode())
-    log.info("resuming after step %d (checkpoint %s)", start, run.ckpt_path(start))
-    return start, run.read_checkpoint(start, job.graph)
-
-
-def run_rank(run_path: Path, resume: bool = False, span: tuple[int, int] | None = None) -> dict | None:
+def run_rank(run_path: Path, resume: bool = False, span: tuple[int, int] | None = None,
+             device: str = "cpu") -> dict | None:
     """Train the run folder's spec as this rank; the leader writes the folder and returns the summary.
 
     ``span = (first, last)``: train only steps ``first..last`` from the folder's checkpoint of step
@@ -162,7 +156,9 @@ def run_rank(run_path: Path, resume: bool = False, span: tuple[int, int] | None 
                 first = span[0]
                 state = run.read_checkpoint(first - 1, job.graph)
             elif resume:
-                start, state = _resume_point(run, spec, job)
+                run.verify_dataset(job.dataset)
+                start, state = resume_point(run, job)
+                log.info("resuming after step %d of %d on %d ranks", start, spec.steps, world)
                 first = start + 1
             elif (run.path / "roots.jsonl").exists():
                 raise VtrainError(f"{run.path} already holds a run; resume it or choose another folder")
@@ -184,7 +180,7 @@ def run_rank(run_path: Path, resume: bool = False, span: tuple[int, int] | None 
     caps: list = [None] * world
     dist.all_gather_object(caps, torch.backends.cpu.get_cpu_capability())
     last_step = span[1] if span is not None else spec.steps
-    for o in distributed_train_steps(job, state, first, last_step):
+    for o in distributed_train_steps(job, state, first, last_step, device=device):
         if rank == 0:
             log_bytes += run.write_log(o.step, o.log, job.graph)
             run.append_roots(o.step, o.loss, o.state_root, o.log_root)
@@ -199,6 +195,8 @@ def run_rank(run_path: Path, resume: bool = False, span: tuple[int, int] | None 
         "steps": spec.steps,
         "first_step": first,
         "world_size": world,
+        "backend": dist.get_backend(),
+        "device": device,
         "cpu_capability": caps,
         "ops_per_step": job.graph.n_ops,
         "seconds": round(time.perf_counter() - t0, 3),
@@ -209,14 +207,32 @@ def run_rank(run_path: Path, resume: bool = False, span: tuple[int, int] | None 
     }
 
 
-def init_process_group(timeout_s: float | None = None) -> None:
-    """``env://`` rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), gloo, with a collective timeout."""
+def backend_for(device: str) -> str:
+    """torch.distributed's backend for ``device``: NCCL for CUDA, gloo for the CPU."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def rank_device(device: str) -> str:
+    """This rank's device: on CUDA, GPU ``LOCAL_RANK`` (modulo the GPUs present), as torchrun lays out ranks."""
+    if torch.device(device).type != "cuda":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise VtrainError(f"device {device}: CUDA is not available here (torch {torch.__version__}); use --device cpu")
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"
+
+
+def init_process_group(timeout_s: float | None = None, device: str = "cpu") -> None:
+    """``env://`` rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) with a collective timeout;
+    gloo on the CPU, NCCL (each rank on its own GPU, ``LOCAL_RANK``) with ``device`` cuda."""
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE") if k not in os.environ]
     if missing:
         raise VtrainError(f"rendezvous: expected the environment variables {', '.join(missing)} (set by "
                           "`vtrain train --nproc N` or torchrun)")
     t = timeout_s if timeout_s is not None else float(os.environ.get("VTRAIN_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
-    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=t))
+    backend = backend_for(device)
+    if backend == "nccl":
+        torch.cuda.set_device(torch.device(rank_device(device)))
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=t))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,12 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     ap.add_argument("--span", nargs=2, type=int, metavar=("FIRST", "LAST"), default=None,
                     help="train steps FIRST..LAST from the checkpoint of step FIRST-1; checkpoint every step")
+    ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL; rank r on GPU LOCAL_RANK)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"rank {os.environ.get('RANK', '?')}: %(message)s")
     rank = os.environ.get("RANK", "?")
     try:
-        init_process_group()
-        summary = run_rank(args.run, args.resume, tuple(args.span) if args.span else None)
+        device = rank_device(args.device)
+        init_process_group(device=device)
+        summary = run_rank(args.run, args.resume, tuple(args.span) if args.span else None, device)
         if summary is not None:
             print(json.dumps(summary), flush=True)
         dist.barrier()
