@@ -1,6 +1,9 @@
 """Data-parallel step time against world size, and what the collectives cost.
 
-    .venv/bin/python scripts/bench_distributed.py [--model mlp|gpt] [--steps 6] [--worlds 1,2,3]
+    .venv/bin/python scripts/bench_distributed.py [--model mlp|gpt|resnet] [--steps 6] [--worlds 1,2,3]
+
+``resnet``: a front-end graph (examples/resnet_digits.py, width 8: convs as patch TAKEs, batch
+norm whose statistics are batch reductions, max/avg pools, residuals), batch 32.
 
 For each world size N it starts N gloo ranks on 127.0.0.1 (as `vtrain train --nproc N` does) and
 times every step on rank 0, split into time inside collectives (the FP64 all-reduce of partial
@@ -35,6 +38,8 @@ def _spec(model: str):
 
     if model == "gpt":
         return TrainSpec(model="gpt", batch_size=12, steps=1, corpus_chars=4000, optimizer=AdamWConfig())
+    if model == "resnet":
+        return TrainSpec(model="examples/resnet_digits.py:task", model_args={"width": 8}, batch_size=32, steps=1)
     return TrainSpec(batch_size=96, steps=1)
 
 
@@ -114,7 +119,7 @@ def run_world(model: str, steps: int, world: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    ap.add_argument("--model", choices=["mlp", "gpt", "resnet"], default="mlp")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--worlds", default="1,2,3")
     ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
