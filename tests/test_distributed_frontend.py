@@ -47,7 +47,9 @@ def test_resnet_world_sizes_match_one_process(resnet_job, world):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_gpt2_with_dropout_world_sizes_match_one_process(gpt2_job, world):
+    names = {o.name for o in gpt2_job.graph.ops}
     assert any(o.kind == OpKind.DROPOUT_MASK for o in gpt2_job.graph.ops)
+    assert {"clip_norm", "lr_table", "mask_keep"} <= names  # global-norm clipping, schedule, causal mask
     ref = _reference(gpt2_job, GPT2.steps)
     outs = _threads(gpt2_job, world, GPT2.steps, seed=world)
     for r in range(world):
