@@ -9,13 +9,16 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 from test_distributed import _pairs, _reference, _threads
+from torch import nn
 
 from vtrain.cli import replay_cmd, train_cmd
 from vtrain.distributed.sharding import analyse
 from vtrain.distributed.worker import FAULT_ENV, backend_for, rank_device
 from vtrain.errors import GraphError
+from vtrain.frontend import TorchTask, capture
 from vtrain.graph.step_graph import GraphBuilder, OpKind
 from vtrain.training.rundir import RunDir
 from vtrain.training.spec import TrainSpec, build_job
@@ -187,3 +190,34 @@ def test_a_killed_two_rank_run_resumes_under_any_world_size(tmp_path, monkeypatc
         r = CliRunner().invoke(train_cmd, ["--resume", str(run), "--nproc", str(nproc)])
         assert r.exit_code == 0, (nproc, r.output)
         _same_run(ref, RunDir(run), 5, 2)
+
+
+class _Mix(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(-1.0, 1.0, 3))
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x * self.w)
+
+
+def _captured(fn):
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    task = TorchTask(_Mix(fn), lambda out, y: (out * out).sum(), {"name": "SGD", "lr": 0.1}, [x], x)
+    return capture(task, 4).graph
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda h: h.index_select(0, torch.tensor([3, 2, 1, 0])), "along the batch axis"),
+    (lambda h: h[1:] - h[:-1], "slices the batch axis"),
+])
+def test_a_torch_model_that_mixes_samples_is_refused_naming_the_op(fn, why):
+    with pytest.raises(GraphError, match=rf"sharding: op \d+ \((TAKE|SLICE|PAD)\b.*{why}"):
+        analyse(_captured(fn))
+
+
+def test_a_torch_model_that_centres_the_batch_is_a_batch_reduction():
+    g = _captured(lambda h: h - h.mean(0, keepdim=True))
+    plan = analyse(g)
+    assert any(g.ops[i].kind == OpKind.MEAN for i in plan.reductions)
