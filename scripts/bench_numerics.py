@@ -126,6 +126,8 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: s
         state = state_tensors(job.initial_state)
         times, cpu, log_bytes, raw_bytes, roots = [], [], [], [], []
         rtimes, rcpu, rsame = [], [], True
+        atimes, acpu, asame = [], [], True
+        resolver = auditor_resolver(job) if mode == "certified" else None
         values = logged = explicit = 0
         for s in range(1, warmup + steps + 1):
             data = batch_for(job, s)
@@ -138,12 +140,20 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: s
                 rtimes.append(time.perf_counter() - t1)
                 rcpu.append(time.process_time() - c1)
                 rsame = rsame and component_roots(rep.state) == component_roots(res.state)
+                # the auditor's replay: checks on, every applied entry verified against RN32(e)
+                c2, t2 = time.process_time(), time.perf_counter()
+                aud = ex.run(state, data, log_in=res.log, step=s, check=True, resolver_factory=resolver)
+                atimes.append(time.perf_counter() - t2)
+                acpu.append(time.process_time() - c2)
+                asame = asame and component_roots(aud.state) == component_roots(res.state)
             state = res.state
             roots.append(component_roots(state))
             if s <= warmup:
                 if rtimes:
                     rtimes.pop()
                     rcpu.pop()
+                    atimes.pop()
+                    acpu.pop()
                 continue
             times.append(dt)
             cpu.append(dc)
@@ -162,7 +172,20 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: s
             out["certified replay" + ("" if rsame else " (DIVERGED)")] = {
                 "times": rtimes, "median_s": statistics.median(rtimes), "cpu": rcpu,
                 "cpu_median_s": statistics.median(rcpu)}
+            out["auditor replay (checked, exact)" + ("" if asame else " (DIVERGED)")] = {
+                "times": atimes, "median_s": statistics.median(atimes), "cpu": acpu,
+                "cpu_median_s": statistics.median(acpu)}
     return out
+
+
+def auditor_resolver(job: Job):
+    """The auditor's resolver factory (``protocol.auditor.exact_resolver``) for ``job``'s graph."""
+    from types import SimpleNamespace
+
+    from protocol.auditor import exact_resolver
+    from vtrain.commit.trace import GraphCommitment
+
+    return exact_resolver(SimpleNamespace(graph=GraphCommitment.of(job.graph)))  # type: ignore[arg-type]
 
 
 def ratio(x: float, base: float | None) -> str:
