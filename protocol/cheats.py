@@ -164,9 +164,11 @@ class _EntryCheat(Cheat):
         if step != self.step:
             return None
 
+        done: list[int] = []  # per run of the step: the trainer reruns it to answer a dispute
+
         def hook(op: OpNode, ins, out: torch.Tensor, log: StepLog) -> torch.Tensor:
             entries = log.sparse.get(op.id)
-            if self.hit is not None or entries is None or not len(entries):
+            if done or entries is None or not len(entries):
                 return out
             ks = np.flatnonzero(np.isin(entries.code, self.codes))
             if not len(ks):
@@ -182,9 +184,14 @@ class _EntryCheat(Cheat):
                 values[k] = flat[i].item()
             log.sparse[op.id] = OpLog(entries.index.copy(), codes, values)
             self.hit = (op.id, i, honest, bits)
+            done.append(op.id)
             return flat.reshape(out.shape)
 
         return hook
+
+    def after_step(self, step: int, result: StepResult) -> None:
+        if step == self.step and self.hit is None:  # set by the step's first run
+            raise GraphError(f"{type(self).__name__}: step {step}'s log has no entry with code in {self.codes}")
 
 
 @dataclass
@@ -209,6 +216,14 @@ class ShiftExplicit(_EntryCheat):
 
     step: int
     codes: tuple[int, ...] = (int(Code.EXPLICIT),)
+
+    @staticmethod
+    def of(spec: TrainSpec, step: int) -> ShiftExplicit:
+        """The cheat on a model whose log has explicit entries: the GPT's (cancelling sums of the
+        softmax and cross-entropy backward passes); the MLP's log has none."""
+        if spec.model != "gpt":
+            raise GraphError(f"shift-explicit: model {spec.model!r} logs no explicit entries (use --model gpt)")
+        return ShiftExplicit(step)
 
     def other(self, op: OpNode, ins: list[torch.Tensor], index: int, code: int, bits: int) -> tuple[int, int]:
         from vtrain.numerics import exact
@@ -315,7 +330,7 @@ CHEATS = {
     "abuse-log": lambda spec, s: AbuseLog(s),
     "forge-explicit": lambda spec, s: ForgeExplicit(s),
     "wrong-side": lambda spec, s: WrongSide(s),
-    "shift-explicit": lambda spec, s: ShiftExplicit(s),
+    "shift-explicit": lambda spec, s: ShiftExplicit.of(spec, s),
     "tamper-attention": lambda spec, s: TamperAttention.of(spec, s),
     "tamper-softmax": lambda spec, s: TamperAttention.of(spec, s, target="softmax"),
 }

@@ -25,6 +25,7 @@ from vtrain.errors import NonFiniteValue
 from vtrain.graph.executor import _compute_fp64, _move
 from vtrain.graph.step_graph import LOGGING_KINDS, ROUNDING_KINDS, OpKind, OpNode
 from vtrain.numerics import exact
+from vtrain.numerics.canonical import decide, exact_element
 from vtrain.numerics.rounding import round_output
 
 CALL_GAS = 16_000_000
@@ -331,7 +332,8 @@ def make_case(kind: OpKind, rng: np.random.Generator) -> Case:
 
 
 # ---------------------------------------------------------------------------------------------
-# The honest trainer (vtrain.graph.executor's FP64 compute + vtrain.numerics.rounding' rounding and log)
+# The honest trainer (vtrain.graph.executor's FP64 compute + vtrain.numerics.rounding' rounding and log;
+# near-ties decided on the exact value as vtrain.numerics.canonical does)
 
 
 def honest(case: Case, index: int) -> tuple[int, list[LogEntry]] | None:
@@ -359,8 +361,10 @@ def honest(case: Case, index: int) -> tuple[int, list[LogEntry]] | None:
         out, log = round_output(v, bound, "honest")
     except NonFiniteValue:
         return None
-    entries = [LogEntry(index, int(c), int(b)) for c, b in zip(log.code, log.value.view(np.uint32), strict=True)]
-    return exact.bits_of(out[0].item()), entries
+    if len(log):  # a near-tie: the certified trainer decides it on the exact value (canonical log)
+        bits, code = decide(exact_element(d, list(case.inputs), index))
+        return bits, [] if code == exact.NONE else [LogEntry(index, code, bits if code == exact.EXPLICIT else 0)]
+    return exact.bits_of(out[0].item()), []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,9 +510,12 @@ def test_exact_ties_round_to_even_and_log_entries_only_pass_at_the_midpoint(adj)
     lo, hi = exact.bits_of(16777216.0), exact.bits_of(16777218.0)
     assert check(adj, case, 0, lo, [])
     assert not check(adj, case, 0, hi, [])
-    # dc = 0: a down/up entry passes only at an exact midpoint (docs/numerics.md, uniform rule)
-    assert check(adj, case, 0, hi, [LogEntry(0, 2, 0)])
+    # dc = 0: a down/up entry passes only at an exact midpoint (docs/numerics.md, uniform rule), and
+    # only on RN32(e)'s side: the odd side of the tie never stands, whatever the log says
+    assert check(adj, case, 0, lo, [LogEntry(0, 1, 0)])
+    assert not check(adj, case, 0, hi, [LogEntry(0, 2, 0)])
     assert not check(adj, case, 0, hi, [LogEntry(0, 1, 0)])
+    assert not check(adj, case, 0, lo, [LogEntry(0, 2, 0)])
     off = single(K.ADD, 16777216.0, 1.5)  # not a tie
     assert not check(adj, off, 0, exact.bits_of(16777216.0), [LogEntry(0, 1, 0)])
     # explicit only at the exact value
