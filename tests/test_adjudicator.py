@@ -565,8 +565,10 @@ def test_near_tie_matmul_honest_log_entry_stands_and_abuse_is_caught(adj):
     one, above = exact.bits_of(1.0), exact.neighbour(exact.bits_of(1.0), True)
     side = one if entries[0].code == 1 else above
     assert claimed == side
-    # the other side of the midpoint with the other code also stands (the midpoint is within 4dc)
-    assert check(adj, case, 0, above if side == one else one, [LogEntry(0, 3 - entries[0].code, 0)])
+    # the other side of the midpoint with the other code: the midpoint checks hold (it is within 4dc),
+    # but the claim is not RN32(e), so it no longer stands (it did before the rule demanded RN32(e))
+    assert claimed == exact.rn32(e)
+    assert not check(adj, case, 0, above if side == one else one, [LogEntry(0, 3 - entries[0].code, 0)])
     # log abuse: a down/up entry on an element far from any midpoint
     far = make_case(K.MATMUL, np.random.default_rng(3))
     far_claim, _ = honest(far, 0)
@@ -630,20 +632,22 @@ def test_every_single_ulp_tamper_of_an_unlogged_claim_is_caught(adj):
     assert caught >= 20
 
 
-def test_explicit_entries_stand_inside_the_window_and_forged_values_outside_fail(adj):
-    case, _ = near_tie_matmul(64, 0.0)
+def test_explicit_entries_stand_only_at_rn32_and_every_other_value_of_the_old_window_fails(adj):
+    case, e = near_tie_matmul(64, 0.0)
     enc = exact.enclosure(case.desc, case.inputs, 0)
     lo, hi, dc = enc.bounds
-    first, last = exact.rn32(lo - 4 * dc), exact.rn32(hi + 4 * dc)
+    first, last = exact.rn32(lo - 4 * dc), exact.rn32(hi + 4 * dc)  # the old explicit window
     assert first != last
-    for c in (first, last):
-        assert check(adj, case, 0, c, [LogEntry(0, 3, c)])
-    for c in (exact.neighbour(first, False), exact.neighbour(last, True)):
-        assert not check(adj, case, 0, c, [LogEntry(0, 3, c)])
+    right = exact.rn32(e)
+    assert check(adj, case, 0, right, [LogEntry(0, 3, right)])
+    for c in (first, last, exact.neighbour(first, False), exact.neighbour(last, True)):
+        if c != right:
+            assert not check(adj, case, 0, c, [LogEntry(0, 3, c)])
     # the claim must equal the entry's value
-    assert not check(adj, case, 0, first, [LogEntry(0, 3, last)])
+    other = last if right == first else first
+    assert not check(adj, case, 0, right, [LogEntry(0, 3, other)])
     # a code outside 0..3 never stands
-    assert not check(adj, case, 0, first, [LogEntry(0, 7, first)])
+    assert not check(adj, case, 0, right, [LogEntry(0, 7, right)])
 
 
 def test_data_op_reads_the_sampled_row(adj):
