@@ -12,7 +12,8 @@
 Everything is measured in this one run and printed as markdown tables:
 
 (a) step time of each mode against plain torch FP32 (``fp32`` = ``vtrain.torch_ref``), for a
-    small GPT and the MLP; only the step itself is timed (``time.perf_counter`` around the
+    small GPT and the MLP, and of the certified replay, plain and as the auditor runs it; only the
+    step itself is timed (``time.perf_counter`` around the
     executor's ``run``), after ``--warmup`` untimed steps; the median over ``--steps`` is reported.
 (b) rounding-log bytes per step and the fraction of rounded values that got an entry, certified
     (sparse) vs paper (dense ternary), on the same trajectory: both modes output ``RN32(v)``, so
@@ -659,7 +660,9 @@ def main(argv: list[str] | None = None) -> int:
             raw[label] = {m: {k: v for k, v in r.items() if k != "roots"} for m, r in res.items()}
             print(f"## (a) step time, {label} on {a.device}: {describe(spec, job)}\n")
             print(f"Median of {a.steps} steps after {a.warmup} warm-up step(s); fp32 = plain torch "
-                  f"(vtrain.torch_ref); certified replay = the auditor's step with the trainer's log. "
+                  f"(vtrain.torch_ref); certified replay = the auditor's step with the trainer's log; "
+                  f"auditor replay = the same with the checks and exact resolver of protocol.auditor "
+                  f"(every applied entry verified against RN32(e)). "
                   f"Targets: certified <= 3x fp32, replay <= 1.1x certified.\n")
             print(table(TIMING_HEAD, timing_rows(res)))
             rows, note = log_rows(res, job.graph)
