@@ -64,11 +64,13 @@ CHEAT_NAMES = (
     "abuse-log",
     "forge-explicit",
     "poison-sample",
+    "shift-explicit",
     "skip-step",
     "tamper-attention",
     "tamper-softmax",
     "tamper-weight",
     "wrong-lr",
+    "wrong-side",
 )
 
 

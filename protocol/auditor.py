@@ -48,7 +48,13 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
     """Resolver factory for :func:`vtrain.numerics.rounding.apply_log`: keep the trainer's value where the
     contract would uphold it, else take the exact rounding (``vtrain.numerics.exact``; EXP LOG TANH: the
     value at 400 bits, mpmath, whose RN32 is the correctly rounded result). Every overruled element
-    (op, index) is appended to ``overruled``."""
+    (op, index) is appended to ``overruled``.
+
+    Entries the replay did not flag are checked against ``RN32(e)`` first, in one batch
+    (:func:`vtrain.numerics.canonical.is_exact_rounding`): the contract demands that value of every claim,
+    so an entry that gives another (a near-tie logged on the wrong side, a wrong explicit value) is a
+    fraud the auditor wins; it is ruled like a flagged element, and the replay takes ``RN32(e)``."""
+    from vtrain.numerics.canonical import is_exact_rounding
     from vtrain.numerics.exact import UnsupportedOp, exact_value, judge_element, rn32
 
     descs = ctx.graph.descriptors
@@ -56,17 +62,28 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
     def factory(op: OpNode, ins: list[torch.Tensor]):
         tensors = [t.detach().numpy() for t in ins]
 
-        def resolve(indices: np.ndarray, proposed: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        def resolve(
+            indices: np.ndarray, proposed: np.ndarray, codes: np.ndarray, flagged: np.ndarray | None = None
+        ) -> np.ndarray:
             out = proposed.copy()
             bits = proposed.view(np.uint32)
-            for k, (i, c) in enumerate(zip(indices.tolist(), codes.tolist(), strict=False)):
-                entry = LogEntry(int(i), int(c), int(bits[k]) if c == 3 else 0) if c else None
+            rule = np.ones(len(indices), dtype=bool) if flagged is None else flagged.copy()
+            unchecked = (~rule).nonzero()[0]
+            if len(unchecked):
                 try:
-                    if judge_element(descs[op.id], tensors, int(i), int(bits[k]), entry):
+                    right = is_exact_rounding(op, descs[op.id], ins, indices[unchecked], bits[unchecked])
+                except UnsupportedOp:
+                    right = np.ones(len(unchecked), dtype=bool)  # a kind the adjudicator does not rule on
+                rule[unchecked[~right]] = True
+            for k in rule.nonzero()[0].tolist():
+                i, c = int(indices[k]), int(codes[k])
+                entry = LogEntry(i, c, int(bits[k]) if c == 3 else 0) if c else None
+                try:
+                    if judge_element(descs[op.id], tensors, i, int(bits[k]), entry):
                         continue
-                    out[k] = np.array(rn32(exact_value(descs[op.id], tensors, int(i))), np.uint32).view(np.float32)
+                    out[k] = np.array(rn32(exact_value(descs[op.id], tensors, i)), np.uint32).view(np.float32)
                     if overruled is not None:
-                        overruled.append((op.id, int(i)))
+                        overruled.append((op.id, i))
                 except UnsupportedOp:
                     continue  # a kind the adjudicator does not rule on (none rounds today): follow the log
             return out

@@ -144,6 +144,100 @@ class ForgeExplicit(_LogCheat):
         log.sparse[op] = OpLog(np.array([self.element]), np.array([Code.EXPLICIT], np.uint8), value)
 
 
+class _EntryCheat(Cheat):
+    """Changes one entry of the honest log at the cheating step, and the output element it settles,
+    to the other FP32 value the contract's former rule (docs/numerics.md, "The contract's rule") also
+    upheld: a choice of bits that never lost a dispute before every claim had to be ``RN32(e)``.
+    ``hit`` records ``(op, element, honest bits, cheating bits)``."""
+
+    step: int
+    codes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.hit: tuple[int, int, int, int] | None = None
+
+    def other(self, op: OpNode, ins: list[torch.Tensor], index: int, code: int, bits: int) -> tuple[int, int]:
+        """``(code, bits)`` of the cheating entry and output."""
+        raise NotImplementedError
+
+    def op_hook(self, step: int):
+        if step != self.step:
+            return None
+
+        done: list[int] = []  # per run of the step: the trainer reruns it to answer a dispute
+
+        def hook(op: OpNode, ins, out: torch.Tensor, log: StepLog) -> torch.Tensor:
+            entries = log.sparse.get(op.id)
+            if done or entries is None or not len(entries):
+                return out
+            ks = np.flatnonzero(np.isin(entries.code, self.codes))
+            if not len(ks):
+                return out
+            k, i = int(ks[0]), int(entries.index[ks[0]])
+            flat = out.reshape(-1).clone()
+            honest = int(np.float32(flat[i].item()).view(np.uint32))
+            code, bits = self.other(op, ins, i, int(entries.code[k]), honest)
+            flat[i] = torch.from_numpy(np.array([bits], np.uint32).view(np.float32))[0]
+            codes, values = entries.code.copy(), entries.value.copy()
+            codes[k] = code
+            if code == Code.EXPLICIT:
+                values[k] = flat[i].item()
+            log.sparse[op.id] = OpLog(entries.index.copy(), codes, values)
+            self.hit = (op.id, i, honest, bits)
+            done.append(op.id)
+            return flat.reshape(out.shape)
+
+        return hook
+
+    def after_step(self, step: int, result: StepResult) -> None:
+        if step == self.step and self.hit is None:  # set by the step's first run
+            raise GraphError(f"{type(self).__name__}: step {step}'s log has no entry with code in {self.codes}")
+
+
+@dataclass
+class WrongSide(_EntryCheat):
+    """At the first near-tie the honest log settles by a side (a down/up entry), logs and outputs the
+    other side: the neighbour across the same midpoint, so the entry's midpoint checks still hold."""
+
+    step: int
+    codes: tuple[int, ...] = (int(Code.DOWN), int(Code.UP))
+
+    def other(self, op: OpNode, ins: list[torch.Tensor], index: int, code: int, bits: int) -> tuple[int, int]:
+        from vtrain.numerics.exact import neighbour
+
+        up = code == Code.DOWN  # a down entry outputs the lower value of the pair: move up
+        return int(Code.UP if up else Code.DOWN), neighbour(bits, up)
+
+
+@dataclass
+class ShiftExplicit(_EntryCheat):
+    """Stores and outputs, at the first explicit entry of the honest log, a neighbour of ``RN32(e)`` inside
+    the former explicit window ``[RN32(lo - 4dc), RN32(hi + 4dc)]`` (the side that window reaches)."""
+
+    step: int
+    codes: tuple[int, ...] = (int(Code.EXPLICIT),)
+
+    @staticmethod
+    def of(spec: TrainSpec, step: int) -> ShiftExplicit:
+        """The cheat on a model whose log has explicit entries: the GPT's (cancelling sums of the
+        softmax and cross-entropy backward passes); the MLP's log has none."""
+        if spec.model != "gpt":
+            raise GraphError(f"shift-explicit: model {spec.model!r} logs no explicit entries (use --model gpt)")
+        return ShiftExplicit(step)
+
+    def other(self, op: OpNode, ins: list[torch.Tensor], index: int, code: int, bits: int) -> tuple[int, int]:
+        from vtrain.numerics import exact
+
+        desc = exact.OpDesc(int(op.kind), tuple(op.inputs), tuple(op.shape),
+                            tuple(tuple(t.shape) for t in ins), tuple(op.attrs))
+        enc = exact.enclosure(desc, [t.detach().cpu().numpy() for t in ins], index)
+        if enc is None:
+            raise GraphError(f"shift-explicit: op {op.id} element {index} has no enclosure")
+        _, hi, dc = enc.bounds
+        up = exact.to_ordered(exact.rn32(hi + 4 * dc, True)) > exact.to_ordered(bits)
+        return int(Code.EXPLICIT), exact.neighbour(bits, up)
+
+
 ATTENTION_TARGETS = ("scores", "values", "softmax")
 """The attention ops :class:`TamperAttention` can hit: ``scores`` = ``q @ k^T`` (a MATMUL, before
 the 1/sqrt(hs) scale and the mask), ``values`` = ``softmax(scores) @ v`` (a MATMUL), ``softmax`` =
@@ -235,6 +329,8 @@ CHEATS = {
     "wrong-lr": lambda spec, s: WrongLearningRate(s, spec.optimizer.lr),
     "abuse-log": lambda spec, s: AbuseLog(s),
     "forge-explicit": lambda spec, s: ForgeExplicit(s),
+    "wrong-side": lambda spec, s: WrongSide(s),
+    "shift-explicit": lambda spec, s: ShiftExplicit.of(spec, s),
     "tamper-attention": lambda spec, s: TamperAttention.of(spec, s),
     "tamper-softmax": lambda spec, s: TamperAttention.of(spec, s, target="softmax"),
 }

@@ -27,6 +27,8 @@ CHEAT_NAMES = (
     "forge-explicit",
     "tamper-attention",
     "tamper-softmax",
+    "wrong-side",
+    "shift-explicit",
 )
 
 log = logging.getLogger("vtrain")

@@ -9,6 +9,7 @@ stay under the 16,777,216 per-transaction cap.
     .venv/bin/python scripts/bench_gas.py gpt gpt-disputes   # the demo GPT: per op kind, whole disputes
     .venv/bin/python scripts/bench_gas.py new-kinds new-kind-disputes   # TAKE SELECT MAX_GRAD DROPOUT_MASK STEP
     .venv/bin/python scripts/bench_gas.py availability       # publishing one whole step on-chain (DA)
+    .venv/bin/python scripts/bench_gas.py rule chunks        # the rounding rule: per family and log code
 
 Each table is a function returning rows, so other parts (game figures) can be added beside it.
 """
@@ -81,9 +82,10 @@ def _claim(case: BenchCase) -> tuple[int, list[LogEntry]]:
     return c, [LogEntry(case.index, exact.EXPLICIT, c)]
 
 
-def measure(w3, adj, case: BenchCase) -> GasRow:
-    """Send one adjudicate() transaction and read its receipt."""
-    claimed, entries = _claim(case)
+def measure(w3, adj, case: BenchCase, claim: tuple[int, list[LogEntry]] | None = None) -> GasRow:
+    """Send one adjudicate() transaction and read its receipt (``claim``: ``(bits, entries)``,
+    default the standing claim of :func:`_claim`)."""
+    claimed, entries = claim if claim is not None else _claim(case)
     proof = build_element_proof(case.desc.encode(), list(case.inputs), case.index, entries, case.dataset, SEED, STEP)
     claim = (
         case.desc.encode(),
@@ -230,6 +232,63 @@ def new_kind_cases() -> list[BenchCase]:
         BenchCase("DROPOUT_MASK (256x256)", D(K.DROPOUT_MASK, (), s, (), half), (), 256 * 100 + 37),
         BenchCase("STEP", D(K.STEP, (), (1,), (), ()), (), 0),
     ]
+
+
+def rule_cases() -> list[tuple[BenchCase, int, int]]:
+    """A standing ruling of each family under each log code: ``(case, code, claimed bits)``.
+    Near-ties are exact ties (``2^24 + 1`` rounds down to ``2^24``, ``2^24 + 3`` up to ``2^24 + 4``),
+    so a down/up entry stands; explicit entries store ``RN32(e)``."""
+    rng = np.random.default_rng(4)
+    D = exact.OpDesc
+    out: list[tuple[BenchCase, int, int]] = []
+
+    def add(case: BenchCase, codes: tuple[int, ...]) -> None:
+        enc = exact.enclosure(case.desc, case.inputs, case.index, exact.DataContext(case.dataset, SEED, STEP))
+        c = exact.rn32(enc.bounds[0], saturate=True)
+        out.extend((case, code, c) for code in codes)
+
+    k = 64
+    a, b, bias = _f32(rng, (16, k)), _f32(rng, (16, k)), _f32(rng, (16,))
+    mm = D(K.MATMUL, (0, 1, 2), (16, 16), ((16, k), (16, k), (16,)), ())
+    add(BenchCase("MATMUL K=64 (+bias)", mm, (a, b, bias), 16 * 7 + 9), (exact.NONE,))
+    for name, tail, code in (("tie, down", 1.0, exact.DOWN), ("tie, up", 3.0, exact.UP)):
+        ta, tb = a.copy(), b.copy()
+        ta[7] = 0.0
+        ta[7, 0], ta[7, 1], tb[9, 0], tb[9, 1] = 2.0**24, tail, 1.0, 1.0
+        add(BenchCase(f"MATMUL K=64 (+bias) {name}", mm, (ta, tb, np.zeros(16, np.float32)), 16 * 7 + 9),
+            (code, exact.EXPLICIT))
+    s2 = (256, 256)
+    x = _f32(rng, s2)
+    add(BenchCase("SUM (n=256)", D(K.SUM, (0,), (256, 1), (s2,), ()), (x,), 100), (exact.NONE,))
+    xt = x.copy()
+    xt[100] = 0.0
+    xt[100, 0], xt[100, 5] = 2.0**24, 1.0
+    add(BenchCase("SUM (n=256) tie, down", D(K.SUM, (0,), (256, 1), (s2,), ()), (xt,), 100),
+        (exact.DOWN, exact.EXPLICIT))
+    mid = 256 * 100 + 37
+    for kind, name in ((K.EXP, "EXP"), (K.LOG, "LOG"), (K.TANH, "TANH")):
+        arg = np.abs(x) if kind == K.LOG else x
+        add(BenchCase(name, D(kind, (0,), s2, (s2,), ()), (arg,), mid), (exact.NONE, exact.EXPLICIT))
+    y = _f32(rng, s2)
+    add(BenchCase("DIV", D(K.DIV, (0, 1), s2, (s2, s2), ()), (x, y), mid), (exact.NONE, exact.EXPLICIT))
+    add(BenchCase("SQRT", D(K.SQRT, (0,), s2, (s2,), ()), (np.abs(x),), mid), (exact.NONE, exact.EXPLICIT))
+    take = new_kind_cases()[2]
+    add(take, (exact.NONE, exact.EXPLICIT))
+    return out
+
+
+def rule_table() -> None:
+    """Gas of a standing adjudicate() ruling per family and log code (``rule`` mode): what the
+    contract's rule costs on top of the proof checks; compare before/after a rule change."""
+    w3, adj = chain()
+    names = {exact.NONE: "none", exact.DOWN: "down", exact.UP: "up", exact.EXPLICIT: "explicit"}
+    print("\n## adjudicate() per family and log code (py-evm, cancun; every claim stands)\n")
+    print("| case | code | gas | stands |\n|---|---|---:|---|")
+    for case, code, c in rule_cases():
+        entries = [] if code == exact.NONE else [LogEntry(case.index, code, c if code == exact.EXPLICIT else 0)]
+        row = measure(w3, adj, case, (c, entries))
+        print(f"| {case.name} | {names[code]} | {row.gas:,} | {row.stands} |")
+        assert row.stands, (case.name, code)
 
 
 def new_kind_disputes() -> None:
@@ -427,6 +486,7 @@ TABLES: dict[str, Callable[[], None]] = {
     "new-kinds": lambda: print_rows("adjudicate() per new op kind (issue 13; py-evm, cancun)",
                                     adjudicator_table(new_kind_cases())),
     "new-kind-disputes": new_kind_disputes,
+    "rule": rule_table,
 }
 
 

@@ -12,7 +12,8 @@
 Everything is measured in this one run and printed as markdown tables:
 
 (a) step time of each mode against plain torch FP32 (``fp32`` = ``vtrain.torch_ref``), for a
-    small GPT and the MLP; only the step itself is timed (``time.perf_counter`` around the
+    small GPT and the MLP, and of the certified replay, plain and as the auditor runs it; only the
+    step itself is timed (``time.perf_counter`` around the
     executor's ``run``), after ``--warmup`` untimed steps; the median over ``--steps`` is reported.
 (b) rounding-log bytes per step and the fraction of rounded values that got an entry, certified
     (sparse) vs paper (dense ternary), on the same trajectory: both modes output ``RN32(v)``, so
@@ -126,6 +127,8 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: s
         state = state_tensors(job.initial_state)
         times, cpu, log_bytes, raw_bytes, roots = [], [], [], [], []
         rtimes, rcpu, rsame = [], [], True
+        atimes, acpu, asame = [], [], True
+        resolver = auditor_resolver(job) if mode == "certified" else None
         values = logged = explicit = 0
         for s in range(1, warmup + steps + 1):
             data = batch_for(job, s)
@@ -138,12 +141,20 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: s
                 rtimes.append(time.perf_counter() - t1)
                 rcpu.append(time.process_time() - c1)
                 rsame = rsame and component_roots(rep.state) == component_roots(res.state)
+                # the auditor's replay: checks on, every applied entry verified against RN32(e)
+                c2, t2 = time.process_time(), time.perf_counter()
+                aud = ex.run(state, data, log_in=res.log, step=s, check=True, resolver_factory=resolver)
+                atimes.append(time.perf_counter() - t2)
+                acpu.append(time.process_time() - c2)
+                asame = asame and component_roots(aud.state) == component_roots(res.state)
             state = res.state
             roots.append(component_roots(state))
             if s <= warmup:
                 if rtimes:
                     rtimes.pop()
                     rcpu.pop()
+                    atimes.pop()
+                    acpu.pop()
                 continue
             times.append(dt)
             cpu.append(dc)
@@ -162,7 +173,20 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: s
             out["certified replay" + ("" if rsame else " (DIVERGED)")] = {
                 "times": rtimes, "median_s": statistics.median(rtimes), "cpu": rcpu,
                 "cpu_median_s": statistics.median(rcpu)}
+            out["auditor replay (checked, exact)" + ("" if asame else " (DIVERGED)")] = {
+                "times": atimes, "median_s": statistics.median(atimes), "cpu": acpu,
+                "cpu_median_s": statistics.median(acpu)}
     return out
+
+
+def auditor_resolver(job: Job):
+    """The auditor's resolver factory (``protocol.auditor.exact_resolver``) for ``job``'s graph."""
+    from types import SimpleNamespace
+
+    from protocol.auditor import exact_resolver
+    from vtrain.commit.trace import GraphCommitment
+
+    return exact_resolver(SimpleNamespace(graph=GraphCommitment.of(job.graph)))  # type: ignore[arg-type]
 
 
 def ratio(x: float, base: float | None) -> str:
@@ -636,7 +660,9 @@ def main(argv: list[str] | None = None) -> int:
             raw[label] = {m: {k: v for k, v in r.items() if k != "roots"} for m, r in res.items()}
             print(f"## (a) step time, {label} on {a.device}: {describe(spec, job)}\n")
             print(f"Median of {a.steps} steps after {a.warmup} warm-up step(s); fp32 = plain torch "
-                  f"(vtrain.torch_ref); certified replay = the auditor's step with the trainer's log. "
+                  f"(vtrain.torch_ref); certified replay = the auditor's step with the trainer's log; "
+                  f"auditor replay = the same with the checks and exact resolver of protocol.auditor "
+                  f"(every applied entry verified against RN32(e)). "
                   f"Targets: certified <= 3x fp32, replay <= 1.1x certified.\n")
             print(table(TIMING_HEAD, timing_rows(res)))
             rows, note = log_rows(res, job.graph)

@@ -27,6 +27,8 @@ if str(ROOT) not in sys.path:
 
 from vtrain.commit import roots as C  # noqa: E402
 from vtrain.commit.merkle import MerkleTree, leaf_hash  # noqa: E402
+from vtrain.graph.step_graph import OpKind  # noqa: E402
+from vtrain.numerics import exact  # noqa: E402
 
 VECTORS_DIR = ROOT / "tests" / "vectors"
 
@@ -415,6 +417,99 @@ def spec_vectors() -> dict[str, Any]:
     }
 
 
+def judge_before_exact_rule(enc: Any, claimed: int, code: int, value: int) -> bool:
+    """The contract's rule before every claim had to be ``RN32(e)`` (kept to show what changed):
+    down/up passed on the midpoint checks alone, explicit anywhere in ``[RN32(lo - 4dc), RN32(hi + 4dc)]``."""
+    X = exact
+    if not X.is_finite(claimed) or claimed == X.SIGN:
+        return False
+    lo, hi, dc = enc.bounds
+    if code == X.NONE:
+        return X.rn32(lo, True) == claimed and X.rn32(hi, True) == claimed
+    if code in (X.DOWN, X.UP):
+        m, sp = X.midpoint(claimed, code == X.DOWN)
+        return 16 * dc <= sp and lo - 4 * dc <= m <= hi + 4 * dc
+    if code == X.EXPLICIT:
+        c = X.to_ordered(claimed)
+        win = X.to_ordered(X.rn32(lo - 4 * dc, True)) <= c <= X.to_ordered(X.rn32(hi + 4 * dc, True))
+        return claimed == value and win
+    return False
+
+
+def rule_cases() -> list[tuple[str, Any, int, int, int]]:
+    """``(name, enclosure, claimed, code, value)`` of rule.json, from real ops' enclosures."""
+    X, K = exact, OpKind
+    D = X.OpDesc
+
+    def up(b: int, k: int = 1) -> int:
+        return X.from_ordered(X.to_ordered(b) + k)
+
+    def f32(*xs: float) -> np.ndarray:
+        return np.array([xs], dtype=np.float32)
+
+    def sum_enc(*xs: float) -> Any:
+        return X.enclosure(D(K.SUM, (0,), (1, 1), ((1, len(xs)),), ()), [f32(*xs)], 0)
+
+    tie_down = sum_enc(2.0**24, 1.0)  # e = 2^24 + 1: the midpoint of 2^24 and 2^24 + 2; RN32(e) = 2^24
+    tie_up = sum_enc(2.0**24, 3.0)  # e = 2^24 + 3: RN32(e) = 2^24 + 4 (ties to even)
+    small = sum_enc(1.0, -1.0, 2.0**-30)  # e = 2^-30, cancelling: the old window held ~40 values
+    zero = sum_enc(1.0, -1.0)  # e = 0: the old window held every value within 4dc ~ 2^-49 of 0
+    e24, e24p4 = X.bits_of(2.0**24), X.bits_of(2.0**24 + 4)
+    c30 = X.bits_of(2.0**-30)
+    xs = (np.arange(16, dtype=np.float32).reshape(1, 16) - 7.3).astype(np.float32)
+    exp_enc = X.enclosure(D(K.EXP, (0,), (1, 16), ((1, 16),), ()), [xs], 3)
+    c_exp = X.rn32(exp_enc.bounds[0])
+    div_enc = X.enclosure(D(K.DIV, (0, 1), (1, 1), ((1, 1), (1, 1)), ()), [f32(1.0), f32(3.0)], 0)
+    c_div = X.rn32(div_enc.bounds[0])
+    N, DN, UP, EX = X.NONE, X.DOWN, X.UP, X.EXPLICIT
+    return [
+        ("tie down: none", tie_down, e24, N, 0),
+        ("tie down: down, RN32(e)", tie_down, e24, DN, 0),
+        ("tie down: wrong side (up, 2^24 + 2)", tie_down, up(e24), UP, 0),
+        ("tie down: explicit RN32(e)", tie_down, e24, EX, e24),
+        ("tie down: explicit 2^24 + 2 (in the old window)", tie_down, up(e24), EX, up(e24)),
+        ("tie up: up, RN32(e)", tie_up, e24p4, UP, 0),
+        ("tie up: wrong side (down, 2^24 + 2)", tie_up, up(e24p4, -1), DN, 0),
+        ("tie up: explicit 2^24 + 2 (in the old window)", tie_up, up(e24p4, -1), EX, up(e24p4, -1)),
+        ("cancelling: explicit RN32(e)", small, c30, EX, c30),
+        ("cancelling: explicit 1 ulp above (in the old window)", small, up(c30), EX, up(c30)),
+        ("cancelling: explicit 16 ulps below (in the old window)", small, up(c30, -16), EX, up(c30, -16)),
+        ("cancelling: explicit 2^20 ulps above (outside every window)", small, up(c30, 1 << 20), EX, up(c30, 1 << 20)),
+        ("cancelling: explicit value differs from the claim", small, c30, EX, up(c30)),
+        ("zero: explicit +0", zero, 0, EX, 0),
+        ("zero: explicit 2^-60 (in the old window)", zero, X.bits_of(2.0**-60), EX, X.bits_of(2.0**-60)),
+        ("zero: explicit -2^-60 (in the old window)", zero, X.bits_of(-(2.0**-60)), EX, X.bits_of(-(2.0**-60))),
+        ("exp: none RN32(e)", exp_enc, c_exp, N, 0),
+        ("exp: explicit RN32(e)", exp_enc, c_exp, EX, c_exp),
+        ("exp: explicit neighbour", exp_enc, up(c_exp), EX, up(c_exp)),
+        ("div 1/3: explicit RN32(e)", div_enc, c_div, EX, c_div),
+        ("div 1/3: down on an exact op", div_enc, c_div, DN, 0),
+    ]
+
+
+def rule_vectors() -> dict[str, Any]:
+    def enc_json(e: Any) -> dict[str, Any]:
+        return {"lo": str(e.lo), "hi": str(e.hi), "dc": str(e.dc), "exp": e.exp, "den": str(e.den)}
+
+    cases = []
+    for name, enc, claimed, code, value in rule_cases():
+        cases.append({
+            "name": name,
+            "enclosure": enc_json(enc),
+            "claimed": claimed,
+            "code": code,
+            "value": value,
+            "stands": exact.judge(enc, claimed, code, value),
+            "stood_before": judge_before_exact_rule(enc, claimed, code, value),
+        })
+    return {
+        "description": "RoundingRule.judge: enclosure (integers in the unit 2^exp / den), claimed FP32 bits, "
+        "log code, entry value; stands = the rule (every claim must be RN32(e)); stood_before = the rule "
+        "before that (down/up on the midpoint checks alone, explicit in [RN32(lo - 4dc), RN32(hi + 4dc)])",
+        "cases": cases,
+    }
+
+
 BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "merkle.json": merkle_vectors,
     "tensor.json": tensor_vectors,
@@ -424,6 +519,7 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "graph.json": graph_vectors,
     "spec.json": spec_vectors,
     "ops.json": ops_vectors,
+    "rule.json": rule_vectors,
 }
 
 

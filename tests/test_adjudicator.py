@@ -25,6 +25,7 @@ from vtrain.errors import NonFiniteValue
 from vtrain.graph.executor import _compute_fp64, _move
 from vtrain.graph.step_graph import LOGGING_KINDS, ROUNDING_KINDS, OpKind, OpNode
 from vtrain.numerics import exact
+from vtrain.numerics.canonical import decide, exact_element
 from vtrain.numerics.rounding import round_output
 
 CALL_GAS = 16_000_000
@@ -331,7 +332,8 @@ def make_case(kind: OpKind, rng: np.random.Generator) -> Case:
 
 
 # ---------------------------------------------------------------------------------------------
-# The honest trainer (vtrain.graph.executor's FP64 compute + vtrain.numerics.rounding' rounding and log)
+# The honest trainer (vtrain.graph.executor's FP64 compute + vtrain.numerics.rounding' rounding and log;
+# near-ties decided on the exact value as vtrain.numerics.canonical does)
 
 
 def honest(case: Case, index: int) -> tuple[int, list[LogEntry]] | None:
@@ -359,8 +361,10 @@ def honest(case: Case, index: int) -> tuple[int, list[LogEntry]] | None:
         out, log = round_output(v, bound, "honest")
     except NonFiniteValue:
         return None
-    entries = [LogEntry(index, int(c), int(b)) for c, b in zip(log.code, log.value.view(np.uint32), strict=True)]
-    return exact.bits_of(out[0].item()), entries
+    if len(log):  # a near-tie: the certified trainer decides it on the exact value (canonical log)
+        bits, code = decide(exact_element(d, list(case.inputs), index))
+        return bits, [] if code == exact.NONE else [LogEntry(index, code, bits if code == exact.EXPLICIT else 0)]
+    return exact.bits_of(out[0].item()), []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,9 +510,12 @@ def test_exact_ties_round_to_even_and_log_entries_only_pass_at_the_midpoint(adj)
     lo, hi = exact.bits_of(16777216.0), exact.bits_of(16777218.0)
     assert check(adj, case, 0, lo, [])
     assert not check(adj, case, 0, hi, [])
-    # dc = 0: a down/up entry passes only at an exact midpoint (docs/numerics.md, uniform rule)
-    assert check(adj, case, 0, hi, [LogEntry(0, 2, 0)])
+    # dc = 0: a down/up entry passes only at an exact midpoint (docs/numerics.md, uniform rule), and
+    # only on RN32(e)'s side: the odd side of the tie never stands, whatever the log says
+    assert check(adj, case, 0, lo, [LogEntry(0, 1, 0)])
+    assert not check(adj, case, 0, hi, [LogEntry(0, 2, 0)])
     assert not check(adj, case, 0, hi, [LogEntry(0, 1, 0)])
+    assert not check(adj, case, 0, lo, [LogEntry(0, 2, 0)])
     off = single(K.ADD, 16777216.0, 1.5)  # not a tie
     assert not check(adj, off, 0, exact.bits_of(16777216.0), [LogEntry(0, 1, 0)])
     # explicit only at the exact value
@@ -558,8 +565,10 @@ def test_near_tie_matmul_honest_log_entry_stands_and_abuse_is_caught(adj):
     one, above = exact.bits_of(1.0), exact.neighbour(exact.bits_of(1.0), True)
     side = one if entries[0].code == 1 else above
     assert claimed == side
-    # the other side of the midpoint with the other code also stands (the midpoint is within 4dc)
-    assert check(adj, case, 0, above if side == one else one, [LogEntry(0, 3 - entries[0].code, 0)])
+    # the other side of the midpoint with the other code: the midpoint checks hold (it is within 4dc),
+    # but the claim is not RN32(e), so it no longer stands (it did before the rule demanded RN32(e))
+    assert claimed == exact.rn32(e)
+    assert not check(adj, case, 0, above if side == one else one, [LogEntry(0, 3 - entries[0].code, 0)])
     # log abuse: a down/up entry on an element far from any midpoint
     far = make_case(K.MATMUL, np.random.default_rng(3))
     far_claim, _ = honest(far, 0)
@@ -623,20 +632,22 @@ def test_every_single_ulp_tamper_of_an_unlogged_claim_is_caught(adj):
     assert caught >= 20
 
 
-def test_explicit_entries_stand_inside_the_window_and_forged_values_outside_fail(adj):
-    case, _ = near_tie_matmul(64, 0.0)
+def test_explicit_entries_stand_only_at_rn32_and_every_other_value_of_the_old_window_fails(adj):
+    case, e = near_tie_matmul(64, 0.0)
     enc = exact.enclosure(case.desc, case.inputs, 0)
     lo, hi, dc = enc.bounds
-    first, last = exact.rn32(lo - 4 * dc), exact.rn32(hi + 4 * dc)
+    first, last = exact.rn32(lo - 4 * dc), exact.rn32(hi + 4 * dc)  # the old explicit window
     assert first != last
-    for c in (first, last):
-        assert check(adj, case, 0, c, [LogEntry(0, 3, c)])
-    for c in (exact.neighbour(first, False), exact.neighbour(last, True)):
-        assert not check(adj, case, 0, c, [LogEntry(0, 3, c)])
+    right = exact.rn32(e)
+    assert check(adj, case, 0, right, [LogEntry(0, 3, right)])
+    for c in (first, last, exact.neighbour(first, False), exact.neighbour(last, True)):
+        if c != right:
+            assert not check(adj, case, 0, c, [LogEntry(0, 3, c)])
     # the claim must equal the entry's value
-    assert not check(adj, case, 0, first, [LogEntry(0, 3, last)])
+    other = last if right == first else first
+    assert not check(adj, case, 0, right, [LogEntry(0, 3, other)])
     # a code outside 0..3 never stands
-    assert not check(adj, case, 0, first, [LogEntry(0, 7, first)])
+    assert not check(adj, case, 0, right, [LogEntry(0, 7, right)])
 
 
 def test_data_op_reads_the_sampled_row(adj):

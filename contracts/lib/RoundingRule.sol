@@ -9,14 +9,17 @@ import {Float32} from "contracts/lib/Float32.sol";
 ///         committed log entry, decide whether the claimed FP32 value stands.
 /// @dev Every quantity of an `Enclosure` is an integer in one unit `q = 2^exp / den`, so all checks
 ///      are exact integer comparisons: `e` lies in `[lo*q, hi*q]`, `dc = dcNum*q`.
+///      - every code: RN32(lo) <= claimed <= RN32(hi) in the FP32 order, i.e. the claim is RN32(e)
+///                  (RN32 is monotone; the enclosures are exact or ~2^-110 relative, so this leaves
+///                  no choice unless e is that close to a midpoint). The trainer's log only tells an
+///                  auditor which value that is; it never widens what stands.
 ///      - none:     claimed == RN32(lo) == RN32(hi).
 ///      - down/up:  m = midpoint of claimed and its upper (down) / lower (up) neighbour, s the pair's
 ///                  spacing; require `lo - 4dc <= m <= hi + 4dc` (some point of the enclosure is
-///                  within 4dc of m) and `16dc <= s`.
-///      - explicit: claimed == the entry's value and RN32(lo - 4dc) <= claimed <= RN32(hi + 4dc)
-///                  (bounds saturate to +-inf, so a window reaching past FLT_MAX stays open).
+///                  within 4dc of m) and `16dc <= s`, so a log inconsistent with the claim loses.
+///      - explicit: claimed == the entry's value.
 ///      Ops with `dc = 0` (single IEEE ops, copies) use the same rule: a down/up entry then only
-///      passes at an exact midpoint and an explicit entry only at the exact value.
+///      passes at an exact midpoint.
 ///      A claim that is NaN, an infinity or -0 never stands (zero is canonically +0).
 library RoundingRule {
     uint8 internal constant NONE = 0;
@@ -56,13 +59,15 @@ library RoundingRule {
     function judge(Enclosure memory x, uint32 claimed, uint8 code, uint32 value) internal pure returns (bool) {
         // INVARIANT: outputs are finite and zero is canonical, so these patterns are never right.
         if (!Float32.isFinite(claimed) || claimed == Float32.SIGN) return false;
-        if (code == NONE) {
-            uint32 r = roundAt(x.lo, x.exp, x.den);
-            return r == claimed && (x.hi == x.lo || roundAt(x.hi, x.exp, x.den) == claimed);
-        }
-        // SAFETY: dc and the ends stay below 2^250 (ExactSum bounds), so 4dc and 16dc cannot overflow.
-        int256 w = 4 * int256(x.dc);
+        uint32 rLo = roundAt(x.lo, x.exp, x.den);
+        uint32 rHi = x.hi == x.lo ? rLo : roundAt(x.hi, x.exp, x.den);
+        int256 c = Float32.toOrdered(claimed);
+        // INVARIANT: the claim is RN32(e) for any e in [lo, hi]: no log entry buys another value.
+        if (c < Float32.toOrdered(rLo) || c > Float32.toOrdered(rHi)) return false;
+        if (code == NONE) return rLo == claimed && rHi == claimed;
         if (code == DOWN || code == UP) {
+            // SAFETY: dc and the ends stay below 2^250 (ExactSum bounds), so 4dc and 16dc cannot overflow.
+            int256 w = 4 * int256(x.dc);
             (int256 mNum, int256 mExp, uint256 sNum, int256 sExp) = Float32.midpoint(claimed, code == DOWN);
             // 16dc <= s: the logged midpoint is the only one within reach of an honest replay.
             if (Float32.compare(4 * w, x.exp, x.den, int256(sNum), sExp) > 0) return false;
@@ -70,12 +75,8 @@ library RoundingRule {
             if (Float32.compare(x.lo - w, x.exp, x.den, mNum, mExp) > 0) return false;
             return Float32.compare(x.hi + w, x.exp, x.den, mNum, mExp) >= 0;
         }
-        if (code == EXPLICIT) {
-            if (claimed != value) return false;
-            int256 c = Float32.toOrdered(claimed);
-            return Float32.toOrdered(roundAt(x.lo - w, x.exp, x.den)) <= c
-                && c <= Float32.toOrdered(roundAt(x.hi + w, x.exp, x.den));
-        }
+        // INVARIANT: an explicit entry stores the claimed value itself.
+        if (code == EXPLICIT) return claimed == value;
         return false;
     }
 }

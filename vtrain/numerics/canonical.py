@@ -358,3 +358,64 @@ def decide_rows(kind: OpKind, rows: torch.Tensor) -> tuple[torch.Tensor, torch.T
             slow += 1
         bits[k], codes[k] = got
     return bits, codes, slow
+
+
+# -- the auditor's check of the entries it applies ---------------------------------------------------
+def is_exact_rounding(
+    op: OpNode, desc: X.OpDesc, ins: list[torch.Tensor], index: np.ndarray, claimed: np.ndarray
+) -> np.ndarray:
+    """True where ``claimed`` (FP32 bit patterns) is ``RN32(e)`` of the element at flat ``index`` of
+    ``op``: the only value the contract's rule lets any claim take. The auditor checks every log
+    entry it applies with this, so a near-tie logged on the wrong side or a wrong explicit value is
+    caught where it is applied. Sums compare ``e`` with the claim's two midpoints: the double-double
+    sum and its bound first (the comparison of :func:`_decide_rows`), ``math.fsum`` signs next, exact
+    rationals last; other kinds use exact arithmetic (``exact.exact_value``)."""
+    index = np.asarray(index, dtype=np.int64)
+    claimed = np.asarray(claimed, dtype=np.uint32)
+    if not len(index):
+        return np.zeros(0, dtype=bool)
+    if op.kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
+        tensors = [t.detach().cpu().numpy() for t in ins]
+        exact = [X.rn32(X.exact_value(desc, tensors, int(i))) for i in index.tolist()]
+        return np.array(exact, dtype=np.uint32) == claimed
+    t, n = _terms(op, ins, torch.from_numpy(index).to(ins[0].device))
+    c32 = torch.from_numpy(claimed.view(np.float32).copy())
+    hi, lo, err = _dd_sum(t)  # the exact sum is hi + lo +- err
+    scale = float(n) if op.kind == OpKind.MEAN else 1.0  # n * m is exact in FP64 (n < 2^28)
+    lo_n, hi_n = _neighbours(c32)
+    c64 = c32.double()
+    d_lo = (hi - (c64 + lo_n.double()) * 0.5 * scale) + lo  # n (e - m_lo)
+    d_hi = ((c64 + hi_n.double()) * 0.5 * scale - hi) - lo  # n (m_hi - e)
+    derr = err + 4 * U * (torch.maximum(d_lo.abs(), d_hi.abs()) + lo.abs())
+    yes = (d_lo > derr) & (d_hi > derr)
+    no = (d_lo < -derr) | (d_hi < -derr)
+    out = yes.numpy().copy()
+    tensors: list[np.ndarray] | None = None
+    for k in (~(yes | no)).nonzero().reshape(-1).tolist():  # too close to call in FP64, or not finite
+        got = _is_rn32_fsum(t[k].tolist(), scale, np.float32(c32[k].item()))
+        if got is None:
+            tensors = tensors if tensors is not None else [x.detach().cpu().numpy() for x in ins]
+            got = X.rn32(X.exact_value(desc, tensors, int(index[k]))) == int(claimed[k])
+        out[k] = got
+    return out
+
+
+def _is_rn32_fsum(terms: list[float], scale: float, c: np.float32) -> bool | None:
+    """Whether ``c`` is RN32 of ``sum(terms) / scale`` from exact signs (``math.fsum`` is correctly
+    rounded, so its sign is the exact sum's; FP32 midpoints times ``scale`` are exact in FP64), ties
+    to even; None where a neighbour of ``c`` is not finite (exact rationals decide)."""
+    inf = np.float32(np.inf)
+    lo_n, hi_n = np.nextafter(c, -inf), np.nextafter(c, inf)
+    if not (np.isfinite(c) and np.isfinite(lo_n) and np.isfinite(hi_n)):
+        return None
+    even = not int(c.view(np.uint32)) & 1
+
+    def sign_minus(m: float) -> int:  # sign of (scale * e - scale * m), exact
+        x = math.fsum([*terms, -m * scale])
+        return (x > 0) - (x < 0)
+
+    below = sign_minus((float(c) + float(lo_n)) / 2)
+    above = sign_minus((float(c) + float(hi_n)) / 2)
+    if below < 0 or above > 0:
+        return False
+    return even if below == 0 or above == 0 else True

@@ -813,18 +813,23 @@ def reads(desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContex
 
 
 def judge(enc: Enclosure | None, claimed: int, code: int, value: int = 0) -> bool:
-    """The contract's rule (RoundingRule.judge) for an enclosure, a claim and a log entry."""
+    """The contract's rule (RoundingRule.judge) for an enclosure, a claim and a log entry.
+
+    Every claim must be ``RN32(e)``: ``RN32(lo) <= claimed <= RN32(hi)`` in the FP32 order, whatever
+    the code; the code's own check then says whether the log is consistent with it."""
     if enc is None or not is_finite(claimed) or claimed == SIGN:
         return False
     lo, hi, dc = enc.bounds
+    r_lo, r_hi = rn32(lo, True), rn32(hi, True)
+    if not to_ordered(r_lo) <= to_ordered(claimed) <= to_ordered(r_hi):
+        return False
     if code == NONE:
-        return rn32(lo, True) == claimed and rn32(hi, True) == claimed
+        return r_lo == claimed and r_hi == claimed
     if code in (DOWN, UP):
         m, s = midpoint(claimed, code == DOWN)
         return 16 * dc <= s and lo - 4 * dc <= m <= hi + 4 * dc
     if code == EXPLICIT:
-        c = to_ordered(claimed)
-        return claimed == value and to_ordered(rn32(lo - 4 * dc, True)) <= c <= to_ordered(rn32(hi + 4 * dc, True))
+        return claimed == value
     return False
 
 

@@ -328,10 +328,12 @@ def round_output_reference(
     return canonical(r), _op_log(flagged, code, value)
 
 
-AmbiguityResolver = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-"""``resolver(indices, proposed, codes)``: for flat element indices of the current op, the values
-the replay proposes (FP32) and the trainer's codes there (0 = no entry), return the values the
-contract would uphold: the auditor's fallback to exact arithmetic (``vtrain.numerics.exact``)."""
+AmbiguityResolver = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+"""``resolver(indices, proposed, codes, flagged)``: for flat element indices of the current op, the
+values the replay proposes (FP32), the trainer's codes there (0 = no entry) and which of them the
+replay's own checks flagged, return the values the contract would uphold: the auditor's fallback to
+exact arithmetic (``vtrain.numerics.exact``). Every applied entry is passed, flagged or not: the
+contract demands ``RN32(e)`` of every claim, so an unflagged entry must still give that value."""
 
 
 @dataclass
@@ -357,8 +359,10 @@ def apply_log(
     With ``violations`` (a list to fill) or ``resolver``, it also looks for elements the rule alone
     cannot settle: an entry far from the replayed value (log abuse), an entry on an exact op, or an
     unlogged element within ``2d`` of a midpoint. Those are reported and, given a resolver, replaced
-    by the value exact arithmetic upholds. ``check_finite=False`` leaves the NaN/Inf check to the
-    caller. Works on any device (the entries are moved to ``v``'s).
+    by the value exact arithmetic upholds; a resolver also gets every other applied entry, to check
+    its value against ``RN32(e)`` (a wrong side or explicit value the FP64 checks cannot see).
+    ``check_finite=False`` leaves the NaN/Inf check to the caller. Works on any device (the entries
+    are moved to ``v``'s).
     """
     r = v.to(torch.float32)
     if check_finite:
@@ -402,15 +406,19 @@ def apply_log(
     if checking and not exact_op:
         for k in unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries).tolist():
             suspect[int(k)] = (0, "unlogged element near a midpoint")
-    if suspect:
-        keys = np.array(sorted(suspect), dtype=np.int64)
-        if violations is not None:
-            violations.extend(LogViolation(int(k), suspect[int(k)][0], suspect[int(k)][1]) for k in keys)
-        if resolver is not None:
-            codes_np = np.array([suspect[int(k)][0] for k in keys], dtype=np.uint8)
-            kt = torch.from_numpy(keys).to(dev)
-            proposed = out[kt].cpu().numpy().copy()
-            out[kt] = torch.from_numpy(resolver(keys, proposed, codes_np).astype(np.float32)).to(dev)
+    flagged_keys = np.array(sorted(suspect), dtype=np.int64)
+    if violations is not None:
+        violations.extend(LogViolation(int(k), suspect[int(k)][0], suspect[int(k)][1]) for k in flagged_keys)
+    if resolver is not None and (suspect or len(entries)):
+        # every applied entry goes to the resolver too: its value must be RN32(e) (the contract's rule)
+        keys = np.union1d(flagged_keys, entries.index.astype(np.int64)) if len(entries) else flagged_keys
+        codes_np = np.zeros(len(keys), dtype=np.uint8)
+        if len(entries):
+            codes_np[np.searchsorted(keys, entries.index)] = entries.code
+        flagged = np.isin(keys, flagged_keys)
+        kt = torch.from_numpy(keys).to(dev)
+        proposed = out[kt].cpu().numpy().copy()
+        out[kt] = torch.from_numpy(resolver(keys, proposed, codes_np, flagged).astype(np.float32)).to(dev)
     return canonical(out.reshape(r.shape))
 
 
