@@ -351,14 +351,18 @@ def apply_log(
     resolver: AmbiguityResolver | None = None,
     violations: list[LogViolation] | None = None,
     check_finite: bool = True,
+    exact: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> torch.Tensor:
     """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to an honest trainer.
 
     With ``violations`` (a list to fill) or ``resolver``, it also looks for elements the rule alone
     cannot settle: an entry far from the replayed value (log abuse), an entry on an exact op, or an
     unlogged element within ``2d`` of a midpoint. Those are reported and, given a resolver, replaced
-    by the value exact arithmetic upholds. ``check_finite=False`` leaves the NaN/Inf check to the
-    caller. Works on any device (the entries are moved to ``v``'s).
+    by the value exact arithmetic upholds. ``exact(indices)`` (optional) marks elements whose every
+    honest FP64 value is exact (``canonical.grid_elements``: exact-grid sums carry no entry even at
+    an exact midpoint, and ``RN32(v)`` is right there): an unlogged near-tie among them is no suspect.
+    ``check_finite=False`` leaves the NaN/Inf check to the caller. Works on any device (the entries
+    are moved to ``v``'s).
     """
     r = v.to(torch.float32)
     if check_finite:
@@ -400,7 +404,10 @@ def apply_log(
             for k in (far | wild).nonzero().reshape(-1).tolist():
                 suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
     if checking and not exact_op:
-        for k in unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries).tolist():
+        near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries)
+        if exact is not None and len(near):
+            near = near[~np.asarray(exact(near), dtype=bool)]
+        for k in near.tolist():
             suspect[int(k)] = (0, "unlogged element near a midpoint")
     if suspect:
         keys = np.array(sorted(suspect), dtype=np.int64)
