@@ -203,7 +203,7 @@ def log_rows(res: dict[str, dict], graph: Any = None) -> tuple[list[list[Any]], 
             frac = r["logged"] / r["values"] if r["values"] else 0.0
             rows.append([mode, f"{statistics.mean(r['log_bytes']):,.1f} (format v2)",
                          f"{statistics.mean(r['raw_bytes']):,.0f}",
-                         f"{r['values'] // n:,} rounded", f"{r['logged'] / n:,.0f} entries (sparse)", f"{frac:.3%}",
+                         f"{r['values'] // n:,} rounded", f"{r['logged'] / n:,.0f} entries (sparse)", f"{frac:.4%}",
                          f"{r['explicit'] / n:,.1f}"])
         else:
             frac = r["logged"] / (hooked * n) if hooked else 0.0
