@@ -164,10 +164,11 @@ def _train(job, steps: int, rule: bool, monkeypatch):
     return out
 
 
-def test_the_rule_removes_entries_only_and_the_log_replays_without_suspects(monkeypatch) -> None:
-    job = build_job(MLP)
-    with_rule = _train(job, 2, True, monkeypatch)
-    without = _train(job, 2, False, monkeypatch)
+@pytest.mark.parametrize("spec", [MLP, GPT], ids=["mlp", "gpt"])
+def test_the_rule_removes_entries_only_and_the_log_replays_without_suspects(spec: TrainSpec, monkeypatch) -> None:
+    job = build_job(spec)
+    with_rule = _train(job, spec.steps, True, monkeypatch)
+    without = _train(job, spec.steps, False, monkeypatch)
     removed = 0
     ex = executor_for(job, "certified")
     for s, ((st_a, a), (_, b)) in enumerate(zip(with_rule, without, strict=True), start=1):
