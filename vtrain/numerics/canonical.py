@@ -14,7 +14,10 @@ For one output element with exact value ``e``, contract bound ``dc`` and canonic
 * no entry when neither midpoint next to ``c`` is within ``2 Dc`` of ``e``;
 * ``down``/``up`` when exactly one is, ``16 Dc <= s`` (its pair's spacing) and ``Dc <= 2 dc``
   (the contract's window ``4 dc`` then covers ``2 Dc``); the code names the side ``c`` is on;
-* ``explicit`` (value ``c``) otherwise.
+* ``explicit`` (value ``c``) otherwise;
+* except that an *exact-grid* sum (:func:`grid_exact`: all terms on one grid ``2^q`` with
+  ``sum|t_k| < 2^(53+q)``) never has an entry: every honest FP64 evaluation of it is exact, so
+  ``RN32(v) = c`` even at an exact midpoint.
 
 The trainer finds the elements that may need an entry from its own ``v`` and ``d``: any element
 with a midpoint within ``2 Dc`` of ``e`` has one within ``d + 2 Dc <= 4 d`` of ``v`` (``Dc <= 1.5 d``,
