@@ -13,7 +13,8 @@ byte each instead of 2 bits, bit 7 payload zlib-compressed), step and op count a
 certified payload: the op count, per op its id gap (``id - previous id - 1``; the first op its id)
 and entry count, every op's index deltas (mod 2^32), all varints; then every code (2 bits, four to
 a byte, low bits first, zero padding), then the explicit values (FP32 bits). The payload is
-compressed only when zlib makes it shorter. An empty log is 10-11 bytes. Version 1 (still read):
+compressed only when zlib makes it shorter. An empty log is 10 bytes (step below 128, fewer than 128 ops;
+the varints grow by a byte per 7 bits). Version 1 (still read):
 a fixed 19-byte header (``<5sBBQI``), a zlib payload of uint32 op ids, counts and deltas, one byte
 per code.
 
