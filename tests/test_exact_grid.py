@@ -152,7 +152,7 @@ def test_every_exempted_element_of_a_real_step_stands_with_no_entry(spec: TrainS
 
 def _train(job, steps: int, rule: bool, monkeypatch):
     if not rule:
-        monkeypatch.setattr(C, "grid_exact", lambda kind, t: torch.zeros(t.shape[0], dtype=torch.bool))
+        monkeypatch.setattr(C, "grid_exact", lambda kind, t, s_abs=None: torch.zeros(t.shape[0], dtype=torch.bool))
     ex = executor_for(job, "certified")
     state = state_tensors(job.initial_state)
     out = []

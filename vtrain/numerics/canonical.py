@@ -226,34 +226,30 @@ def _dd_sum(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 # -- the exact-grid rule: sums every FP64 evaluation computes exactly --------------------------------
-#: No FP32 product or value has a set bit above this exponent; marks rows of zero terms.
-_NO_BIT = 4096
-
-
-def grid_exact(kind: OpKind, t: torch.Tensor) -> torch.Tensor:
+def grid_exact(kind: OpKind, t: torch.Tensor, s_abs: torch.Tensor | None = None) -> torch.Tensor:
     """Rows of exact FP64 terms ``t [C, n]`` (a MATMUL bias is a term) that every honest FP64
     evaluation computes *exactly*: every non-zero term a multiple of ``2^q`` (``q`` the lowest set
     bit over the row) and ``S = sum|t_k| < 2^(53+q)``. Then every partial sum, in any order and
     bracketing (FMA included), is a multiple of ``2^q`` of magnitude ``<= S``, hence an FP64 number,
     so ``v = e`` and ``RN32(v) = RN32(e)`` even at an exact midpoint: no entry is due
     (docs/numerics.md, "The exact-grid rule"). MEAN rows qualify only when ``n`` is a power of two
-    (then ``/ n`` and ``* (1/n)`` are exact too). A function of the exact terms alone: the FP64
-    sum of ``|t_k|`` is compared with a power of two, which is exact for any summation order
-    (below ``2^(53+q)`` every partial is exact; at or above it, monotone rounding keeps it there)."""
+    (then ``/ n`` and ``* (1/n)`` are exact too).
+
+    Computed as: every term a multiple of ``2^q0``, ``q0 = floor(log2 S) - 52`` (the coarsest grid
+    the limit allows: ``S < 2^(53+q)`` means ``q >= q0``), tested by an exact ``fmod``. ``S`` is the
+    FP64 sum ``s_abs`` of ``|t_k|`` in any order: exact when the rule holds; when it does not and
+    ``fl(S)`` rounds, ``fl(S) >= 2^(53+q)`` for every grid ``2^q`` of the terms (monotone rounding
+    past a power of two), so no row is admitted wrongly. A function of the exact terms alone."""
     c, n = t.shape
     if c == 0 or (kind == OpKind.MEAN and n & (n - 1)):
         return torch.zeros(c, dtype=torch.bool)
     if n == 0:
         return torch.ones(c, dtype=torch.bool)
-    mant, expo = torch.frexp(t)  # t = mant * 2^expo, 0.5 <= |mant| < 1 (0 for t = 0)
-    m = (mant.abs() * 2.0**53).to(torch.int64)  # the 53-bit integer significand: t = m * 2^(expo - 53)
-    low = m & -m  # its lowest set bit, a power of two (0 for t = 0)
-    _, low_exp = torch.frexp(low.double())
-    q_k = torch.where(m != 0, expo.to(torch.int64) - 54 + low_exp.to(torch.int64), torch.tensor(_NO_BIT))
-    q = q_k.min(dim=1).values
-    s_abs = t.abs().sum(dim=1)
-    limit = torch.ldexp(torch.ones(c, dtype=torch.float64), (53 + q).clamp(max=1023).double())
-    return (s_abs < limit) & torch.isfinite(s_abs)
+    if s_abs is None:
+        s_abs = t.abs().sum(dim=1)
+    _, e = torch.frexp(s_abs)  # S = m 2^e, 1/2 <= m < 1: floor(log2 S) = e - 1 (e = 0 for S = 0)
+    unit = torch.ldexp(torch.ones(c, dtype=torch.float64), (e - 53).double())  # 2^q0
+    return (torch.fmod(t, unit.unsqueeze(1)) == 0).all(dim=1) & torch.isfinite(s_abs)
 
 
 def grid_elements(op: OpNode, ins: list[torch.Tensor], index: np.ndarray) -> np.ndarray:
@@ -319,7 +315,7 @@ def _decide_rows(kind: OpKind, t: torch.Tensor, n: int):
     directed = torch.where(near_hi, torch.tensor(int(Code.DOWN)), torch.tensor(int(Code.UP)))
     code = torch.where(single, torch.where(dir_ok, directed, torch.tensor(int(Code.EXPLICIT))), code)
     # exact-grid rows: est = hi is e exactly (every TwoSum of the tree is exact), c32 = RN32(e)
-    grid = grid_exact(kind, t) & torch.isfinite(c32)
+    grid = grid_exact(kind, t, s_abs) & torch.isfinite(c32)
     code = torch.where(grid, torch.tensor(int(Code.NONE)), code)
     decided = decided | grid
     bits = torch.from_numpy(canonical(c32).numpy().view(np.uint32).astype(np.int64))
