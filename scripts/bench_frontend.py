@@ -6,6 +6,7 @@
 Each configuration is built as ``vtrain train`` builds it (``build_job`` of a spec naming the
 example factory); the step times are the best of ``--steps`` steps in the same run, certified
 (FP64 + rounding log) and plain torch FP32 (the user's module, torch.optim), printed as a ratio.
+Also the certified log as stored (bytes per step) against the seed paper's raw log of the same graph.
 ``gpt2-117m`` is GPT-2's full 117M configuration at context 64, batch 1 (``--context`` to change).
 """
 
@@ -30,6 +31,8 @@ CONFIGS = {
 
 def bench(name: str, steps: int, context: int | None) -> dict:
     from vtrain.graph.executor import state_tensors
+    from vtrain.numerics.logfile import encode_step_log
+    from vtrain.numerics.paper import paper_log_bytes
     from vtrain.torch_ref import executor_for
     from vtrain.training.loop import batch_for
     from vtrain.training.spec import TrainSpec, build_job
@@ -47,6 +50,7 @@ def bench(name: str, steps: int, context: int | None) -> dict:
     out = {"config": name, "model_args": args, "batch": batch, "aten_nodes": sum(cap.aten_ops.values()),
            "ops_per_step": job.graph.n_ops, "slots": len(job.graph.slots),
            "params": int(sum(a.size for a in job.initial_state[: cap.n_params])), "build_s": round(build_s, 2)}
+    log_bytes: list[int] = []
     for mode in ("certified", "fp32"):
         ex = executor_for(job, mode)
         state = state_tensors(job.initial_state)
@@ -56,9 +60,15 @@ def bench(name: str, steps: int, context: int | None) -> dict:
             res = ex.run(state, batch_for(job, s), step=s)
             best = min(best, time.perf_counter() - t)
             state = res.state
+            if mode == "certified":
+                log_bytes.append(len(encode_step_log(res.log, s, job.graph)))
         out[f"{mode}_step_s"] = round(best, 4)
         out[f"{mode}_loss_{steps}"] = res.loss
     out["certified/fp32"] = round(out["certified_step_s"] / out["fp32_step_s"], 1)
+    # the certified log as stored against the seed paper's raw log of the same graph (1.6 bits per hooked value)
+    out["log_bytes_per_step"] = round(sum(log_bytes) / len(log_bytes), 1)
+    out["paper_log_bytes_per_step"] = paper_log_bytes(job.graph)
+    out["paper/certified log"] = round(out["paper_log_bytes_per_step"] / max(out["log_bytes_per_step"], 1), 1)
     return out
 
 

@@ -69,13 +69,18 @@ def test_trainer_that_withholds_and_does_not_answer_loses_its_stake(fresh_demo_w
     assert _owed(proto, auditor.account) == TERMS.challenger_bond * len(onchain.demanded) + bounty
 
 
-def test_the_auditor_re_verifies_published_data_and_refuses_tampered_bytes(fresh_demo_world) -> None:
+def test_the_auditor_re_verifies_published_data_and_refuses_tampered_bytes(fresh_demo_world, monkeypatch) -> None:
     """Published data is used only after Python rebuilt the posted roots from it: event bytes
     altered after the fact (as a lying node would serve them) are refused as corrupt."""
     import pytest
+    import torch
 
+    import vtrain.numerics.canonical as canonical
     from vtrain.errors import CorruptArtifact
 
+    # op logs to tamper with: without the exact-grid rule the demo MLP logs its exact ties (entries
+    # the contract upholds as well); with it, its logs are empty
+    monkeypatch.setattr(canonical, "grid_exact", lambda kind, t, s_abs=None: torch.zeros(t.shape[0], dtype=torch.bool))
     proto, ctx, job, trainer, auditor, onchain = _job(fresh_demo_world)
     for _ in range(3):  # step records, then op logs of interval 0
         auditor.audit()

@@ -10,7 +10,6 @@ a reader that swaps chosen artifacts (:class:`Serving`). Each test records an at
 from __future__ import annotations
 
 import hashlib
-import struct
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -34,7 +33,8 @@ from vtrain.commit.roots import interval_root
 from vtrain.commit.trace import framed_log_root
 from vtrain.errors import CorruptLog, MissingArtifact, VtrainError
 from vtrain.graph.executor import StepLog, state_tensors
-from vtrain.numerics.logfile import decode_step_log, encode_step_log, frame_step_log
+from vtrain.graph.step_graph import OpKind
+from vtrain.numerics.logfile import _uvarints, decode_step_log, encode_step_log, frame_step_log
 from vtrain.numerics.rounding import Code, OpLog
 from vtrain.training.loop import train_steps
 
@@ -131,15 +131,27 @@ def _log(w: World, job: int, s: int) -> StepLog:
     return decode_step_log(w.store.get_log(job, s), s, w.ctx.job.graph)
 
 
+def _other_log(w: World, job: int, s: int) -> StepLog:
+    """Step ``s``'s log with one entry changed (to explicit 1.5): a valid log that is not the one
+    committed for any step (the demo MLP's logs are mostly empty, hence all alike)."""
+    return _with_op(_log(w, job, s), _explicit(1.5))
+
+
 def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
 def _with_op(lg: StepLog, edit: Callable[[int, OpLog], OpLog]) -> StepLog:
-    """``lg`` with its op of most entries replaced by ``edit(op, entries)``."""
-    op = max(lg.sparse, key=lambda o: len(lg.sparse[o]))
+    """``lg`` with its op of most entries replaced by ``edit(op, entries)``; a log with no entries
+    (the demo MLP's usually has none: its sums are exact-grid) gets two made-up entries on its
+    first MATMUL first (a different log, so one that breaks no rule is simply not the committed one)."""
     sparse = dict(lg.sparse)
-    sparse[op] = edit(op, lg.sparse[op])
+    if not any(len(e) for e in sparse.values()):
+        graph = JobContext.of(default_spec("mlp")).job.graph
+        mm = next(o.id for o in graph.ops if o.kind == OpKind.MATMUL and o.numel >= 2)
+        sparse[mm] = _entries([0, 1], [int(Code.DOWN), int(Code.UP)], [0.0, 0.0])
+    op = max(sparse, key=lambda o: len(sparse[o]))
+    sparse[op] = edit(op, sparse[op])
     return StepLog(lg.mode, sparse)
 
 
@@ -195,34 +207,64 @@ ENTRY_ERRORS = {  # name -> (edit factory, the narrow error)
 }
 
 
+def _varint(b: bytes, pos: int) -> tuple[int, int]:
+    """One LEB128 number of log format 2 at ``pos``, and the position after it."""
+    v, k = 0, 0
+    while True:
+        v |= (b[pos] & 0x7F) << (7 * k)
+        pos, k = pos + 1, k + 1
+        if not b[pos - 1] & 0x80:
+            return v, pos
+
+
+def _vint(v: int) -> bytes:
+    return _uvarints(np.array([v], np.uint64))
+
+
+def _header(data: bytes) -> tuple[int, int, int, int]:
+    """A format-2 log's ``(flags, step, n_ops, header length)``."""
+    step, pos = _varint(data, 7)
+    n_ops, pos = _varint(data, pos)
+    return data[6], step, n_ops, pos
+
+
 def _payload(data: bytes) -> tuple[bytes, bytes]:
-    return data[:19], zlib.decompress(data[19:])
+    """A format-2 log's header and its payload (decompressed when stored compressed)."""
+    flags, _, _, pos = _header(data)
+    return data[:pos], zlib.decompress(data[pos:]) if flags & 0x80 else data[pos:]
 
 
 def _repack(head: bytes, body: bytes) -> bytes:
-    return head + zlib.compress(body)
+    return head[:6] + bytes([head[6] | 0x80]) + head[7:] + zlib.compress(body)
 
 
 def _framing(name: str, good: bytes, s: int) -> bytes:
     head, body = _payload(good)
+    flags, step, n_ops, _ = _header(good)
+    n, pos = _varint(body, 0)
     if name == "truncated":
-        return good[: len(good) - 9]
+        return good[: max(len(good) - 9, 3)]
     if name == "truncated-payload":
         return _repack(head, body[:-3])
     if name == "wrong-entry-count":  # the first op's count one larger than its entries
-        (n,) = struct.unpack_from("<I", body)
-        c = struct.unpack_from("<I", body, 4 + 4 * n)[0]
-        return _repack(head, body[: 4 + 4 * n] + struct.pack("<I", c + 1) + body[8 + 4 * n :])
+        if n == 0:  # no ops: declare one op (id 0) with one entry, and give none
+            return _repack(head, _vint(1) + _vint(0) + _vint(1))
+        gap, p1 = _varint(body, pos)
+        c, p2 = _varint(body, p1)
+        return _repack(head, body[:p1] + _vint(c + 1) + body[p2:])
     if name == "trailing-bytes":
         return _repack(head, body + b"\0\0\0\0")
     if name == "garbage-compression":
-        return head + bytes(range(97, 123)) * 3
+        return head[:6] + bytes([flags | 0x80]) + head[7:] + bytes(range(97, 123)) * 3
     if name == "wrong-op-count":  # the header's graph op count
-        return head[:15] + struct.pack("<I", struct.unpack_from("<I", head, 15)[0] + 1) + good[19:]
+        return good[:7] + _vint(step) + _vint(n_ops + 1) + good[len(head):]
     if name == "op-id-out-of-range":
-        return _repack(head, body[:4] + struct.pack("<I", 10_000) + body[8:])
+        if n == 0:
+            return _repack(head, _vint(1) + _vint(10_000) + _vint(0))
+        _, p1 = _varint(body, pos)
+        return _repack(head, body[:pos] + _vint(10_000) + body[p1:])
     if name == "wrong-step":
-        return head[:7] + struct.pack("<Q", s + 1) + good[15:]
+        return good[:7] + _vint(s + 1) + _vint(n_ops) + good[len(head):]
     if name == "wrong-magic":
         return b"XXLOG" + good[5:]
     raise AssertionError(name)
@@ -270,7 +312,7 @@ def test_honest_commit_then_a_substituted_log_with_a_matching_record_is_unavaila
 def test_honest_commit_then_a_substituted_log_alone_is_unavailable_not_challenged(world):
     w = world
     with trial("honest commit, substituted log"):
-        data = encode_step_log(_log(w, w.honest_job, SUBST_STEP + 1), SUBST_STEP, w.ctx.job.graph)
+        data = encode_step_log(_other_log(w, w.honest_job, SUBST_STEP + 1), SUBST_STEP, w.ctx.job.graph)
         u = _refused(_auditor(w, w.honest_job, Serving(w.store, logs={SUBST_STEP: data})))
         assert (u.interval, u.artifact, u.key, u.error, u.sha256) == (0, "rounding log", SUBST_STEP, "NotCommitted",
                                                                       _sha(data))
@@ -283,7 +325,7 @@ def test_cheater_serving_an_inconsistent_log_is_not_challenged_blindly_and_is_ca
     sign-off). Served the committed log, the same auditor catches the cheat from verified data."""
     w = world
     with trial("cheater serves an inconsistent log"):
-        data = encode_step_log(_log(w, w.cheat_job, CHEAT_STEP - 1), CHEAT_STEP, w.ctx.job.graph)
+        data = encode_step_log(_other_log(w, w.cheat_job, CHEAT_STEP - 1), CHEAT_STEP, w.ctx.job.graph)
         serving = Serving(w.store, logs={CHEAT_STEP: data})
         auditor = _auditor(w, w.cheat_job, serving)
         u = _refused(auditor)
@@ -461,7 +503,7 @@ def test_a_fallback_source_supplies_what_the_store_serves_wrong(world):
     too leaves the interval unavailable, naming both failures."""
     w = world
     with trial("fallback source supplies a verified copy"):
-        bad = encode_step_log(_log(w, w.honest_job, SUBST_STEP + 1), SUBST_STEP, w.ctx.job.graph)
+        bad = encode_step_log(_other_log(w, w.honest_job, SUBST_STEP + 1), SUBST_STEP, w.ctx.job.graph)
         good = w.store.get_log(w.honest_job, SUBST_STEP)
         wrong = _auditor(w, w.honest_job, Serving(w.store, logs={SUBST_STEP: bad}),
                          fallbacks=[Serving(w.store, logs={SUBST_STEP: bad[:-1]})])
@@ -521,7 +563,8 @@ def test_fuzz_log_reader_raises_only_corrupt_log(world, edits, inside):
     """Random byte edits of a real log, either of its bytes or of its decompressed payload
     (recompressed, so the parser behind zlib is reached): it decodes, or raises a CorruptLog."""
     w = world
-    good = w.store.get_log(w.cheat_job, CHEAT_STEP)
+    # a real log, with entries of every kind (made up where the step has none: see _with_op)
+    good = encode_step_log(_with_op(_log(w, w.cheat_job, CHEAT_STEP), _explicit(1.5)), CHEAT_STEP, w.ctx.job.graph)
     if inside:
         head, body = _payload(good)
         data = _repack(head, _mutate(body, edits))
@@ -607,11 +650,14 @@ def test_log_reader_checks_paper_trits_mode_and_payload_size(world):
     good = w.store.get_log(w.honest_job, SUBST_STEP)
     with pytest.raises(LogHeaderError, match="expected mode paper, got certified"):
         frame_step_log(good, SUBST_STEP, graph, Mode.PAPER)
-    head = good[:19]
-    bomb = head + zlib.compress(b"\0" * (10 * 2**20))  # far more than any log of this graph
+    head, _ = _payload(good)
+    zipped = head[:6] + bytes([0x80]) + head[7:]  # certified, payload compressed
+    bomb = zipped + zlib.compress(b"\0" * (10 * 2**20))  # far more than any log of this graph
     with pytest.raises(LogTrailingBytes, match="at most"):
         decode_step_log(bomb, SUBST_STEP, graph)
-    paper_head = head[:6] + bytes([1]) + head[7:]
+    with pytest.raises(LogTrailingBytes, match="at most"):  # the same uncompressed
+        decode_step_log(head[:6] + bytes([0]) + head[7:] + b"\0" * (10 * 2**20), SUBST_STEP, graph)
+    paper_head = head[:6] + bytes([0x81]) + head[7:]  # paper, payload compressed
     n = sum((graph.ops[o].numel + 4) // 5 for o in hooked_ops(graph))  # the paper's hooks (paper.py)
     ok = decode_step_log(paper_head + zlib.compress(b"\1" * n), SUBST_STEP, graph)
     assert ok.mode == Mode.PAPER and all(len(d.trits) == graph.ops[o].numel for o, d in ok.dense.items())
@@ -666,7 +712,7 @@ def test_the_auditor_cli_reports_each_unavailable_interval_once(world, capsys):
     from protocol.agents_cli import Out, _report_blocked
 
     w = world
-    data = encode_step_log(_log(w, w.honest_job, SUBST_STEP + 1), SUBST_STEP, w.ctx.job.graph)
+    data = encode_step_log(_other_log(w, w.honest_job, SUBST_STEP + 1), SUBST_STEP, w.ctx.job.graph)
     auditor = _auditor(w, w.honest_job, Serving(w.store, logs={SUBST_STEP: data}))
     u = _refused(auditor)
     out, reported = Out.make("auditor", w.honest_job, events=True), {}

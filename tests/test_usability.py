@@ -330,4 +330,7 @@ def test_inspect_counts_entries_and_draws_the_plots(mlp_run: Path, tmp_path: Pat
     for name in ("loss.png", "logged_fraction.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = run("inspect", mlp_run, "--plots", tmp_path / "plots").stdout
-    assert "log entries per code" in text and "MATMUL" in text
+    # the MLP's logs are usually empty (its sums are exact-grid, docs/numerics.md): then no table
+    assert ("log entries per code" in text) == (entries > 0)
+    kinds = {o["kind"] for o in s["entries_per_op"]}
+    assert all(k in text for k in kinds)

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from vtrain.graph.step_graph import (
     OpNode,
     bits_f32,
 )
-from vtrain.numerics.canonical import round_canonical
+from vtrain.numerics.canonical import grid_elements, round_canonical
 from vtrain.numerics.paper import apply_paper, hooked_ops, round_paper
 from vtrain.numerics.rounding import (
     TRAINER_BOUND_SLACK,
@@ -300,7 +301,10 @@ class StepExecutor:
         resolver = None
         if resolver_factory is not None:
             resolver = resolver_factory(op, [t.cpu() for t in ins] if self.device.type != "cpu" else ins)
-        out = apply_log(v, bound, entries, what, resolver, viol, check_finite=eager)
+        exact = None
+        if (resolver is not None or viol is not None) and k in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
+            exact = partial(grid_elements, op, ins)  # exact-grid sums: no entry, and none is due
+        out = apply_log(v, bound, entries, what, resolver, viol, check_finite=eager, exact=exact)
         if not eager:
             sums.append(out.sum(dtype=torch.float64))
         if viol:

@@ -14,7 +14,10 @@ For one output element with exact value ``e``, contract bound ``dc`` and canonic
 * no entry when neither midpoint next to ``c`` is within ``2 Dc`` of ``e``;
 * ``down``/``up`` when exactly one is, ``16 Dc <= s`` (its pair's spacing) and ``Dc <= 2 dc``
   (the contract's window ``4 dc`` then covers ``2 Dc``); the code names the side ``c`` is on;
-* ``explicit`` (value ``c``) otherwise.
+* ``explicit`` (value ``c``) otherwise;
+* except that an *exact-grid* sum (:func:`grid_exact`: all terms on one grid ``2^q`` with
+  ``sum|t_k| < 2^(53+q)``) never has an entry: every honest FP64 evaluation of it is exact, so
+  ``RN32(v) = c`` even at an exact midpoint.
 
 The trainer finds the elements that may need an entry from its own ``v`` and ``d``: any element
 with a midpoint within ``2 Dc`` of ``e`` has one within ``d + 2 Dc <= 4 d`` of ``v`` (``Dc <= 1.5 d``,
@@ -57,6 +60,25 @@ class ExactElement:
     value: Fraction
     dc: Fraction
     Dc: Fraction
+    grid: bool = False  # an exact-grid sum (:func:`on_grid`): every honest evaluation is exact
+
+
+def on_grid(kind: OpKind, terms: list[Fraction]) -> bool:
+    """The exact-grid rule on exact rational terms (the reference of :func:`grid_exact`): every
+    non-zero term a multiple of ``2^q`` and ``sum|t_k| < 2^(53+q)``; MEAN only for ``n = 2^k``."""
+    n = len(terms)
+    if kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) or (kind == OpKind.MEAN and n & (n - 1)):
+        return False
+    nz = [t for t in terms if t]
+    if not nz:
+        return True
+
+    def v2(x: int) -> int:
+        return (x & -x).bit_length() - 1
+
+    q = min(v2(abs(t.numerator)) - v2(t.denominator) for t in nz)  # FP values: power-of-two denominators
+    s = sum((abs(t) for t in nz), Fraction(0))
+    return s < (Fraction(2) ** (53 + q))
 
 
 def op_desc(graph: Graph, op: OpNode) -> X.OpDesc:
@@ -70,6 +92,11 @@ def exact_element(desc: X.OpDesc, tensors: list[np.ndarray], index: int) -> Exac
     e = X.exact_value(desc, tensors, index)
     dc = X.contract_bound(desc, tensors, index)
     kind = OpKind(desc.kind)
+    if kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
+        terms = X._terms(X._semantics(X.OpDesc.of(desc), tensors, index, None))
+        grid = on_grid(kind, terms)
+    else:
+        grid = False
     if kind in (OpKind.EXP, OpKind.LOG, OpKind.TANH):
         big = 4 * abs(e) * _TRANS_RATIO / X.TWO53
         return ExactElement(e, dc, max(big, dc))
@@ -77,13 +104,15 @@ def exact_element(desc: X.OpDesc, tensors: list[np.ndarray], index: int) -> Exac
         n = desc.in_shapes[0][-1] + (len(desc.inputs) == 3)
         g = Fraction(n, X.TWO53 - n)
         s = dc / g if g else Fraction(0)
-        return ExactElement(e, dc, _SUM_RATIO * g * (s + n * _SUBNORMAL))
-    return ExactElement(e, dc, _SUM_RATIO * dc)
+        return ExactElement(e, dc, _SUM_RATIO * g * (s + n * _SUBNORMAL), grid)
+    return ExactElement(e, dc, _SUM_RATIO * dc, grid)
 
 
 def decide(el: ExactElement) -> tuple[int, int]:
     """``(bits, code)``: the canonical output (RN32 of ``e``) and its log code (docs above)."""
     c = X.rn32(el.value)
+    if el.grid:
+        return c, int(Code.NONE)
     m_lo, s_lo = X.midpoint(c, above=False)
     m_hi, s_hi = X.midpoint(c, above=True)
     reach = 2 * el.Dc
@@ -196,6 +225,44 @@ def _dd_sum(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return hi, lo, bound
 
 
+# -- the exact-grid rule: sums every FP64 evaluation computes exactly --------------------------------
+def grid_exact(kind: OpKind, t: torch.Tensor, s_abs: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows of exact FP64 terms ``t [C, n]`` (a MATMUL bias is a term) that every honest FP64
+    evaluation computes *exactly*: every non-zero term a multiple of ``2^q`` (``q`` the lowest set
+    bit over the row) and ``S = sum|t_k| < 2^(53+q)``. Then every partial sum, in any order and
+    bracketing (FMA included), is a multiple of ``2^q`` of magnitude ``<= S``, hence an FP64 number,
+    so ``v = e`` and ``RN32(v) = RN32(e)`` even at an exact midpoint: no entry is due
+    (docs/numerics.md, "The exact-grid rule"). MEAN rows qualify only when ``n`` is a power of two
+    (then ``/ n`` and ``* (1/n)`` are exact too).
+
+    Computed as: every term a multiple of ``2^q0``, ``q0 = floor(log2 S) - 52`` (the coarsest grid
+    the limit allows: ``S < 2^(53+q)`` means ``q >= q0``), tested by an exact ``fmod``. ``S`` is the
+    FP64 sum ``s_abs`` of ``|t_k|`` in any order: exact when the rule holds; when it does not and
+    ``fl(S)`` rounds, ``fl(S) >= 2^(53+q)`` for every grid ``2^q`` of the terms (monotone rounding
+    past a power of two), so no row is admitted wrongly. A function of the exact terms alone."""
+    c, n = t.shape
+    if c == 0 or (kind == OpKind.MEAN and n & (n - 1)):
+        return torch.zeros(c, dtype=torch.bool)
+    if n == 0:
+        return torch.ones(c, dtype=torch.bool)
+    if s_abs is None:
+        s_abs = t.abs().sum(dim=1)
+    _, e = torch.frexp(s_abs)  # S = m 2^e, 1/2 <= m < 1: floor(log2 S) = e - 1 (e = 0 for S = 0)
+    unit = torch.ldexp(torch.ones(c, dtype=torch.float64), (e - 53).double())  # 2^q0
+    return (torch.fmod(t, unit.unsqueeze(1)) == 0).all(dim=1) & torch.isfinite(s_abs)
+
+
+def grid_elements(op: OpNode, ins: list[torch.Tensor], index: np.ndarray) -> np.ndarray:
+    """For flat element indices of a MATMUL/SUM/MEAN op (False elsewhere): whether the exact-grid
+    rule holds, i.e. every honest FP64 value of the element is its exact value. The replay's
+    fallback asks this before it treats an unlogged element near a midpoint as suspect."""
+    if op.kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) or not len(index):
+        return np.zeros(len(index), dtype=bool)
+    cand = torch.from_numpy(np.asarray(index, np.int64)).to(ins[0].device)
+    t, _ = _terms(op, ins, cand)
+    return grid_exact(op.kind, t).numpy()
+
+
 def _decide_sums(op: OpNode, ins: list[torch.Tensor], cand: torch.Tensor):
     """Canonical ``(bits, codes, decided)`` of MATMUL/SUM/MEAN candidates; ``decided`` False where
     the double-double estimate is too close to a threshold (those go to exact arithmetic)."""
@@ -247,6 +314,10 @@ def _decide_rows(kind: OpKind, t: torch.Tensor, n: int):
     code = torch.where(near_lo & near_hi, torch.tensor(int(Code.EXPLICIT)), code)
     directed = torch.where(near_hi, torch.tensor(int(Code.DOWN)), torch.tensor(int(Code.UP)))
     code = torch.where(single, torch.where(dir_ok, directed, torch.tensor(int(Code.EXPLICIT))), code)
+    # exact-grid rows: est = hi is e exactly (every TwoSum of the tree is exact), c32 = RN32(e)
+    grid = grid_exact(kind, t, s_abs) & torch.isfinite(c32)
+    code = torch.where(grid, torch.tensor(int(Code.NONE)), code)
+    decided = decided | grid
     bits = torch.from_numpy(canonical(c32).numpy().view(np.uint32).astype(np.int64))
     return bits, code, decided, t
 
@@ -290,6 +361,8 @@ def _decide_fsum(op: OpNode | OpKind, terms: list[float]) -> tuple[int, int] | N
     if not np.isfinite(c):
         return None
     c = np.float32(c + np.float32(0.0))  # -0 is +0
+    if bool(grid_exact(kind, torch.tensor([terms], dtype=torch.float64).reshape(1, n))[0]):
+        return int(c.view(np.uint32)), int(Code.NONE)
     s_abs = math.fsum(abs(t) for t in terms)
     g = n * U / (1 - n * U)
     if kind == OpKind.MATMUL:
@@ -330,13 +403,14 @@ def exact_element_of_terms(kind: OpKind, terms: list[float]) -> ExactElement:
     total = sum(fr, Fraction(0))
     s = sum((abs(t) for t in fr), Fraction(0))
     g = Fraction(n, X.TWO53 - n)
+    grid = on_grid(kind, fr)
     if kind == OpKind.MEAN:
         dc = (g + Fraction(2, X.TWO53)) * s / n
-        return ExactElement(total / n, dc, _SUM_RATIO * dc)
+        return ExactElement(total / n, dc, _SUM_RATIO * dc, grid)
     dc = g * s
     if kind == OpKind.MATMUL:
-        return ExactElement(total, dc, _SUM_RATIO * g * (s + n * _SUBNORMAL))
-    return ExactElement(total, dc, _SUM_RATIO * dc)
+        return ExactElement(total, dc, _SUM_RATIO * g * (s + n * _SUBNORMAL), grid)
+    return ExactElement(total, dc, _SUM_RATIO * dc, grid)
 
 
 def decide_rows(kind: OpKind, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -353,6 +353,7 @@ def apply_log(
     resolver: AmbiguityResolver | None = None,
     violations: list[LogViolation] | None = None,
     check_finite: bool = True,
+    exact: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> torch.Tensor:
     """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to an honest trainer.
 
@@ -361,6 +362,9 @@ def apply_log(
     unlogged element within ``2d`` of a midpoint. Those are reported and, given a resolver, replaced
     by the value exact arithmetic upholds; a resolver also gets every other applied entry, to check
     its value against ``RN32(e)`` (a wrong side or explicit value the FP64 checks cannot see).
+    ``exact(indices)`` (optional) marks elements whose every honest FP64 value is exact
+    (``canonical.grid_elements``: exact-grid sums carry no entry even at an exact midpoint, and
+    ``RN32(v)`` is right there): an unlogged near-tie among them is no suspect.
     ``check_finite=False`` leaves the NaN/Inf check to the caller. Works on any device (the entries
     are moved to ``v``'s).
     """
@@ -404,7 +408,10 @@ def apply_log(
             for k in (far | wild).nonzero().reshape(-1).tolist():
                 suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
     if checking and not exact_op:
-        for k in unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries).tolist():
+        near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries)
+        if exact is not None and len(near):
+            near = near[~np.asarray(exact(near), dtype=bool)]
+        for k in near.tolist():
             suspect[int(k)] = (0, "unlogged element near a midpoint")
     flagged_keys = np.array(sorted(suspect), dtype=np.int64)
     if violations is not None:
