@@ -421,6 +421,8 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
         return out
     if k == OpKind.EXPAND:
         return a.expand(op.shape).contiguous()
+    if k == OpKind.CONCAT:
+        return torch.cat([t.reshape(-1) for t in ins])
     if k == OpKind.MAX:
         return a.amax(dim=-1, keepdim=True)
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
