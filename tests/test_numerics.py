@@ -61,6 +61,40 @@ def test_matmul_fp64_value_is_within_the_certified_bound_of_the_exact_dot(pairs,
 
 
 @SETTINGS
+@given(st.lists(st.tuples(fp32s, fp32s), min_size=1, max_size=40), st.booleans(), st.booleans(), st.booleans())
+def test_matmul_norm_bound_covers_the_exact_error_and_the_tight_bound(pairs, cancel, bias, sparse) -> None:
+    """The canonical trainer's Cauchy-Schwarz bound (``bound="norm"``): the same FP64 value, and on
+    every element what the candidate filter needs (vtrain.numerics.canonical): ``|v - e| <= d`` and
+    ``Dc <= 1.5 d`` (``Dc = 5/4 gamma_n (S + n 2^-149)``, ``S = sum |t|`` exact), with a bias, exact
+    cancellation, subnormals and one-hot-like sparse rows (where it is loosest)."""
+    a = np.array([p[0] for p in pairs], np.float32)
+    b = np.array([p[1] for p in pairs], np.float32)
+    if cancel:
+        a = np.concatenate([a, -a, a[:1]])
+        b = np.concatenate([b, b, b[:1]])
+    A = np.stack([a, a[::-1].copy(), np.where(np.arange(a.size) % 3 == 0, a, 0) if sparse else -a])  # [3, K]
+    B = np.stack([b, np.roll(b, 1)])  # [2, K]
+    ins = [torch.from_numpy(A), torch.from_numpy(B)]
+    if bias:
+        ins.append(torch.from_numpy(np.array([b[0], -a[0]], np.float32)))
+    op = OpNode(len(ins), OpKind.MATMUL, tuple(range(len(ins))), (3, 2))
+    v, d = _compute_fp64(op, ins)
+    v_norm, d_norm = _compute_fp64(op, ins, "norm")
+    v_none, d_none = _compute_fp64(op, ins, "none")
+    assert torch.equal(v, v_norm) and torch.equal(v, v_none) and d_none is None
+    for i in range(3):
+        for j in range(2):
+            t = [Fraction(float(x)) * Fraction(float(y)) for x, y in zip(A[i], B[j], strict=True)]
+            if bias:
+                t.append(Fraction(float(ins[2][j])))
+            n, dn = len(t), Fraction(float(d_norm[i, j]))
+            g = Fraction(n, 2**53 - n)  # gamma_n, exactly
+            big_s = sum((abs(x) for x in t), Fraction(0))
+            assert abs(Fraction(float(v_norm[i, j])) - sum(t, Fraction(0))) <= g * big_s <= dn
+            assert Fraction(5, 4) * g * (big_s + n * Fraction(1, 2**149)) <= Fraction(3, 2) * dn
+
+
+@SETTINGS
 @given(st.lists(moderate, min_size=1, max_size=64), st.sampled_from([OpKind.SUM, OpKind.MEAN]))
 def test_sum_and_mean_are_within_their_bounds(xs, kind) -> None:
     a = np.array(xs, np.float32)

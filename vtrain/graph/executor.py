@@ -264,7 +264,13 @@ class StepExecutor:
                 else:
                     sums.append(out.sum(dtype=torch.float64))
                 return out.add_(0.0)  # canonical zero, in place on the fresh output
-        v, d = _compute_fp64(op, ins)
+        if self.mode in (Mode.ROUND_NOLOG, Mode.PAPER):
+            bound_kind = "none"  # the bound is never read
+        elif log_in is None and self.canonical_log:
+            bound_kind = "norm"  # only selects candidates for exact decisions (round_canonical)
+        else:
+            bound_kind = "tight"
+        v, d = _compute_fp64(op, ins, bound_kind)
         stats.values += v.numel()
         what = f"{op.kind.name} op {op.id}"
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
@@ -494,12 +500,20 @@ def _scalar(op: OpNode) -> float:
     return bits_f32(op.attrs[0])
 
 
-def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _compute_fp64(
+    op: OpNode, ins: list[torch.Tensor], bound: str = "tight"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The FP64 value ``v`` of a rounding op and its certified bound ``d`` (None when exact).
 
     For MATMUL the FP32 evaluation of ``|A|@|B|`` may underflow; ``n * 2^-149`` covers that, and
     where it is not negligible the bound is no longer within 1.25x of the contract's, so those
     elements are marked by :func:`bound_is_tight` and never get a directed (down/up) entry.
+
+    ``bound``: ``"tight"`` (the above: within 1.25x of the contract's, what a directed entry and the
+    auditor's replay need), ``"norm"`` (MATMUL only: ``sum_k |a_k b_k| <= |a|_2 |b|_2``, Cauchy-Schwarz,
+    from FP64 row norms: O(MK + NK + MN) instead of a second GEMM; a valid upper bound, only looser, for
+    the canonical trainer, where ``d`` only selects the candidates it decides exactly) or ``"none"``
+    (MATMUL, SUM, MEAN: ``d`` is not computed, for modes that never read it).
     """
     k = op.kind
     x = [t.double() for t in ins]
@@ -527,6 +541,10 @@ def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, to
         return v, 4.0 * U * v.abs()
     if k == OpKind.MATMUL:
         v = torch.matmul(x[0], x[1].transpose(-1, -2))
+        if bound == "none":
+            return (v.add_(x[2]) if len(ins) == 3 else v), None
+        if bound == "norm":
+            return v, _norm_bound(x, v)
         s = torch.matmul(ins[0].abs(), ins[1].abs().transpose(-1, -2))
         n = ins[0].shape[-1]
         if len(ins) == 3:  # in place on the fresh products (large fresh buffers cost page faults)
@@ -537,11 +555,30 @@ def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, to
     if k in (OpKind.SUM, OpKind.MEAN):
         n = ins[0].shape[-1]
         v = x[0].sum(dim=-1, keepdim=True)
+        if bound == "none":
+            return (v if k == OpKind.SUM else v / n), None
         s = ins[0].abs().sum(dim=-1, keepdim=True).double()
         if k == OpKind.SUM:
             return v, (TRAINER_BOUND_SLACK * gamma(n)) * s
         return v / n, (TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n) * s
     raise GraphError(f"{k.name} is not a rounding op")
+
+
+def _norm_bound(x: list[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+    """The trainer bound of an FP64 MATMUL (``v``, with the bias added here) from the Cauchy-Schwarz
+    bound ``|a_i|_2 |b_j|_2 (+ |bias_j|) >= sum_k |t_k|`` of FP64 row norms of the FP32 inputs
+    ``x``: squares of FP32 values are exact in FP64 and cannot underflow or overflow, the norms'
+    sum, square root, product and bias add carry a relative error below ``(n + 4) 2^-53``, covered by
+    the factor ``1 + (n + 4) 2^-52``. At least the tight bound of :func:`_compute_fp64`, elementwise."""
+    n = x[0].shape[-1]
+    na = x[0].mul(x[0]).sum(dim=-1, keepdim=True).sqrt_()  # [..., M, 1]
+    nb = x[1].mul(x[1]).sum(dim=-1, keepdim=True).sqrt_()  # [..., N, 1]
+    s = na * nb.transpose(-1, -2)
+    if len(x) == 3:
+        v.add_(x[2])
+        s.add_(x[2].abs())
+        n += 1
+    return s.add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n) * (1.0 + (n + 4) * 2.0**-52))
 
 
 def state_tensors(arrays: list[np.ndarray]) -> list[torch.Tensor]:
