@@ -8,7 +8,6 @@ trainer's FP32 outputs bit for bit (``docs/numerics.md``).
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -39,6 +38,7 @@ from vtrain.numerics.rounding import (
     all_finite,
     apply_log,
     canonical,
+    finite_probe,
     gamma,
     round_output,
 )
@@ -149,9 +149,9 @@ class StepExecutor:
         how tests and demos play a cheating trainer, never used by the honest path.
 
         NaN/Inf: every op output is checked. On the plain paths (no hook, no check, no resolver)
-        the checks are folded into one FP64 sum per step; if that is not finite (or anything else
-        fails), the step is run again op by op with eager checks, so the error names the first bad
-        op exactly as before.
+        the checks are folded into one per step (each op's min and max, ``finite_probe``); if one is
+        not finite (or anything else fails), the step is run again op by op with eager checks, so the
+        error names the first bad op exactly as before.
         """
         g = self.graph
         if len(state) != len(g.slots):
@@ -216,7 +216,7 @@ class StepExecutor:
                 for i in op.inputs:
                     if last_use[i] == op.id and i != loss_op:
                         vals[i] = None
-        if sums is not None and sums and not math.isfinite(float(torch.stack(sums).sum())):
+        if sums is not None and sums and not bool(torch.isfinite(torch.stack(sums)).all()):
             return None  # a NaN/Inf somewhere: the eager rerun names the op
         loss_t = vals[g.loss_op] if vals[g.loss_op] is not None else trace[g.loss_op]  # type: ignore[index]
         if any(s is None for s in new_state):
@@ -231,7 +231,7 @@ class StepExecutor:
     def _run_op(
         self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums=None
     ) -> torch.Tensor:
-        """One op; with ``sums`` (a list) the NaN/Inf check is deferred: its FP64 sum is appended."""
+        """One op; with ``sums`` (a list) the NaN/Inf check is deferred: its min and max are appended."""
         k = op.kind
         if k == OpKind.INPUT:
             return state[op.attrs[0]]
@@ -262,7 +262,7 @@ class StepExecutor:
                     if not all_finite(out):
                         raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
                 else:
-                    sums.append(out.sum(dtype=torch.float64))
+                    sums.extend(finite_probe(out))
                 return out.add_(0.0)  # canonical zero, in place on the fresh output
         if self.mode in (Mode.ROUND_NOLOG, Mode.PAPER):
             bound_kind = "none"  # the bound is never read
@@ -309,7 +309,7 @@ class StepExecutor:
             resolver = resolver_factory(op, [t.cpu() for t in ins] if self.device.type != "cpu" else ins)
         out = apply_log(v, bound, entries, what, resolver, viol, check_finite=eager)
         if not eager:
-            sums.append(out.sum(dtype=torch.float64))
+            sums.extend(finite_probe(out))
         if viol:
             violations.extend((op.id, x) for x in viol)
         return out
