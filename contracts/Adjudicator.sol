@@ -17,7 +17,7 @@ import {Transcendental} from "contracts/Transcendental.sol";
 ///         docs/numerics.md to the claimed value and the committed log entry (RoundingRule).
 ///         Supported kinds: ADD SUB MUL DIV ADD_S MUL_S DIV_S RSUB_S SQRT MATMUL SUM MEAN MAX RELU
 ///         RELU_GRAD OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND ONE_HOT GATHER TAKE SELECT MAX_GRAD
-///         DROPOUT_MASK STEP DATA EXP LOG TANH (the last three enclosed by the `Transcendental`
+///         DROPOUT_MASK STEP CONCAT DATA EXP LOG TANH (the last three enclosed by the `Transcendental`
 ///         contract this one deploys). The bind ops
 ///         INPUT CONST (ruled by the game) and unknown codes revert with `UnsupportedOp`.
 ///
@@ -34,6 +34,7 @@ import {Transcendental} from "contracts/Transcendental.sol";
 ///           bias[j]; GATHER and TAKE: idx, then x only when idx is a valid index; RELU_GRAD: x,
 ///           then g only when x > 0; SELECT: cond, then a (cond != 0) or b; MAX_GRAD: the row of x,
 ///           then g only at the row's first maximum; PAD: nothing when the element is padding;
+///           CONCAT: the one input holding the element;
 ///           ONE_HOT: idx; DATA: the sample; DROPOUT_MASK, STEP: nothing.
 ///         - `log` opens the adjacent log leaves `position, position + 1` (9 bytes each) with
 ///           `key_p < index + 1 <= key_{p+1}`: the entry is leaf p+1 when its key is `index + 1`,
@@ -147,6 +148,7 @@ contract Adjudicator is IAdjudicator {
             return (RoundingRule.exactly(_positive(a) ? a : 0), true);
         }
         if (k == OpKinds.OUTPUT || (k >= OpKinds.RESHAPE && k <= OpKinds.EXPAND)) return (_move(c), true);
+        if (k == OpKinds.CONCAT) return (_concat(c), true);
         if (k == OpKinds.EXP || k == OpKinds.LOG || k == OpKinds.TANH) {
             _inputs(c, 1);
             _sameShape(c, 0);
@@ -311,6 +313,28 @@ contract Adjudicator is IAdjudicator {
             idx[axis] = t - start;
         }
         return RoundingRule.exactly(_read(c, 0, TensorIndex.ravelBroadcast(idx, si)));
+    }
+
+    /// @dev CONCAT: the inputs' elements one after another (each row-major) as a 1-D output.
+    function _concat(Ctx memory c) private view returns (RoundingRule.Enclosure memory) {
+        uint256 n = c.roots.length;
+        // INVARIANT: at least one input (openOp bounds them by MAX_OP_INPUTS); a 1-D output.
+        if (n == 0) revert InputCount(c.kind, 0, 1);
+        if (c.shape.length != 1) revert ShapeMismatch(c.kind, n);
+        uint256 total;
+        uint256 at = n;
+        uint256 off;
+        for (uint256 i = 0; i < n; ++i) {
+            uint256 size = TensorIndex.numel(c.inShapes[i]);
+            if (at == n && c.index < total + size) {
+                at = i;
+                off = total;
+            }
+            total += size;
+        }
+        // INVARIANT: the output holds exactly the inputs' elements (so index < total picks an input).
+        if (total != c.shape[0]) revert ShapeMismatch(c.kind, n);
+        return RoundingRule.exactly(_read(c, at, c.index - off));
     }
 
     /// @dev out[..., c] = 1.0 if idx[...] == c else 0 (exact float compare); attrs [C].

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vtrain.errors import VtrainError
-from vtrain.graph.step_graph import Graph, OpKind, OpNode
+from vtrain.graph.step_graph import MAX_CONCAT_INPUTS, Graph, OpKind, OpNode
 from vtrain.numerics.exact import MAX_TERMS, OpDesc, reduction_terms
 
 #: Kinds the deployed Adjudicator rules on (``Adjudicator._exactValue``; any other code reverts
@@ -60,6 +60,7 @@ ADJUDICATED_KINDS = frozenset(
         OpKind.MAX_GRAD,
         OpKind.DROPOUT_MASK,
         OpKind.STEP,
+        OpKind.CONCAT,
     }
 )
 #: Kinds the DisputeGame binds itself (``openOp``: to stateRoot_{s-1}, stateRoot_s, a constant root).
@@ -101,6 +102,10 @@ def unrulable_ops(graph: Graph) -> list[Unrulable]:
         kind = op.kind.name if isinstance(op.kind, OpKind) else str(op.kind)
         if op.kind not in RULED_KINDS:
             bad.append(Unrulable(op.id, kind, op.name, "the deployed Adjudicator has no rule for this op kind"))
+            continue
+        if len(op.inputs) > MAX_CONCAT_INPUTS:
+            bad.append(Unrulable(op.id, kind, op.name, f"{len(op.inputs)} inputs, more than the DisputeGame's "
+                                 f"limit of {MAX_CONCAT_INPUTS} (MAX_OP_INPUTS)"))
             continue
         n = reduction_length(graph, op)
         if n > MAX_REDUCTION_TERMS:

@@ -7,7 +7,7 @@ stay under the 16,777,216 per-transaction cap.
     .venv/bin/python scripts/bench_gas.py            # all tables
     .venv/bin/python scripts/bench_gas.py adjudicator
     .venv/bin/python scripts/bench_gas.py gpt gpt-disputes   # the demo GPT: per op kind, whole disputes
-    .venv/bin/python scripts/bench_gas.py new-kinds new-kind-disputes   # TAKE SELECT MAX_GRAD DROPOUT_MASK STEP
+    .venv/bin/python scripts/bench_gas.py new-kinds new-kind-disputes   # TAKE SELECT MAX_GRAD DROPOUT_MASK STEP CONCAT
     .venv/bin/python scripts/bench_gas.py availability       # publishing one whole step on-chain (DA)
     .venv/bin/python scripts/bench_gas.py rule chunks        # the rounding rule: per family and log code
 
@@ -194,7 +194,7 @@ def new_kind_cases() -> list[BenchCase]:
     """Issue 13's op kinds on model-sized tensors: a 3x3 conv patch gather of 16 channels of a
     32x32 image (x [16, 1024] by a CONST table [1024, 9], -1 padding), an embedding lookup
     (wte [4096, 256] by token ids [8, 64]), a causal-mask SELECT and MAX_GRAD on 256x256 scores,
-    a 2x2 max-pool MAX_GRAD, a 256x256 dropout mask and STEP."""
+    a 2x2 max-pool MAX_GRAD, a 256x256 dropout mask, STEP, and CONCAT (the flat optimizer's buffers)."""
     rng = np.random.default_rng(3)
     D = exact.OpDesc
     s = (256, 256)
@@ -231,6 +231,9 @@ def new_kind_cases() -> list[BenchCase]:
                   (pool, _f32(rng, (16384, 1))), 4 * 5000 + int(np.argmax(pool[5000]))),
         BenchCase("DROPOUT_MASK (256x256)", D(K.DROPOUT_MASK, (), s, (), half), (), 256 * 100 + 37),
         BenchCase("STEP", D(K.STEP, (), (1,), (), ()), (), 0),
+        BenchCase("CONCAT 2 x [256,256]", D(K.CONCAT, (0, 1), (2 * 65536,), (s, s), ()), (x, x), 65536 + 37),
+        BenchCase("CONCAT 16 x [64,64] (last input)", D(K.CONCAT, tuple(range(16)), (16 * 4096,), ((64, 64),) * 16,
+                  ()), tuple(_f32(rng, (64, 64)) for _ in range(16)), 15 * 4096 + 100),
     ]
 
 
@@ -301,7 +304,7 @@ def new_kind_disputes() -> None:
     from test_new_kind_disputes import CHEATS, _cheat_caught, _false_challenger_loses
 
     dep = H.deploy(adjudicator="Adjudicator")
-    graphs = {"conv": G.conv_net(steps=4), "gpt": G.gpt_block()}
+    graphs = {"conv": G.conv_net(steps=4), "gpt": G.gpt_block(), "adamw": G.adamw_net()}
     print("\n## disputes with the new op kinds (real Adjudicator, py-evm)\n")
     print("| cheat | lands on | oneStep gas (cheat caught) | oneStep gas (false challenger loses) | largest tx |")
     print("|---|---|---:|---:|---:|")

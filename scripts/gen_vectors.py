@@ -329,7 +329,7 @@ def graph_vectors() -> dict[str, Any]:
 
 
 def new_kind_cases() -> list[tuple[str, Any, list[np.ndarray], int]]:
-    """``(name, descriptor, inputs, step)`` of the ops.json cases (issue 13's op kinds)."""
+    """``(name, descriptor, inputs, step)`` of the ops.json cases (issue 13's op kinds, and CONCAT)."""
     from vtrain.graph.step_graph import OpKind as K
 
     x = (np.arange(10, dtype=np.float32).reshape(2, 5) - 4.5) / 4
@@ -342,12 +342,15 @@ def new_kind_cases() -> list[tuple[str, Any, list[np.ndarray], int]]:
     mx = np.array([[1.0, 3.0, 3.0], [-0.0, 0.0, -1.0]], np.float32)  # ties: the first maximum
     g = np.array([[0.25], [-2.0]], np.float32)
     half = (1 << 31, 0x40000000, 5)  # p = 0.5, scale 2.0, salt 5
+    cc = (np.array([[1.5, -0.0], [2.0**-149, -3.0]], np.float32), np.array([7.0], np.float32),
+          np.array([0.0, -2.5, 3.0e38], np.float32))  # CONCAT: flattened parameters, one after another
     return [
         ("take_patch_gather", (K.TAKE, (0, 1), (2, 3, 3), ((2, 5), (3, 3)), (1,)), [x, table], 7),
         ("take_embedding", (K.TAKE, (0, 1), (2, 3, 3), ((4, 3), (2, 3)), (0,)), [wte, tokens], 7),
         ("select_mask", (K.SELECT, (0, 1, 2), (3, 2), ((3, 1), (1, 2), (1, 2)), ()), [cond, a, b], 7),
         ("max_grad_ties", (K.MAX_GRAD, (0, 1), (2, 3), ((2, 3), (2, 1)), ()), [mx, g], 7),
         ("dropout_half", (K.DROPOUT_MASK, (), (2, 4), (), half), [], 7),
+        ("concat_flat", (K.CONCAT, (0, 1, 2), (8,), ((2, 2), (1,), (3,)), ()), [cc[0], cc[1], cc[2]], 7),
         ("step_7", (K.STEP, (), (1,), (), ()), [], 7),
         ("step_tie", (K.STEP, (), (1,), (), ()), [], 2**24 + 3),
     ]
@@ -385,7 +388,7 @@ def ops_vectors() -> dict[str, Any]:
             }
         )
     return {
-        "description": "one-step rulings of the op kinds TAKE SELECT MAX_GRAD DROPOUT_MASK STEP: for every "
+        "description": "one-step rulings of the op kinds TAKE SELECT MAX_GRAD DROPOUT_MASK STEP CONCAT: for every "
         "output element its value (RN32 of the exact value; a claim of it stands, its FP32 neighbours do "
         "not, with the empty op log), the reads (input, start, length) and the Adjudicator proof "
         "abi.encode(Opening[], LogOpening) against the empty op log",

@@ -176,6 +176,41 @@ def gpt_block(batch: int = 2, ctx: int = 4, vocab: int = 7, dim: int = 3) -> Gam
     return GameGraph(graph, dataset, init, ids)
 
 
+def adamw_net(batch: int = 2, n_in: int = 3, hidden: int = 2) -> GameGraph:
+    """A two-layer net trained by the flat AdamW of ``vtrain.models.optim``: the update runs once over
+    CONCATs of the parameters, gradients, ``m`` and ``v``, then SLICEs go back to the slots (a
+    parameter tensor of more than one 64-element chunk's worth: ``w1`` [hidden, 40])."""
+    from vtrain.models.optim import AdamWConfig, apply_optimizer, optimizer_slots
+
+    cfg = AdamWConfig(lr=0.01)
+    g = GraphBuilder()
+    shapes = [("w1", (hidden, n_in * 13 + 1)), ("b1", (hidden,)), ("w2", (1, hidden))]
+    params = [g.input(n, s) for n, s in shapes]
+    slots = optimizer_slots(cfg, shapes)
+    state = [g.input(n, s) for n, s, _ in slots]
+    x = g.data((batch, n_in * 13 + 1))
+    h = g.relu(g.matmul(x, params[0], params[1]))
+    y = g.matmul(h, params[2])  # [B, 1]
+    loss = g.mean(g.reshape(g.mul(y, y), (1, batch)))
+    grads = g.grad(loss, params)
+    start = len(g.ops)
+    new_p, new_s = apply_optimizer(g, cfg, params, grads, state)
+    for slot, t in enumerate(new_p + new_s):
+        g.output(t, slot)
+    graph = g.build(loss)
+    opt = graph.ops[start:]
+    concats = [o.id for o in opt if o.kind == OpKind.CONCAT]
+    ids = {
+        "grad-concat": concats[1],  # concat(params), concat(grads), concat(m), concat(v)
+        "adam-step": [o.id for o in opt if o.kind == OpKind.DIV][2],  # m_hat / (sqrt(v_hat) + eps)
+        "param-slice": next(o.id for o in opt if o.kind == OpKind.SLICE),
+    }
+    rng = np.random.default_rng(3)
+    dataset = (rng.standard_normal((9, n_in * 13 + 1)) / 2).astype(np.float32)
+    init = [(rng.standard_normal(s) / 3).astype(np.float32) for _, s in shapes] + [v for _, _, v in slots]
+    return GameGraph(graph, dataset, init, ids)
+
+
 # ---------------------------------------------------------------------------------------------
 # Runs
 

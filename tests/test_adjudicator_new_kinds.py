@@ -1,4 +1,4 @@
-"""The op kinds of issue 13 (docs/protocol.md; TAKE SELECT MAX_GRAD DROPOUT_MASK STEP) on the real
+"""The op kinds of issue 13 (docs/protocol.md; TAKE SELECT MAX_GRAD DROPOUT_MASK STEP) and CONCAT on the real
 Adjudicator against vtrain.numerics.exact and an independent numpy reference: random elements
 (invalid indices, -1 padding, ties, masks at the threshold), every 1-ulp tamper of an honest
 element rejected, honest values stand, malformed descriptors and non-canonical proofs revert."""
@@ -26,7 +26,7 @@ SEED = hashlib.sha256(b"test seed").digest()
 STEP = 7
 K = OpKind
 D = exact.OpDesc
-NEW_KINDS = (K.TAKE, K.SELECT, K.MAX_GRAD, K.DROPOUT_MASK, K.STEP)
+NEW_KINDS = (K.TAKE, K.SELECT, K.MAX_GRAD, K.DROPOUT_MASK, K.STEP, K.CONCAT)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +96,8 @@ def numpy_value(case: Case, step: int = STEP) -> np.ndarray:
         out = np.where(np.array(keep), s, np.float32(0)).reshape(d.shape)
     elif d.kind == K.STEP:
         out = np.array([step], np.float32)
+    elif d.kind == K.CONCAT:
+        out = np.concatenate([x.reshape(-1) for x in case.inputs])
     else:
         raise AssertionError(d.kind)
     out = np.broadcast_to(out, d.shape).astype(np.float32) + np.float32(0)  # canonical zeros
@@ -141,6 +143,11 @@ def make_case(kind: OpKind, rng: np.random.Generator) -> Case:
         return Case(D(kind, (), s, (), (threshold, scale, int(rng.integers(0, 2**32)))), ())
     if kind == K.STEP:
         return Case(D(kind, (), (1,), (), ()), ())
+    if kind == K.CONCAT:  # 1..16 tensors (MAX_OP_INPUTS), some one-element, some over a 64-element chunk
+        count = int(rng.integers(1, 17))
+        shapes = [rand_shape(rng, int(rng.integers(1, 4)), int(rng.choice([1, 3, 9]))) for _ in range(count)]
+        xs = tuple(f32(rng, s) for s in shapes)
+        return Case(D(kind, tuple(range(len(xs))), (sum(x.size for x in xs),), tuple(shapes), ()), xs)
     raise AssertionError(kind)
 
 
@@ -286,6 +293,9 @@ def test_malformed_new_kind_descriptors_revert(adj, errors):
         (Case(D(K.DROPOUT_MASK, (0,), (2, 5), ((2, 5),), (0, 0x3F800000, 0)), (x,)), "InputCount"),
         (Case(D(K.STEP, (), (2,), (), ()), ()), "ShapeMismatch"),
         (Case(D(K.STEP, (), (1,), (), (1,)), ()), "BadAttrs"),
+        (Case(D(K.CONCAT, (0, 1), (14,), ((2, 5), (3,)), ()), (x, idx)), "ShapeMismatch"),
+        (Case(D(K.CONCAT, (0, 1), (13, 1), ((2, 5), (3,)), ()), (x, idx)), "ShapeMismatch"),
+        (Case(D(K.CONCAT, (), (1,), (), ()), ()), "InputCount"),
     ]
     for case, name in bad:
         with pytest.raises(exact.MalformedOp):

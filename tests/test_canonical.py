@@ -171,13 +171,39 @@ def test_candidates_cover_every_element_that_needs_an_entry() -> None:
     rng = np.random.default_rng(9)
     for _ in range(20):
         graph, op, ins = _case(OpKind.MATMUL, rng, "ties")
-        v, d = _compute_fp64(op, ins)
-        cand = set(candidates(v, d).tolist())
-        desc = op_desc(graph, op)
-        tensors = [t.numpy() for t in ins]
-        for i in range(v.numel()):
-            if decide(exact_element(desc, tensors, i))[1] != 0:
-                assert i in cand
+        for bound in ("tight", "norm"):  # the trainer's MATMUL bound is "norm" (Cauchy-Schwarz)
+            v, d = _compute_fp64(op, ins, bound)
+            cand = set(candidates(v, d).tolist())
+            desc = op_desc(graph, op)
+            tensors = [t.numpy() for t in ins]
+            for i in range(v.numel()):
+                if decide(exact_element(desc, tensors, i))[1] != 0:
+                    assert i in cand
+
+
+def test_candidates_include_every_element_near_either_neighbours_midpoint() -> None:
+    """The filter (the rounding module's ``midpoint_candidates``) flags at least every element the
+    two-neighbour comparison ``fl(m - v) <= reach`` flags: at powers of two (unequal gaps), around
+    zero and subnormals, exactly on midpoints, and at random."""
+    from vtrain.numerics.canonical import CANDIDATE_BAND
+    from vtrain.numerics.rounding import _neighbours
+
+    rng = np.random.default_rng(11)
+    r = np.concatenate([2.0 ** rng.integers(-149, 127, 3000), rng.standard_normal(3000),
+                        rng.integers(-50, 50, 3000) * 2.0**-149, [0.0, 2.0**-149, -(2.0**-126)]]).astype(np.float32)
+    rt = torch.from_numpy(r)
+    lo, hi = _neighbours(rt)
+    h = torch.minimum(rt.double() - lo.double(), hi.double() - rt.double()) * 0.5
+    t = torch.from_numpy(rng.uniform(-1, 1, r.size)) * h * rng.choice([1.0, 0.999, 1e-3], r.size)
+    v = rt.double() + t
+    d = h * torch.from_numpy(rng.choice([0.0, 1e-9, 0.01, 0.2], r.size)) / CANDIDATE_BAND
+    reach = CANDIDATE_BAND * d * (1.0 + 2.0**-30)
+    r64 = v.to(torch.float32)
+    lo_n, hi_n = _neighbours(r64)
+    near = (((r64.double() + hi_n.double()) * 0.5 - v) <= reach) | ((v - (r64.double() + lo_n.double()) * 0.5) <= reach)
+    want = set(near.nonzero().reshape(-1).tolist())
+    got = set(candidates(v, d).tolist())
+    assert want and want <= got
 
 
 @pytest.mark.parametrize("style", ["random", "ties", "cancel"])

@@ -3,7 +3,8 @@
 DROPOUT_MASK STEP), played by the real agents (protocol.trainer/auditor) against the real
 contracts. A trainer that tampers with one element of one op (a conv patch gather, the conv
 MATMUL, a batch norm, the max-pool gradient, the clipping scale, the LR schedule; GPT-2: the
-embedding gather, the attention mask, a dropout mask, the clipping scale) is caught at that op and
+embedding gather, the attention mask, a dropout mask, the clipping scale, the AdamW's flat gradient
+CONCAT) is caught at that op and
 element, the Adjudicator rules and the stake moves to the auditor; a false challenger loses its
 bond. (HF GPT-2's causal mask reaches the graph constant-folded, as an ADD of a CONST 0 / -FLT_MAX
 mask; the SELECT form is played on the hand-built block of tests/test_new_kind_disputes.py.)
@@ -80,6 +81,8 @@ def targets(g: Graph) -> dict[str, int]:
                                                if g.ops[c].kind == OpKind.TAKE))
         if o.kind == OpKind.SELECT and o.shape == (1, 1):  # the clipping scale: min(1, c / norm)
             out.setdefault("clipping-scale", o.id)
+        if o.kind == OpKind.CONCAT and g.ops[o.inputs[0]].kind != OpKind.INPUT:  # the flat optimizer's gradients
+            out.setdefault("optimizer-concat", o.id)
     for o in g.ops[: g.loss_op]:
         if o.kind == OpKind.TAKE and g.ops[o.inputs[1]].kind != OpKind.CONST:
             out.setdefault("embedding-gather", o.id)
@@ -96,7 +99,7 @@ def targets(g: Graph) -> dict[str, int]:
 
 
 RESNET_CHEATS = ("conv-patch-gather", "conv-matmul", "batch-norm", "max-pool-grad", "clipping-scale", "lr-schedule")
-GPT2_CHEATS = ("embedding-gather", "attention-mask", "dropout-mask", "clipping-scale")
+GPT2_CHEATS = ("embedding-gather", "attention-mask", "dropout-mask", "clipping-scale", "optimizer-concat")
 DEFAULT = {("resnet", "conv-patch-gather"), ("gpt2", "dropout-mask")}
 
 

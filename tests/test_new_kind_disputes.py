@@ -1,7 +1,8 @@
 """Dispute games on real step graphs that use issue 13's op kinds, ruled by the real Adjudicator
 with real proofs (tests/graph_games.py): a cheat inside a conv (its TAKE patch gather, its
 MATMUL), a batch norm, a dropout mask, a clipping scale, a committed LR schedule (conv net), an
-embedding gather and an attention mask (GPT block) is each caught at that very op and element and
+embedding gather and an attention mask (GPT block), the flat AdamW's gradient CONCAT, its update
+and a SLICE back to a slot (a two-layer net) is each caught at that very op and element and
 the trainer loses its stake; a false challenger disputing the same honest element loses.
 
 ~40 s CPU in all (one deployment, reset between games); the extra cheats are marked slow."""
@@ -34,6 +35,11 @@ def gpt() -> G.GameGraph:
     return G.gpt_block()
 
 
+@pytest.fixture(scope="module")
+def adamw() -> G.GameGraph:
+    return G.adamw_net()
+
+
 def flip_dropout(bits: int) -> int:
     return X.bits_of(2.0) if bits == 0 else 0
 
@@ -48,8 +54,12 @@ CHEATS = {
     "lr-schedule": ("conv", "lr", 0, G.add(0.01), OpKind.TAKE),
     "embedding-gather": ("gpt", "embedding", 2, G.add(0.5), OpKind.TAKE),
     "attention-mask": ("gpt", "mask", 1, lambda b: X.bits_of(0.5), OpKind.SELECT),
+    "grad-concat": ("adamw", "grad-concat", 81, G.add(0.5), OpKind.CONCAT),  # b1[1]: input 1 of the CONCAT
+    "adamw-flat-step": ("adamw", "adam-step", 83, G.add(0.25), OpKind.DIV),  # w2[1], past the first chunk
+    "param-slice": ("adamw", "param-slice", 5, G.add(0.5), OpKind.SLICE),
 }
-DEFAULT = ("conv-patch-gather", "conv-matmul", "batch-norm", "dropout-mask", "clipping-scale", "embedding-gather")
+DEFAULT = ("conv-patch-gather", "conv-matmul", "batch-norm", "dropout-mask", "clipping-scale", "embedding-gather",
+           "grad-concat")
 
 
 def _graph(request, which: str) -> G.GameGraph:

@@ -39,4 +39,5 @@ library OpKinds {
     uint8 internal constant MAX_GRAD = 59;
     uint8 internal constant DROPOUT_MASK = 60;
     uint8 internal constant STEP = 61;
+    uint8 internal constant CONCAT = 62;
 }

@@ -417,7 +417,9 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
         outs.append(new_bufs[s.target])
     outs += new_s
     for slot, t in enumerate(outs):
-        g.output(L.reshape(t, g.slots[slot].shape), slot)
+        shape = g.slots[slot].shape
+        flat = t.rank == 1 and t.shape[0] == math.prod(shape)  # a slice of the flat optimizer buffers
+        g.output(t if flat else L.reshape(t, shape), slot)
     graph = g.build(loss, grad_ops)
     init += [v for _, _, v in opt_slots]
     log.info("captured %d ATen nodes into %d primitive ops", sum(counts.values()), graph.n_ops)

@@ -8,7 +8,6 @@ trainer's FP32 outputs bit for bit (``docs/numerics.md``).
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +39,7 @@ from vtrain.numerics.rounding import (
     all_finite,
     apply_log,
     canonical,
+    finite_probe,
     gamma,
     round_output,
 )
@@ -115,6 +115,7 @@ class StepExecutor:
             raise VtrainError("fp32 is plain torch training: use vtrain.torch_ref.executor_for(job, 'fp32')")
         self.device = resolve_device(device)
         self._last_use = self._compute_last_use()
+        self._fp32_exact = FP32_EXACT_CPU_KINDS if self.device.type == "cpu" else FP32_EXACT_KINDS
         self._hooked = set(hooked_ops(graph)) if self.mode == Mode.PAPER else set()
         self._consts = {i: torch.from_numpy(np.ascontiguousarray(c)).to(self.device) for i, c in graph.consts.items()}
         self._scalars = {
@@ -149,9 +150,9 @@ class StepExecutor:
         how tests and demos play a cheating trainer, never used by the honest path.
 
         NaN/Inf: every op output is checked. On the plain paths (no hook, no check, no resolver)
-        the checks are folded into one FP64 sum per step; if that is not finite (or anything else
-        fails), the step is run again op by op with eager checks, so the error names the first bad
-        op exactly as before.
+        the checks are folded into one per step (each op's min and max, ``finite_probe``); if one is
+        not finite (or anything else fails), the step is run again op by op with eager checks, so the
+        error names the first bad op exactly as before.
         """
         g = self.graph
         if len(state) != len(g.slots):
@@ -216,7 +217,7 @@ class StepExecutor:
                 for i in op.inputs:
                     if last_use[i] == op.id and i != loss_op:
                         vals[i] = None
-        if sums is not None and sums and not math.isfinite(float(torch.stack(sums).sum())):
+        if sums is not None and sums and not bool(torch.isfinite(torch.stack(sums)).all()):
             return None  # a NaN/Inf somewhere: the eager rerun names the op
         loss_t = vals[g.loss_op] if vals[g.loss_op] is not None else trace[g.loss_op]  # type: ignore[index]
         if any(s is None for s in new_state):
@@ -231,7 +232,7 @@ class StepExecutor:
     def _run_op(
         self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums=None
     ) -> torch.Tensor:
-        """One op; with ``sums`` (a list) the NaN/Inf check is deferred: its FP64 sum is appended."""
+        """One op; with ``sums`` (a list) the NaN/Inf check is deferred: its min and max are appended."""
         k = op.kind
         if k == OpKind.INPUT:
             return state[op.attrs[0]]
@@ -254,7 +255,7 @@ class StepExecutor:
         if k not in ROUNDING_KINDS:
             return _move(op, ins)
         eager = sums is None
-        if k in FP32_EXACT_KINDS and self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG):
+        if k in self._fp32_exact and self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG):
             if log_in is None or not len(log_in.entries(op.id)):
                 out = compute_exact_fp32(op, ins, self._scalars.get(op.id))
                 stats.values += out.numel()
@@ -262,9 +263,15 @@ class StepExecutor:
                     if not all_finite(out):
                         raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
                 else:
-                    sums.append(out.sum(dtype=torch.float64))
+                    sums.extend(finite_probe(out))
                 return out.add_(0.0)  # canonical zero, in place on the fresh output
-        v, d = _compute_fp64(op, ins)
+        if self.mode in (Mode.ROUND_NOLOG, Mode.PAPER):
+            bound_kind = "none"  # the bound is never read
+        elif log_in is None and self.canonical_log:
+            bound_kind = "norm"  # only selects candidates for exact decisions (round_canonical)
+        else:
+            bound_kind = "tight"
+        v, d = _compute_fp64(op, ins, bound_kind)
         stats.values += v.numel()
         what = f"{op.kind.name} op {op.id}"
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
@@ -306,7 +313,7 @@ class StepExecutor:
             exact = partial(grid_elements, op, ins)  # exact-grid sums: no entry, and none is due
         out = apply_log(v, bound, entries, what, resolver, viol, check_finite=eager, exact=exact)
         if not eager:
-            sums.append(out.sum(dtype=torch.float64))
+            sums.extend(finite_probe(out))
         if viol:
             violations.extend((op.id, x) for x in viol)
         return out
@@ -382,11 +389,19 @@ _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV
 FP32_EXACT_KINDS = frozenset({OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S})
 """Single IEEE ops that FP32 hardware already rounds correctly: one FP32 operation gives exactly
 RN32(exact), the same bits as FP64-then-round, on every IEEE machine (no FMA contraction of one
-operation; denormals are not flushed in torch by default). DIV and SQRT stay on the FP64 path."""
+operation; denormals are not flushed in torch by default)."""
+
+FP32_EXACT_CPU_KINDS = FP32_EXACT_KINDS | {OpKind.DIV, OpKind.DIV_S}
+"""On the CPU also DIV and DIV_S: torch's FP32 CPU division is the IEEE (correctly rounded) vector
+division, and FP64-then-round gives the same bits because 53 >= 2*24 + 2 (double rounding is
+innocuous for division, Figueroa 1995); tests/test_numerics.py checks both on hard cases. Not on
+CUDA, where torch may divide by a scalar as a multiplication by its reciprocal. SQRT stays on the
+FP64 path everywhere: torch's FP32 CPU sqrt goes through MKL VML, which is not correctly rounded
+(124 of 20,000 random values differ from RN32(sqrt))."""
 
 
 def compute_exact_fp32(op: OpNode, ins: list[torch.Tensor], scalar: torch.Tensor | None = None) -> torch.Tensor:
-    """RN32 of a single add/sub/mul (or scalar form) computed directly in FP32.
+    """RN32 of a single add/sub/mul/div (or scalar form) computed directly in FP32.
 
     ``scalar``: the op's FP32 constant as a 0-dim tensor on the inputs' device (cached by the
     executor); built from ``op.attrs`` when not given."""
@@ -397,7 +412,11 @@ def compute_exact_fp32(op: OpNode, ins: list[torch.Tensor], scalar: torch.Tensor
         return torch.sub(ins[0], ins[1])
     if k == OpKind.MUL:
         return torch.mul(ins[0], ins[1])
+    if k == OpKind.DIV:
+        return torch.div(ins[0], ins[1])
     c = scalar if scalar is not None else torch.tensor(bits_f32(op.attrs[0]), dtype=torch.float32, device=ins[0].device)
+    if k == OpKind.DIV_S:
+        return torch.div(ins[0], c)
     if k == OpKind.ADD_S:
         return torch.add(ins[0], c)
     if k == OpKind.MUL_S:
@@ -425,6 +444,8 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
         return out
     if k == OpKind.EXPAND:
         return a.expand(op.shape).contiguous()
+    if k == OpKind.CONCAT:
+        return torch.cat([t.reshape(-1) for t in ins])
     if k == OpKind.MAX:
         return a.amax(dim=-1, keepdim=True)
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
@@ -483,12 +504,20 @@ def _scalar(op: OpNode) -> float:
     return bits_f32(op.attrs[0])
 
 
-def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _compute_fp64(
+    op: OpNode, ins: list[torch.Tensor], bound: str = "tight"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The FP64 value ``v`` of a rounding op and its certified bound ``d`` (None when exact).
 
     For MATMUL the FP32 evaluation of ``|A|@|B|`` may underflow; ``n * 2^-149`` covers that, and
     where it is not negligible the bound is no longer within 1.25x of the contract's, so those
     elements are marked by :func:`bound_is_tight` and never get a directed (down/up) entry.
+
+    ``bound``: ``"tight"`` (the above: within 1.25x of the contract's, what a directed entry and the
+    auditor's replay need), ``"norm"`` (MATMUL only: ``sum_k |a_k b_k| <= |a|_2 |b|_2``, Cauchy-Schwarz,
+    from FP64 row norms: O(MK + NK + MN) instead of a second GEMM; a valid upper bound, only looser, for
+    the canonical trainer, where ``d`` only selects the candidates it decides exactly) or ``"none"``
+    (MATMUL, SUM, MEAN: ``d`` is not computed, for modes that never read it).
     """
     k = op.kind
     x = [t.double() for t in ins]
@@ -516,6 +545,10 @@ def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, to
         return v, 4.0 * U * v.abs()
     if k == OpKind.MATMUL:
         v = torch.matmul(x[0], x[1].transpose(-1, -2))
+        if bound == "none":
+            return (v.add_(x[2]) if len(ins) == 3 else v), None
+        if bound == "norm":
+            return v, _norm_bound(x, v)
         s = torch.matmul(ins[0].abs(), ins[1].abs().transpose(-1, -2))
         n = ins[0].shape[-1]
         if len(ins) == 3:  # in place on the fresh products (large fresh buffers cost page faults)
@@ -526,11 +559,30 @@ def _compute_fp64(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, to
     if k in (OpKind.SUM, OpKind.MEAN):
         n = ins[0].shape[-1]
         v = x[0].sum(dim=-1, keepdim=True)
+        if bound == "none":
+            return (v if k == OpKind.SUM else v / n), None
         s = ins[0].abs().sum(dim=-1, keepdim=True).double()
         if k == OpKind.SUM:
             return v, (TRAINER_BOUND_SLACK * gamma(n)) * s
         return v / n, (TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n) * s
     raise GraphError(f"{k.name} is not a rounding op")
+
+
+def _norm_bound(x: list[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+    """The trainer bound of an FP64 MATMUL (``v``, with the bias added here) from the Cauchy-Schwarz
+    bound ``|a_i|_2 |b_j|_2 (+ |bias_j|) >= sum_k |t_k|`` of FP64 row norms of the FP32 inputs
+    ``x``: squares of FP32 values are exact in FP64 and cannot underflow or overflow, the norms'
+    sum, square root, product and bias add carry a relative error below ``(n + 4) 2^-53``, covered by
+    the factor ``1 + (n + 4) 2^-52``. At least the tight bound of :func:`_compute_fp64`, elementwise."""
+    n = x[0].shape[-1]
+    na = x[0].mul(x[0]).sum(dim=-1, keepdim=True).sqrt_()  # [..., M, 1]
+    nb = x[1].mul(x[1]).sum(dim=-1, keepdim=True).sqrt_()  # [..., N, 1]
+    s = na * nb.transpose(-1, -2)
+    if len(x) == 3:
+        v.add_(x[2])
+        s.add_(x[2].abs())
+        n += 1
+    return s.add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n) * (1.0 + (n + 4) * 2.0**-52))
 
 
 def state_tensors(arrays: list[np.ndarray]) -> list[torch.Tensor]:

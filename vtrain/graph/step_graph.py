@@ -56,6 +56,7 @@ class OpKind(enum.IntEnum):
     MAX_GRAD = 59
     DROPOUT_MASK = 60
     STEP = 61
+    CONCAT = 62
 
 
 ROUNDING_KINDS = frozenset(
@@ -78,6 +79,9 @@ ROUNDING_KINDS = frozenset(
     }
 )
 """Kinds whose FP64 result is rounded to FP32 (the rest copy FP32 values exactly)."""
+
+MAX_CONCAT_INPUTS = 16
+"""Inputs of one CONCAT op (the DisputeGame's ``MAX_OP_INPUTS``: each input root is proven in ``openOp``)."""
 
 GENERATED_KINDS = frozenset({OpKind.DROPOUT_MASK, OpKind.STEP})
 """Kinds without inputs whose output follows from the job's data seed and the step number."""
@@ -197,9 +201,12 @@ class GraphBuilder:
         return self._op(OpKind.INPUT, [], shape, [len(self.slots) - 1], name)
 
     def output(self, x: T, slot: int) -> T:
-        if self.slots[slot].shape != x.shape:
-            raise GraphError(f"output slot {slot}: expected shape {self.slots[slot].shape}, got {x.shape}")
-        return self._op(OpKind.OUTPUT, [x], x.shape, [slot], self.slots[slot].name)
+        """Bind ``x`` to state slot ``slot``: a copy in the slot's shape (``x`` may be any shape with the
+        slot's element count, e.g. a 1-D slice of a flat optimizer buffer: tensor roots are of the flat bytes)."""
+        shape = self.slots[slot].shape
+        if math.prod(shape) != math.prod(x.shape) or (x.rank != 1 and x.shape != shape):
+            raise GraphError(f"output slot {slot}: expected shape {shape}, got {x.shape}")
+        return self._op(OpKind.OUTPUT, [x], shape, [slot], self.slots[slot].name)
 
     def data(self, shape: Shape) -> T:
         self.data_shape = tuple(shape)
@@ -341,6 +348,18 @@ class GraphBuilder:
         if tuple(shape) == a.shape:
             return a
         return self._op(OpKind.EXPAND, [a], tuple(shape))
+
+    def concat(self, xs: Sequence[T]) -> T:
+        """The elements of ``xs`` one after another (each in row-major order) as one 1-D tensor; more
+        than :data:`MAX_CONCAT_INPUTS` tensors become a tree of CONCAT ops (one tensor: a RESHAPE)."""
+        if not xs:
+            raise GraphError("concat: expected at least one tensor, got none")
+        xs = list(xs)
+        if len(xs) == 1:
+            return self.reshape(xs[0], (math.prod(xs[0].shape),))
+        while len(xs) > MAX_CONCAT_INPUTS:
+            xs = [self.concat(xs[i : i + MAX_CONCAT_INPUTS]) for i in range(0, len(xs), MAX_CONCAT_INPUTS)]
+        return self._op(OpKind.CONCAT, xs, (sum(math.prod(x.shape) for x in xs),))
 
     def one_hot(self, idx: T, classes: int) -> T:
         t = self._op(OpKind.ONE_HOT, [idx], idx.shape + (classes,), [classes])
@@ -531,6 +550,13 @@ class GraphBuilder:
             return [(ins[0].op, self.slice(g, axis, start, ins[0].shape[axis]))]
         if k == K.EXPAND:
             return [(ins[0].op, self.reduce_to(g, ins[0].shape))]
+        if k == K.CONCAT:
+            res, off = [], 0
+            for x in ins:
+                n = math.prod(x.shape)
+                res.append((x.op, self.reshape(self.slice(g, 0, off, n), x.shape)))
+                off += n
+            return res
         if k == K.GATHER:
             x, idx = ins
             oh = self.one_hot(self.reshape(idx, idx.shape[:-1]), x.shape[-1])

@@ -40,7 +40,7 @@ import torch
 
 from vtrain.graph.step_graph import Graph, OpKind, OpNode
 from vtrain.numerics import exact as X
-from vtrain.numerics.rounding import Code, OpLog, U, _check_finite, _neighbours, canonical
+from vtrain.numerics.rounding import Code, OpLog, U, _check_finite, _neighbours, canonical, midpoint_candidates
 
 #: Candidates: elements whose FP64 value is within this many bounds ``d`` of a midpoint.
 CANDIDATE_BAND = 4.0
@@ -129,14 +129,14 @@ def decide(el: ExactElement) -> tuple[int, int]:
 
 
 def candidates(v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """Flat indices of elements whose ``v`` is within ``CANDIDATE_BAND * d`` of a midpoint."""
+    """Flat indices of elements whose ``v`` may be within ``CANDIDATE_BAND * d`` of a midpoint: a
+    superset of those with ``fl(m - v) <= reach`` for either midpoint ``m`` (the rounding module's
+    fast filter, ``midpoint_candidates``: ``fl(h - |v - RN32(v)|)`` with ``h`` the smaller half gap is at
+    most either ``fl(m - v)``; about 3x faster than comparing against both neighbours). Extra
+    candidates are decided exactly too, so they never change an output or an entry."""
     vf, df = v.reshape(-1), d.reshape(-1)
-    rf = vf.to(torch.float32)
-    lo_n, hi_n = _neighbours(rf)
-    r64 = rf.double()
-    reach = CANDIDATE_BAND * df * (1.0 + 2.0**-30)
-    near = (((r64 + hi_n.double()) * 0.5 - vf) <= reach) | ((vf - (r64 + lo_n.double()) * 0.5) <= reach)
-    return near.nonzero().reshape(-1)
+    found = midpoint_candidates(vf, vf.to(torch.float32), CANDIDATE_BAND * df * (1.0 + 2.0**-30))
+    return torch.zeros(0, dtype=torch.int64, device=v.device) if found is None else found
 
 
 def round_canonical(

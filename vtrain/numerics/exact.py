@@ -36,7 +36,7 @@ import numpy as np
 
 from vtrain.commit.roots import LogEntry, decode_op_descriptor, encode_op_descriptor, sample_index
 from vtrain.errors import NonFiniteValue, VtrainError
-from vtrain.graph.step_graph import OpKind
+from vtrain.graph.step_graph import MAX_CONCAT_INPUTS, OpKind
 from vtrain.numerics.transcendental import enclose as _enclose_transcendental
 
 __all__ = [
@@ -432,6 +432,14 @@ def _semantics(desc: OpDesc, tensors: Sequence[np.ndarray], index: int, data: Da
         if k == OpKind.MAX:
             return done("copy", max(vals, key=to_ordered))
         return done("mean" if k == OpKind.MEAN else "sum", *vals, n=n, bound=True)
+    if k == OpKind.CONCAT:
+        if not 1 <= len(ins) <= MAX_CONCAT_INPUTS or len(shape) != 1 or shape[0] != sum(_numel(s) for s in ins):
+            raise MalformedOp(f"CONCAT: {len(ins)} inputs of shapes {list(ins)} do not concatenate to {shape}")
+        off = 0
+        for i, si in enumerate(ins):  # the input holding the element, read at its offset there
+            if index < off + _numel(si):
+                return done("copy", rd.one(i, index - off))
+            off += _numel(si)
     if k in (OpKind.OUTPUT, OpKind.RESHAPE, OpKind.PERMUTE, OpKind.SLICE, OpKind.PAD, OpKind.EXPAND):
         need(1)
         si = ins[0]
