@@ -148,6 +148,8 @@ class _EntryCheat(Cheat):
     """Changes one entry of the honest log at the cheating step, and the output element it settles,
     to the other FP32 value the contract's former rule (docs/numerics.md, "The contract's rule") also
     upheld: a choice of bits that never lost a dispute before every claim had to be ``RN32(e)``.
+    Where the honest log has no such entry (an exact-grid tie is logged by nobody), it adds one at
+    the first unlogged element where the old rule upheld another claim (:meth:`unlogged`).
     ``hit`` records ``(op, element, honest bits, cheating bits)``."""
 
     step: int
@@ -160,6 +162,45 @@ class _EntryCheat(Cheat):
         """``(code, bits)`` of the cheating entry and output."""
         raise NotImplementedError
 
+    def admits(self, enc, honest: int) -> tuple[int, int] | None:
+        """``(code, bits)`` of a cheating claim the old rule upheld at an unlogged element whose exact
+        value has enclosure ``enc`` and honest output ``honest``; None if there is none."""
+        raise NotImplementedError
+
+    def unlogged(self, op: OpNode, ins: list[torch.Tensor], flat: torch.Tensor,
+                 entries: OpLog) -> tuple[int, int, int] | None:
+        """``(element, code, bits)`` of the first unlogged element of a bounded op (MATMUL, SUM,
+        MEAN) where the old rule upheld a claim other than ``RN32(e)``: candidates are the elements
+        within ``8d`` of a midpoint (FP64 ``v`` and bound ``d`` as the trainer computes them), each
+        confirmed on its exact enclosure."""
+        from vtrain.graph.executor import _compute_fp64
+        from vtrain.numerics import exact
+        from vtrain.numerics.rounding import midpoint_candidates
+
+        if op.kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
+            return None
+        v, d = _compute_fp64(op, [t.detach() for t in ins])
+        if d is None:
+            return None
+        v, d = v.reshape(-1), torch.broadcast_to(d, v.shape).reshape(-1)
+        near = midpoint_candidates(v, v.float(), 8 * d)
+        if near is None:
+            return None
+        logged = set(entries.index.tolist())
+        desc = exact.OpDesc(int(op.kind), tuple(op.inputs), tuple(op.shape),
+                            tuple(tuple(t.shape) for t in ins), tuple(op.attrs))
+        arrays = [t.detach().cpu().numpy() for t in ins]
+        for i in near.reshape(-1).tolist()[:200]:
+            if i in logged:
+                continue
+            enc = exact.enclosure(desc, arrays, int(i))
+            if enc is None:
+                continue
+            found = self.admits(enc, int(np.float32(flat[i].item()).view(np.uint32)))
+            if found is not None:
+                return int(i), *found
+        return None
+
     def op_hook(self, step: int):
         if step != self.step:
             return None
@@ -167,22 +208,28 @@ class _EntryCheat(Cheat):
         done: list[int] = []  # per run of the step: the trainer reruns it to answer a dispute
 
         def hook(op: OpNode, ins, out: torch.Tensor, log: StepLog) -> torch.Tensor:
-            entries = log.sparse.get(op.id)
-            if done or entries is None or not len(entries):
+            if done:
                 return out
+            entries = log.sparse.get(op.id) or OpLog.empty()
             ks = np.flatnonzero(np.isin(entries.code, self.codes))
-            if not len(ks):
-                return out
-            k, i = int(ks[0]), int(entries.index[ks[0]])
             flat = out.reshape(-1).clone()
-            honest = int(np.float32(flat[i].item()).view(np.uint32))
-            code, bits = self.other(op, ins, i, int(entries.code[k]), honest)
+            if len(ks):  # an entry of the honest log to turn
+                k, i = int(ks[0]), int(entries.index[ks[0]])
+                honest = int(np.float32(flat[i].item()).view(np.uint32))
+                code, bits = self.other(op, ins, i, int(entries.code[k]), honest)
+            else:  # no such entry (the exact-grid rule logs none at grid ties): find an element
+                found = self.unlogged(op, ins, flat, entries)
+                if found is None:
+                    return out
+                i, code, bits = found
+                honest = int(np.float32(flat[i].item()).view(np.uint32))
             flat[i] = torch.from_numpy(np.array([bits], np.uint32).view(np.float32))[0]
-            codes, values = entries.code.copy(), entries.value.copy()
-            codes[k] = code
-            if code == Code.EXPLICIT:
-                values[k] = flat[i].item()
-            log.sparse[op.id] = OpLog(entries.index.copy(), codes, values)
+            value = np.array([bits], np.uint32).view(np.float32)[0] if code == Code.EXPLICIT else np.float32(0)
+            keep = entries.index != i
+            index = np.append(entries.index[keep], np.int64(i))
+            order = np.argsort(index, kind="stable")
+            log.sparse[op.id] = OpLog(index[order], np.append(entries.code[keep], np.uint8(code))[order],
+                                      np.append(entries.value[keep], np.float32(value))[order])
             self.hit = (op.id, i, honest, bits)
             done.append(op.id)
             return flat.reshape(out.shape)
@@ -207,6 +254,16 @@ class WrongSide(_EntryCheat):
 
         up = code == Code.DOWN  # a down entry outputs the lower value of the pair: move up
         return int(Code.UP if up else Code.DOWN), neighbour(bits, up)
+
+    def admits(self, enc, honest: int) -> tuple[int, int] | None:
+        from vtrain.numerics import exact
+
+        lo, hi, dc = enc.bounds
+        for up in (True, False):  # the neighbour across the midpoint above / below the honest value
+            m, s = exact.midpoint(honest, up)
+            if 16 * dc <= s and lo - 4 * dc <= m <= hi + 4 * dc:
+                return int(Code.UP if up else Code.DOWN), exact.neighbour(honest, up)
+        return None
 
 
 @dataclass
@@ -236,6 +293,17 @@ class ShiftExplicit(_EntryCheat):
         _, hi, dc = enc.bounds
         up = exact.to_ordered(exact.rn32(hi + 4 * dc, True)) > exact.to_ordered(bits)
         return int(Code.EXPLICIT), exact.neighbour(bits, up)
+
+    def admits(self, enc, honest: int) -> tuple[int, int] | None:
+        from vtrain.numerics import exact
+
+        lo, hi, dc = enc.bounds
+        c = exact.to_ordered(honest)
+        if exact.to_ordered(exact.rn32(hi + 4 * dc, True)) > c:
+            return int(Code.EXPLICIT), exact.neighbour(honest, True)
+        if exact.to_ordered(exact.rn32(lo - 4 * dc, True)) < c:
+            return int(Code.EXPLICIT), exact.neighbour(honest, False)
+        return None
 
 
 ATTENTION_TARGETS = ("scores", "values", "softmax")
