@@ -32,10 +32,10 @@ from protocol.demo import default_spec, run_scenario
 from protocol.jobs import JobContext, Terms
 from vtrain.graph.executor import state_tensors
 from vtrain.graph.step_graph import OpKind, OpNode
-from vtrain.numerics import exact
-from vtrain.numerics.canonical import decide_rows, is_exact_rounding
 from vtrain.models.nn import GPTConfig
 from vtrain.models.optim import AdamWConfig
+from vtrain.numerics import exact
+from vtrain.numerics.canonical import decide_rows, is_exact_rounding
 from vtrain.training.loop import replay_steps, train_steps
 from vtrain.training.spec import TrainSpec
 
