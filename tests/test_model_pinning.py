@@ -189,3 +189,9 @@ def test_a_graph_other_than_the_committed_one_is_refused_naming_both_roots(pinne
     with pytest.raises(ChainError, match=f"has graph root 0x{ctx.graph.root.hex()}, the job commits to graph root "
                                          f"0x{other.hex()}: refusing"):
         ctx.check_onchain(fake)
+
+
+def test_a_text_runs_spec_hash_does_not_depend_on_where_the_run_folder_lies(tmp_path: Path) -> None:
+    a = TrainSpec(model="gpt", text_path=str(tmp_path / "one" / "run" / "data" / "t.txt"))
+    b = TrainSpec(model="gpt", text_path="data/t.txt")
+    assert a.commitment() == b.commitment() and a.to_dict() != b.to_dict()

@@ -71,9 +71,12 @@ class TrainSpec:
 
     def commitment(self) -> dict[str, Any]:
         """What the on-chain ``specHash`` commits to: :meth:`to_dict`, except that a pinned file
-        model is named by its file name and the sha256 of its bytes, not by where the file lies
-        (a run folder moved elsewhere, or an auditor's copy, hashes the same)."""
+        model is named by its file name and the sha256 of its bytes, and a text file by its name
+        (its contents are in ``dataRoot``), not by where the files lie (a run folder moved
+        elsewhere, or an auditor's copy, hashes the same)."""
         d = self.to_dict()
+        if self.text_path is not None:  # the text's contents are committed by dataRoot
+            d["text_path"] = Path(self.text_path).name
         if self.pinned:
             path, _, factory = self.model.rpartition(":")
             d["model"] = f"{Path(path).name}:{factory}"
