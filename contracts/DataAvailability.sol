@@ -31,7 +31,7 @@ contract DataAvailability is IDataAvailability {
     /// @notice Largest element index end of a Log demand (toIndex + 1 must be below the HIGH key).
     uint256 public constant MAX_TO_INDEX = 0xFFFFFFFE;
     /// @notice Gas of an answer besides its data (calldata words, proofs, event, settlement), in the fee model.
-    uint256 public constant ANSWER_BASE_GAS = 250_000;
+    uint256 public constant ANSWER_BASE_GAS = 350_000;
     /// @notice Gas per 32-byte root of a Step answer (state components and op log roots), in the fee model.
     uint256 public constant GAS_PER_ROOT = 3_000;
     /// @notice Gas per 9-byte leaf of a Log answer, in the fee model.

@@ -59,7 +59,7 @@ MAX_TO_INDEX = 0xFFFFFFFE
 
 #: The answer-fee model (DataAvailability.sol): a demand pays feeGasPrice * (ANSWER_BASE_GAS +
 #: GAS_PER_ROOT per root | GAS_PER_LEAF per leaf) with its bond; the trainer earns it by answering.
-ANSWER_BASE_GAS = 250_000
+ANSWER_BASE_GAS = 350_000
 GAS_PER_ROOT = 3_000
 GAS_PER_LEAF = 2_600
 #: Wei per gas of the answer fee that :func:`protocol.deploy.deploy` gives a DataAvailability

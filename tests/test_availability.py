@@ -468,3 +468,20 @@ def test_demands_on_a_fraudulent_job_close_with_the_bond_refunded(dep, lr):
     assert dep.job(job)["openGames"] == 0
     with reverts("DemandNotOpen"):
         dep.dry(dep.da.functions.closeDemand(second), dep.anyone)
+
+
+@pytest.mark.parametrize("price", [0, 2**128 // (A.ANSWER_BASE_GAS + A.GAS_PER_LEAF * A.MAX_LOG_LEAVES) + 1])
+def test_constructor_rejects_a_free_or_overflowing_fee_price(dep, price):
+    """A zero price makes demands free again (griefing); one whose full-page fee overflows the
+    Demand record's uint128 is refused too."""
+    from eth_tester.exceptions import TransactionFailed
+
+    from protocol.build import load_artifact
+
+    art = load_artifact("DataAvailability")
+    data = dep.w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor(dep.registry.address, price)
+    with reverts("InvalidDeployment", "feeGasPrice", price):
+        try:
+            dep.w3.eth.call({"from": dep.deployer, "data": data.data_in_transaction, "gas": H.TX_GAS})
+        except TransactionFailed as e:
+            raise H._reverted(e) from None

@@ -1321,7 +1321,7 @@ def test_fuzz_demands_small_budget():
 
 
 #: Small budget for the sabotage runs: a failure is reported as found, not shrunk.
-SABOTAGE_BUDGET = settings(FAST, max_examples=10, stateful_step_count=20, phases=[HPhase.generate])
+SABOTAGE_BUDGET = settings(FAST, max_examples=20, stateful_step_count=20, phases=[HPhase.generate])
 
 
 @pytest.mark.parametrize(
