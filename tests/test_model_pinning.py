@@ -117,7 +117,8 @@ def test_a_tampered_model_source_or_checkpoint_is_refused_before_it_runs(pinned_
         b = bytearray(f.read_bytes())
         b[-1] ^= 1
         f.write_bytes(bytes(b))
-    text = refused(run("replay", "--run", moved), 1, what.split("/")[1], "changed since training", "sha256",
+    kind = "model source" if what.endswith(".py") else "checkpoint"
+    text = refused(run("replay", "--run", moved), 1, kind, what.split("/")[1], "changed since training", "sha256",
                    "recorded")
     assert "replay: step" not in text and not (moved / "model" / "RAN").exists()
     # also when inputs.json is edited to match: the spec's own pin refuses the file before importing it

@@ -204,10 +204,10 @@ class RunDir:
         for rel, want in (inputs or {}).get("files", {}).items():
             p = self.path / rel
             if not p.exists():
-                raise MissingArtifact(f"pinned data file {p} missing from the run folder")
+                raise MissingArtifact(f"pinned {_what(rel)} {p} missing from the run folder")
             got = hashlib.sha256(p.read_bytes()).hexdigest()
             if got != want:
-                raise DataChanged(f"data file {p} changed since training: sha256 {got}, recorded {want}")
+                raise DataChanged(f"{_what(rel)} {p} changed since training: sha256 {got}, recorded {want}")
 
     def verify_spec(self, spec: TrainSpec) -> None:
         """``spec.json`` is the spec trained (recorded in ``inputs.json``): DataChanged names the
@@ -338,6 +338,13 @@ class RunDir:
         if not self.ckpt_path(s).exists():
             raise MissingArtifact(f"checkpoint of step {s} missing: {self.ckpt_path(s)}")
         return s
+
+
+def _what(rel: str) -> str:
+    """What a pinned file of the run folder is, for messages."""
+    if rel.startswith("model/"):
+        return "model source" if rel.endswith(".py") else "checkpoint"
+    return "data file"
 
 
 def _first_difference(want: object, got: object, where: str = "") -> str:
