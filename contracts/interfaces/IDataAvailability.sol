@@ -230,7 +230,8 @@ interface IDataAvailability {
         uint64 startPosition
     ) external payable returns (DemandId id);
 
-    /// @notice The trainer answers a Step demand; the data is emitted in `StepPublished`.
+    /// @notice The trainer answers a Step demand; the data is emitted in `StepPublished` and the
+    ///         demand's whole fee is credited to the trainer.
     /// @dev Trainer only, by the deadline. `components` (nSlots roots) and `logRoot` form the step
     ///      leaf proven by `stepProof` in the interval root; `opLogRoots` (exactly the page's length)
     ///      are proven by the range opening `opSiblings` at firstOp in logRoot_s (size nOps).
@@ -250,8 +251,10 @@ interface IDataAvailability {
     ) external;
 
     /// @notice The trainer answers a Log demand with a run of its op log; the run is emitted in
-    ///         `LogPublished`. A run out of key order or with an invalid leaf (see `Malformation`)
-    ///         convicts the trainer: the demander is credited its bond and the stake.
+    ///         `LogPublished`, and the trainer is credited feeGasPrice * (ANSWER_BASE_GAS +
+    ///         GAS_PER_LEAF * leaves) of the demand's fee (the rest back to the demander). A run out
+    ///         of key order or with an invalid leaf (see `Malformation`) convicts the trainer: the
+    ///         demander is credited its bond, the bounty and its whole fee.
     /// @dev Trainer only, by the deadline. Reverts (the trainer may retry) for a bad proof, a run that
     ///      does not answer the demand (`RunDoesNotAnswer`, `WrongPosition`) or a claimed size other
     ///      than the one bound by the first answer for (job, step, op) (`WrongLogSize`).
@@ -260,11 +263,12 @@ interface IDataAvailability {
     function answerLog(DemandId id, LogRun calldata run) external;
 
     /// @notice Anyone, once the trainer's deadline has passed on an open demand: the trainer is
-    ///         convicted (the demander is credited its bond + the stake, the client its payment).
+    ///         convicted (the demander is credited its bond, the bounty and its fee; the client its
+    ///         payment).
     /// @param id The demand.
     function claimTimeout(DemandId id) external;
 
-    /// @notice Anyone closes an open demand of a job made Fraudulent elsewhere; its bond is refunded.
+    /// @notice Anyone closes an open demand of a job made Fraudulent elsewhere; its bond and fee are refunded.
     /// @param id The demand.
     function closeDemand(DemandId id) external;
 
