@@ -75,6 +75,15 @@ contract Adjudicator is IAdjudicator {
     error IndexOutOfRange(uint256 index, uint256 limit);
     /// @notice Thrown when a DATA op is ruled for a job without samples.
     error NoSamples();
+    /// @notice Thrown when a MAX / MAX_GRAD row or a DATA sample is longer than one ruling can read
+    ///         within the transaction gas cap (protocol/rulability.py refuses such jobs up front).
+    error RowTooLong(uint8 kind, uint256 length, uint256 limit);
+
+    /// @notice Longest MAX / MAX_GRAD row one ruling reads (about 570 gas an element: 9.3M gas at the
+    ///         limit, under the 16,777,216 cap with the game's own overhead).
+    uint256 public constant MAX_ROW = 16_384;
+    /// @notice Longest DATA sample one ruling opens (about 160 gas an element: ~10.6M gas at the limit).
+    uint256 public constant MAX_SAMPLE = 65_536;
 
     /// @notice The enclosures of EXP LOG TANH (a separate contract keeps this one under EIP-170).
     Transcendental public immutable transcendental;
@@ -251,6 +260,8 @@ contract Adjudicator is IAdjudicator {
         _inputs(c, 1);
         uint256 n = TensorIndex.reducedLength(c.shape, c.inShapes[0]);
         if (n == 0) revert ShapeMismatch(c.kind, 0);
+        // SAFETY: a MAX row is read whole (no chunk level): bounded so the ruling fits one transaction.
+        if (c.kind == OpKinds.MAX && n > MAX_ROW) revert RowTooLong(c.kind, n, MAX_ROW);
         // The output's last dim is 1, so its flat index is the row number.
         (bytes memory data, uint256 off) = _readRow(c, 0, c.index * n, n);
         if (c.kind == OpKinds.MAX) {
@@ -413,6 +424,8 @@ contract Adjudicator is IAdjudicator {
         _sameShape(c, 0);
         uint256 n = TensorIndex.reducedLength(c.inShapes[1], c.shape);
         if (n == 0) revert ShapeMismatch(c.kind, 1);
+        // SAFETY: the row is read whole: bounded so the ruling fits one transaction.
+        if (n > MAX_ROW) revert RowTooLong(c.kind, n, MAX_ROW);
         uint256 row = c.index / n;
         (bytes memory data, uint256 off) = _readRow(c, 0, row * n, n);
         uint256 best;
@@ -461,6 +474,8 @@ contract Adjudicator is IAdjudicator {
         if (c.shape.length != 2) revert ShapeMismatch(c.kind, 0);
         if (claim.nSamples == 0) revert NoSamples();
         uint256 len = c.shape[1];
+        // SAFETY: the sample is opened whole: bounded so the ruling fits one transaction.
+        if (len > MAX_SAMPLE) revert RowTooLong(c.kind, len, MAX_SAMPLE);
         uint256 j = c.index / len;
         // SAFETY: j < shape[0] < 2^32, so the uint32 cast is exact.
         uint256 sample =

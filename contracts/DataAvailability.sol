@@ -9,7 +9,7 @@ import "contracts/interfaces/IDataAvailability.sol";
 import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
 import {LibClock} from "contracts/lib/Clock.sol";
 import {
-    Interval, JobId, JobParams, JobStatus, Unauthorized, WrongJobStatus, WrongLength
+    InvalidDeployment, Interval, JobId, JobParams, JobStatus, Unauthorized, WrongJobStatus, WrongLength
 } from "contracts/lib/GameTypes.sol";
 import {Merkle} from "contracts/lib/Merkle.sol";
 import {TensorProof} from "contracts/lib/TensorProof.sol";
@@ -30,6 +30,12 @@ contract DataAvailability is IDataAvailability {
     uint64 public constant NO_POSITION = type(uint64).max;
     /// @notice Largest element index end of a Log demand (toIndex + 1 must be below the HIGH key).
     uint256 public constant MAX_TO_INDEX = 0xFFFFFFFE;
+    /// @notice Gas of an answer besides its data (calldata words, proofs, event, settlement), in the fee model.
+    uint256 public constant ANSWER_BASE_GAS = 350_000;
+    /// @notice Gas per 32-byte root of a Step answer (state components and op log roots), in the fee model.
+    uint256 public constant GAS_PER_ROOT = 3_000;
+    /// @notice Gas per 9-byte leaf of a Log answer, in the fee model.
+    uint256 public constant GAS_PER_LEAF = 2_600;
 
     uint256 private constant LEAF = 9;
     uint256 private constant HIGH_KEY = 0xFFFFFFFF;
@@ -40,6 +46,9 @@ contract DataAvailability is IDataAvailability {
     IJobRegistry public immutable registry;
 
     /// @inheritdoc IDataAvailability
+    uint256 public immutable feeGasPrice;
+
+    /// @inheritdoc IDataAvailability
     uint64 public demandCount;
 
     mapping(DemandId id => Demand record) internal _demands;
@@ -47,8 +56,16 @@ contract DataAvailability is IDataAvailability {
 
     /// @notice Binds the registry; its deployer must then call `setAvailability(this)`.
     /// @param registry_ The JobRegistry.
-    constructor(IJobRegistry registry_) {
+    /// @param feeGasPrice_ Wei per gas of the answer fee a demander pays the trainer (>= 1).
+    constructor(IJobRegistry registry_, uint256 feeGasPrice_) {
+        // SAFETY: a zero price makes demands free again: a griefer could make the trainer spend gas.
+        if (feeGasPrice_ == 0) revert InvalidDeployment("feeGasPrice", 0);
+        // SAFETY: the largest fee (a full log page) fits the Demand record's uint128.
+        if (feeGasPrice_ > type(uint128).max / (ANSWER_BASE_GAS + GAS_PER_LEAF * MAX_LOG_LEAVES)) {
+            revert InvalidDeployment("feeGasPrice", feeGasPrice_);
+        }
         registry = registry_;
+        feeGasPrice = feeGasPrice_;
     }
 
     // ------------------------------------------------------------ demands
@@ -62,7 +79,7 @@ contract DataAvailability is IDataAvailability {
         JobParams memory p = registry.jobParams(job);
         // INVARIANT: a page starts at an op of the graph (its length is then fixed by nOps).
         if (firstOp >= p.nOps) revert OpOutOfRange(firstOp, p.nOps);
-        id = _open(job, interval, step, DemandKind.Step, p);
+        id = _open(job, interval, step, DemandKind.Step, p, _stepFee(p, firstOp));
         _demands[id].op = firstOp;
         _emitCreated(id, _demands[id]);
     }
@@ -82,7 +99,7 @@ contract DataAvailability is IDataAvailability {
         // INVARIANT: a non-empty range whose end key toIndex + 1 is below HIGH, so a sorted log
         // always holds a leaf that reaches it (HIGH at the latest).
         if (fromIndex >= toIndex || toIndex > MAX_TO_INDEX) revert BadIndexRange(fromIndex, toIndex, MAX_TO_INDEX);
-        id = _open(job, interval, step, DemandKind.Log, p);
+        id = _open(job, interval, step, DemandKind.Log, p, _logFee(fromIndex, toIndex));
         Demand storage d = _demands[id];
         d.op = op;
         d.fromIndex = fromIndex;
@@ -115,7 +132,8 @@ contract DataAvailability is IDataAvailability {
         if (opLogRoots.length != count) revert WrongLength(opLogRoots.length, count);
         TensorProof.verifyRange(logRoot, first, p.nOps, abi.encodePacked(opLogRoots), 32, opSiblings);
         emit StepPublished(id, d.job, d.step, stateRoot, logRoot, components, d.op, opLogRoots);
-        _answered(id, d, p);
+        // The page's size was known at the demand: the fee was priced on it, all of it is earned.
+        _answered(id, d, p, d.fee);
     }
 
     /// @inheritdoc IDataAvailability
@@ -130,6 +148,7 @@ contract DataAvailability is IDataAvailability {
             // whatever the demand asked; the demander takes its bond and the stake.
             d.status = DemandStatus.Convicted;
             emit LogMalformed(d.job, d.step, d.op, d.demander, why, at);
+            registry.refundFee(d.job, d.demander, d.fee);
             registry.settleGame(d.job, d.demander, false);
             return;
         }
@@ -150,7 +169,10 @@ contract DataAvailability is IDataAvailability {
         if (bound == 0) _logSize[opKey] = run.size;
         else if (run.size != bound) revert WrongLogSize(run.size, bound);
         emit LogPublished(id, d.job, d.step, d.op, run.opLogRoot, run.position, run.size, leaves);
-        _answered(id, d, p);
+        // The trainer earns the fee of the leaves it published (at most the demand's bound); the
+        // demander gets back what a shorter log did not need.
+        uint256 earned = feeGasPrice * (ANSWER_BASE_GAS + GAS_PER_LEAF * count);
+        _answered(id, d, p, earned < d.fee ? earned : d.fee);
     }
 
     /// @inheritdoc IDataAvailability
@@ -162,6 +184,8 @@ contract DataAvailability is IDataAvailability {
         if (!d.clock.expired(block.timestamp)) revert DeadlineNotPassed(d.clock.deadline(), block.timestamp);
         d.status = DemandStatus.TimedOut;
         emit DemandTimedOut(id, d.job);
+        // INVARIANT: an unanswered demand's fee goes back with the trainer's conviction.
+        registry.refundFee(d.job, d.demander, d.fee);
         registry.settleGame(d.job, d.demander, false);
     }
 
@@ -175,6 +199,7 @@ contract DataAvailability is IDataAvailability {
         d.status = DemandStatus.Closed;
         emit DemandClosed(id, d.job);
         registry.refundGame(d.job, d.demander);
+        registry.refundFee(d.job, d.demander, d.fee);
     }
 
     /// @inheritdoc IDataAvailability
@@ -198,6 +223,19 @@ contract DataAvailability is IDataAvailability {
     }
 
     /// @inheritdoc IDataAvailability
+    function stepDemandFee(JobId job, uint32 firstOp) external view returns (uint256) {
+        JobParams memory p = registry.jobParams(job);
+        if (firstOp >= p.nOps) revert OpOutOfRange(firstOp, p.nOps);
+        return _stepFee(p, firstOp);
+    }
+
+    /// @inheritdoc IDataAvailability
+    function logDemandFee(uint32 fromIndex, uint32 toIndex) external view returns (uint256) {
+        if (fromIndex >= toIndex || toIndex > MAX_TO_INDEX) revert BadIndexRange(fromIndex, toIndex, MAX_TO_INDEX);
+        return _logFee(fromIndex, toIndex);
+    }
+
+    /// @inheritdoc IDataAvailability
     function logSize(JobId job, uint64 step, uint32 op) external view returns (uint64) {
         return _logSize[keccak256(abi.encode(job, step, op))];
     }
@@ -214,8 +252,22 @@ contract DataAvailability is IDataAvailability {
         if (js != JobStatus.Active) revert WrongJobStatus(job, js, JobStatus.Active);
     }
 
-    /// @dev Locks the bond in the registry (status, posted interval, value) and records the demand.
-    function _open(JobId job, uint64 interval, uint64 step, DemandKind kind, JobParams memory p)
+    /// @dev Fee of a Step demand: the answer's nSlots components and its page of op log roots.
+    function _stepFee(JobParams memory p, uint32 firstOp) internal view returns (uint256) {
+        uint256 page = p.nOps - firstOp < MAX_OP_ROOTS ? p.nOps - firstOp : MAX_OP_ROOTS;
+        return feeGasPrice * (ANSWER_BASE_GAS + GAS_PER_ROOT * (uint256(p.nSlots) + page));
+    }
+
+    /// @dev Fee of a Log demand: the most leaves an answer can need, toIndex - fromIndex entries and
+    ///      the two bracketing leaves, at most a page.
+    function _logFee(uint32 fromIndex, uint32 toIndex) internal view returns (uint256) {
+        uint256 leaves = uint256(toIndex) - fromIndex + 2;
+        if (leaves > MAX_LOG_LEAVES) leaves = MAX_LOG_LEAVES;
+        return feeGasPrice * (ANSWER_BASE_GAS + GAS_PER_LEAF * leaves);
+    }
+
+    /// @dev Locks the bond and the fee in the registry (status, posted interval, value) and records the demand.
+    function _open(JobId job, uint64 interval, uint64 step, DemandKind kind, JobParams memory p, uint256 fee)
         internal
         returns (DemandId id)
     {
@@ -226,9 +278,9 @@ contract DataAvailability is IDataAvailability {
         if (iv.root != bytes32(0) && block.timestamp > end) {
             revert DemandWindowClosed(job, interval, end, block.timestamp);
         }
-        // SAFETY: the registry checks Active, posted, its window and the exact bond, and keeps it.
+        // SAFETY: the registry checks Active, posted, its window and the exact bond + fee, and keeps them.
         (address trainer,, uint64 firstStep, uint64 size, uint64 clock) =
-            registry.lockBond{value: msg.value}(job, interval, msg.sender);
+            registry.lockDemand{value: msg.value}(job, interval, msg.sender, fee);
         if (step < firstStep || step >= firstStep + size) revert StepNotInInterval(step, firstStep, size);
         id = DemandId.wrap(++demandCount);
         Demand storage d = _demands[id];
@@ -242,6 +294,9 @@ contract DataAvailability is IDataAvailability {
         // The trainer's clock runs from now: `clock` seconds, its last second included.
         d.clock = LibClock.wrap(clock, uint64(block.timestamp));
         d.startPosition = NO_POSITION;
+        // SAFETY: fee <= feeGasPrice * (ANSWER_BASE_GAS + GAS_PER_LEAF * MAX_LOG_LEAVES) < 2^128
+        // (checked at deployment), so the cast is exact.
+        d.fee = uint128(fee);
     }
 
     function _emitCreated(DemandId id, Demand storage d) internal {
@@ -273,12 +328,13 @@ contract DataAvailability is IDataAvailability {
         d.clock = d.clock.stop(block.timestamp);
     }
 
-    /// @dev Bond back to the demander and the interval's window moved to at least now + clock.
-    function _answered(DemandId id, Demand storage d, JobParams memory p) internal {
+    /// @dev Bond (and the unearned fee) back to the demander, `earned` to the trainer, and the
+    ///      interval's window moved to at least now + clock.
+    function _answered(DemandId id, Demand storage d, JobParams memory p, uint256 earned) internal {
         d.status = DemandStatus.Answered;
         uint256 until = block.timestamp + p.clock;
         emit DemandAnswered(id, d.job, until);
-        registry.releaseBond(d.job, d.demander);
+        registry.releaseDemand(d.job, d.demander, d.fee, earned);
         registry.extendWindow(d.job, d.interval, until);
     }
 

@@ -60,6 +60,8 @@ contract JobRegistry is IJobRegistry {
     mapping(JobId job => mapping(uint64 index => uint64 end)) internal _extendedEnd;
     /// @dev Latest extended window end over the job's intervals (finalize waits for it).
     mapping(JobId job => uint64 end) internal _lastExtendedEnd;
+    /// @dev Answer fees of the job's open availability demands (part of its escrow).
+    mapping(JobId job => uint256 amount) internal _feesHeld;
 
     /// @notice Deploys the registry with its floors on the terms and its bounty fraction (immutable).
     /// @param minChallengeWindow_ Least `challengeWindow` of a job, seconds (>= 1).
@@ -232,6 +234,26 @@ contract JobRegistry is IJobRegistry {
         onlyAuthorized
         returns (address trainer, bytes32 root, uint64 firstStep, uint64 size, uint64 clock)
     {
+        return _lock(job, index, challenger, 0);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function lockDemand(JobId job, uint64 index, address demander, uint256 fee)
+        external
+        payable
+        onlyAvailability
+        returns (address trainer, bytes32 root, uint64 firstStep, uint64 size, uint64 clock)
+    {
+        // INVARIANT: escrow of an Active job = payment + stake + open bonds + held fees.
+        _feesHeld[job] += fee;
+        return _lock(job, index, demander, fee);
+    }
+
+    /// @dev Locks `challengerBond + fee` (msg.value) for a new game or demand on posted interval `index`.
+    function _lock(JobId job, uint64 index, address challenger, uint256 fee)
+        internal
+        returns (address trainer, bytes32 root, uint64 firstStep, uint64 size, uint64 clock)
+    {
         Job storage j = _job(job);
         _expectStatus(job, j.status, JobStatus.Active);
         // INVARIANT: only posted intervals can be disputed.
@@ -240,11 +262,12 @@ contract JobRegistry is IJobRegistry {
         uint256 end = _windowEnd(job, j, index);
         // INVARIANT: the window includes its last second, as the clocks do.
         if (block.timestamp > end) revert WindowClosed(job, index, end, block.timestamp);
-        if (msg.value != j.params.challengerBond) revert WrongValue(msg.value, j.params.challengerBond);
+        uint256 due = uint256(j.params.challengerBond) + fee;
+        if (msg.value != due) revert WrongValue(msg.value, due);
         // INVARIANT: finalize waits for this game (openGames != 0).
         j.openGames += 1;
         (firstStep, size) = _span(j.params, index);
-        emit BondLocked(job, challenger, index, msg.value);
+        emit BondLocked(job, challenger, index, j.params.challengerBond);
         return (j.params.trainer, iv.root, firstStep, size, j.params.clock);
     }
 
@@ -285,12 +308,30 @@ contract JobRegistry is IJobRegistry {
     }
 
     /// @inheritdoc IJobRegistry
-    function releaseBond(JobId job, address demander) external onlyAvailability {
+    function releaseDemand(JobId job, address demander, uint256 fee, uint256 earned) external onlyAvailability {
         Job storage j = _job(job);
         _expectStatus(job, j.status, JobStatus.Active);
         j.openGames -= 1;
-        _credit(demander, job, j.params.challengerBond);
+        // SAFETY: checked arithmetic: more than the held fee, or earned > fee, reverts.
+        _feesHeld[job] -= fee;
+        uint256 refunded = fee - earned;
+        _credit(demander, job, uint256(j.params.challengerBond) + refunded);
+        // INVARIANT: the trainer is paid for an answer only once it is given (pull payment).
+        _credit(j.params.trainer, job, earned);
         emit BondReleased(job, demander, j.params.challengerBond);
+        emit DemandFeeSettled(job, demander, earned, refunded);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function refundFee(JobId job, address demander, uint256 fee) external onlyAvailability {
+        Job storage j = _job(job);
+        // INVARIANT: fees are held only while the job is Active, and refunded on a Fraudulent one.
+        if (j.status != JobStatus.Active && j.status != JobStatus.Fraudulent) {
+            revert WrongJobStatus(job, j.status, JobStatus.Active);
+        }
+        _feesHeld[job] -= fee;
+        _credit(demander, job, fee);
+        emit DemandFeeSettled(job, demander, 0, fee);
     }
 
     /// @inheritdoc IJobRegistry
@@ -368,7 +409,7 @@ contract JobRegistry is IJobRegistry {
     /// @inheritdoc IJobRegistry
     function escrowOf(JobId job) external view returns (uint256) {
         Job storage j = _jobs[job];
-        uint256 bonds = uint256(j.openGames) * j.params.challengerBond;
+        uint256 bonds = uint256(j.openGames) * j.params.challengerBond + _feesHeld[job];
         if (j.status == JobStatus.Open) return j.payment;
         if (j.status == JobStatus.Active) return uint256(j.payment) + j.params.trainerStake + bonds;
         if (j.status == JobStatus.Fraudulent) return bonds;

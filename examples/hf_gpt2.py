@@ -16,7 +16,12 @@ from pathlib import Path
 
 import torch.nn.functional as F
 
-DEFAULT_TEXT = Path(__file__).resolve().parents[1] / "README.md"
+import vtrain
+
+# The project's README (found from the installed package, not from this file: a run folder pins
+# a copy of this file, and a replay from that copy must read the same text; the dataset's sha256
+# is checked either way).
+DEFAULT_TEXT = Path(vtrain.__file__).resolve().parents[1] / "README.md"
 
 
 def lm_loss(out, target):

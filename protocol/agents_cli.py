@@ -398,14 +398,31 @@ def job_refusals(proto, job: int, ctx, policy) -> list[str]:
 
 
 def load_spec(path: Path):
-    """The spec file (JSON, or TOML for ``*.toml``), or a ClickException naming the problem."""
+    """The spec file (JSON, or TOML for ``*.toml``), or a ClickException naming the problem. A run
+    folder's ``spec.json`` is read as the run's spec (pinned files resolved inside the folder and
+    checked against their sha256), so it works from any directory."""
     from vtrain.errors import VtrainError
+    from vtrain.training.rundir import RunDir
     from vtrain.training.spec import TrainSpec
 
     try:
+        if path.name == "spec.json" and (path.parent / "inputs.json").is_file():
+            return RunDir(path.parent).read_spec()
         return TrainSpec.from_file(path)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
+
+
+def precheck_spec(proto, job: int, spec) -> None:
+    """The job's specHash is this spec's, checked before the job is built: a file model's code
+    (pinned by sha256 in the spec) never runs for a job that commits to another."""
+    from protocol.chain import ChainError
+    from protocol.jobs import check_spec_hash
+
+    try:
+        check_spec_hash(spec, tuple(proto.chain.call(proto.registry.functions.jobParams(job))))
+    except ChainError as e:
+        raise click.ClickException(f"job {job} does not match the spec: {e}") from None
 
 
 def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.0):
@@ -876,6 +893,7 @@ def trainer_cmd(
     if trainer.lower() != me.lower():
         who = f"--key-file {key_file}'s account" if key_file else f"account #{account_index}"
         raise click.ClickException(f"{who} {me} is not the trainer of job {job_id} ({trainer})")
+    precheck_spec(proto, job_id, spec)
     ctx = JobContext.of(spec)
     params = check_job(proto, job_id, ctx)
     if cheat_step is not None and cheat is None:
@@ -1050,6 +1068,7 @@ def auditor_cmd(
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
     me = use_key(chain, key_file, account_index, "--account-index")
     check_job_exists(proto, job_id)
+    precheck_spec(proto, job_id, spec)
     ctx = JobContext.of(spec)
     check_job(proto, job_id, ctx)
     state = None

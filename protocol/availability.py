@@ -57,12 +57,48 @@ MAX_LOG_LEAVES = 4096
 NO_POSITION = 2**64 - 1
 MAX_TO_INDEX = 0xFFFFFFFE
 
+#: The answer-fee model (DataAvailability.sol): a demand pays feeGasPrice * (ANSWER_BASE_GAS +
+#: GAS_PER_ROOT per root | GAS_PER_LEAF per leaf) with its bond; the trainer earns it by answering.
+ANSWER_BASE_GAS = 350_000
+GAS_PER_ROOT = 3_000
+GAS_PER_LEAF = 2_600
+#: Wei per gas of the answer fee that :func:`protocol.deploy.deploy` gives a DataAvailability
+#: (1 gwei on a dev chain; a public deployment picks its own, at least the typical base fee).
+DEV_FEE_GAS_PRICE = 10**9
+
 KIND_STEP, KIND_LOG = 1, 2
 JOB_FRAUDULENT = 5
 STATUS_OPEN, STATUS_ANSWERED, STATUS_TIMED_OUT, STATUS_CONVICTED, STATUS_CLOSED = 1, 2, 3, 4, 5
 
 #: ``LogRun`` as web3 takes it: (stateRoot, logRoot, stepProof, opLogRoot, opProof, position, size, leaves, siblings).
 LogRunArgs = tuple[bytes, bytes, list[bytes], bytes, list[bytes], int, int, bytes, list[bytes]]
+
+
+def step_demand_fee(price: int, n_slots: int, n_ops: int, first_op: int) -> int:
+    """``stepDemandFee``: the fee of a Step demand from ``first_op`` (the answer's size is known)."""
+    return price * (ANSWER_BASE_GAS + GAS_PER_ROOT * (n_slots + min(MAX_OP_ROOTS, n_ops - first_op)))
+
+
+def log_demand_fee(price: int, from_index: int, to_index: int) -> int:
+    """``logDemandFee``: the fee of a Log demand, priced on the most leaves an answer can need."""
+    return price * (ANSWER_BASE_GAS + GAS_PER_LEAF * min(MAX_LOG_LEAVES, to_index - from_index + 2))
+
+
+def log_answer_earned(price: int, fee: int, leaves: int) -> int:
+    """What answering a Log demand with a run of ``leaves`` leaves earns the trainer (the rest of
+    ``fee`` goes back to the demander)."""
+    return min(fee, price * (ANSWER_BASE_GAS + GAS_PER_LEAF * leaves))
+
+
+def demand_fee(proto: Protocol, fn: Any) -> int:
+    """The answer fee (wei) the demand call ``fn`` (``demandStep``/``demandLog``) must pay with its
+    bond, as the contract computes it."""
+    da = _da(proto)
+    if fn.fn_name == "demandStep":
+        job, _, _, first_op = fn.args
+        return int(proto.chain.call(da.functions.stepDemandFee(job, first_op)))
+    _, _, _, _, from_index, to_index, _ = fn.args
+    return int(proto.chain.call(da.functions.logDemandFee(from_index, to_index)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +307,8 @@ class AvailabilityResponder:
 @dataclass
 class OnChainArtifacts:
     """Step records and rounding logs of ``job_id`` obtained on-chain: what is not yet published is
-    demanded (one bond per demand, returned when answered) and :class:`ArtifactUnavailable` says
+    demanded (one bond per demand, returned when answered, plus the answer's fee, paid to the trainer
+    when it answers and refunded when it does not) and :class:`ArtifactUnavailable` says
     to come back later; a demand the trainer let expire is claimed (the trainer is convicted)."""
 
     proto: Protocol
@@ -334,7 +371,9 @@ class OnChainArtifacts:
 
 
     def _demand(self, fn: Any, what: str) -> None:
-        r = self.proto.chain.send(fn, self.account, value=self.bond, what=f"job {self.job_id}: demand {what}")
+        # The demand pays the trainer's answer (its fee comes back if the trainer does not answer).
+        value = self.bond + demand_fee(self.proto, fn)
+        r = self.proto.chain.send(fn, self.account, value=value, what=f"job {self.job_id}: demand {what}")
         (ev,) = _da(self.proto).events.DemandCreated().process_receipt(r, errors=DISCARD)
         self.demanded.append(int(ev["args"]["id"]))
         log.info("job %d: demanded %s on-chain (demand %d)", self.job_id, what, self.demanded[-1])

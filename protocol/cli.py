@@ -111,13 +111,14 @@ def deploy(rpc: str | None, out: Path, dev_floors: bool) -> None:
     """Deploy JobRegistry, Adjudicator, DisputeGame and DataAvailability and write their addresses to OUT."""
     from protocol.agents_cli import save_deployment
     from protocol.chain import Chain
-    from protocol.deploy import DEV_FLOORS, PRODUCTION_FLOORS
+    from protocol.deploy import DEV_FLOORS, PRODUCTION_FEE_GAS_PRICE, PRODUCTION_FLOORS
     from protocol.deploy import deploy as deploy_all
     from vtrain.errors import VtrainError
 
     try:
         chain = Chain.connect(rpc)
-        proto = deploy_all(chain, chain.accounts()[0], DEV_FLOORS if dev_floors else PRODUCTION_FLOORS)
+        proto = deploy_all(chain, chain.accounts()[0], DEV_FLOORS if dev_floors else PRODUCTION_FLOORS,
+                           None if dev_floors else PRODUCTION_FEE_GAS_PRICE)
         save_deployment(proto, out)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None

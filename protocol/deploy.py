@@ -86,14 +86,20 @@ class Protocol:
         )
 
 
-def deploy(chain: Chain, deployer: str, floors: Floors = DEV_FLOORS) -> Protocol:
+#: Wei per gas of a demand's answer fee on a public chain (DataAvailability constructor): 4 gwei,
+#: the price the challenger-bond floor is sized at; the dev price is protocol.availability's.
+PRODUCTION_FEE_GAS_PRICE = 4 * 10**9
+
+
+def deploy(chain: Chain, deployer: str, floors: Floors = DEV_FLOORS, fee_gas_price: int | None = None) -> Protocol:
     """Deploy and bind the four contracts; returns them. ``floors``: the registry's deployment
-    parameters (the development ones by default; ``vtrain deploy`` uses PRODUCTION_FLOORS)."""
+    parameters (the development ones by default; ``vtrain deploy`` uses PRODUCTION_FLOORS);
+    ``fee_gas_price``: the availability demands' answer-fee price (default: the dev price)."""
     registry = chain.deploy("JobRegistry", *floors.args(), sender=deployer)
     adjudicator = chain.deploy("Adjudicator", sender=deployer)
     game = chain.deploy("DisputeGame", registry.address, adjudicator.address, sender=deployer)
     chain.send(registry.functions.setDisputeGame(game.address), deployer, what="setDisputeGame")
-    availability = deploy_availability(chain, registry, deployer)
+    availability = deploy_availability(chain, registry, deployer, fee_gas_price)
     log.info(
         "protocol deployed: registry %s game %s adjudicator %s availability %s (%s)", registry.address,
         game.address, adjudicator.address, availability.address, floors,
@@ -101,8 +107,12 @@ def deploy(chain: Chain, deployer: str, floors: Floors = DEV_FLOORS) -> Protocol
     return Protocol(chain, registry, game, adjudicator, availability=availability)
 
 
-def deploy_availability(chain: Chain, registry: Contract, deployer: str) -> Contract:
-    """Deploy the DataAvailability contract for ``registry`` and bind it (once, by the registry's deployer)."""
-    availability = chain.deploy("DataAvailability", registry.address, sender=deployer)
+def deploy_availability(chain: Chain, registry: Contract, deployer: str, fee_gas_price: int | None = None) -> Contract:
+    """Deploy the DataAvailability contract for ``registry`` and bind it (once, by the registry's
+    deployer). ``fee_gas_price``: wei per gas of a demand's answer fee (default: the dev price)."""
+    from protocol.availability import DEV_FEE_GAS_PRICE
+
+    price = DEV_FEE_GAS_PRICE if fee_gas_price is None else fee_gas_price
+    availability = chain.deploy("DataAvailability", registry.address, price, sender=deployer)
     chain.send(registry.functions.setAvailability(availability.address), deployer, what="setAvailability")
     return availability

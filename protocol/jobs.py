@@ -55,7 +55,7 @@ class JobContext:
 
     @cached_property
     def spec_hash(self) -> bytes:
-        return spec_hash(self.spec.to_dict())
+        return spec_hash(self.spec.commitment())
 
     @property
     def n_intervals(self) -> int:
@@ -106,8 +106,39 @@ class JobContext:
             "intervalLength",
         ]
         for name, a, b in zip(names, mine, params, strict=False):
-            if a != b:
-                raise ChainError(f"job commits to a different {name}: chain has {_show(b)}, this spec gives {_show(a)}")
+            if a == b:
+                continue
+            if name == "graphRoot":
+                raise ChainError(f"the step graph rebuilt from {self._model_source()} has graph root {_show(a)}, "
+                                 f"the job commits to graph root {_show(b)}: refusing to train or replay it")
+            if name == "specHash":
+                raise ChainError(f"job commits to a different specHash: chain has {_show(b)}, this spec gives "
+                                 f"{_show(a)} (the spec's settings{self._pins()} differ from the job's)")
+            raise ChainError(f"job commits to a different {name}: chain has {_show(b)}, this spec gives {_show(a)}")
+
+    def _model_source(self) -> str:
+        if self.spec.model in ("mlp", "gpt"):
+            return f"the built-in {self.spec.model!r} model"
+        pin = f" (sha256 {self.spec.model_sha256})" if self.spec.model_sha256 else " (not pinned)"
+        return f"the model source {self.spec.model.rpartition(':')[0]!r}{pin}"
+
+    def _pins(self) -> str:
+        if self.spec.model in ("mlp", "gpt"):
+            return ""
+        return ", model_args, model source sha256 or checkpoint sha256"
+
+
+def check_spec_hash(spec: TrainSpec, params: tuple) -> None:
+    """Raise ChainError unless ``spec`` is the one the job's ``specHash`` commits to; cheap (no
+    model is built), so agents run it before executing a file model's code."""
+    from protocol.chain import ChainError
+
+    mine = spec_hash(spec.commitment())
+    if mine != bytes(params[1]):
+        extra = " (its model_args, pinned model source or checkpoint sha256 differ)" if spec.model not in (
+            "mlp", "gpt") else ""
+        raise ChainError(f"job commits to a different specHash: chain has {_show(params[1])}, this spec gives "
+                         f"{_show(mine)}{extra}")
 
 
 def _show(x) -> str:

@@ -10,7 +10,14 @@ The chain rules on one element of an op (docs/protocol.md, "Op kinds", "Chunk le
   checks itself (``GAME_BOUND_KINDS``); ``tests/test_rulability.py`` ties both lists to
   ``contracts/lib/OpKinds.sol`` and to the deployed Adjudicator;
 - a reduction (MATMUL: K terms, +1 with a bias; SUM, MEAN: the reduced length) has at most
-  ``ExactSum.MAX_TERMS`` = 65,536 terms, the chunk level's limit.
+  ``ExactSum.MAX_TERMS`` = 65,536 terms, the chunk level's limit (longer than ``CHUNK_TERMS`` =
+  2,048 they go through the chunk level, so no ruling reads more than 2,048 of their terms);
+- an op whose ruling reads a whole row with no chunk level (MAX, MAX_GRAD: the row ``x[..., :]``;
+  DATA: the whole sample) reads at most ``Adjudicator.MAX_ROW`` = 16,384 elements (MAX,
+  MAX_GRAD: about 570 gas an element, 9.3M gas at the limit) or ``Adjudicator.MAX_SAMPLE`` =
+  65,536 (DATA: about 160 gas an element), so the ruling fits the 16,777,216 gas cap of one
+  transaction. (Softmax-like rows are MAX, SUB, EXP, SUM, DIV: their MAX is this bound; every
+  other kind reads O(1) elements per ruling: GATHER, TAKE, SELECT read one element of each input.)
 
 ``check_rulable`` is the one check the client (``vtrain client create-job``), the trainer and
 the auditor all run.
@@ -69,6 +76,12 @@ GAME_BOUND_KINDS = frozenset({OpKind.INPUT, OpKind.OUTPUT, OpKind.CONST})
 RULED_KINDS = ADJUDICATED_KINDS | GAME_BOUND_KINDS
 #: Reductions of more terms than this cannot be ruled (``ExactSum.MAX_TERMS``, the chunk level's limit).
 MAX_REDUCTION_TERMS = MAX_TERMS
+#: Longest row a MAX / MAX_GRAD ruling reads (``Adjudicator.MAX_ROW``).
+MAX_ROW_ELEMENTS = 16_384
+#: Longest sample a DATA ruling opens (``Adjudicator.MAX_SAMPLE``).
+MAX_SAMPLE_ELEMENTS = 65_536
+#: The transaction gas cap (Osaka) the row bounds keep a ruling under.
+TX_GAS_CAP = 16_777_216
 
 
 class UnrulableJob(VtrainError):
@@ -95,6 +108,19 @@ def reduction_length(graph: Graph, op: OpNode) -> int:
     return reduction_terms(OpDesc(int(op.kind), op.inputs, op.shape, tuple(graph.in_shapes(op)), op.attrs))
 
 
+def row_length(graph: Graph, op: OpNode) -> tuple[int, int]:
+    """(elements one ruling of ``op`` reads whole, the limit) for the row-reading kinds (MAX,
+    MAX_GRAD: the reduced row; DATA: the sample), (0, 0) for every other kind."""
+    if op.kind == OpKind.MAX:
+        shape = graph.in_shapes(op)[0]
+        return (int(shape[-1]) if shape else 1), MAX_ROW_ELEMENTS
+    if op.kind == OpKind.MAX_GRAD:
+        return (int(op.shape[-1]) if op.shape else 1), MAX_ROW_ELEMENTS
+    if op.kind == OpKind.DATA:
+        return (int(op.shape[-1]) if op.shape else 1), MAX_SAMPLE_ELEMENTS
+    return 0, 0
+
+
 def unrulable_ops(graph: Graph) -> list[Unrulable]:
     """Every op of ``graph`` the chain cannot rule on (empty: the job is rulable)."""
     bad = []
@@ -111,6 +137,12 @@ def unrulable_ops(graph: Graph) -> list[Unrulable]:
         if n > MAX_REDUCTION_TERMS:
             bad.append(Unrulable(op.id, kind, op.name, f"a reduction of {n:,} terms, more than the chunk level's "
                                  f"limit of {MAX_REDUCTION_TERMS:,} (ExactSum.MAX_TERMS)"))
+        row, limit = row_length(graph, op)
+        if row > limit:
+            what, const = ("a sample", "MAX_SAMPLE") if op.kind == OpKind.DATA else ("a row", "MAX_ROW")
+            bad.append(Unrulable(op.id, kind, op.name, f"{what} of {row:,} elements read whole by one ruling, more "
+                                 f"than the limit of {limit:,} (Adjudicator.{const}) that keeps a ruling under the "
+                                 f"{TX_GAS_CAP:,} gas cap"))
     return bad
 
 

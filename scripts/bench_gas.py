@@ -499,7 +499,7 @@ def publish_step(model: str, s: int = 1) -> dict[str, int]:
     from their root), in as many demands and answers as the bounds need."""
     import tempfile
 
-    from protocol.availability import MAX_OP_ROOTS, MAX_TO_INDEX, AvailabilityResponder
+    from protocol.availability import MAX_OP_ROOTS, MAX_TO_INDEX, AvailabilityResponder, demand_fee
     from protocol.chain import Chain
     from protocol.demo import create_job, default_spec
     from protocol.deploy import deploy
@@ -524,9 +524,12 @@ def publish_step(model: str, s: int = 1) -> dict[str, int]:
     resp = AvailabilityResponder(proto, acct[2], ctx, store, job)
     da = proto.availability
     demand_gas: list[int] = []
+    fees: list[int] = []
 
     def demand(fn) -> None:
-        demand_gas.append(int(chain.send(fn, acct[3], value=terms.challenger_bond, what="demand")["gasUsed"]))
+        fee = demand_fee(proto, fn)
+        fees.append(fee)
+        demand_gas.append(int(chain.send(fn, acct[3], value=terms.challenger_bond + fee, what="demand")["gasUsed"]))
         assert resp.respond() == 1, "the trainer did not answer"
 
     n_ops = ctx.job.graph.n_ops
@@ -551,7 +554,11 @@ def publish_step(model: str, s: int = 1) -> dict[str, int]:
             key = int.from_bytes(ev["leaves"][-9:-5], "big")
         assert len(op_log_leaves(entries)) == len(entries) + 2
     answers = [g for _, g in resp.gas]
+    price = int(chain.call(da.functions.feeGasPrice()))
+    earned = int(chain.call(proto.registry.functions.owed(acct[2])))  # the trainer is owed only the fees yet
     return {
+        "fees_gas": sum(fees) // price,
+        "earned_gas": earned // price,
         "ops": n_ops,
         "ops_with_entries": with_entries,
         "log_leaves": leaves_total,
@@ -565,13 +572,15 @@ def publish_step(model: str, s: int = 1) -> dict[str, int]:
 def availability_table(models: tuple[str, ...] = ("mlp", "gpt")) -> None:
     print("\n## data availability: publishing one whole step on-chain (py-evm)\n")
     print("| model | ops | ops with log entries | log leaves | answers | answer gas (sum) | demand gas (sum) "
-          "| largest tx | % of cap |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| fees paid (gas) | trainer earned (gas) | largest tx | % of cap |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for model in models:
         r = publish_step(model)
         print(f"| {model} | {r['ops']} | {r['ops_with_entries']} | {r['log_leaves']:,} | {r['answers']} "
-              f"| {r['answer_gas']:,} | {r['demand_gas']:,} | {r['largest_tx']:,} "
-              f"| {100 * r['largest_tx'] / TX_GAS_CAP:.1f} |")
+              f"| {r['answer_gas']:,} | {r['demand_gas']:,} | {r['fees_gas']:,} | {r['earned_gas']:,} "
+              f"| {r['largest_tx']:,} | {100 * r['largest_tx'] / TX_GAS_CAP:.1f} |")
         assert r["largest_tx"] < TX_GAS_CAP
+        assert r["earned_gas"] >= r["answer_gas"], "the fees do not cover the trainer's answers"
 
 
 def availability_bounds() -> None:

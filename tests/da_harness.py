@@ -74,8 +74,17 @@ def bond(dep: H.Deployment, job: int) -> int:
     return dep.job(job)["params"]["challengerBond"]
 
 
+def step_fee(dep: H.Deployment, job: int, first_op: int = 0) -> int:
+    return int(dep.da.functions.stepDemandFee(job, first_op).call())
+
+
+def log_fee(dep: H.Deployment, lo: int = 0, hi: int = A.MAX_TO_INDEX) -> int:
+    return int(dep.da.functions.logDemandFee(lo, hi).call())
+
+
 def demand_step(dep: H.Deployment, job: int, i: int, s: int, first_op: int = 0, who: str | None = None) -> int:
-    r = dep.tx(dep.da.functions.demandStep(job, i, s, first_op), who or dep.challenger, value=bond(dep, job))
+    r = dep.tx(dep.da.functions.demandStep(job, i, s, first_op), who or dep.challenger,
+               value=bond(dep, job) + step_fee(dep, job, first_op))
     (ev,) = dep.da.events.DemandCreated().process_receipt(r, errors=DISCARD)
     return int(ev.args.id)
 
@@ -84,7 +93,8 @@ def demand_log(
     dep: H.Deployment, job: int, i: int, s: int, op: int, lo: int = 0, hi: int = A.MAX_TO_INDEX,
     start: int = A.NO_POSITION, who: str | None = None,
 ) -> int:
-    r = dep.tx(dep.da.functions.demandLog(job, i, s, op, lo, hi, start), who or dep.challenger, value=bond(dep, job))
+    r = dep.tx(dep.da.functions.demandLog(job, i, s, op, lo, hi, start), who or dep.challenger,
+               value=bond(dep, job) + log_fee(dep, lo, hi))
     (ev,) = dep.da.events.DemandCreated().process_receipt(r, errors=DISCARD)
     return int(ev.args.id)
 
@@ -106,5 +116,5 @@ def answer_run_for(lr: LogRun, i: int, s: int, op: int, lo: int, hi: int, start:
 def demand(dep: H.Deployment, gid: int) -> dict:
     v = dep.call(dep.da.functions.getDemand(gid))
     names = ["job", "interval", "step", "kind", "status", "demander", "op", "fromIndex", "trainer", "toIndex",
-             "startPosition", "clock"]
+             "startPosition", "clock", "fee"]
     return dict(zip(names, v, strict=True))

@@ -25,7 +25,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from game_harness import BOUNTY_BPS, MIN_BOND, MIN_CLOCK, MIN_POSTING, MIN_WINDOW, GameStatus, JobStatus, Party
+from game_harness import (
+    BOUNTY_BPS,
+    DA_FEE_GAS_PRICE,
+    MIN_BOND,
+    MIN_CLOCK,
+    MIN_POSTING,
+    MIN_WINDOW,
+    GameStatus,
+    JobStatus,
+    Party,
+)
+
+from protocol import availability as A
 
 #: The floors of the fuzzed registry (tests/game_harness.py's deployment), by JobParams field.
 FLOORS = {"challengeWindow": MIN_WINDOW, "clock": MIN_CLOCK, "postingPeriod": MIN_POSTING, "challengerBond": MIN_BOND}
@@ -42,8 +54,9 @@ FLOORS = {"challengeWindow": MIN_WINDOW, "clock": MIN_CLOCK, "postingPeriod": MI
 #: ``floor``: the model takes a clock one second below the floor as valid (expectation).
 #: ``demand_escrow``: the model forgets an open demand's bond in the job's escrow (solvency);
 #: ``extension``: the model forgets that an answer extends the interval's window (expectation).
+#: ``demand_fee``: the model forgets the answer fees of open demands in the job's escrow (solvency).
 SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen", "reclaim", "bounty", "burn", "floor",
-             "demand_escrow", "extension")
+             "demand_escrow", "extension", "demand_fee")
 
 
 class Violation(AssertionError):
@@ -77,6 +90,8 @@ class JobModel:
     reclaimed: bool = False
     extended: dict[int, int] = field(default_factory=dict)
     """Window ends moved later by answered availability demands (interval -> last second)."""
+    fees_held: int = 0
+    """Answer fees of the job's open demands (held in its escrow until answered or refunded)."""
 
     @property
     def honest_posts(self) -> bool:
@@ -127,6 +142,7 @@ class JobModel:
 
     def escrow(self, sabotage: str | None = None) -> int:
         bonds = 0 if sabotage == "escrow" else self.open_games * self.bond
+        bonds += 0 if sabotage == "demand_fee" else self.fees_held
         if self.status == JobStatus.OPEN:
             return self.payment
         if self.status == JobStatus.ACTIVE:
@@ -478,6 +494,7 @@ class DemandModel:
     demander: str
     t0: int
     clock: int
+    fee: int = 0  # the answer fee paid with the bond
     status: str = "open"  # open, answered, timed_out, closed
     returned: int | None = None  # wei the chain credited the demander when it ended
 
@@ -489,8 +506,18 @@ class DemandModel:
         return self.t0 + self.clock
 
 
-def expect_demand(m: Model, job: int, interval: int, step: int, value: int, now: int) -> set[str]:
-    """Errors that may explain a reverted demandStep/demandLog."""
+def step_fee(n_slots: int, n_ops: int, first_op: int = 0) -> int:
+    """``stepDemandFee`` at the fuzzed deployment's price (protocol.availability's mirror)."""
+    return A.step_demand_fee(DA_FEE_GAS_PRICE, n_slots, n_ops, first_op)
+
+
+def log_fee(from_index: int, to_index: int) -> int:
+    """``logDemandFee`` at the fuzzed deployment's price."""
+    return A.log_demand_fee(DA_FEE_GAS_PRICE, from_index, to_index)
+
+
+def expect_demand(m: Model, job: int, interval: int, step: int, value: int, now: int, fee: int = 0) -> set[str]:
+    """Errors that may explain a reverted demandStep/demandLog (``value`` must be bond + ``fee``)."""
     j = m.jobs[job]
     errs = set()
     if j.status != JobStatus.ACTIVE:
@@ -499,7 +526,7 @@ def expect_demand(m: Model, job: int, interval: int, step: int, value: int, now:
         errs.add("IntervalNotPosted")
     elif now > j.base_window_end(interval):
         errs.add("DemandWindowClosed")
-    if value != j.bond:
+    if value != j.bond + fee:
         errs.add("WrongValue")
     return errs
 
@@ -540,17 +567,22 @@ def expect_close_demand(m: Model, d: DemandModel) -> set[str]:
 def demanded(m: Model, d: DemandModel) -> None:
     j = m.jobs[d.job]
     j.open_games += 0 if m.sabotage == "demand_escrow" else 1
-    m.ledger.deposited += j.bond
+    j.fees_held += d.fee
+    m.ledger.deposited += j.bond + d.fee
     m.demands[d.demand] = d
     m.touched_jobs.add(d.job)
 
 
-def answered(m: Model, d: DemandModel, t: int) -> None:
-    """Bond back to the demander; the interval's window moved to at least t + clock."""
+def answered(m: Model, d: DemandModel, t: int, leaves: int = 0) -> None:
+    """Bond back to the demander, the fee to the trainer (a Log answer: the fee of its ``leaves``
+    leaves, the rest back to the demander); the interval's window moved to at least t + clock."""
     j = m.jobs[d.job]
     j.open_games -= 0 if m.sabotage == "demand_escrow" else 1
     d.status = "answered"
-    m.ledger.credit(d.demander, j.bond)
+    earned = d.fee if d.kind == 1 else A.log_answer_earned(DA_FEE_GAS_PRICE, d.fee, leaves)
+    j.fees_held -= d.fee
+    m.ledger.credit(d.demander, j.bond + d.fee - earned)
+    m.ledger.credit(j.trainer, earned)
     if m.sabotage != "extension":
         j.extended[d.interval] = max(j.extended.get(d.interval, 0), t + j.clock)
     m.touched_jobs.add(d.job)
@@ -562,6 +594,8 @@ def demand_timed_out(m: Model, d: DemandModel) -> None:
     j = m.jobs[d.job]
     j.open_games -= 0 if m.sabotage == "demand_escrow" else 1
     d.status = "timed_out"
+    j.fees_held -= d.fee
+    m.ledger.credit(d.demander, d.fee)  # the fee comes back with the conviction
     m._convict(j, d.demander, j.bond, j.stake if m.sabotage == "bounty" else j.bounty())
     m.touched_jobs.add(d.job)
 
@@ -570,5 +604,6 @@ def demand_closed(m: Model, d: DemandModel) -> None:
     j = m.jobs[d.job]
     j.open_games -= 0 if m.sabotage == "demand_escrow" else 1
     d.status = "closed"
-    m.ledger.credit(d.demander, j.bond)
+    j.fees_held -= d.fee
+    m.ledger.credit(d.demander, j.bond + d.fee)
     m.touched_jobs.add(d.job)

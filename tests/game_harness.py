@@ -391,6 +391,8 @@ def new_w3() -> Web3:
 #: posting period (seconds), challenger bond (wei), bounty (basis points of a convicted stake).
 MIN_WINDOW, MIN_CLOCK, MIN_POSTING, MIN_BOND, BOUNTY_BPS = 150, 100, 200, 1_000, 5_000
 FLOORS = (MIN_WINDOW, MIN_CLOCK, MIN_POSTING, MIN_BOND, BOUNTY_BPS)
+#: Wei per gas of a demand's answer fee (DataAvailability constructor; protocol.availability.DEV_FEE_GAS_PRICE).
+DA_FEE_GAS_PRICE = 10**9
 
 
 def bounty(stake: int) -> int:
@@ -410,7 +412,7 @@ def deploy(w3: Web3 | None = None, adjudicator: str = "ToyAdjudicator") -> Deplo
     dep.toy = dep.deploy(adjudicator)
     dep.game = dep.deploy("DisputeGame", dep.registry.address, dep.toy.address)
     dep.tx(dep.registry.functions.setDisputeGame(dep.game.address), dep.deployer)
-    dep.da = dep.deploy("DataAvailability", dep.registry.address)
+    dep.da = dep.deploy("DataAvailability", dep.registry.address, DA_FEE_GAS_PRICE)
     dep.tx(dep.registry.functions.setAvailability(dep.da.address), dep.deployer)
     dep._deployed = dep.snapshot()
     return dep

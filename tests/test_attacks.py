@@ -50,12 +50,12 @@ def cheater() -> H.Run:
     return H.simulate(CFG, ELEMENT_CHEAT)
 
 
-def fraud_settled(dep: H.Deployment, job: int, challenger: str) -> None:
+def fraud_settled(dep: H.Deployment, job: int, challenger: str, fee: int = 0) -> None:
     """Challenger won the first game: its bond back and the bounty (half the stake; the rest burned),
     the payment back to the client, the trainer gets nothing; what the job still holds is the
-    bonds of its other open games."""
+    bonds of its other open games. ``fee``: a winning demand's answer fee, refunded with them."""
     assert dep.job_status(job) == JobStatus.FRAUDULENT
-    assert dep.owed(challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
+    assert dep.owed(challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake) + fee
     assert dep.owed(dep.client) == CFG.payment
     assert dep.owed(dep.trainer) == 0
     escrow = dep.call(dep.registry.functions.escrowOf(job))
@@ -919,13 +919,16 @@ def test_trainer_that_withholds_a_demanded_step_loses_its_stake(dep, honest):
         job = H.active_job(dep, honest)
         did = D.demand_step(dep, job, 1, 6)
         dep.advance(CFG.clock + 1)
+        fee = D.demand(dep, did)["fee"]
         dep.tx(dep.da.functions.claimTimeout(did), dep.anyone)
-        fraud_settled(dep, job, dep.challenger)
+        fraud_settled(dep, job, dep.challenger, fee)
 
 
 def test_honest_trainer_answers_griefing_demands_and_finalizes_within_the_cap(dep, honest):
     """Many demanders, each at the last second of the window: the honest trainer answers all, every
-    demander gets its bond back, the trainer is paid, finalize comes by windowEnd + 2 clock."""
+    demander gets its bond back and has paid the trainer each answer's fee (at least the answer's
+    gas at the fee's gas price: griefing costs the griefer, not the trainer), the trainer is paid,
+    finalize comes by windowEnd + 2 clock."""
     import da_harness as D
 
     with trial("da-griefing-demands-bounded"):
@@ -936,18 +939,22 @@ def test_honest_trainer_answers_griefing_demands_and_finalizes_within_the_cap(de
         ids = [D.demand_step(dep, job, 1, 5 + k % 4, who=w) for k, w in
                enumerate([dep.challenger, dep.challenger2, dep.anyone, dep.client])]
         dep.at(end + CFG.clock - 4)
+        fees = answer_gas = 0
         for did in ids:
             step = D.demand(dep, did)["step"]
-            dep.tx(dep.da.functions.answerStep(did, *D.step_args(lr, 1, step)), dep.trainer)
+            fees += D.demand(dep, did)["fee"]
+            answer_gas += dep.tx(dep.da.functions.answerStep(did, *D.step_args(lr, 1, step)), dep.trainer).gasUsed
+        assert fees >= answer_gas * H.DA_FEE_GAS_PRICE > 0
         with reverts("DemandWindowClosed"):
-            dep.dry(dep.da.functions.demandStep(job, 1, 5, 0), dep.challenger, value=CFG.challenger_bond)
+            dep.dry(dep.da.functions.demandStep(job, 1, 5, 0), dep.challenger,
+                    value=CFG.challenger_bond + D.step_fee(dep, job))
         ext = dep.call(dep.registry.functions.windowEnd(job, 1))
         assert ext <= end + 2 * CFG.clock
         dep.at(ext + 1)
         dep.tx(dep.registry.functions.finalize(job), dep.anyone)
         for w in (dep.challenger, dep.challenger2, dep.anyone):
             assert dep.owed(w) == CFG.challenger_bond
-        assert dep.owed(dep.trainer) == CFG.payment + CFG.trainer_stake
+        assert dep.owed(dep.trainer) == CFG.payment + CFG.trainer_stake + fees
 
 
 def test_forged_availability_answer_reverts_and_the_honest_answer_is_accepted(dep, honest):
@@ -964,7 +971,8 @@ def test_forged_availability_answer_reverts_and_the_honest_answer_is_accepted(de
             dep.dry(dep.da.functions.answerLog(did, forged), dep.trainer)
         dep.tx(dep.da.functions.answerLog(did, good), dep.trainer)
         assert D.demand(dep, did)["status"] == 2
-        assert dep.owed(dep.challenger) == CFG.challenger_bond
+        fee, earned = D.demand(dep, did)["fee"], dep.owed(dep.trainer)
+        assert 0 < earned <= fee and dep.owed(dep.challenger) == CFG.challenger_bond + fee - earned
 
 
 @pytest.mark.parametrize("kind", ["duplicate-index", "out-of-order", "bad-code"])
@@ -996,16 +1004,17 @@ def test_reentrancy_on_demand_bond_refund_and_reward(dep, honest):
         a, b = receiver(dep), receiver(dep)
         da = dep.da.functions
         job = H.active_job(dep, honest)
-        via(dep, a, da.demandStep(job, 0, 1, 0), value=CFG.challenger_bond)
+        fee = D.step_fee(dep, job)
+        via(dep, a, da.demandStep(job, 0, 1, 0), value=CFG.challenger_bond + fee)
         did_a = dep.call(da.demandCount())
         dep.tx(da.answerStep(did_a, *D.step_args(lr, 0, 1)), dep.trainer)
         withdraw_reentering(dep, a, da.claimTimeout(did_a), "DemandNotOpen")
-        via(dep, b, da.demandStep(job, 0, 2, 0), value=CFG.challenger_bond)
+        via(dep, b, da.demandStep(job, 0, 2, 0), value=CFG.challenger_bond + fee)
         did_b = dep.call(da.demandCount())
         dep.advance(CFG.clock + 1)
         dep.tx(da.claimTimeout(did_b), dep.anyone)
         withdraw_reentering(dep, b, da.claimTimeout(did_b), "DemandNotOpen")
-        assert dep.call(b.functions.received()) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
+        assert dep.call(b.functions.received()) == CFG.challenger_bond + H.bounty(CFG.trainer_stake) + fee
 
 
 # ================================================================== every cheat of protocol/cheats.py (real agents)

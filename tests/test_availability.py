@@ -34,6 +34,10 @@ def test_constants_match_the_contract(dep):
     assert dep.call(f.MAX_LOG_LEAVES()) == A.MAX_LOG_LEAVES
     assert dep.call(f.NO_POSITION()) == A.NO_POSITION
     assert dep.call(f.MAX_TO_INDEX()) == A.MAX_TO_INDEX
+    assert dep.call(f.ANSWER_BASE_GAS()) == A.ANSWER_BASE_GAS
+    assert dep.call(f.GAS_PER_ROOT()) == A.GAS_PER_ROOT
+    assert dep.call(f.GAS_PER_LEAF()) == A.GAS_PER_LEAF
+    assert dep.call(f.feeGasPrice()) == H.DA_FEE_GAS_PRICE == A.DEV_FEE_GAS_PRICE
 
 
 # ------------------------------------------------------------------ answered demands
@@ -42,7 +46,10 @@ def test_constants_match_the_contract(dep):
 def test_step_demand_answered_publishes_the_record_and_returns_the_bond(dep, lr):
     job = _active(dep, lr)
     s = 3
+    fee = D.step_fee(dep, job)
+    assert fee == A.step_demand_fee(H.DA_FEE_GAS_PRICE, CFG.n_slots, lr.run.graph.n_ops, 0) > 0
     did = D.demand_step(dep, job, 0, s)
+    assert D.demand(dep, did)["fee"] == fee
     assert dep.job(job)["openGames"] == 1
     r = dep.tx(dep.da.functions.answerStep(did, *D.step_args(lr, 0, s)), dep.trainer)
     (ev,) = dep.events(dep.da, "StepPublished")
@@ -51,8 +58,10 @@ def test_step_demand_answered_publishes_the_record_and_returns_the_bond(dep, lr)
     assert list(ev.components) == rec.comp_roots and list(ev.opLogRoots) == rec.op_log_roots
     assert D.demand(dep, did)["status"] == ANSWERED
     assert dep.job(job)["openGames"] == 0
-    assert dep.owed(dep.challenger) == CFG.challenger_bond  # the bond back, nothing else
-    assert dep.owed(dep.trainer) == 0
+    assert dep.owed(dep.challenger) == CFG.challenger_bond  # the bond back; the fee paid the answer
+    assert dep.owed(dep.trainer) == fee
+    # the fee covers the answer's gas at the fee's gas price (the trainer answers at no loss)
+    assert fee >= r.gasUsed * H.DA_FEE_GAS_PRICE, (fee // H.DA_FEE_GAS_PRICE, r.gasUsed)
     answered_at = dep.w3.eth.get_block(r.blockNumber)["timestamp"]
     assert dep.call(dep.registry.functions.windowEnd(job, 0)) >= answered_at + CFG.clock
     assert r.gasUsed < H.TX_GAS
@@ -62,13 +71,19 @@ def test_log_demand_answered_with_the_bracketing_run(dep, lr):
     job = _active(dep, lr)
     s, op = 2, _update0(lr)
     leaves = lr.log(s, op)  # LOW, index 3, index 70, HIGH
+    fee = D.log_fee(dep, 4, 60)
+    assert fee == A.log_demand_fee(H.DA_FEE_GAS_PRICE, 4, 60)  # priced on 56 + 2 leaves
     did = D.demand_log(dep, job, 0, s, op, 4, 60)  # no entry in [4, 60): the run 3 -> 70 proves it
-    dep.tx(dep.da.functions.answerLog(did, D.answer_run_for(lr, 0, s, op, 4, 60)), dep.trainer)
+    r = dep.tx(dep.da.functions.answerLog(did, D.answer_run_for(lr, 0, s, op, 4, 60)), dep.trainer)
     (ev,) = dep.events(dep.da, "LogPublished")
     assert ev.position == 1 and ev.size == len(leaves) and ev.leaves == leaves[1] + leaves[2]
     assert D.demand(dep, did)["status"] == ANSWERED
     assert dep.call(dep.da.functions.logSize(job, s, op)) == len(leaves)
-    assert dep.owed(dep.challenger) == CFG.challenger_bond
+    # the trainer earns the fee of the 2 leaves it published; the demander gets the rest back
+    earned = A.log_answer_earned(H.DA_FEE_GAS_PRICE, fee, 2)
+    assert earned < fee and dep.owed(dep.trainer) == earned
+    assert dep.owed(dep.challenger) == CFG.challenger_bond + fee - earned
+    assert earned >= r.gasUsed * H.DA_FEE_GAS_PRICE, (earned // H.DA_FEE_GAS_PRICE, r.gasUsed)
 
 
 def test_long_log_is_published_in_pages_chained_by_position(dep):
@@ -82,9 +97,12 @@ def test_long_log_is_published_in_pages_chained_by_position(dep):
     start, lo, gas = 0, 0, []
     while True:
         did = D.demand_log(dep, job, 0, 2, op, lo, A.MAX_TO_INDEX, start)
+        before = dep.owed(dep.trainer)
         r = dep.tx(dep.da.functions.answerLog(did, D.answer_run_for(lr, 0, 2, op, lo, A.MAX_TO_INDEX, start)),
                    dep.trainer)
         gas.append(r.gasUsed)
+        # every page, the full one included, earns at least its gas at the fee's price
+        assert dep.owed(dep.trainer) - before >= r.gasUsed * H.DA_FEE_GAS_PRICE
         ev = dep.events(dep.da, "LogPublished")[-1]
         for k in range(len(ev.leaves) // 9):
             got[ev.position + k] = ev.leaves[9 * k: 9 * k + 9]
@@ -105,8 +123,10 @@ def test_step_record_of_a_large_graph_is_paged_and_fits_one_transaction(dep):
     roots: list[bytes] = []
     for first in range(0, n_ops, A.MAX_OP_ROOTS):
         did = D.demand_step(dep, job, 0, 1, first)
+        before = dep.owed(dep.trainer)
         r = dep.tx(dep.da.functions.answerStep(did, *D.step_args(lr, 0, 1, first)), dep.trainer)
         assert r.gasUsed < 16_777_216, r.gasUsed  # 1024 components + 1024 op roots
+        assert dep.owed(dep.trainer) - before >= r.gasUsed * H.DA_FEE_GAS_PRICE, r.gasUsed
         roots += list(dep.events(dep.da, "StepPublished")[-1].opLogRoots)
     assert roots == lr.op_roots(1)
 
@@ -128,7 +148,10 @@ def test_unanswered_demand_times_out_and_convicts_the_trainer(dep, lr):
     dep.tx(dep.da.functions.claimTimeout(did), dep.anyone)
     assert dep.job_status(job) == JobStatus.FRAUDULENT
     assert D.demand(dep, did)["status"] == TIMED_OUT
-    assert dep.owed(dep.challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
+    # the fee comes back with the conviction: bond + bounty + fee
+    fee = D.demand(dep, did)["fee"]
+    assert fee > 0 and dep.owed(dep.challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake) + fee
+    assert dep.owed(dep.trainer) == 0
     assert dep.owed(dep.client) == CFG.payment
     assert dep.job(job)["openGames"] == 0
 
@@ -297,7 +320,9 @@ def test_answer_showing_a_malformed_log_convicts_the_trainer(dep):
     dep.tx(dep.da.functions.answerLog(did, D.run_args(lr, 0, 2, op, 0, 5)), dep.trainer)
     assert D.demand(dep, did)["status"] == CONVICTED
     assert dep.job_status(job) == JobStatus.FRAUDULENT
-    assert dep.owed(dep.challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake)
+    fee = D.demand(dep, did)["fee"]  # a malformed answer earns nothing: the fee goes back too
+    assert dep.owed(dep.challenger) == CFG.challenger_bond + H.bounty(CFG.trainer_stake) + fee
+    assert dep.owed(dep.trainer) == 0
     assert dep.job(job)["openGames"] == 0
 
 
@@ -358,7 +383,8 @@ def test_demand_outside_its_window_or_interval_reverts(dep, lr):
     job = _active(dep, lr, post=False)
     H.post_intervals(dep, job, lr.run, upto=1)
     f = dep.da.functions
-    b = CFG.challenger_bond
+    fee = D.step_fee(dep, job)
+    b = CFG.challenger_bond + fee
     with reverts("IntervalNotPosted"):
         dep.dry(f.demandStep(job, 1, 5, 0), dep.challenger, value=b)
     with reverts("StepNotInInterval"):
@@ -369,8 +395,10 @@ def test_demand_outside_its_window_or_interval_reverts(dep, lr):
         dep.dry(f.demandLog(job, 0, 1, 0, 5, 5, A.NO_POSITION), dep.challenger, value=b)
     with reverts("BadIndexRange"):
         dep.dry(f.demandLog(job, 0, 1, 0, 0, A.MAX_TO_INDEX + 1, A.NO_POSITION), dep.challenger, value=b)
-    with reverts("WrongValue"):
+    with reverts("WrongValue", b - 1, b):
         dep.dry(f.demandStep(job, 0, 1, 0), dep.challenger, value=b - 1)
+    with reverts("WrongValue", CFG.challenger_bond, b):  # the bond alone: a demand is not free
+        dep.dry(f.demandStep(job, 0, 1, 0), dep.challenger, value=CFG.challenger_bond)
     dep.at(dep.call(dep.registry.functions.windowEnd(job, 0)) + 1)
     with reverts("DemandWindowClosed"):
         dep.dry(f.demandStep(job, 0, 1, 0), dep.challenger, value=b)
@@ -383,7 +411,11 @@ def test_registry_caps_window_extensions(dep, lr):
     with reverts("Unauthorized"):
         dep.dry(reg.extendWindow(job, 0, 1), dep.anyone)
     with reverts("Unauthorized"):
-        dep.dry(reg.releaseBond(job, dep.anyone), dep.anyone)
+        dep.dry(reg.releaseDemand(job, dep.anyone, 0, 0), dep.anyone)
+    with reverts("Unauthorized"):
+        dep.dry(reg.refundFee(job, dep.anyone, 0), dep.anyone)
+    with reverts("Unauthorized"):
+        dep.dry(reg.lockDemand(job, 0, dep.anyone, 0), dep.anyone, value=CFG.challenger_bond)
     with reverts("Unauthorized"):
         dep.dry(reg.convict(job, dep.anyone), dep.anyone)
     # a registry bound to an account as its availability contract, to call the hook directly
@@ -432,7 +464,24 @@ def test_demands_on_a_fraudulent_job_close_with_the_bond_refunded(dep, lr):
         dep.dry(dep.da.functions.claimTimeout(second), dep.anyone)
     dep.tx(dep.da.functions.closeDemand(second), dep.anyone)
     assert D.demand(dep, second)["status"] == CLOSED
-    assert dep.owed(dep.challenger2) == CFG.challenger_bond
+    assert dep.owed(dep.challenger2) == CFG.challenger_bond + D.demand(dep, second)["fee"]
     assert dep.job(job)["openGames"] == 0
     with reverts("DemandNotOpen"):
         dep.dry(dep.da.functions.closeDemand(second), dep.anyone)
+
+
+@pytest.mark.parametrize("price", [0, 2**128 // (A.ANSWER_BASE_GAS + A.GAS_PER_LEAF * A.MAX_LOG_LEAVES) + 1])
+def test_constructor_rejects_a_free_or_overflowing_fee_price(dep, price):
+    """A zero price makes demands free again (griefing); one whose full-page fee overflows the
+    Demand record's uint128 is refused too."""
+    from eth_tester.exceptions import TransactionFailed
+
+    from protocol.build import load_artifact
+
+    art = load_artifact("DataAvailability")
+    data = dep.w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor(dep.registry.address, price)
+    with reverts("InvalidDeployment", "feeGasPrice", price):
+        try:
+            dep.w3.eth.call({"from": dep.deployer, "data": data.data_in_transaction, "gas": H.TX_GAS})
+        except TransactionFailed as e:
+            raise H._reverted(e) from None

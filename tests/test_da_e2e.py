@@ -33,6 +33,10 @@ def _job(world):
     return proto, ctx, job, trainer, auditor, onchain
 
 
+def _fee(proto, demand: int) -> int:
+    return int(proto.chain.call(proto.availability.functions.getDemand(demand))[12])
+
+
 def _owed(proto, account) -> int:
     return int(proto.chain.call(proto.registry.functions.owed(account)))
 
@@ -49,7 +53,13 @@ def test_withheld_artifacts_are_demanded_answered_and_replayed_from_chain_data(f
     assert onchain.demanded  # the replay ran on published data only
     registry = proto.registry.functions
     assert int(proto.chain.call(registry.getJob(job))[5]) == 0  # every demand answered (no open game)
-    assert _owed(proto, auditor.account) == TERMS.challenger_bond * len(onchain.demanded)  # bonds back
+    # bonds back, and what the answers did not earn of the fees; the trainer earned the rest, at
+    # least its answers' gas at the fee's gas price (the demands cost the honest trainer nothing)
+    fees = sum(_fee(proto, d) for d in onchain.demanded)
+    earned = _owed(proto, trainer.account)
+    assert _owed(proto, auditor.account) == TERMS.challenger_bond * len(onchain.demanded) + fees - earned
+    price = int(proto.chain.call(proto.availability.functions.feeGasPrice()))
+    assert earned >= price * sum(g for _, g in trainer._responder.gas) > 0
     max_gas = max(g for _, g in trainer._responder.gas)
     assert max_gas < 16_777_216
     # the answers extended the windows: finalize waits for them, then pays the trainer
@@ -66,7 +76,8 @@ def test_trainer_that_withholds_and_does_not_answer_loses_its_stake(fresh_demo_w
     assert auditor.audit() is None  # the expired demand is claimed
     assert trainer.status() == "fraudulent"
     bounty = TERMS.trainer_stake * DEV_FLOORS.bounty_bps // 10_000  # the rest of the stake is burned
-    assert _owed(proto, auditor.account) == TERMS.challenger_bond * len(onchain.demanded) + bounty
+    fees = sum(_fee(proto, d) for d in onchain.demanded)  # refunded with the conviction
+    assert _owed(proto, auditor.account) == TERMS.challenger_bond * len(onchain.demanded) + bounty + fees
 
 
 def test_the_auditor_re_verifies_published_data_and_refuses_tampered_bytes(fresh_demo_world, monkeypatch) -> None:

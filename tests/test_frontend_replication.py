@@ -67,11 +67,18 @@ def test_torch_models_full_matrix(tmp_path: Path) -> None:
 
 
 def test_replay_of_a_torch_job_names_a_missing_model_file(fast_runs, tmp_path: Path) -> None:
-    """The run folder records the model reference; a replay without the file says so (no traceback)."""
+    """The run folder pins a copy of the model file; a replay without it says so (no traceback), and
+    a spec.json pointed at another model file is refused as a changed spec."""
     run = tmp_path / "run"
     shutil.copytree(fast_runs[("resnet", "sgd", "certified")], run)
     spec = json.loads((run / "spec.json").read_text())
+    assert spec["model"] == "model/resnet_digits.py:task" and len(spec["model_sha256"]) == 64
+    edited = tmp_path / "edited"
+    shutil.copytree(run, edited)
+    (run / "model" / "resnet_digits.py").unlink()
     spec["model"] = "examples/missing_model.py:task"
-    (run / "spec.json").write_text(json.dumps(spec))
-    (q,) = parallel([(REPLAY, ["--run", str(run)], {})])
-    assert q.rc != 0 and "no such file" in q.stderr and "Traceback" not in q.stderr, q.stderr[-2000:]
+    (edited / "spec.json").write_text(json.dumps(spec))
+    q, e = parallel([(REPLAY, ["--run", str(run)], {}), (REPLAY, ["--run", str(edited)], {})])
+    assert q.rc == 4 and "model source" in q.stderr and "missing" in q.stderr, q.stderr[-2000:]
+    assert e.rc != 0 and "changed since training" in e.stderr and "model" in e.stderr, e.stderr[-2000:]
+    assert "Traceback" not in q.stderr + e.stderr

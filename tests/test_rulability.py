@@ -118,3 +118,95 @@ def test_an_op_kind_the_adjudicator_lacks_is_refused():
     with pytest.raises(UnrulableJob, match=r"op 5 \(99 'new-kind'\): the deployed Adjudicator has no rule"):
         check_rulable(graph)
 
+
+
+# ------------------------------------------------------------------ rows read whole by one ruling
+
+import numpy as np  # noqa: E402
+
+from protocol.rulability import MAX_ROW_ELEMENTS, MAX_SAMPLE_ELEMENTS  # noqa: E402
+
+WIDE_MODEL = '''
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RowMax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return x.amax(dim=-1, keepdim=True) * self.w
+
+
+def task(width: int = 20000):
+    from vtrain.frontend import TorchTask
+
+    x = np.random.default_rng(0).standard_normal((8, width)).astype(np.float32)
+    return TorchTask(RowMax(), F.mse_loss, {"name": "SGD", "lr": 0.1}, [x], x.max(axis=1, keepdims=True))
+'''
+
+
+def test_row_limits_are_the_deployed_adjudicators(adj):
+    a, _ = adj
+    assert a.functions.MAX_ROW().call() == MAX_ROW_ELEMENTS
+    assert a.functions.MAX_SAMPLE().call() == MAX_SAMPLE_ELEMENTS
+
+
+def _row_graph(kind: str, n: int) -> Graph:
+    g = GraphBuilder()
+    if kind == "DATA":
+        x = g.data((2, n))
+        return g.build(g.sum(g.reshape(g.sum(x), (1, 2))))
+    w = g.input("w", (2, n))
+    m = g.max(w, differentiable=kind == "MAX_GRAD")
+    loss = g.sum(g.reshape(m, (1, 2)))
+    grads = g.grad(loss, [w]) if kind == "MAX_GRAD" else []
+    for slot, t in enumerate(grads):
+        g.output(t, slot)
+    return g.build(loss, {i: gr.op for i, gr in enumerate(grads)})
+
+
+@pytest.mark.parametrize("kind,limit", [("MAX", MAX_ROW_ELEMENTS), ("MAX_GRAD", MAX_ROW_ELEMENTS),
+                                        ("DATA", MAX_SAMPLE_ELEMENTS)])
+def test_a_row_longer_than_one_ruling_can_read_is_refused_naming_the_op_and_the_limit(kind, limit):
+    """MAX / MAX_GRAD rows and DATA samples are read whole by one ruling: at the limit the job is
+    rulable, one element past it it is refused (op, kind, length, limit, the gas cap)."""
+    assert [u for u in unrulable_ops(_row_graph(kind, limit)) if u.kind == kind] == []
+    bad = [u for u in unrulable_ops(_row_graph(kind, limit + 1)) if u.kind == kind]
+    assert len(bad) == 1, bad
+    msg = str(bad[0])
+    const = "MAX_SAMPLE" if kind == "DATA" else "MAX_ROW"
+    assert f"({kind}" in msg and f"of {limit + 1:,} elements" in msg and f"{limit:,} (Adjudicator.{const})" in msg
+    assert "16,777,216 gas cap" in msg
+
+
+def test_the_adjudicator_reverts_cleanly_on_a_row_past_its_limit(adj):
+    """Past MAX_ROW the contract reverts with RowTooLong(kind, n, limit) before reading the row,
+    instead of running out of gas."""
+    a, table = adj
+    n = MAX_ROW_ELEMENTS + 1
+    for kind, desc in ((OpKind.MAX, exact.OpDesc(int(OpKind.MAX), (0,), (1, 1), ((1, n),), ())),
+                       (OpKind.MAX_GRAD, exact.OpDesc(int(OpKind.MAX_GRAD), (0, 1), (1, n), ((1, n), (1, 1)), ())),
+                       (OpKind.DATA, exact.OpDesc(int(OpKind.DATA), (), (1, MAX_SAMPLE_ELEMENTS + 1), (), ()))):
+        c = Case(desc, tuple(np.zeros(shape, np.float32) for shape in desc.in_shapes))
+        proof = encode_proof([], (0, 2, op_leaves_pair(), []))
+        with pytest.raises(Exception) as info:  # noqa: PT011 - the provider's exception types vary
+            a.functions.adjudicate(claim_tuple(c, 0, 0, [], n_samples=1), proof).call({"gas": CALL_GAS})
+        assert table[revert_data(info.value)[:4]][0] == "RowTooLong", kind
+
+
+def test_a_crafted_file_model_with_a_20000_wide_row_max_is_refused(tmp_path):
+    """A real spec through the front end: ``x.amax(-1)`` over 20,000 features is one MAX row of
+    20,000 elements; create-job, trainer and auditor all run this check and refuse it."""
+    f = tmp_path / "wide.py"
+    f.write_text(WIDE_MODEL)
+    graph = build_job(TrainSpec(model=f"{f}:task", batch_size=2, steps=1, interval=1)).graph
+    with pytest.raises(UnrulableJob, match=r"\(MAX[^)]*\): a row of 20,000 elements read whole by one ruling, more "
+                                           r"than the limit of 16,384 \(Adjudicator.MAX_ROW\)"):
+        check_rulable(graph)
+    ok = build_job(TrainSpec(model=f"{f}:task", model_args={"width": 64}, batch_size=2, steps=1, interval=1)).graph
+    assert unrulable_ops(ok) == []

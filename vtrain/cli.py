@@ -186,8 +186,16 @@ def _refuse_conflicts(ctx: click.Context, spec_path: Path | None, resume: Path |
 
 
 def _comparable(spec: Any) -> dict:
+    """The settings that decide a run, wherever its files lie (a pinned copy or the user's file)."""
     d = spec.to_dict()
     d.pop("text_path")
+    for k in ("model_sha256", "checkpoint_sha256"):
+        d.pop(k, None)
+    if ":" in d["model"]:
+        path, _, factory = d["model"].rpartition(":")
+        d["model"] = f"{Path(path).name}:{factory}"
+    if d.get("checkpoint"):
+        d["checkpoint"] = Path(d["checkpoint"]).name
     return d
 
 
@@ -401,6 +409,10 @@ def _train(
             if diff is not None:
                 raise Failure(f"--out {out} already holds a run of another spec ({diff}); choose another --out")
             spec = old
+    stored = spec
+    if fresh:  # a file model is built from its pinned copy in the run folder, not the user's file
+        stored = run.pin_model(spec)
+        spec = run.resolve_model(stored)
     job = build_job(spec)
     if not fresh:
         run.verify_dataset(job.dataset)
@@ -413,14 +425,14 @@ def _train(
 
         check_spec(spec, nproc)
         if fresh:
-            run.write_spec(run.pin_inputs(spec, job.dataset))
+            run.write_spec(run.pin_inputs(stored, job.dataset))
         click.echo(json.dumps(launch(run.path, nproc, resume=not fresh, device=device)))
         return
     if fresh:
         from vtrain.graph.executor import state_tensors
         from vtrain.training.rundir import reset_roots
 
-        run.write_spec(run.pin_inputs(spec, job.dataset))
+        run.write_spec(run.pin_inputs(stored, job.dataset))
         reset_roots(run)
         state = state_tensors(job.initial_state)
         run.write_checkpoint(0, job.graph, state)

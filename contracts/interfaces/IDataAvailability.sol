@@ -47,6 +47,7 @@ enum Malformation {
 /// @param toIndex Log: end of the range (exclusive).
 /// @param startPosition Log: the claimed leaf position the run must start at (NO_POSITION: any).
 /// @param clock The trainer's clock: `clock` seconds from the demand (stopped once answered).
+/// @param fee Wei the demander paid with its bond for the answer's gas (held by the registry).
 struct Demand {
     JobId job;
     uint64 interval;
@@ -60,6 +61,7 @@ struct Demand {
     uint32 toIndex;
     uint64 startPosition;
     Clock clock;
+    uint128 fee;
 }
 
 /// @notice A run of consecutive leaves of op j's log tree at step s, with every proof down to the
@@ -123,7 +125,9 @@ error LogWellFormed();
 ///         covering an index range. The trainer must publish it, in calldata, proven against the
 ///         posted roots, within `clock` seconds; the data is emitted in an event. Answered: the bond
 ///         is credited back and the interval's window is extended to at least now + clock. Not
-///         answered: anyone `claimTimeout`s and the trainer is convicted (the demander wins). A
+///         answered: anyone `claimTimeout`s and the trainer is convicted (the demander wins). Each
+///         demand also pays an answer fee sized on-chain to what it demands, earned by the trainer
+///         when it answers and refunded with its conviction when it does not (no free griefing). A
 ///         published run that is out of key order or carries an invalid code convicts the trainer;
 ///         so does `proveMalformedLog`, by anyone, at any time while the job is Active. Holds no
 ///         ETH: bonds are locked in the registry, and demands count as open games there.
@@ -182,7 +186,10 @@ interface IDataAvailability {
 
     /// @notice Demands the step record of `step` in posted interval `interval`: the nSlots state
     ///         components, logRoot_s and the op log roots [firstOp, min(firstOp + MAX_OP_ROOTS, nOps)).
-    /// @dev `msg.value` must be exactly challengerBond (locked in the registry). Reverts while the job
+    /// @dev `msg.value` must be exactly challengerBond + `stepDemandFee(job, firstOp)` (locked in the
+    ///      registry; `WrongValue(sent, expected)` otherwise). The fee pays the trainer's answer:
+    ///      credited to it when it answers, refunded to the demander with the conviction when it
+    ///      does not (or on a job made Fraudulent elsewhere). Reverts while the job
     ///      is not Active, outside the interval's unextended window (`DemandWindowClosed`), for a step
     ///      outside the interval (`StepNotInInterval`) or firstOp >= nOps (`OpOutOfRange`).
     /// @param job The job.
@@ -200,8 +207,11 @@ interface IDataAvailability {
     ///         1) and that reaches a key >= toIndex + 1 or holds MAX_LOG_LEAVES leaves (then demand
     ///         again from the last key). With `startPosition` != NO_POSITION the run must start at
     ///         that claimed position (to continue a published run leaf by leaf).
-    /// @dev Bond, status and window as `demandStep`; `BadIndexRange` unless fromIndex < toIndex <=
-    ///      0xFFFFFFFE; `OpOutOfRange` unless op < nOps.
+    /// @dev Bond, status and window as `demandStep`; `msg.value` is challengerBond +
+    ///      `logDemandFee(fromIndex, toIndex)`, priced on the most leaves an answer can need
+    ///      (toIndex - fromIndex + 2, at most MAX_LOG_LEAVES); an answer earns the trainer the fee of
+    ///      the leaves it publishes and the rest goes back to the demander. `BadIndexRange` unless
+    ///      fromIndex < toIndex <= 0xFFFFFFFE; `OpOutOfRange` unless op < nOps.
     /// @param job The job.
     /// @param interval A posted interval.
     /// @param step A step of that interval.
@@ -220,7 +230,8 @@ interface IDataAvailability {
         uint64 startPosition
     ) external payable returns (DemandId id);
 
-    /// @notice The trainer answers a Step demand; the data is emitted in `StepPublished`.
+    /// @notice The trainer answers a Step demand; the data is emitted in `StepPublished` and the
+    ///         demand's whole fee is credited to the trainer.
     /// @dev Trainer only, by the deadline. `components` (nSlots roots) and `logRoot` form the step
     ///      leaf proven by `stepProof` in the interval root; `opLogRoots` (exactly the page's length)
     ///      are proven by the range opening `opSiblings` at firstOp in logRoot_s (size nOps).
@@ -240,8 +251,10 @@ interface IDataAvailability {
     ) external;
 
     /// @notice The trainer answers a Log demand with a run of its op log; the run is emitted in
-    ///         `LogPublished`. A run out of key order or with an invalid leaf (see `Malformation`)
-    ///         convicts the trainer: the demander is credited its bond and the stake.
+    ///         `LogPublished`, and the trainer is credited feeGasPrice * (ANSWER_BASE_GAS +
+    ///         GAS_PER_LEAF * leaves) of the demand's fee (the rest back to the demander). A run out
+    ///         of key order or with an invalid leaf (see `Malformation`) convicts the trainer: the
+    ///         demander is credited its bond, the bounty and its whole fee.
     /// @dev Trainer only, by the deadline. Reverts (the trainer may retry) for a bad proof, a run that
     ///      does not answer the demand (`RunDoesNotAnswer`, `WrongPosition`) or a claimed size other
     ///      than the one bound by the first answer for (job, step, op) (`WrongLogSize`).
@@ -250,11 +263,12 @@ interface IDataAvailability {
     function answerLog(DemandId id, LogRun calldata run) external;
 
     /// @notice Anyone, once the trainer's deadline has passed on an open demand: the trainer is
-    ///         convicted (the demander is credited its bond + the stake, the client its payment).
+    ///         convicted (the demander is credited its bond, the bounty and its fee; the client its
+    ///         payment).
     /// @param id The demand.
     function claimTimeout(DemandId id) external;
 
-    /// @notice Anyone closes an open demand of a job made Fraudulent elsewhere; its bond is refunded.
+    /// @notice Anyone closes an open demand of a job made Fraudulent elsewhere; its bond and fee are refunded.
     /// @param id The demand.
     function closeDemand(DemandId id) external;
 
@@ -283,6 +297,21 @@ interface IDataAvailability {
 
     /// @notice The registry this contract settles through.
     function registry() external view returns (IJobRegistry);
+
+    /// @notice Wei per gas of a demand's answer fee (deployment parameter, immutable).
+    function feeGasPrice() external view returns (uint256);
+
+    /// @notice The fee (wei) a Step demand from `firstOp` pays with its bond: feeGasPrice *
+    ///         (ANSWER_BASE_GAS + GAS_PER_ROOT * (nSlots + page length)).
+    /// @param job The job.
+    /// @param firstOp First op log root of the page.
+    function stepDemandFee(JobId job, uint32 firstOp) external view returns (uint256);
+
+    /// @notice The fee (wei) a Log demand of [fromIndex, toIndex) pays with its bond: feeGasPrice *
+    ///         (ANSWER_BASE_GAS + GAS_PER_LEAF * min(toIndex - fromIndex + 2, MAX_LOG_LEAVES)).
+    /// @param fromIndex First element index.
+    /// @param toIndex End element index (exclusive).
+    function logDemandFee(uint32 fromIndex, uint32 toIndex) external view returns (uint256);
 
     /// @notice Number of demands made; ids run from 1 to demandCount().
     function demandCount() external view returns (uint64);

@@ -16,7 +16,8 @@ import {Interval, Job, JobId, JobParams, JobStatus} from "contracts/lib/GameType
 ///         Every payout is a credit (`owed`) collected with `withdraw` (pull payments).
 /// @dev Solvency invariant: the registry's balance equals `totalOwed()` plus `totalBurned()` plus
 ///      `escrowOf(job)` summed over all jobs, where escrowOf is payment (Open), payment + stake +
-///      open bonds (Active), open bonds (Fraudulent), 0 (Cancelled, Finalized).
+///      open bonds + held demand fees (Active), open bonds + held demand fees (Fraudulent), 0
+///      (Cancelled, Finalized).
 interface IJobRegistry {
     /// @notice Emitted when a client creates a job.
     event JobCreated(
@@ -58,6 +59,9 @@ interface IJobRegistry {
     event AvailabilitySet(address availability);
     /// @notice Emitted when an answered availability demand's bond is credited back to its demander.
     event BondReleased(JobId indexed job, address indexed demander, uint256 bond);
+    /// @notice Emitted when a demand's answer fee (held since the demand) is paid out: `earned` to the
+    ///         trainer (it answered), `refunded` back to the demander (unused part, or no answer).
+    event DemandFeeSettled(JobId indexed job, address indexed demander, uint256 earned, uint256 refunded);
     /// @notice Emitted when an answered demand moves interval `index`'s challenge window to `windowEnd`.
     event WindowExtended(JobId indexed job, uint64 indexed index, uint256 windowEnd);
 
@@ -151,15 +155,45 @@ interface IJobRegistry {
 
     /// @notice Binds the data-availability contract (once, by the deployer). It may, like the game,
     ///         `lockBond`, `settleGame` (a timed-out demand convicts) and `refundGame`, and alone
-    ///         `releaseBond`, `extendWindow` and `convict`.
+    ///         `lockDemand`, `releaseDemand`, `refundFee`, `extendWindow` and `convict`.
     /// @param da The DataAvailability contract.
     function setAvailability(address da) external;
 
-    /// @notice An answered demand: its bond is credited back to the demander (one open game fewer).
-    /// @dev Only the availability contract; the job must be Active.
+    /// @notice Locks a demander's bond and answer fee (`msg.value` == challengerBond + fee) for a new
+    ///         availability demand on `index`; the demand counts as an open game.
+    /// @dev Only the availability contract; the same checks as `lockBond`. The fee is held in the
+    ///      job's escrow until `releaseDemand` or `refundFee`.
+    /// @param job The job.
+    /// @param index The interval demanded from.
+    /// @param demander The demander.
+    /// @param fee The answer fee (DataAvailability computes it from what is demanded).
+    /// @return trainer The job's trainer.
+    /// @return root The interval root.
+    /// @return firstStep Step of the interval's leaf 0.
+    /// @return size Number of step leaves in the interval.
+    /// @return clock Seconds on the trainer's clock.
+    function lockDemand(JobId job, uint64 index, address demander, uint256 fee)
+        external
+        payable
+        returns (address trainer, bytes32 root, uint64 firstStep, uint64 size, uint64 clock);
+
+    /// @notice An answered demand: the bond and `fee - earned` are credited back to the demander,
+    ///         `earned` to the trainer (one open game fewer).
+    /// @dev Only the availability contract; the job must be Active; `earned <= fee`.
     /// @param job The job.
     /// @param demander The demand's demander.
-    function releaseBond(JobId job, address demander) external;
+    /// @param fee The demand's fee, held since `lockDemand`.
+    /// @param earned The part of it the answer earned the trainer.
+    function releaseDemand(JobId job, address demander, uint256 fee, uint256 earned) external;
+
+    /// @notice An unanswered demand, one whose answer convicted the trainer, or one closed on a
+    ///         Fraudulent job: its whole fee is credited back to the demander (the bond is settled by
+    ///         `settleGame` or `refundGame`).
+    /// @dev Only the availability contract; the job must be Active or Fraudulent.
+    /// @param job The job.
+    /// @param demander The demand's demander.
+    /// @param fee The demand's fee, held since `lockDemand`.
+    function refundFee(JobId job, address demander, uint256 fee) external;
 
     /// @notice Moves the end of interval `index`'s challenge window to `until` if that is later, so an
     ///         auditor has time to replay data published near the window's end.

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.util
+import io
 import logging
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vtrain.errors import NonFiniteValue, SpecError, VtrainError
+from vtrain.errors import DataChanged, NonFiniteValue, SpecError, VtrainError
 from vtrain.frontend.capture import Captured, TorchTask, _WithLoss, capture
 from vtrain.frontend.errors import FrontendError
 
@@ -43,19 +44,33 @@ def parse_model_ref(model: str) -> tuple[Path, str]:
     return Path(path), name
 
 
-def load_factory(model: str):
-    """The factory function named by ``model`` (the file imported under a private module name)."""
+def pinned_bytes(path: Path, sha256: str | None, what: str) -> bytes:
+    """The bytes of ``path``, read once; with ``sha256`` (a pinned spec) they must hash to it, else
+    :class:`DataChanged` names the file and both sha256 (nothing of the file is used)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"spec: {what}: cannot read {str(path)!r} ({e.strerror or e})") from None
+    if sha256 is not None and (got := hashlib.sha256(raw).hexdigest()) != sha256:
+        raise DataChanged(f"{what} {str(path)!r} is not the pinned one: sha256 {got}, the spec pins {sha256}")
+    return raw
+
+
+def load_factory(model: str, sha256: str | None = None):
+    """The factory function named by ``model`` (the file imported under a private module name).
+
+    With ``sha256`` the file's bytes are checked first and exactly those bytes are executed: a
+    changed model source is refused before any of it runs."""
     path, name = parse_model_ref(model)
     if not path.is_file():
         raise SpecError(f"spec: model: no such file {str(path)!r}")
-    mod_name = "vtrain_user_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise SpecError(f"spec: model: cannot import {str(path)!r}")
-    module = importlib.util.module_from_spec(spec)
+    source = pinned_bytes(path, sha256, "model source")
+    mod_name = "vtrain_user_" + hashlib.sha256(str(path.resolve()).encode() + source).hexdigest()[:12]
+    module = types.ModuleType(mod_name)
+    module.__file__ = str(path)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - the user's model file
     except Exception as e:  # noqa: BLE001 - the user's file: report it in one line
         raise SpecError(f"spec: model: importing {str(path)!r} failed: {type(e).__name__}: {e}") from None
     fn = getattr(module, name, None)
@@ -65,18 +80,20 @@ def load_factory(model: str):
     return fn
 
 
-def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
-    """A ``state_dict`` from ``*.safetensors`` or a torch ``.pt``/``.pth``/``.bin`` file (tensors only)."""
+def load_checkpoint(path: str | Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """A ``state_dict`` from ``*.safetensors`` or a torch ``.pt``/``.pth``/``.bin`` file (tensors only);
+    with ``sha256`` the bytes must be the pinned ones (:func:`pinned_bytes`)."""
     path = Path(path)
     if not path.is_file():
         raise FrontendError(f"checkpoint {str(path)!r}: no such file")
+    raw = pinned_bytes(path, sha256, "checkpoint")
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+            from safetensors.torch import load as load_bytes
 
-            sd = load_file(str(path))
+            sd = load_bytes(raw)
         else:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
+            sd = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - corrupt or foreign files: one clear line
         raise FrontendError(f"checkpoint {str(path)!r}: cannot read it ({type(e).__name__}: {e})") from None
     if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
@@ -112,9 +129,11 @@ def apply_checkpoint(module: torch.nn.Module, sd: dict[str, torch.Tensor], where
             own_t.copy_(v.to(own_t.dtype))
 
 
-def make_task(model: str, model_args: dict[str, Any], seed: int, checkpoint: str | None) -> TorchTask:
-    """Call the factory (seeded), check what it returns, load the checkpoint if any."""
-    fn = load_factory(model)
+def make_task(model: str, model_args: dict[str, Any], seed: int, checkpoint: str | None,
+              model_sha256: str | None = None, checkpoint_sha256: str | None = None) -> TorchTask:
+    """Call the factory (seeded), check what it returns, load the checkpoint if any (each file
+    checked against its pinned sha256 first, when given)."""
+    fn = load_factory(model, model_sha256)
     torch.manual_seed(seed % 2**63)
     np.random.seed(seed % 2**32)
     try:
@@ -129,7 +148,7 @@ def make_task(model: str, model_args: dict[str, Any], seed: int, checkpoint: str
         if p.dtype != torch.float32:
             raise FrontendError(f"model: parameters must be float32, got {p.dtype}")
     if checkpoint:
-        apply_checkpoint(task.module, load_checkpoint(checkpoint), repr(checkpoint))
+        apply_checkpoint(task.module, load_checkpoint(checkpoint, checkpoint_sha256), repr(checkpoint))
     return task
 
 
@@ -143,7 +162,8 @@ class TorchJob:
 
 def build_torch_job(spec) -> tuple[TorchJob, np.ndarray, list[str] | None]:
     """The task, its captured step graph and the dataset rows of ``spec`` (a file model)."""
-    task = make_task(spec.model, dict(spec.model_args), spec.seed, spec.checkpoint)
+    task = make_task(spec.model, dict(spec.model_args), spec.seed, spec.checkpoint, spec.model_sha256,
+                     spec.checkpoint_sha256)
     pristine = copy.deepcopy(task.module)  # capture runs the model once (batch-norm buffers move)
     cap = capture(task, spec.batch_size, n_steps=spec.steps)
     task.module = pristine

@@ -5,6 +5,8 @@ Layout of ``<run>/``::
     spec.json                       the TrainSpec (a text file's path relative to the run folder)
     inputs.json                     sha256 of every pinned input file and of the dataset as trained on
     data/<name>                     a copy of the user's text file (GPT runs trained with --text)
+    model/<file>.py, model/<ckpt>   a FILE.py:FACTORY run: copies of the factory source and the
+                                    checkpoint it loads; spec.json pins both by sha256
     vocab.json                      the tokenizer: the characters of the vocabulary, id order (GPT)
     roots.jsonl                     one line per step: step, loss, state_root, log_root (hex)
     logs/step_000001.vtlog          rounding log of each step (vtrain.numerics.logfile)
@@ -101,21 +103,75 @@ class RunDir:
         return TrainSpec.from_file(p)
 
     def read_spec(self) -> TrainSpec:
-        """The spec, ready to build the job from any working directory: a pinned text file's path
-        is resolved inside the run folder and every pinned file is checked against its sha256."""
+        """The spec, ready to build the job from any working directory: pinned files' paths are
+        resolved inside the run folder, every pinned file is checked against its sha256, and the
+        spec must be the one trained (``inputs.json`` records it; the changed key is named)."""
         spec = self.read_stored_spec()
         self.verify_inputs()
+        self.verify_spec(spec)
+        return self.resolve(spec)
+
+    def resolve(self, spec: TrainSpec) -> TrainSpec:
+        """``spec`` (as stored) with its run-folder-relative paths made paths inside this folder."""
         if spec.text_path is not None and not Path(spec.text_path).is_absolute():
             spec = dataclasses.replace(spec, text_path=str(self.path / spec.text_path))
         elif spec.text_path is not None:
             log.warning("%s: the text file is not pinned in the run folder (%s)", self.path, spec.text_path)
+        return self.resolve_model(spec)
+
+    def resolve_model(self, spec: TrainSpec) -> TrainSpec:
+        """``spec`` with a pinned model's relative paths (factory source, checkpoint) inside this folder."""
+        if spec.pinned:
+            path, _, factory = spec.model.rpartition(":")
+            if not Path(path).is_absolute():
+                spec = dataclasses.replace(spec, model=f"{self.path / path}:{factory}")
+            if spec.checkpoint is not None and not Path(spec.checkpoint).is_absolute():
+                spec = dataclasses.replace(spec, checkpoint=str(self.path / spec.checkpoint))
         return spec
+
+    def pin_model(self, spec: TrainSpec) -> TrainSpec:
+        """A FILE.py:FACTORY spec: copy the factory source (and the checkpoint) into ``model/`` and
+        return the spec to store: paths relative to the run folder, each file pinned by the sha256
+        of the bytes copied. The job is then built from these copies (never from the user's file,
+        which may change meanwhile). Other specs are returned as they are."""
+        if spec.model in ("mlp", "gpt"):
+            return spec
+        path, _, factory = spec.model.rpartition(":")
+        src = Path(path)
+        if not src.is_file():
+            raise MissingArtifact(f"model source {src} not found")
+        raw = src.read_bytes()
+        if spec.model_sha256 is not None and hashlib.sha256(raw).hexdigest() != spec.model_sha256:
+            raise DataChanged(f"model source {src} is not the pinned one: sha256 "
+                              f"{hashlib.sha256(raw).hexdigest()}, the spec pins {spec.model_sha256}")
+        rel = f"model/{src.name}"
+        atomic_write(self.path / rel, raw)
+        out = dataclasses.replace(spec, model=f"{rel}:{factory}", model_sha256=hashlib.sha256(raw).hexdigest())
+        if spec.checkpoint is not None:
+            ck = Path(spec.checkpoint)
+            if not ck.is_file():
+                raise MissingArtifact(f"checkpoint {ck} not found")
+            data = ck.read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            if spec.checkpoint_sha256 is not None and digest != spec.checkpoint_sha256:
+                raise DataChanged(f"checkpoint {ck} is not the pinned one: sha256 {digest}, "
+                                  f"the spec pins {spec.checkpoint_sha256}")
+            crel = f"model/{ck.name}"
+            if crel == rel:
+                raise MissingArtifact(f"checkpoint {ck} and model source {src} have one file name; rename one")
+            atomic_write(self.path / crel, data)
+            out = dataclasses.replace(out, checkpoint=crel, checkpoint_sha256=digest)
+        return out
 
     # pinned inputs: data copy, vocabulary, hashes
     def pin_inputs(self, spec: TrainSpec, dataset: Dataset) -> TrainSpec:
         """Copy the spec's text file into ``data/``, write ``vocab.json`` and ``inputs.json``; return
         the spec to store (its ``text_path`` relative to the run folder)."""
         files: dict[str, str] = {}
+        if spec.pinned:  # copied by pin_model: record the pins with the other files
+            files[spec.model.rpartition(":")[0]] = spec.model_sha256  # type: ignore[assignment]
+            if spec.checkpoint is not None:
+                files[spec.checkpoint] = spec.checkpoint_sha256  # type: ignore[assignment]
         if spec.text_path is not None:
             raw = Path(spec.text_path).read_bytes()
             rel = f"data/{Path(spec.text_path).name}"
@@ -126,7 +182,7 @@ class RunDir:
             vocab = {"kind": "characters", "symbols": list(dataset.vocab)}
             atomic_write(self.path / "vocab.json", json.dumps(vocab, ensure_ascii=False).encode())
         inputs = {"files": files, "dataset_sha256": dataset_sha256(dataset),
-                  "dataset_shape": list(dataset.samples.shape)}
+                  "dataset_shape": list(dataset.samples.shape), "spec": spec.to_dict()}
         atomic_write(self.path / "inputs.json", json.dumps(inputs, indent=1).encode())
         return spec
 
@@ -148,10 +204,21 @@ class RunDir:
         for rel, want in (inputs or {}).get("files", {}).items():
             p = self.path / rel
             if not p.exists():
-                raise MissingArtifact(f"pinned data file {p} missing from the run folder")
+                raise MissingArtifact(f"pinned {_what(rel)} {p} missing from the run folder")
             got = hashlib.sha256(p.read_bytes()).hexdigest()
             if got != want:
-                raise DataChanged(f"data file {p} changed since training: sha256 {got}, recorded {want}")
+                raise DataChanged(f"{_what(rel)} {p} changed since training: sha256 {got}, recorded {want}")
+
+    def verify_spec(self, spec: TrainSpec) -> None:
+        """``spec.json`` is the spec trained (recorded in ``inputs.json``): DataChanged names the
+        first setting that differs (a model argument, a pin, a hyperparameter)."""
+        want = (self.read_inputs() or {}).get("spec")
+        if want is None:
+            return  # a run folder from before specs were recorded
+        got = json.loads(json.dumps(spec.to_dict()))  # as recorded (tuples are JSON lists)
+        if got != want:
+            key = _first_difference(want, got)
+            raise DataChanged(f"{self.path / 'spec.json'} changed since training: {key}")
 
     def verify_dataset(self, dataset: Dataset) -> None:
         """The dataset built for a replay is the one trained on (sha256 of its samples)."""
@@ -271,6 +338,22 @@ class RunDir:
         if not self.ckpt_path(s).exists():
             raise MissingArtifact(f"checkpoint of step {s} missing: {self.ckpt_path(s)}")
         return s
+
+
+def _what(rel: str) -> str:
+    """What a pinned file of the run folder is, for messages."""
+    if rel.startswith("model/"):
+        return "model source" if rel.endswith(".py") else "checkpoint"
+    return "data file"
+
+
+def _first_difference(want: object, got: object, where: str = "") -> str:
+    """``"KEY: recorded X, now Y"`` for the first differing key of two nested dicts."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        for k in sorted(set(want) | set(got)):
+            if want.get(k) != got.get(k):
+                return _first_difference(want.get(k), got.get(k), f"{where}{k}.")
+    return f"{where.rstrip('.') or 'spec'}: recorded {json.dumps(want)}, now {json.dumps(got)}"
 
 
 def reset_roots(run: RunDir) -> None:

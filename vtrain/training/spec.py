@@ -45,6 +45,8 @@ class TrainSpec:
     corpus_chars: int = 20_000
     model_args: dict[str, Any] = field(default_factory=dict)  # FILE.py:FACTORY: keyword arguments
     checkpoint: str | None = None  # FILE.py:FACTORY: initial weights (safetensors / state_dict .pt)
+    model_sha256: str | None = None  # FILE.py:FACTORY: sha256 of the factory file's bytes (pinned runs)
+    checkpoint_sha256: str | None = None  # sha256 of the checkpoint file's bytes (pinned runs)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -57,6 +59,29 @@ class TrainSpec:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["optimizer"]["name"] = self.optimizer.name
+        for k in PIN_KEYS:  # absent unless pinned: specs without a file model keep their hash
+            if d[k] is None:
+                del d[k]
+        return d
+
+    @property
+    def pinned(self) -> bool:
+        """True when the factory file (and the checkpoint, if any) are pinned by sha256."""
+        return self.model_sha256 is not None and (self.checkpoint is None or self.checkpoint_sha256 is not None)
+
+    def commitment(self) -> dict[str, Any]:
+        """What the on-chain ``specHash`` commits to: :meth:`to_dict`, except that a pinned file
+        model is named by its file name and the sha256 of its bytes, and a text file by its name
+        (its contents are in ``dataRoot``), not by where the files lie (a run folder moved
+        elsewhere, or an auditor's copy, hashes the same)."""
+        d = self.to_dict()
+        if self.text_path is not None:  # the text's contents are committed by dataRoot
+            d["text_path"] = Path(self.text_path).name
+        if self.pinned:
+            path, _, factory = self.model.rpartition(":")
+            d["model"] = f"{Path(path).name}:{factory}"
+            if self.checkpoint is not None:
+                d["checkpoint"] = Path(self.checkpoint).name
         return d
 
     def to_json(self) -> str:
@@ -127,6 +152,8 @@ class TrainSpec:
 
 
 _U256 = 2**256
+#: Keys of a spec that pin a file model's bytes (left out of :meth:`TrainSpec.to_dict` when unset).
+PIN_KEYS = ("model_sha256", "checkpoint_sha256")
 
 
 def _known(where: str, d: dict, cls: type) -> None:
@@ -164,6 +191,14 @@ def _validate(s: TrainSpec) -> None:
         raise SpecError(f"spec: model_args: expected a table of keyword arguments, got {s.model_args!r}")
     if s.checkpoint is not None and not isinstance(s.checkpoint, str):
         raise SpecError(f"spec: checkpoint: expected a file name, got {s.checkpoint!r}")
+    for key in PIN_KEYS:
+        v = getattr(s, key)
+        if v is not None and (not isinstance(v, str) or len(v) != 64 or any(c not in "0123456789abcdef" for c in v)):
+            raise SpecError(f"spec: {key}: expected 64 lowercase hex digits (a sha256), got {v!r}")
+    if s.model_sha256 is not None and s.model in ("mlp", "gpt"):
+        raise SpecError(f"spec: model_sha256: only a FILE.py:FACTORY model has a source to pin, got model {s.model!r}")
+    if s.checkpoint_sha256 is not None and s.checkpoint is None:
+        raise SpecError("spec: checkpoint_sha256: set, but there is no checkpoint")
     modes = [m.value for m in Mode]
     if s.mode not in modes:
         raise SpecError(f"spec: mode: expected one of {modes}, got {s.mode!r}")
