@@ -51,7 +51,7 @@ FLOORS = {"challengeWindow": MIN_WINDOW, "clock": MIN_CLOCK, "postingPeriod": MI
 #: ``reclaim``: the model credits a reclaiming client only the payment, not the bounty (solvency);
 #: ``bounty``: the model pays a winning challenger the whole stake (the old rule; solvency);
 #: ``burn``: the model forgets what convictions burn (solvency);
-#: ``floor``: the model takes a clock one second below the floor as valid (expectation).
+#: ``floor``: the model takes a term one unit below its floor as valid (every floor off by one; expectation).
 #: ``demand_escrow``: the model forgets an open demand's bond in the job's escrow (solvency);
 #: ``extension``: the model forgets that an answer extends the interval's window (expectation).
 #: ``demand_fee``: the model forgets the answer fees of open demands in the job's escrow (solvency).
@@ -271,7 +271,7 @@ class Model:
         if zeroed is not None and zeroed not in FLOORS:
             errs.add("InvalidJobParam")
         for name, floor in FLOORS.items():
-            if name == "clock" and self.sabotage == "floor":
+            if self.sabotage == "floor":
                 floor -= 1
             if terms[name] < floor:
                 errs.add("TermBelowFloor")
