@@ -171,12 +171,12 @@ def round_canonical(
 ) -> tuple[torch.Tensor, OpLog, int]:
     """Trainer side: the canonical FP32 output and log entries of a logging op (``v``, ``d`` its FP64
     value and certified bound); also returns how many candidates fell back to exact arithmetic."""
-    r = v.to(torch.float32)
+    r = v.to(torch.float32).add_(0.0)  # canonical zeros in place (the filter reads -0 as +0)
     cand = candidates(v, d, r)
     if cand.numel() == 0:  # also proves every element finite (a NaN/Inf margin is never > 0)
-        return canonical(r), OpLog.empty(), 0
+        return r, OpLog.empty(), 0
     _check_finite(r.reshape(-1), what)
-    out = canonical(r).reshape(-1)
+    out = r.reshape(-1)
     n_c = cand.numel()
     bits = np.zeros(n_c, dtype=np.int64)
     codes = np.zeros(n_c, dtype=np.int64)
