@@ -47,7 +47,6 @@ from vtrain.numerics.rounding import (
     U,
     _check_finite,
     _neighbours,
-    canonical,
     midpoint_candidates,
 )
 
