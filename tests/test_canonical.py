@@ -265,3 +265,23 @@ def test_the_numpy_candidate_filter_is_the_torch_one_and_non_finite_values_raise
             v[3, 1] = bad
             with pytest.raises(NonFiniteValue):
                 round_canonical(graph, op, ins, v, d, "SUM op")
+
+
+def test_the_chunked_candidate_filter_finds_the_same_elements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large CPU ops run the filter in pieces of ``_CHUNK`` elements: the same flat indices, in order,
+    as one pass over the whole op (candidates in several pieces, pieces without any, a short last one)."""
+    import vtrain.numerics.canonical as C
+    from vtrain.numerics.rounding import midpoint_candidates
+
+    rng = np.random.default_rng(4)
+    n = 10_007
+    v = torch.from_numpy(rng.standard_normal(n))
+    d = v.abs() * 2.0**-30
+    d[2000:5000] = 0.0  # pieces without candidates
+    d[-3:] = 1.0  # candidates in the short last piece
+    want = midpoint_candidates(v, v.to(torch.float32), d * C._BAND)
+    monkeypatch.setattr(C, "_CHUNK", 1000)
+    got = candidates(v, d)
+    assert want is not None and len(want) > 50
+    assert torch.equal(got, want)
+    assert candidates(v, torch.zeros(n, dtype=torch.float64)).numel() == 0

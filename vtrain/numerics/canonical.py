@@ -146,10 +146,24 @@ def candidates(v: torch.Tensor, d: torch.Tensor, rf: torch.Tensor | None = None)
     fixed cost per call dominates there)."""
     vf, df = v.reshape(-1), d.reshape(-1)
     rf = vf.to(torch.float32) if rf is None else rf.reshape(-1)
-    if vf.device.type == "cpu" and vf.numel() <= _SMALL:
+    n = vf.numel()
+    if vf.device.type == "cpu" and n <= _SMALL:
         return torch.from_numpy(_candidates_np(vf.numpy(), df.numpy(), rf.numpy()))
+    if vf.device.type == "cpu" and n > 2 * _CHUNK:  # in cache-sized pieces: elementwise, the same set
+        parts = []
+        for lo in range(0, n, _CHUNK):
+            hi = min(n, lo + _CHUNK)
+            found = midpoint_candidates(vf[lo:hi], rf[lo:hi], df[lo:hi] * _BAND)
+            if found is not None:
+                parts.append(found.add_(lo))
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
     found = midpoint_candidates(vf, rf, df * _BAND)
     return torch.zeros(0, dtype=torch.int64, device=v.device) if found is None else found
+
+
+#: Elements per piece of the CPU candidate filter on large ops: its dozen elementwise passes then
+#: run in cache on reused buffers instead of faulting in fresh pages (about 5x faster at 10^6).
+_CHUNK = 1 << 15
 
 
 #: ``CANDIDATE_BAND (1 + 2^-30)``: one product per element (the band's doubling is exact).
