@@ -42,11 +42,13 @@ from vtrain.graph.step_graph import Graph, OpKind, OpNode
 from vtrain.numerics import exact as X
 from vtrain.numerics.rounding import (
     _SMALL,
+    TRAINER_BOUND_SLACK,
     Code,
     OpLog,
     U,
     _check_finite,
     _neighbours,
+    gamma,
     midpoint_candidates,
 )
 
@@ -197,7 +199,16 @@ def round_canonical(
     if op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
         t, n = _terms(op, ins, cand)
         tn = t.numpy()
-        b, c, ok = _decide_rows_np(op.kind, tn, n)
+        s_abs = np.abs(tn).sum(axis=1)
+        if op.kind == OpKind.MATMUL:  # drop what the tight bound clears (the trainer's d is the norm bound)
+            still = _tight_candidates(tn, n, s_abs, v.reshape(-1)[cand].cpu().numpy(), out[cand].cpu().numpy())
+            if len(still) < n_c:
+                if not len(still):
+                    return out.reshape(r.shape), OpLog.empty(), 0
+                cand, tn, s_abs = cand[torch.from_numpy(still).to(cand.device)], tn[still], s_abs[still]
+                n_c = len(still)
+                bits, codes, undecided = bits[:n_c], codes[:n_c], undecided[:n_c]
+        b, c, ok = _decide_rows_np(op.kind, tn, n, s_abs)
         bits[ok], codes[ok], undecided = b[ok], c[ok], ~ok
         for k in np.flatnonzero(undecided).tolist():
             got = _decide_fsum(op, tn[k].tolist())
@@ -326,7 +337,18 @@ def _decide_rows(kind: OpKind, t: torch.Tensor, n: int):
     return torch.from_numpy(b), torch.from_numpy(c), torch.from_numpy(ok), t
 
 
-def _decide_rows_np(kind: OpKind, t: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _tight_candidates(t: np.ndarray, n: int, s_abs: np.ndarray, vc: np.ndarray, rc: np.ndarray) -> np.ndarray:
+    """Positions among MATMUL candidates (exact terms ``t``, their FP64 ``sum|t_k|`` ``s_abs``, FP64
+    values ``vc``, FP32 outputs ``rc``) that stay candidates under the tight bound ``d' = 1.01 g(n)
+    (fl(S) + n 2^-149)``: ``|v - e| <= g(n) S <= d'`` and ``Dc <= 1.5 d'`` (docs/numerics.md), so the
+    others need no entry and keep ``RN32(v) = RN32(e)``: two valid candidate sets, intersected."""
+    d = (TRAINER_BOUND_SLACK * gamma(n)) * (s_abs + n * 2.0**-149)
+    return _candidates_np(vc, d, rc)
+
+
+def _decide_rows_np(
+    kind: OpKind, t: np.ndarray, n: int, s_abs: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_decide_rows` in numpy: ``(bits int64, codes int64, decided bool)`` per row.
 
     Exact-grid rows first (:func:`grid_exact`): there any FP64 sum of the row is ``e`` exactly, so
@@ -334,7 +356,8 @@ def _decide_rows_np(kind: OpKind, t: np.ndarray, n: int) -> tuple[np.ndarray, np
     comparison runs on the other rows only. Each decision is the exact one (docs/numerics.md)."""
     n_c = t.shape[0]
     scale = float(n) if kind == OpKind.MEAN else 1.0  # compare n*e with n*m for MEAN (n*m is exact in FP64)
-    s_abs = np.abs(t).sum(axis=1)  # S within gamma(n) relative; exact on grid rows
+    if s_abs is None:
+        s_abs = np.abs(t).sum(axis=1)  # S within gamma(n) relative; exact on grid rows
     bits = np.zeros(n_c, dtype=np.int64)
     code = np.full(n_c, int(Code.NONE), dtype=np.int64)
     with np.errstate(over="ignore", invalid="ignore"):
