@@ -22,8 +22,9 @@ For one output element with exact value ``e``, contract bound ``dc`` and canonic
 The trainer finds the elements that may need an entry from its own ``v`` and ``d``: any element
 with a midpoint within ``2 Dc`` of ``e`` has one within ``d + 2 Dc <= 4 d`` of ``v`` (``Dc <= 1.5 d``,
 docs/numerics.md), so only elements within ``4 d`` of a midpoint are evaluated exactly; for all
-others ``RN32(v) = RN32(e)`` and no entry is due. Those candidates are evaluated by a vectorised
-double-double sum whose error bound decides almost every comparison; an undecided one (an exact
+others ``RN32(v) = RN32(e)`` and no entry is due (MATMUL candidates are filtered again with the tight
+bound from their own terms). Exact-grid candidates are decided from their exact FP64 sum; the others
+by a vectorised double-double sum whose error bound decides almost every comparison; an undecided one (an exact
 tie, or ``e`` closer to a threshold than about ``n u^2 S``) falls back to exact rational arithmetic
 (:mod:`vtrain.numerics.exact`). Replay is unchanged (``rounding.apply_log``), and every entry is
 one the contract upholds.
