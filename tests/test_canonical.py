@@ -232,3 +232,56 @@ def test_the_correctly_rounded_sum_path_agrees_with_exact_arithmetic(kind: OpKin
     assert decided > 0
     if style == "ties" and kind == OpKind.MATMUL:
         assert ties > 0  # exact midpoints were met and settled ties-to-even
+
+
+def test_the_numpy_candidate_filter_is_the_torch_one_and_non_finite_values_raise() -> None:
+    """Small ops run the candidate filter in numpy (canonical._candidates_np): the same set as the
+    rounding module's torch filter on the same values (random values, near-midpoints, zeros,
+    subnormals, FP32 overflow, NaN/Inf); and a NaN/Inf or FP32 overflow raises on either path (an
+    op without candidates skips the finiteness check: the filter flags every non-finite value)."""
+    from vtrain.numerics.canonical import _BAND, _candidates_np
+    from vtrain.numerics.rounding import NonFiniteValue, midpoint_candidates
+
+    rng = np.random.default_rng(31)
+    for _ in range(40):
+        n = 3000
+        r = rng.standard_normal(n).astype(np.float32) * np.float32(2.0 ** int(rng.integers(-140, 120)))
+        half = np.abs(np.nextafter(r, np.float32(np.inf)).astype(np.float64) - r) / 2
+        v = r.astype(np.float64) + rng.choice([-1.0, 1.0], n) * half * rng.choice([0.0, 0.5, 0.999, 1.0], n)
+        v[rng.random(n) < 0.01] = rng.choice([0.0, -0.0, 2.0**-1074, 3.5e38, np.inf, -np.inf, np.nan])
+        d = np.abs(v) * 2.0**-40 * rng.choice([0.0, 1.0, 2.0**20], n)
+        vt, dt = torch.from_numpy(v), torch.from_numpy(d)
+        rf = vt.to(torch.float32)
+        want = midpoint_candidates(vt, rf, dt * _BAND)
+        want = np.zeros(0, np.int64) if want is None else want.numpy()
+        with np.errstate(over="ignore"):
+            got = _candidates_np(v, d, rf.numpy())
+        np.testing.assert_array_equal(got, want)
+    graph, op, ins = _case(OpKind.SUM, rng, "random")
+    for shape in ((8, 3), (8, 3000)):  # the numpy path (<= 4096 elements) and the torch one
+        v = torch.zeros(shape, dtype=torch.float64)
+        d = torch.zeros(shape, dtype=torch.float64)
+        for bad in (float("nan"), float("inf"), 1e39):
+            v[3, 1] = bad
+            with pytest.raises(NonFiniteValue):
+                round_canonical(graph, op, ins, v, d, "SUM op")
+
+
+def test_the_chunked_candidate_filter_finds_the_same_elements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large CPU ops run the filter in pieces of ``_CHUNK`` elements: the same flat indices, in order,
+    as one pass over the whole op (candidates in several pieces, pieces without any, a short last one)."""
+    import vtrain.numerics.canonical as C
+    from vtrain.numerics.rounding import midpoint_candidates
+
+    rng = np.random.default_rng(4)
+    n = 10_007
+    v = torch.from_numpy(rng.standard_normal(n))
+    d = v.abs() * 2.0**-30
+    d[2000:5000] = 0.0  # pieces without candidates
+    d[-3:] = 1.0  # candidates in the short last piece
+    want = midpoint_candidates(v, v.to(torch.float32), d * C._BAND)
+    monkeypatch.setattr(C, "_CHUNK", 1000)
+    got = candidates(v, d)
+    assert want is not None and len(want) > 50
+    assert torch.equal(got, want)
+    assert candidates(v, torch.zeros(n, dtype=torch.float64)).numel() == 0

@@ -187,3 +187,41 @@ def test_the_rule_removes_entries_only_and_the_log_replays_without_suspects(spec
     st_1, a1 = with_rule[0]
     rep = ex.run(st_1, batch_for(job, 1), log_in=a1.log, step=1, check=True)
     assert rep.violations, "unlogged exact ties are flagged when the replay skips the grid test"
+
+
+def test_the_grid_test_holds_at_the_edges_of_the_fp64_range() -> None:
+    """``grid_exact`` tests ``t_k / 2^q0`` for an integer: against the exact rule (finite rows) and
+    the former ``fmod(t_k, 2^q0) == 0`` test (every row), on FP64 subnormal terms, tiny ``S`` (where
+    ``2^q0`` is 0 or subnormal), terms far below ``S``, zeros, Inf and NaN."""
+    rng = np.random.default_rng(12)
+    rows = []
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        pick = int(rng.integers(0, 4))
+        if pick == 0:  # small integers on one grid, anywhere in the range (subnormals included)
+            t = rng.integers(-40, 40, n).astype(np.float64) * 2.0 ** int(rng.integers(-1074, 950))
+        elif pick == 1:  # each term on its own grid
+            t = np.ldexp(rng.integers(-2**20, 2**20, n).astype(np.float64), rng.integers(-1074, 1000, n))
+        elif pick == 2:  # subnormal sums: 2^q0 underflows
+            t = rng.integers(-3, 4, n).astype(np.float64) * 2.0 ** rng.integers(-1074, -1010, n).astype(np.float64)
+        else:  # 53-bit values at one scale, some zero, one tiny term
+            t = rng.integers(-2**52, 2**52, n).astype(np.float64) * 2.0 ** int(rng.integers(-60, 60))
+            t[rng.random(n) < 0.3] = 0.0
+            t[0] = 2.0**-1074
+        rows.append(t)
+    for t in rows:  # where 2^q0 underflows (S < 2^-1022; never for products of FP32) no row qualifies
+        got = bool(grid_exact(OpKind.SUM, t.reshape(1, -1))[0])
+        s = np.abs(t).sum()
+        want = (s == 0 or s >= 2.0**-1022) and on_grid(OpKind.SUM, [Fraction(x) for x in t])
+        assert got == want, t.tolist()
+    for bad in (np.inf, -np.inf, np.nan):
+        for t in rows[:50]:
+            t = t.copy()
+            t[-1] = bad
+            assert not bool(grid_exact(OpKind.SUM, t.reshape(1, -1))[0])
+    with np.errstate(all="ignore"):
+        for t in rows:
+            s = np.abs(t).sum()
+            unit = np.ldexp(1.0, np.frexp(s)[1] - 53)
+            want = bool((np.fmod(t, unit) == 0).all() and np.isfinite(s))
+            assert bool(grid_exact(OpKind.SUM, t.reshape(1, -1))[0]) == want

@@ -163,7 +163,7 @@ def midpoint_candidates(v: torch.Tensor, rf: torch.Tensor, reach: torch.Tensor) 
     so every element the reference flags (``fl(m - v) <= reach``) is a candidate here (proof:
     docs/numerics.md, "Fast path"). Non-finite ``v`` (or an FP32 overflow) always makes a candidate set.
     """
-    gap = min_half_spacing(rf).sub_((v - rf.double()).abs_())
+    gap = min_half_spacing(rf).sub_(torch.sub(v, rf).abs_())  # FP64 - FP32 computes in FP64 (exact widening)
     margin = gap.sub_(reach)  # fl(gap - reach) <= 0 exactly when gap <= reach (no overflow here)
     lo = margin.min()
     if bool(lo > 0):
