@@ -210,3 +210,20 @@ def test_a_cheat_on_a_tree_op_is_caught_by_the_adjudicator(target: str, element:
     (picked,) = dep.events(dep.game, "ElementPicked", game=gid)
     assert (op.op, picked.index) == (cheat.op, cheat.element)
     assert dep.job_status(job) == H.JobStatus.FRAUDULENT
+
+
+def test_the_tree_shards_over_the_batch_like_one_max() -> None:
+    """Data-parallel training: the tree cuts, pads and reshapes only the reduced (per-sample) axis, so
+    a batch-sharded long row has a sharding plan (CONCAT of chunk maxima would have none)."""
+    from vtrain.distributed.sharding import analyse
+
+    def net(limit: int) -> Graph:
+        g = GraphBuilder(max_row=limit)
+        w = g.input("w", (1, 3 * L + 5))
+        m = g.max(g.mul(g.data((4, 3 * L + 5)), w), differentiable=True)
+        loss = g.mean(g.reshape(m, (1, 4)))
+        (dw,) = g.grad(loss, [w])
+        g.output(g.sub(w, dw), 0)
+        return g.build(loss)
+
+    assert len(analyse(net(L)).reductions) == len(analyse(net(ONE_LEVEL)).reductions) > 0
