@@ -227,3 +227,16 @@ def test_the_tree_shards_over_the_batch_like_one_max() -> None:
         return g.build(loss)
 
     assert len(analyse(net(L)).reductions) == len(analyse(net(ONE_LEVEL)).reductions) > 0
+
+
+def test_a_vocabulary_wide_row_at_the_real_limit_is_bit_identical() -> None:
+    """50,257 (GPT-2's vocabulary) at ``MAX_ROW_ELEMENTS``: 4 chunks of 12,565, by the executor's code."""
+    n = 50_257
+    x = _rows(np.random.default_rng(7), n)
+    gin = np.array([[-0.0], [-2.5], [1.5]], np.float32)
+    tree, ids = _graph(MAX_ROW_ELEMENTS, n)
+    flat, fids = _graph(ONE_LEVEL, n)
+    got, want = _run_torch(tree, [x, gin]), _run_torch(flat, [x, gin])
+    for key in ids:
+        assert np.array_equal(_values(ids[key], got), _values(fids[key], want)), key
+    assert any(op.shape[-2:] == (4, 12_565) for op in tree.ops) and R.unrulable_ops(tree) == []
