@@ -342,7 +342,7 @@ class GraphBuilder:
         first), so the first chunk attaining it is ``i*``'s, and within it ``i*`` is first; every other
         element gets +0 (from ``g = +0`` or from not being its chunk's first maximum), the padding
         (a copy of element 0, never first before ``i*``) is cut off, and no ADD touches a value (so
-        ``g = -0`` and NaN ``g`` pass through unchanged)."""
+        ``g = -0`` passes through unchanged)."""
         if g.shape != x.shape[:-1] + (1,):
             raise GraphError(f"max_grad: expected g shape {x.shape[:-1] + (1,)}, got {g.shape}")
         if x.shape[-1] <= self.max_row:
