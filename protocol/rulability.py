@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from vtrain.errors import VtrainError
 from vtrain.graph.step_graph import MAX_CONCAT_INPUTS, Graph, OpKind, OpNode
+from vtrain.graph.step_graph import MAX_ROW_ELEMENTS as GRAPH_MAX_ROW
 from vtrain.numerics.exact import MAX_TERMS, OpDesc, reduction_terms
 
 #: Kinds the deployed Adjudicator rules on (``Adjudicator._exactValue``; any other code reverts
@@ -76,8 +77,9 @@ GAME_BOUND_KINDS = frozenset({OpKind.INPUT, OpKind.OUTPUT, OpKind.CONST})
 RULED_KINDS = ADJUDICATED_KINDS | GAME_BOUND_KINDS
 #: Reductions of more terms than this cannot be ruled (``ExactSum.MAX_TERMS``, the chunk level's limit).
 MAX_REDUCTION_TERMS = MAX_TERMS
-#: Longest row a MAX / MAX_GRAD ruling reads (``Adjudicator.MAX_ROW``).
-MAX_ROW_ELEMENTS = 16_384
+#: Longest row a MAX / MAX_GRAD ruling reads (``Adjudicator.MAX_ROW``; the graph builder cuts longer
+#: rows into a tree of MAX ops of at most this, so it is vtrain's constant).
+MAX_ROW_ELEMENTS = GRAPH_MAX_ROW
 #: Longest sample a DATA ruling opens (``Adjudicator.MAX_SAMPLE``).
 MAX_SAMPLE_ELEMENTS = 65_536
 #: The transaction gas cap (Osaka) the row bounds keep a ruling under.

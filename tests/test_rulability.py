@@ -124,7 +124,7 @@ def test_an_op_kind_the_adjudicator_lacks_is_refused():
 
 import numpy as np  # noqa: E402
 
-from protocol.rulability import MAX_ROW_ELEMENTS, MAX_SAMPLE_ELEMENTS  # noqa: E402
+from protocol.rulability import MAX_ROW_ELEMENTS, MAX_SAMPLE_ELEMENTS, row_length  # noqa: E402
 
 WIDE_MODEL = '''
 import numpy as np
@@ -156,8 +156,10 @@ def test_row_limits_are_the_deployed_adjudicators(adj):
     assert a.functions.MAX_SAMPLE().call() == MAX_SAMPLE_ELEMENTS
 
 
-def _row_graph(kind: str, n: int) -> Graph:
-    g = GraphBuilder()
+def _row_graph(kind: str, n: int, max_row: int = 10**9) -> Graph:
+    """One op reading a row of ``n`` (by default one MAX / MAX_GRAD over it, as a graph built by
+    other tools may have it; vtrain's default builder cuts it into a tree at ``MAX_ROW_ELEMENTS``)."""
+    g = GraphBuilder(max_row=max_row)
     if kind == "DATA":
         x = g.data((2, n))
         return g.build(g.sum(g.reshape(g.sum(x), (1, 2))))
@@ -182,6 +184,8 @@ def test_a_row_longer_than_one_ruling_can_read_is_refused_naming_the_op_and_the_
     const = "MAX_SAMPLE" if kind == "DATA" else "MAX_ROW"
     assert f"({kind}" in msg and f"of {limit + 1:,} elements" in msg and f"{limit:,} (Adjudicator.{const})" in msg
     assert "16,777,216 gas cap" in msg
+    if kind != "DATA":  # vtrain's own builder makes the long row a tree of rows within the limit
+        assert unrulable_ops(_row_graph(kind, limit + 1, MAX_ROW_ELEMENTS)) == []
 
 
 def test_the_adjudicator_reverts_cleanly_on_a_row_past_its_limit(adj):
@@ -199,14 +203,18 @@ def test_the_adjudicator_reverts_cleanly_on_a_row_past_its_limit(adj):
         assert table[revert_data(info.value)[:4]][0] == "RowTooLong", kind
 
 
-def test_a_crafted_file_model_with_a_20000_wide_row_max_is_refused(tmp_path):
-    """A real spec through the front end: ``x.amax(-1)`` over 20,000 features is one MAX row of
-    20,000 elements; create-job, trainer and auditor all run this check and refuse it."""
+def test_a_file_model_with_a_20000_wide_row_max_is_a_rulable_tree(tmp_path):
+    """A real spec through the front end: ``x.amax(-1)`` over 20,000 features is a tree of MAX ops
+    (2 chunks of 10,000, then a row of 2), so create-job, trainer and auditor accept it; the same
+    row as one MAX op (a graph not built by vtrain's builder) is refused, naming the limit."""
     f = tmp_path / "wide.py"
     f.write_text(WIDE_MODEL)
     graph = build_job(TrainSpec(model=f"{f}:task", batch_size=2, steps=1, interval=1)).graph
+    check_rulable(graph)
+    rows = sorted(row_length(graph, op)[0] for op in graph.ops if op.kind in (OpKind.MAX, OpKind.MAX_GRAD))
+    assert rows[-1] == 10_000 and 2 in rows
     with pytest.raises(UnrulableJob, match=r"\(MAX[^)]*\): a row of 20,000 elements read whole by one ruling, more "
                                            r"than the limit of 16,384 \(Adjudicator.MAX_ROW\)"):
-        check_rulable(graph)
+        check_rulable(_row_graph("MAX", 20_000))
     ok = build_job(TrainSpec(model=f"{f}:task", model_args={"width": 64}, batch_size=2, steps=1, interval=1)).graph
     assert unrulable_ops(ok) == []

@@ -83,6 +83,11 @@ ROUNDING_KINDS = frozenset(
 MAX_CONCAT_INPUTS = 16
 """Inputs of one CONCAT op (the DisputeGame's ``MAX_OP_INPUTS``: each input root is proven in ``openOp``)."""
 
+MAX_ROW_ELEMENTS = 16_384
+"""Longest row one MAX / MAX_GRAD op reduces: a ruling reads the whole row, so this equals the
+Adjudicator's ``MAX_ROW`` (the longest row a ruling reads under the transaction gas cap; a test ties
+the two). :class:`GraphBuilder` lowers a longer row as a tree of MAX ops over chunks of at most this."""
+
 GENERATED_KINDS = frozenset({OpKind.DROPOUT_MASK, OpKind.STEP})
 """Kinds without inputs whose output follows from the job's data seed and the step number."""
 
@@ -166,6 +171,15 @@ class T:
         return len(self.shape)
 
 
+@dataclass(frozen=True)
+class _RowTree:
+    """The first level of the MAX tree of a long row: the (padded) row viewed as ``(..., m, c)``
+    chunks, and the chunk maxima ``(..., m)``."""
+
+    chunks: T
+    maxima: T
+
+
 def _broadcast(a: Shape, b: Shape) -> Shape:
     if len(a) != len(b):
         raise GraphError(f"broadcast needs equal ranks: expected {len(a)}, got {len(b)}")
@@ -187,6 +201,14 @@ class GraphBuilder:
     data_shape: Shape = ()
     no_grad: set[int] = field(default_factory=set)
     weight_grad_ops: set[int] = field(default_factory=set)
+    max_row: int = MAX_ROW_ELEMENTS
+    """Longest row one MAX / MAX_GRAD op reduces (longer rows become a tree; tests use a small one)."""
+    _row_trees: dict[int, _RowTree] = field(default_factory=dict, init=False, repr=False)
+    _max_roots: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_row < 2:
+            raise GraphError(f"max_row: expected a row limit of at least 2, got {self.max_row}")
 
     def _op(self, kind: OpKind, inputs: Sequence[T], shape: Shape, attrs: Sequence[int] = (), name: str = "") -> T:
         if any(s <= 0 for s in shape):
@@ -298,17 +320,65 @@ class GraphBuilder:
 
     def max(self, a: T, differentiable: bool = False) -> T:
         """Row maximum. By default a constant for autodiff (it only shifts softmax inputs); with
-        ``differentiable`` (max pooling) its VJP is MAX_GRAD: the gradient goes to the first maximum."""
-        t = self._op(OpKind.MAX, [a], a.shape[:-1] + (1,))
+        ``differentiable`` (max pooling) its VJP is MAX_GRAD: the gradient goes to the first maximum.
+        A row longer than :attr:`max_row` becomes a tree (see :meth:`_row_tree`), bit-identical."""
+        if a.shape[-1] <= self.max_row:
+            t = self._op(OpKind.MAX, [a], a.shape[:-1] + (1,))
+        else:
+            tree = self._row_tree(a)
+            t = self.max(tree.maxima, differentiable=True)
+            self._max_roots[t.op] = a.op  # its VJP routes to ``a`` (see :meth:`max_grad`)
         if not differentiable:
             self.no_grad.add(t.op)
         return t
 
     def max_grad(self, x: T, g: T) -> T:
-        """``out[..., k] = g[..., 0]`` at the first index attaining the row maximum of ``x``, else +0."""
+        """``out[..., k] = g[..., 0]`` at the first index attaining the row maximum of ``x``, else +0.
+
+        A row longer than :attr:`max_row` goes down its tree: MAX_GRAD of the chunk maxima gives
+        ``g`` to the first chunk attaining the row maximum and +0 to the others, then each chunk's
+        MAX_GRAD gives its share to its own first maximum. This is the one-level result: the chunks
+        before the first maximum ``i*`` hold no element equal to the maximum (else ``i*`` would not be
+        first), so the first chunk attaining it is ``i*``'s, and within it ``i*`` is first; every other
+        element gets +0 (from ``g = +0`` or from not being its chunk's first maximum), the padding
+        (a copy of element 0, never first before ``i*``) is cut off, and no ADD touches a value (so
+        ``g = -0`` passes through unchanged)."""
         if g.shape != x.shape[:-1] + (1,):
             raise GraphError(f"max_grad: expected g shape {x.shape[:-1] + (1,)}, got {g.shape}")
-        return self._op(OpKind.MAX_GRAD, [x, g], x.shape)
+        if x.shape[-1] <= self.max_row:
+            return self._op(OpKind.MAX_GRAD, [x, g], x.shape)
+        tree = self._row_tree(x)
+        m, c = tree.chunks.shape[-2:]
+        pre = x.shape[:-1]
+        gm = self.reshape(self.max_grad(tree.maxima, g), pre + (m, 1))
+        gc = self.reshape(self._op(OpKind.MAX_GRAD, [tree.chunks, gm], tree.chunks.shape), pre + (m * c,))
+        return gc if m * c == x.shape[-1] else self.slice(gc, x.rank - 1, 0, x.shape[-1])
+
+    def _row_tree(self, x: T) -> _RowTree:
+        """The first level of the MAX tree of a row longer than :attr:`max_row` (built once per ``x``).
+
+        The ``n`` elements of a row are cut into ``m = ceil(n / max_row)`` chunks of ``c = ceil(n / m)``
+        (padding the row to ``m c`` with copies of its element 0: PAD, then SELECT by a CONST mask, so
+        neither the maximum nor the first index attaining it moves), viewed as ``(..., m, c)``; one MAX
+        op gives the chunk maxima ``(..., m)``, whose MAX (a tree again if ``m > max_row``) is the row's.
+        MAX is exact and returns the first element attaining the maximum, so the tree's value is the
+        element at the row's first maximum: bit-identical to one MAX over the row."""
+        if x.op in self._row_trees:
+            return self._row_trees[x.op]
+        n, pre, axis = x.shape[-1], x.shape[:-1], x.rank - 1
+        m = -(-n // self.max_row)
+        c = -(-n // m)
+        row = x
+        if m * c > n:
+            mask = np.zeros((1,) * axis + (m * c,), np.float32)
+            mask[..., :n] = 1.0
+            first = self.slice(x, axis, 0, 1)
+            row = self.select(self.const(mask, "max_row_pad_mask"), self.pad(x, axis, 0, m * c), first)
+        chunks = self.reshape(row, pre + (m, c))
+        maxima = self.reshape(self._op(OpKind.MAX, [chunks], pre + (m, 1)), pre + (m,))
+        tree = _RowTree(chunks, maxima)
+        self._row_trees[x.op] = tree
+        return tree
 
     # -- data movement -------------------------------------------------------------------------
     def reshape(self, a: T, shape: Shape) -> T:
@@ -570,6 +640,9 @@ class GraphBuilder:
                 (a.op, self.reduce_to(self.select(cond, g, zero), a.shape)),
                 (b.op, self.reduce_to(self.select(cond, zero, g), b.shape)),
             ]
+        if k == K.MAX and n.id in self._max_roots:  # the root of a long row's tree: to the row itself
+            x = self._max_roots[n.id]
+            return [(x, self.max_grad(T(x, self.ops[x].shape), g))]
         if k == K.MAX:
             return [(ins[0].op, self.max_grad(ins[0], g))]
         raise GraphError(f"no gradient rule for {k.name} (op {n.id})")
