@@ -51,6 +51,7 @@ from vtrain.numerics.rounding import (
     _neighbours,
     gamma,
     midpoint_candidates,
+    midpoint_candidates_np,
 )
 
 #: Candidates: elements whose FP64 value is within this many bounds ``d`` of a midpoint.
@@ -175,11 +176,7 @@ _BAND = CANDIDATE_BAND * (1.0 + 2.0**-30)
 
 def _candidates_np(vf: np.ndarray, df: np.ndarray, rf: np.ndarray) -> np.ndarray:
     """:func:`midpoint_candidates` in numpy on flat arrays: ``fl(fl(h - |v - r|) - reach) <= 0``."""
-    a = np.maximum((rf.view(np.int32) & 0x7FFFFFFF) - 1, 0) & 0x7F800000
-    h = np.maximum(a.view(np.float32).astype(np.float64) * 2.0**-24, 2.0**-150)
-    with np.errstate(invalid="ignore", over="ignore"):
-        margin = (h - np.abs(vf - rf.astype(np.float64))) - df * _BAND
-    return np.flatnonzero(~(margin > 0)).astype(np.int64)
+    return midpoint_candidates_np(vf, rf, df * _BAND)
 
 
 def round_canonical(

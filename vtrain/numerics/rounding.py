@@ -163,6 +163,10 @@ def midpoint_candidates(v: torch.Tensor, rf: torch.Tensor, reach: torch.Tensor) 
     so every element the reference flags (``fl(m - v) <= reach``) is a candidate here (proof:
     docs/numerics.md, "Fast path"). Non-finite ``v`` (or an FP32 overflow) always makes a candidate set.
     """
+    if v.device.type == "cpu" and v.numel() <= _SMALL:  # torch's fixed cost per call dominates
+        found = midpoint_candidates_np(v.reshape(-1).numpy(), rf.reshape(-1).numpy(),
+                                       torch.broadcast_to(reach, v.shape).reshape(-1).numpy())
+        return torch.from_numpy(found) if len(found) else None
     gap = min_half_spacing(rf).sub_(torch.sub(v, rf).abs_())  # FP64 - FP32 computes in FP64 (exact widening)
     margin = gap.sub_(reach)  # fl(gap - reach) <= 0 exactly when gap <= reach (no overflow here)
     lo = margin.min()
@@ -171,6 +175,16 @@ def midpoint_candidates(v: torch.Tensor, rf: torch.Tensor, reach: torch.Tensor) 
     if margin.device.type == "cpu":
         return torch.from_numpy(np.flatnonzero(~(margin > 0).numpy()))
     return (~(margin > 0)).nonzero().reshape(-1)
+
+
+def midpoint_candidates_np(vf: np.ndarray, rf: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """:func:`midpoint_candidates` on flat CPU arrays, the same IEEE operations in numpy:
+    ``fl(fl(h - |v - r|) - reach) <= 0`` (NaN included); sorted int64 indices, possibly empty."""
+    a = np.maximum((rf.view(np.int32) & 0x7FFFFFFF) - 1, 0) & 0x7F800000
+    h = np.maximum(a.view(np.float32).astype(np.float64) * 2.0**-24, 2.0**-150)
+    with np.errstate(invalid="ignore", over="ignore"):
+        margin = (h - np.abs(vf - rf.astype(np.float64))) - reach
+    return np.flatnonzero(~(margin > 0)).astype(np.int64)
 
 
 def _entries_at(
