@@ -261,4 +261,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code:
+        # The error is reported; skip interpreter teardown, where gloo's process-group destructor may
+        # abort (SIGABRT) on a peer that already exited, turning a clean exit status into a signal.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
