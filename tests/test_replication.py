@@ -121,7 +121,11 @@ def check_replays(runs: dict, envs: list[str], steps: int) -> list[str]:
     for (cfg, e), p in zip(keys, parallel(jobs), strict=True):
         mode = cfg[2]
         v = p.verdict()
-        if mode == "fp32" and e != "same":
+        if mode == "fp32" and e == "threads1" and cfg[0] == "mlp":
+            # the MLP's GEMMs (batch 8) are too small for MKL to split across threads: one thread
+            # may give the same bits (seen), or not; either verdict must be a well-formed one
+            ok = p.rc in (0, 3) and v["steps"] == steps
+        elif mode == "fp32" and e != "same":
             ok = p.rc == 3 and v["first_divergent_step"] is not None and v["matched"] < steps
         else:
             ok = (p.rc == 0 and v["matched"] == v["steps"] == steps
