@@ -319,19 +319,8 @@ def _frame_sparse_v2(body: bytes, step: int, mode: Mode, graph: Graph, where: st
         if bool(codes[total:].any()):
             raise LogTrailingBytes(f"{where}: expected zero padding after the last entry code, got bits set")
         codes = codes[:total].astype(np.uint8)
-    sparse, at = {}, 0
-    for o, idx, c in zip(ops.tolist(), index, counts.tolist(), strict=True):
-        cd = codes[at : at + c].copy()
-        at += c
-        explicit = cd == int(Code.EXPLICIT)
-        ne = int(explicit.sum())
-        bits = np.zeros(len(cd), np.uint32)
-        bits[explicit] = np.frombuffer(_take(body, pos, 4 * ne, where, f"op {o} explicit values"), np.uint32)
-        pos += 4 * ne
-        sparse[int(o)] = FramedEntries(idx, cd, bits)
-    if pos != len(body):
-        raise LogTrailingBytes(f"{where}: expected {pos} payload bytes, got {len(body)}")
-    return FramedLog(step, mode, sparse=sparse)
+    per_op = np.split(codes, np.cumsum(counts)[:-1]) if n else []
+    return FramedLog(step, mode, sparse=_with_explicit_values(body, pos, ops, index, per_op, where))
 
 
 def _frame_v1(data: bytes, step: int, graph: Graph, mode: Mode | None, where: str) -> FramedLog:
@@ -382,8 +371,16 @@ def _frame_sparse(body: bytes, step: int, mode: Mode, graph: Graph, where: str) 
     for o, c in zip(ops.tolist(), counts.tolist(), strict=True):
         codes.append(np.frombuffer(_take(body, pos, c, where, f"op {o} codes"), np.uint8).copy())
         pos += c
+    return FramedLog(step, mode, sparse=_with_explicit_values(body, pos, ops, index, codes, where))
+
+
+def _with_explicit_values(body: bytes, pos: int, ops: np.ndarray, index: list[np.ndarray],
+                          codes: list[np.ndarray], where: str) -> dict[int, FramedEntries]:
+    """The entries of each op, reading the FP32 bits of its explicit entries from ``body`` at
+    ``pos`` (both formats end so); the payload must end exactly there."""
     sparse = {}
     for o, idx, cd in zip(ops.tolist(), index, codes, strict=True):
+        cd = np.array(cd, dtype=np.uint8)
         explicit = cd == int(Code.EXPLICIT)
         ne = int(explicit.sum())
         bits = np.zeros(len(cd), np.uint32)
@@ -392,7 +389,7 @@ def _frame_sparse(body: bytes, step: int, mode: Mode, graph: Graph, where: str) 
         sparse[int(o)] = FramedEntries(idx, cd, bits)
     if pos != len(body):
         raise LogTrailingBytes(f"{where}: expected {pos} payload bytes, got {len(body)}")
-    return FramedLog(step, mode, sparse=sparse)
+    return sparse
 
 
 def check_step_log(framed: FramedLog, graph: Graph) -> StepLog:
