@@ -14,7 +14,22 @@ setup: $(VENV)/.installed node_modules/.package-lock.json native
 NATIVE_LIB    := vtrain/commit/_sha256tree.so
 NATIVE_CFLAGS ?= -O3 -fPIC -shared -pthread -fvisibility=hidden -Wall -Wextra
 
-native: $(NATIVE_LIB)
+# The optional C numerics kernels (vtrain/numerics/native.py): every csrc/numerics/*.c in one
+# library, with no FMA contraction (each kernel must give its numpy reference's bits). Same policy:
+# without a compiler this warns and the numpy path is used (same bits, slower).
+NUMERICS_LIB    := vtrain/numerics/_kernels.so
+NUMERICS_SRC    := $(wildcard csrc/numerics/*.c)
+NUMERICS_CFLAGS ?= -O3 -fPIC -shared -fvisibility=hidden -ffp-contract=off -fno-fast-math -Wall -Wextra
+
+native: $(NATIVE_LIB) $(NUMERICS_LIB)
+
+$(NUMERICS_LIB): $(NUMERICS_SRC) $(wildcard csrc/numerics/*.h)
+	@if $(CC) $(NUMERICS_CFLAGS) -o $@.tmp $(NUMERICS_SRC) -lm 2>$@.log; then \
+		mv $@.tmp $@; rm -f $@.log; echo "native: built $@ with $(CC)"; \
+	else \
+		rm -f $@.tmp; echo "native: WARNING: '$(CC)' could not build $@ (see $@.log);" \
+			"the numerics use their numpy path (same bits, slower)" >&2; \
+	fi
 
 $(NATIVE_LIB): csrc/sha256tree.c
 	@if $(CC) $(NATIVE_CFLAGS) -o $@.tmp $< 2>$@.log; then \
@@ -48,4 +63,4 @@ test: setup
 	exit $$rc
 
 clean:
-	rm -rf build artifacts cache $(NATIVE_LIB) $(NATIVE_LIB).log
+	rm -rf build artifacts cache $(NATIVE_LIB) $(NATIVE_LIB).log $(NUMERICS_LIB) $(NUMERICS_LIB).log

@@ -1,0 +1,10 @@
+/* The native numerics kernels (vtrain/numerics/native.py): ABI version of the library.
+ *
+ * Every file in csrc/numerics/ is compiled into one library, vtrain/numerics/_kernels.so, with
+ * -ffp-contract=off and without -ffast-math: each kernel must perform exactly the IEEE binary64 /
+ * binary32 operations its numpy reference performs, in the same order (no FMA contraction, no
+ * reassociation), so that its results are the reference's bits on every machine. Tests compare
+ * every kernel with its numpy reference. */
+#define VT_EXPORT __attribute__((visibility("default")))
+
+VT_EXPORT int vt_numerics_abi_version(void) { return 1; }
