@@ -413,18 +413,6 @@ def load_spec(path: Path):
         raise click.ClickException(str(e)) from None
 
 
-def precheck_spec(proto, job: int, spec) -> None:
-    """The job's specHash is this spec's, checked before the job is built: a file model's code
-    (pinned by sha256 in the spec) never runs for a job that commits to another."""
-    from protocol.chain import ChainError
-    from protocol.jobs import check_spec_hash
-
-    try:
-        check_spec_hash(spec, tuple(proto.chain.call(proto.registry.functions.jobParams(job))))
-    except ChainError as e:
-        raise click.ClickException(f"job {job} does not match the spec: {e}") from None
-
-
 def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.0):
     """Chain and attached protocol, or a ClickException saying what is wrong."""
     from web3 import Web3
@@ -534,7 +522,8 @@ def check_job_exists(proto, job: int) -> None:
 
 
 def check_job(proto, job: int, ctx) -> tuple:
-    """The job's on-chain params; ClickException if it does not exist or commits to another spec."""
+    """The job's on-chain params; ClickException if it does not exist or commits to another spec
+    (``JobContext.check_onchain``, as the agents run it: the spec before its model is built)."""
     from protocol.chain import ChainError
 
     check_job_exists(proto, job)
@@ -687,6 +676,12 @@ def create_job_cmd(
     from vtrain.errors import VtrainError
 
     spec = load_spec(spec_path)
+    if spec.model not in ("mlp", "gpt") and not spec.pinned:  # the agents would refuse the job
+        raise click.ClickException(
+            f"--spec {spec_path}: the file model {spec.model!r} is not pinned (no model_sha256"
+            f"{' or checkpoint_sha256' if spec.checkpoint else ''}): a job would commit to its file name, not its "
+            "bytes, and no trainer or auditor runs it; use the run folder's spec.json (vtrain train --out); "
+            "nothing was sent")
     if key_file is not None:
         read_key_file(key_file)  # a malformed key fails before anything is contacted
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
@@ -893,8 +888,7 @@ def trainer_cmd(
     if trainer.lower() != me.lower():
         who = f"--key-file {key_file}'s account" if key_file else f"account #{account_index}"
         raise click.ClickException(f"{who} {me} is not the trainer of job {job_id} ({trainer})")
-    precheck_spec(proto, job_id, spec)
-    ctx = JobContext.of(spec)
+    ctx = JobContext.of(spec)  # built only once check_job has checked the spec against the job
     params = check_job(proto, job_id, ctx)
     if cheat_step is not None and cheat is None:
         raise click.ClickException("--cheat-step needs --cheat")
@@ -1068,8 +1062,7 @@ def auditor_cmd(
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
     me = use_key(chain, key_file, account_index, "--account-index")
     check_job_exists(proto, job_id)
-    precheck_spec(proto, job_id, spec)
-    ctx = JobContext.of(spec)
+    ctx = JobContext.of(spec)  # built only once check_job has checked the spec against the job
     check_job(proto, job_id, ctx)
     state = None
     if state_dir is not None:

@@ -237,13 +237,15 @@ class AuditorAgent:
     serve are demanded on-chain and read back, verified, from the published events."""
 
     def __post_init__(self) -> None:
+        # First of all: the spec (and so the pinned model source and checkpoint) must be the job's
+        # before its job is built, i.e. before any of the model's code runs or bytes are loaded.
+        self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
         if self.onchain is not None:  # asked for whatever the reader cannot serve verified
             self.fallbacks.append(self.onchain)
         self.book = StepBook(self.ctx)
         self.player = Player(self.proto, self.account, PARTY_CHALLENGER)
         self._states[0] = state_tensors(self.ctx.job.initial_state)
         self._trace = lru_cache(maxsize=4)(self._regenerate)
-        self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
         if self.state is not None:
             self._restore()
 

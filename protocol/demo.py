@@ -175,17 +175,20 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def default_spec(model: str = "mlp") -> TrainSpec:
+    """The demo's spec of ``model``; a file model's source is pinned by its sha256 (a job commits to it)."""
+    from vtrain.frontend.job import pin_files
+
     if model == "resnet":  # our ResNet on digits 1x8x8: conv patch gathers, batch norm, max pool, clipping
-        return TrainSpec.from_dict({
+        return pin_files(TrainSpec.from_dict({
             "model": f"{EXAMPLES}/resnet_digits.py:task", "steps": 8, "interval": 4, "batch_size": 4,
             "model_args": {"width": 4, "clip": 1.0, "warmup": 1, "total_steps": 8},
-        })
+        }))
     if model == "gpt2":  # HF GPT2LMHeadModel (a small config, random init): embedding gather, dropout, tied weights
-        return TrainSpec.from_dict({
+        return pin_files(TrainSpec.from_dict({
             "model": f"{EXAMPLES}/hf_gpt2.py:small", "steps": 8, "interval": 4, "batch_size": 2,
             "model_args": {"context": 8, "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 260,
                            "dropout": 0.1, "clip": 1.0, "warmup": 1, "total_steps": 8},
-        })
+        }))
     if model == "gpt":
         from vtrain.models.nn import GPTConfig
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from vtrain.commit.merkle import MerkleTree
@@ -28,14 +28,37 @@ class Terms:
 
 @dataclass
 class JobContext:
-    """Spec, dataset, graph and the commitments derived from them (computed once)."""
+    """Spec, dataset, graph and the commitments derived from them (computed once).
+
+    The job is built on first use of :attr:`job`, never before: building a file model's job runs
+    its factory code and loads its checkpoint. An agent calls :meth:`check_onchain` first, which
+    checks the spec (and so the pinned bytes) against the chain's ``specHash`` before building;
+    :meth:`for_job` does both for a library user."""
 
     spec: TrainSpec
-    job: Job
+    built: Job | None = field(default=None, repr=False)
+    """The job, once built (by :attr:`job`)."""
 
     @staticmethod
     def of(spec: TrainSpec) -> JobContext:
-        return JobContext(spec, build_job(spec))
+        """The context of ``spec``; builds nothing yet (see :attr:`job`)."""
+        return JobContext(spec)
+
+    @staticmethod
+    def for_job(spec: TrainSpec, params: tuple) -> JobContext:
+        """The context of ``spec`` for the on-chain job whose ``jobParams`` are ``params``, checked
+        against them (:meth:`check_onchain`: the spec before any model code runs, then the rest)."""
+        ctx = JobContext(spec)
+        ctx.check_onchain(params)
+        return ctx
+
+    @property
+    def job(self) -> Job:
+        """Dataset, graph and initial state of the spec, built on first use (a file model's code runs
+        here: for a counterparty's job, only after :meth:`check_onchain`'s spec check)."""
+        if self.built is None:
+            self.built = build_job(self.spec)
+        return self.built
 
     @cached_property
     def graph(self) -> GraphCommitment:
@@ -88,9 +111,14 @@ class JobContext:
         )
 
     def check_onchain(self, params: tuple) -> None:
-        """Raise when the chain's job does not commit to this spec (wrong spec file or job id)."""
+        """Raise ChainError when the chain's job does not commit to this spec (wrong spec file or job
+        id, a served model source or checkpoint other than the committed one). The one check every
+        agent and the CLI run: first :func:`check_spec_hash` (no model is built, no served byte is
+        read), then the job is built (the pinned files are hashed before they are executed or
+        loaded) and every other committed parameter compared with it."""
         from protocol.chain import ChainError
 
+        check_spec_hash(self.spec, params)
         mine = self.params(params[0], Terms(0, params[11], params[12], params[13], params[14], params[15]))
         names = [
             "trainer",
@@ -129,16 +157,31 @@ class JobContext:
 
 
 def check_spec_hash(spec: TrainSpec, params: tuple) -> None:
-    """Raise ChainError unless ``spec`` is the one the job's ``specHash`` commits to; cheap (no
-    model is built), so agents run it before executing a file model's code."""
+    """Raise ChainError unless ``spec`` is the one the job's ``specHash`` commits to. Cheap: no model
+    is built and no file is read, so it runs before a file model's code (part of
+    :meth:`JobContext.check_onchain`). A file model must be pinned (``model_sha256``, and
+    ``checkpoint_sha256`` with a checkpoint): the spec hash then commits to the bytes, which
+    :func:`vtrain.frontend.job.pinned_bytes` checks before executing or loading them; an unpinned one
+    commits only to a file name, so its bytes could be anything and are never run for a job."""
     from protocol.chain import ChainError
 
     mine = spec_hash(spec.commitment())
     if mine != bytes(params[1]):
-        extra = " (its model_args, pinned model source or checkpoint sha256 differ)" if spec.model not in (
-            "mlp", "gpt") else ""
+        extra = ""
+        if spec.model not in ("mlp", "gpt"):
+            pins = f"model source sha256 {spec.model_sha256}" if spec.model_sha256 else "an unpinned model source"
+            if spec.checkpoint is not None:
+                pins += f", checkpoint sha256 {spec.checkpoint_sha256}" if spec.checkpoint_sha256 else \
+                    ", an unpinned checkpoint"
+            extra = f" (this spec has {pins}; its model_args, model source or checkpoint differ from the job's)"
         raise ChainError(f"job commits to a different specHash: chain has {_show(params[1])}, this spec gives "
-                         f"{_show(mine)}{extra}")
+                         f"{_show(mine)}{extra}; nothing of its model was run")
+    if spec.model not in ("mlp", "gpt") and not spec.pinned:
+        what = "model source" if spec.model_sha256 is None else "checkpoint"
+        raise ChainError(f"job commits to the {what} of {spec.model!r} by file name only (the spec has no "
+                         f"{'model' if what == 'model source' else 'checkpoint'}_sha256): its bytes cannot be "
+                         "checked against the chain, refusing to run them (use a pinned spec: a run folder's "
+                         "spec.json, or vtrain.frontend.job.pin_files)")
 
 
 def _show(x) -> str:

@@ -50,6 +50,8 @@ class TrainerAgent:
     def __post_init__(self) -> None:
         if self.nproc > 1 and self.cheat is not None:
             raise ValueError("a cheating trainer runs in one process (nproc 1)")
+        # The client's spec (its model source, checkpoint) is the job's before any of it runs.
+        self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
         self.player = Player(self.proto, self.account, PARTY_TRAINER)
         self._trace = lru_cache(maxsize=4)(self._regenerate)
 

@@ -28,6 +28,7 @@ from protocol.demo import create_job  # noqa: E402
 from protocol.game import STATUS_IN_PROGRESS  # noqa: E402
 from protocol.jobs import JobContext, Terms  # noqa: E402
 from protocol.trainer import TrainerAgent  # noqa: E402
+from vtrain.frontend.job import pin_files  # noqa: E402
 from vtrain.graph.step_graph import Graph, OpKind  # noqa: E402
 from vtrain.training.spec import TrainSpec  # noqa: E402
 
@@ -41,15 +42,15 @@ WINNER_CHALLENGER, WINNER_TRAINER = 2, 1
 
 def resnet_spec() -> TrainSpec:
     args = {"width": 4, "clip": 1.0, "warmup": 1, "total_steps": STEPS}
-    return TrainSpec.from_dict({"model": f"{ROOT}/examples/resnet_digits.py:task", "model_args": args,
-                                "steps": STEPS, "interval": INTERVAL, "batch_size": 4})
+    return pin_files(TrainSpec.from_dict({"model": f"{ROOT}/examples/resnet_digits.py:task", "model_args": args,
+                                          "steps": STEPS, "interval": INTERVAL, "batch_size": 4}))
 
 
 def gpt2_spec() -> TrainSpec:
     args = {"context": 8, "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 260, "dropout": 0.1,
             "clip": 1.0, "warmup": 1, "total_steps": STEPS}
-    return TrainSpec.from_dict({"model": f"{ROOT}/examples/hf_gpt2.py:small", "model_args": args,
-                                "steps": STEPS, "interval": INTERVAL, "batch_size": 2})
+    return pin_files(TrainSpec.from_dict({"model": f"{ROOT}/examples/hf_gpt2.py:small", "model_args": args,
+                                          "steps": STEPS, "interval": INTERVAL, "batch_size": 2}))
 
 
 # -- finding the ops the cheats aim at --------------------------------------------------------------

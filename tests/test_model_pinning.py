@@ -164,22 +164,92 @@ def test_auditor_refuses_a_served_tampered_model_before_replaying(pinned_run: Pa
                                    .replace("[x], y)", "[x * scale], y)"))
     # 1. the honest pin with the served file: refused before the file is executed
     with pytest.raises(DataChanged, match="is not the pinned one: sha256 .* the spec pins " + honest.model_sha256):
-        JobContext.of(TrainSpec(**{**honest.__dict__, "model": f"{served}/net.py:task"}))
+        JobContext.for_job(TrainSpec(**{**honest.__dict__, "model": f"{served}/net.py:task"}), params)
     # 2. a spec re-pinned to the served file: its specHash is not the job's
     digest = hashlib.sha256((served / "net.py").read_bytes()).hexdigest()
     repinned = TrainSpec(**{**honest.__dict__, "model": f"{served}/net.py:task", "model_sha256": digest})
     with pytest.raises(ChainError, match="different specHash: chain has 0x[0-9a-f]{64}, this spec gives 0x"):
         check_spec_hash(repinned, params)
-    # 3. an unpinned spec naming the served file: the rebuilt graph is checked against the graph
-    #    root before anything is replayed (the served model changes the data, so dataRoot first)
+    # 3. an unpinned spec naming the served file: refused by the spec check, before it is built
     loose = TrainSpec(**{**honest.__dict__, "model": f"{served}/net.py:task", "model_sha256": None,
                          "checkpoint_sha256": None})
-    ctx = JobContext.of(loose)
-    fake = (params[0], ctx.spec_hash, *params[2:])  # as if the job had committed to the loose spec's hash
-    with pytest.raises(ChainError, match="dataRoot"):
-        ctx.check_onchain(fake)
-    with pytest.raises(ChainError, match="different"):
-        AuditorAgent(proto, proto.chain.accounts()[3], ctx, ArtifactStore(tmp_path / "s"), job)
+    with pytest.raises(ChainError, match="different specHash"):
+        AuditorAgent(proto, proto.chain.accounts()[3], JobContext.of(loose), ArtifactStore(tmp_path / "s"), job)
+
+
+def _tampered(tmp_path: Path, honest: TrainSpec) -> tuple[Path, dict[str, TrainSpec]]:
+    """A served copy of the model source that writes a marker file ``RAN`` when executed, and the
+    specs a counterparty could serve with it."""
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "net.py").write_text(SOURCE + TAMPER)
+    digest = hashlib.sha256((served / "net.py").read_bytes()).hexdigest()
+    model = f"{served}/net.py:task"
+    return served / "RAN", {
+        "honest-pin": TrainSpec(**{**honest.__dict__, "model": model}),
+        "repinned": TrainSpec(**{**honest.__dict__, "model": model, "model_sha256": digest}),
+        "unpinned": TrainSpec(**{**honest.__dict__, "model": model, "model_sha256": None}),
+    }
+
+
+@pytest.mark.parametrize("agent", ["auditor", "trainer", "for_job"])
+@pytest.mark.parametrize("served", ["honest-pin", "repinned", "unpinned"])
+def test_library_agents_never_run_a_served_model_that_is_not_the_committed_one(
+        pinned_run: Path, tmp_path: Path, onchain_job, agent: str, served: str) -> None:
+    """Through the library API (no CLI): a counterparty serves a tampered model source; the agent
+    refuses it naming both hashes, and the source never runs (its marker file never appears)."""
+    from protocol.auditor import AuditorAgent
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+
+    proto, job, params = onchain_job
+    ran, specs = _tampered(tmp_path, RunDir(pinned_run).read_spec())
+    spec = specs[served]
+    a = proto.chain.accounts()
+    with pytest.raises((ChainError, DataChanged)) as e:
+        if agent == "auditor":
+            AuditorAgent(proto, a[3], JobContext.of(spec), ArtifactStore(tmp_path / "s"), job)
+        elif agent == "trainer":
+            TrainerAgent(proto, a[2], JobContext.of(spec), ArtifactStore(tmp_path / "s"), job)
+        else:
+            JobContext.for_job(spec, params)
+    assert not ran.exists(), "the served model source was executed"
+    text = str(e.value)
+    if served == "honest-pin":  # the spec is the job's; the served bytes are not the pinned ones
+        assert isinstance(e.value, DataChanged)
+        got = hashlib.sha256(ran.with_name("net.py").read_bytes()).hexdigest()
+        assert f"sha256 {got}, the spec pins {spec.model_sha256}" in text
+    else:
+        assert f"chain has 0x{bytes(params[1]).hex()}, this spec gives 0x" in text and "nothing of its model" in text
+    if served == "repinned":
+        assert f"model source sha256 {spec.model_sha256}" in text
+
+
+def test_a_job_committing_to_an_unpinned_file_model_is_refused_before_it_runs(
+        pinned_run: Path, tmp_path: Path, onchain_job) -> None:
+    """A job whose specHash is an unpinned spec's commits to a file name, not bytes: whatever file is
+    served under that name is refused unrun, by the library agents and by the CLI's create-job."""
+    from protocol.auditor import AuditorAgent
+    from protocol.store import ArtifactStore
+    from vtrain.commit.roots import spec_hash
+
+    proto, _, params = onchain_job
+    ran, specs = _tampered(tmp_path, RunDir(pinned_run).read_spec())
+    loose = TrainSpec(**{**specs["unpinned"].__dict__, "checkpoint_sha256": None})
+    a = proto.chain.accounts()
+    committed = (params[0], spec_hash(loose.commitment()), *params[2:])
+    r = proto.chain.send(proto.registry.functions.createJob(committed), a[1], value=Terms().payment, what="createJob")
+    from web3.logs import DISCARD
+
+    job = int(proto.registry.events.JobCreated().process_receipt(r, errors=DISCARD)[0]["args"]["job"])
+    with pytest.raises(ChainError, match="by file name only .* refusing to run them"):
+        AuditorAgent(proto, a[3], JobContext.of(loose), ArtifactStore(tmp_path / "s"), job)
+    assert not ran.exists()
+    spec_file = tmp_path / "loose.json"
+    spec_file.write_text(loose.to_json())
+    text = refused(run("client", "create-job", "--rpc", "http://127.0.0.1:1", "--deployment", tmp_path / "none.json",
+                       "--spec", spec_file), 1, "is not pinned", "nothing was sent")
+    assert "Traceback" not in text and not ran.exists()
 
 
 def test_a_graph_other_than_the_committed_one_is_refused_naming_both_roots(pinned_run: Path, onchain_job) -> None:

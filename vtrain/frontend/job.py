@@ -56,6 +56,22 @@ def pinned_bytes(path: Path, sha256: str | None, what: str) -> bytes:
     return raw
 
 
+def pin_files(spec):
+    """``spec`` (a :class:`~vtrain.training.spec.TrainSpec` of a file model) with its model source
+    and checkpoint pinned, where they lie, by the sha256 of their bytes now (as a run folder's
+    spec.json pins its copies): a job for it commits to those bytes. Already pinned files are
+    checked (:func:`pinned_bytes`)."""
+    import dataclasses
+
+    path, _ = parse_model_ref(spec.model)
+    source = pinned_bytes(path, spec.model_sha256, "model source")
+    out = dataclasses.replace(spec, model_sha256=hashlib.sha256(source).hexdigest())
+    if spec.checkpoint is not None:
+        raw = pinned_bytes(Path(spec.checkpoint), spec.checkpoint_sha256, "checkpoint")
+        out = dataclasses.replace(out, checkpoint_sha256=hashlib.sha256(raw).hexdigest())
+    return out
+
+
 def load_factory(model: str, sha256: str | None = None):
     """The factory function named by ``model`` (the file imported under a private module name).
 
