@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -91,6 +92,25 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
         return resolve
 
     return factory
+
+
+def artifact_bound(ctx: JobContext) -> int:
+    """Most bytes one artifact of ``ctx``'s job can have: a rounding log (at most 10 bytes an entry,
+    one entry an element of every op, plus framing) or a checkpoint (4 bytes an element of the
+    state plus its header), with 1 MiB to spare. Served blobs larger than this are refused unread."""
+    graph = ctx.job.graph
+    elements = sum(op.numel for op in graph.ops) + sum(math.prod(s.shape) for s in graph.slots)
+    return (1 << 20) + 16 * elements + 256 * len(graph.slots)
+
+
+def bound_reads(source: Any, limit: int) -> None:
+    """Have ``source`` (an artifact reader, or one wrapping another) refuse any blob over ``limit``
+    bytes before reading it."""
+    if hasattr(source, "max_blob_bytes"):
+        source.max_blob_bytes = limit
+    for inner in ("inner", "primary"):
+        if getattr(source, inner, None) is not None:
+            bound_reads(getattr(source, inner), limit)
 
 
 @dataclass(frozen=True)
@@ -242,6 +262,9 @@ class AuditorAgent:
         self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
         if self.onchain is not None:  # asked for whatever the reader cannot serve verified
             self.fallbacks.append(self.onchain)
+        bound = artifact_bound(self.ctx)  # no served blob larger than the job's can be read into memory
+        for src in self._sources():
+            bound_reads(src, bound)
         self.book = StepBook(self.ctx)
         self.player = Player(self.proto, self.account, PARTY_CHALLENGER)
         self._states[0] = state_tensors(self.ctx.job.initial_state)

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ArtifactReader",
     "ArtifactStore",
+    "ArtifactTooLarge",
     "ArtifactUnavailable",
     "BlobRef",
     "HttpArtifactReader",
@@ -68,6 +69,19 @@ _PATH_RE = re.compile(
 
 class ArtifactUnavailable(VtrainError):
     """Raised when an artifact server cannot be reached or answers with an error after retries."""
+
+
+#: Most bytes of a JSON file of the layout read (a step record of ~250,000 components; an index is
+#: ~100 bytes): a server cannot make a reader hold more in memory before anything is checked.
+MAX_JSON_BYTES = 16 << 20
+#: Most bytes of a blob (log, checkpoint) a reader takes by default; an auditor sets its job's own
+#: bound (``protocol.auditor.artifact_bound``). A blob is also never read past its index's size.
+DEFAULT_MAX_BLOB_BYTES = 1 << 30
+
+
+class ArtifactTooLarge(CorruptArtifact):
+    """A served file is larger than a reader takes (named with its size and the limit): refused
+    before its bytes are read into memory."""
 
 
 def _job(job: str | int) -> str:
@@ -262,7 +276,11 @@ def load_checkpoint(data: bytes) -> dict[str, np.ndarray]:
 
 
 class ArtifactReader(ABC):
-    """The read API shared by the local store and the HTTP reader; every read is verified."""
+    """The read API shared by the local store and the HTTP reader; every read is verified, and
+    bounded in size before it is read (:data:`MAX_JSON_BYTES`, :attr:`max_blob_bytes`)."""
+
+    max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
+    """Most bytes of one blob this reader takes (an index naming a larger one is refused unread)."""
 
     @abstractmethod
     def _read(self, job: str, rel: str) -> bytes:
@@ -272,12 +290,19 @@ class ArtifactReader(ABC):
     def _where(self, job: str, rel: str) -> str:
         """Where ``<job>/<rel>`` lives (a path or a URL), for messages."""
 
-    def get_blob(self, job: str | int, digest: bytes) -> bytes:
-        """The blob named ``digest``; raises MissingArtifact, or CorruptArtifact if it does not
-        hash to its name."""
+    def _read_at_most(self, job: str, rel: str, limit: int) -> bytes:
+        """Bytes at ``<job>/<rel>``, refused with :class:`ArtifactTooLarge` when more than ``limit``.
+        Readers of a server or a disk override it to check before reading (this one reads first)."""
+        data = self._read(job, rel)
+        _check_size(len(data), limit, self._where(job, rel))
+        return data
+
+    def get_blob(self, job: str | int, digest: bytes, size: int | None = None) -> bytes:
+        """The blob named ``digest`` (of at most ``size`` bytes, else :attr:`max_blob_bytes`); raises
+        MissingArtifact, ArtifactTooLarge, or CorruptArtifact if it does not hash to its name."""
         job = _job(job)
         rel = f"objects/{_digest(digest).hex()}"
-        data = self._read(job, rel)
+        data = self._read_at_most(job, rel, self.max_blob_bytes if size is None else size)
         got = hashlib.sha256(data).digest()
         if not hmac.compare_digest(got, digest):
             raise CorruptArtifact(
@@ -287,7 +312,7 @@ class ArtifactReader(ABC):
         return data
 
     def _json(self, job: str, rel: str, error: type[CorruptArtifact] = CorruptArtifact) -> Any:
-        raw = self._read(job, rel)
+        raw = self._read_at_most(job, rel, MAX_JSON_BYTES)
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
@@ -311,7 +336,10 @@ class ArtifactReader(ABC):
             ref = BlobRef.from_json(self._json(job, rel))
         except ValueError as e:
             raise CorruptArtifact(f"{self._where(job, rel)}: {e}") from None
-        data = self.get_blob(job, ref.digest)
+        if ref.size > self.max_blob_bytes:  # refused before a byte of the blob is fetched
+            raise ArtifactTooLarge(f"{self._where(job, rel)}: names a blob of {ref.size} bytes, more than the "
+                                   f"{self.max_blob_bytes} bytes this reader takes (not fetched)")
+        data = self.get_blob(job, ref.digest, ref.size)
         if len(data) != ref.size:
             raise CorruptArtifact(
                 f"{self._where(job, rel)}: expected {ref.size} bytes (sha256 {ref.digest.hex()}), got {len(data)}"
@@ -325,6 +353,24 @@ class ArtifactReader(ABC):
     def get_checkpoint(self, job: str | int, interval: int) -> bytes:
         """The checkpoint bytes at the start of ``interval`` (see :func:`load_checkpoint`)."""
         return self._get_ref(_job(job), f"checkpoints/{_nonneg(interval, 'interval')}.json")
+
+
+def _check_size(size: int, limit: int, where: str) -> None:
+    if size > limit:
+        raise ArtifactTooLarge(f"{where}: expected at most {limit} bytes, got {size} (not used)")
+
+
+def _read_bounded(f: Any, limit: int, chunk: int = 1 << 20) -> bytes:
+    """At most ``limit + 1`` bytes of the stream ``f``, read a chunk at a time (never a buffer of
+    ``limit`` bytes up front: the limit may be far larger than what is there)."""
+    parts, got = [], 0
+    while got <= limit:
+        part = f.read(min(chunk, limit + 1 - got))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -357,6 +403,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
 class ArtifactStore(ArtifactReader):
     """A local artifact store rooted at ``path`` (created on first write)."""
 
+    max_blob_bytes = 1 << 40  # one's own disk: a blob is bounded by its index (an auditor sets its job's bound)
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.root = Path(path)
 
@@ -375,6 +423,17 @@ class ArtifactStore(ArtifactReader):
             return path.read_bytes()
         except FileNotFoundError:
             raise MissingArtifact(f"job {job}: {rel} not found at {path}") from None
+
+    def _read_at_most(self, job: str, rel: str, limit: int) -> bytes:
+        path = self._path(job, rel)
+        try:
+            with path.open("rb") as f:
+                _check_size(os.fstat(f.fileno()).st_size, limit, str(path))
+                data = _read_bounded(f, limit)
+        except FileNotFoundError:
+            raise MissingArtifact(f"job {job}: {rel} not found at {path}") from None
+        _check_size(len(data), limit, str(path))  # grew while read
+        return data
 
     def put_blob(self, job: str | int, data: bytes) -> Digest:
         """Store ``data`` under its sha256 and return the digest (idempotent)."""
@@ -505,10 +564,12 @@ class HttpArtifactReader(ArtifactReader):
     """
 
     def __init__(
-        self, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.2
+        self, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.2,
+        max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
     ) -> None:
         if not isinstance(url, str) or not re.match(r"https?://", url):
             raise ValueError(f"url: expected an http(s) URL, got {url!r}")
+        self.max_blob_bytes = _nonneg(max_blob_bytes, "max_blob_bytes")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = _nonneg(retries, "retries")
@@ -521,6 +582,11 @@ class HttpArtifactReader(ArtifactReader):
         return f"{self.url}/{job}/{rel}"
 
     def _read(self, job: str, rel: str) -> bytes:
+        return self._read_at_most(job, rel, max(MAX_JSON_BYTES, self.max_blob_bytes))
+
+    def _read_at_most(self, job: str, rel: str, limit: int) -> bytes:
+        """The body at ``<url>/<job>/<rel>``: refused when its Content-Length says more than ``limit``,
+        and never read past ``limit + 1`` bytes (a server streaming without end is cut off there)."""
         url = self._where(job, rel)
         last: Exception | None = None
         for attempt in range(self.retries + 1):
@@ -528,7 +594,12 @@ class HttpArtifactReader(ArtifactReader):
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
                 with urllib.request.urlopen(url, timeout=self.timeout) as resp:
-                    return bytes(resp.read())
+                    length = resp.headers.get("Content-Length")
+                    if length is not None and length.strip().isdigit():
+                        _check_size(int(length), limit, url)
+                    data = _read_bounded(resp, limit)
+                _check_size(len(data), limit, url)
+                return data
             except urllib.error.HTTPError as e:
                 e.close()
                 if e.code == 404:

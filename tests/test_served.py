@@ -724,3 +724,82 @@ def test_the_auditor_cli_reports_each_unavailable_interval_once(world, capsys):
     assert capsys.readouterr().out == ""  # the same reason is not repeated on every poll
     auditor.unavailable.clear()
     assert _report_blocked(auditor, out, reported) is False and reported == {}
+
+
+# -- sizes: nothing served is read into memory past what the job can need ---------------------------
+
+
+def test_a_served_blob_larger_than_the_job_allows_is_refused_before_it_is_read(world, tmp_path):
+    """The trainer's server names, for one step's log, a blob larger than any log of the job can be
+    (the blob is there and hashes to its name): the auditor refuses it unread (`ArtifactTooLarge`,
+    sizes named), never fetching it; an honest copy served later is accepted."""
+    import json
+    import shutil
+
+    from protocol.auditor import artifact_bound
+    from protocol.store import HttpArtifactReader, serve_store
+
+    w = world
+    with trial("log blob larger than the job's bound"):
+        shutil.copytree(w.store.root, tmp_path / "s")
+        store = ArtifactStore(tmp_path / "s")
+        big = b"\0" * (artifact_bound(w.ctx) + 1)
+        digest = store.put_blob(w.honest_job, big)
+        index = tmp_path / "s" / str(w.honest_job) / "logs" / "3.json"
+        honest = index.read_bytes()
+        index.write_text(json.dumps({"digest": "0x" + digest.hex(), "size": len(big)}))
+        server, url = serve_store(tmp_path / "s")
+        try:
+            reader = HttpArtifactReader(url, retries=0)
+            auditor = _auditor(w, w.honest_job, reader)
+            assert reader.max_blob_bytes == artifact_bound(w.ctx)
+            u = _refused(auditor)
+            assert (u.artifact, u.key, u.error) == ("rounding log", 3, "ArtifactTooLarge")
+            assert f"names a blob of {len(big)} bytes, more than the {artifact_bound(w.ctx)} bytes" in u.reason
+            index.write_bytes(honest)
+            assert auditor.audit() is None and auditor.signed_off()
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.mark.parametrize("how", ["no-length", "huge-length"])
+def test_a_server_streaming_without_end_is_cut_off_at_the_limit(how):
+    """A server answering a step record with an endless body (or a Content-Length of 100 GB) makes
+    the reader refuse it after at most MAX_JSON_BYTES + 1 bytes (or before reading any)."""
+    import http.server
+    import threading
+
+    from protocol.store import MAX_JSON_BYTES, ArtifactTooLarge, HttpArtifactReader
+
+    sent = []
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            if how == "huge-length":
+                self.send_header("Content-Length", str(10**11))
+            self.end_headers()
+            chunk = b" " * (1 << 20)
+            try:
+                for _ in range(64):  # 64 MiB unless the reader hangs up
+                    self.wfile.write(chunk)
+                    sent.append(len(chunk))
+            except OSError:
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        reader = HttpArtifactReader(f"http://127.0.0.1:{server.server_address[1]}", retries=0)
+        with pytest.raises(ArtifactTooLarge, match=f"expected at most {MAX_JSON_BYTES} bytes, got"):
+            reader.get_step(1, 1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sum(sent) < 64 << 20  # the reader hung up early
