@@ -415,8 +415,6 @@ def load_spec(path: Path):
 
 def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.0):
     """Chain and attached protocol, or a ClickException saying what is wrong."""
-    from web3 import Web3
-
     from protocol.chain import Chain, ChainError, Deployment
     from protocol.deploy import Protocol
 
@@ -442,18 +440,11 @@ def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.
             proto = Protocol.attach(chain, d)
     except ChainError as e:
         raise click.ClickException(f"deployment {deployment_path}: {e}") from None
-    # Code at both addresses is not enough: they must be this deployment's registry and game.
+    # Code at the addresses is not enough: they must be one deployment (each bound to the others).
     try:
-        bound = chain.call(proto.registry.functions.disputeGame())
-    except Exception as e:  # a different contract: revert, or output that does not decode
-        raise click.ClickException(
-            f"deployment {deployment_path}: {d.registry} on {rpc} is not a JobRegistry ({e})"
-        ) from None
-    if Web3.to_checksum_address(bound) != Web3.to_checksum_address(d.game):
-        raise click.ClickException(
-            f"deployment {deployment_path}: the registry at {d.registry} is bound to the game "
-            f"{bound}, not {d.game} (addresses from another deployment?)"
-        )
+        proto.check_bindings()
+    except ChainError as e:
+        raise click.ClickException(f"deployment {deployment_path}: {e}") from None
     return chain, proto
 
 

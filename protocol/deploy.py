@@ -71,6 +71,33 @@ class Protocol:
             self.availability.address if self.availability is not None else None,
         )
 
+    def check_bindings(self) -> None:
+        """Raise ChainError unless these addresses are one deployment: the registry is a JobRegistry
+        bound to this game and this availability contract, the game is bound to this registry and
+        this adjudicator, the availability contract to this registry (each read from the contracts
+        themselves, where it is immutable or set once). A deployment file is served data: an address
+        from another deployment, or a look-alike contract (e.g. a DataAvailability that keeps demand
+        bonds and emits made-up events) is refused before anything is sent to it or read from it."""
+        from web3 import Web3
+
+        from protocol.chain import ChainError
+
+        def bound(what: str, contract: Contract, fn: str, want: str, holder: str) -> None:
+            try:
+                got = self.chain.call(getattr(contract.functions, fn)())
+            except Exception as e:  # another contract: a revert, or output that does not decode
+                raise ChainError(f"{contract.address} on {self.chain.name} is not a {holder} ({_short(e)})") from None
+            if Web3.to_checksum_address(got) != Web3.to_checksum_address(want):
+                raise ChainError(f"the {holder} at {contract.address} is bound to the {what} {got}, not {want} "
+                                 "(addresses from another deployment?)")
+
+        bound("game", self.registry, "disputeGame", self.game.address, "JobRegistry")
+        bound("registry", self.game, "registry", self.registry.address, "DisputeGame")
+        bound("adjudicator", self.game, "adjudicator", self.adjudicator.address, "DisputeGame")
+        if self.availability is not None:
+            bound("availability contract", self.registry, "availability", self.availability.address, "JobRegistry")
+            bound("registry", self.availability, "registry", self.registry.address, "DataAvailability")
+
     @staticmethod
     def attach(chain: Chain, d: Deployment) -> Protocol:
         if chain.w3.eth.chain_id != d.chain_id:
@@ -89,6 +116,11 @@ class Protocol:
 #: Wei per gas of a demand's answer fee on a public chain (DataAvailability constructor): 4 gwei,
 #: the price the challenger-bond floor is sized at; the dev price is protocol.availability's.
 PRODUCTION_FEE_GAS_PRICE = 4 * 10**9
+
+
+def _short(e: Exception) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def deploy(chain: Chain, deployer: str, floors: Floors = DEV_FLOORS, fee_gas_price: int | None = None) -> Protocol:

@@ -455,3 +455,27 @@ def test_key_files_on_a_node_no_funds_then_funded(agent_files, tmp_path: Path, a
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["client"] == acct.address and acct.address not in chain.accounts()
     assert anvil_w3.eth.get_balance(acct.address) < 4 * 10**18  # it paid the job from its own funds
+
+
+def test_a_deployment_mixing_addresses_of_two_deployments_is_refused_before_use() -> None:
+    """A deployment file is served data: each address must be bound to the others on-chain (the
+    registry to its game and availability contract, the game to its registry and adjudicator, the
+    availability contract to its registry). Before, only registry -> game was checked, so an
+    availability address of another deployment (or a look-alike that keeps demand bonds) was used."""
+    from protocol.chain import Chain, ChainError
+    from protocol.deploy import Protocol, deploy
+
+    chain = Chain.connect(None)
+    a, b = deploy(chain, chain.accounts()[0]), deploy(chain, chain.accounts()[0])
+    a.check_bindings()
+    for swap, msg in (
+        ({"availability": b.availability}, f"is bound to the availability contract {a.availability.address}, "
+                                           f"not {b.availability.address}"),
+        ({"adjudicator": b.adjudicator}, f"is bound to the adjudicator {a.adjudicator.address}, "
+                                         f"not {b.adjudicator.address}"),
+        ({"game": b.game}, f"is bound to the game {a.game.address}, not {b.game.address}"),
+    ):
+        mixed = Protocol(chain, swap.get("registry", a.registry), swap.get("game", a.game),
+                         swap.get("adjudicator", a.adjudicator), availability=swap.get("availability", a.availability))
+        with pytest.raises(ChainError, match=msg):
+            mixed.check_bindings()
