@@ -213,11 +213,13 @@ def _read_game(r: _Reader, gid: int, first: int) -> GameRecord:
     winner = ruling = None
     for tx, events in sorted(by_tx.items(), key=lambda kv: kv[1][0].block):
         t = r.chain._retry("eth_getTransactionByHash", lambda tx=tx: r.chain.w3.eth.get_transaction(tx))
-        try:
-            fn, fargs = game.decode_function_input(t["input"])
-            fname, fargs = fn.fn_name, _args(fargs)
-        except ValueError:  # a contract calling the game (a test actor): name the event instead
-            fname, fargs = events[0].name, {}
+        fname, fargs = events[0].name, {}  # a contract calling the game: name the event instead
+        if _sent_to(t, game.address):  # else its calldata is the outer contract's, maybe a look-alike
+            try:
+                fn, decoded = game.decode_function_input(t["input"])
+                fname, fargs = fn.fn_name, _args(decoded)
+            except ValueError:
+                pass
         sender = t["from"]
         role = "trainer" if sender == v["trainer"] else "challenger" if sender == v["challenger"] else "other"
         moves.append(MoveRecord(fname, fargs, sender, role, int(r.receipt(tx)["gasUsed"]), events[0].block,
@@ -238,6 +240,14 @@ def _read_game(r: _Reader, gid: int, first: int) -> GameRecord:
         ruling=ruling,
         moves=moves,
     )
+
+
+def _sent_to(tx: Any, address: str) -> bool:
+    """True when transaction ``tx`` called ``address`` itself. A move sent through another contract
+    (a wallet, a proxy) carries that contract's calldata: a function of the same signature there
+    could pass the game other arguments than its calldata shows, so it is never decoded as the move."""
+    to = tx.get("to")
+    return isinstance(to, str) and to.lower() == address.lower()
 
 
 def _decode_log(contract: Any, raw: Any) -> Any:

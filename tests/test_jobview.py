@@ -133,3 +133,22 @@ def test_the_production_trainer_offers_no_cheats() -> None:
     assert "--cheat" not in prod.output and "--cheat" in demo.output
     refused = CliRunner().invoke(main, ["trainer", "--cheat", "tamper-weight"])
     assert refused.exit_code == 2 and "No such option '--cheat'" in refused.output
+
+
+def test_a_move_sent_through_another_contract_is_not_decoded_as_a_game_call(cheating_job, monkeypatch) -> None:
+    """A party moving through its own contract (a wallet or a proxy whose function has the signature of
+    a game function, forwarding other arguments) sends that contract's calldata: the report must not
+    show it as the move's arguments. Before, any transaction's input was decoded with the game's ABI."""
+    from protocol import jobview
+
+    proto, _, r = cheating_job
+    real = proto.chain.w3.eth.get_transaction
+    proxy = "0x" + "ab" * 20
+
+    def through_proxy(tx):  # as if each move had been forwarded by a look-alike contract at `proxy`
+        return {**dict(real(tx)), "to": proxy}
+
+    monkeypatch.setattr(proto.chain.w3.eth, "get_transaction", through_proxy)
+    (g,) = jobview.read_job(proto, r.job).games
+    assert all(m.args == {} for m in g.moves)
+    assert g.moves[-1].function == "GameResolved" and "oneStep" not in {m.function for m in g.moves}
