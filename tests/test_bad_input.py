@@ -479,3 +479,40 @@ def test_a_deployment_mixing_addresses_of_two_deployments_is_refused_before_use(
                          swap.get("adjudicator", a.adjudicator), availability=swap.get("availability", a.availability))
         with pytest.raises(ChainError, match=msg):
             mixed.check_bindings()
+
+
+@pytest.mark.parametrize("name", ["abs", "dotdot", "device-link", "outside-link"])
+def test_a_run_folders_pinned_names_must_stay_inside_it(tmp_path: Path, name: str) -> None:
+    """inputs.json may come from someone else (a run folder handed to an auditor as its spec): a
+    pinned name that is absolute, climbs out with '..', or is a link out of the folder (to an
+    endless device such as /dev/zero: before, read whole into memory to hash it) is refused."""
+    import signal
+
+    from vtrain.errors import CorruptArtifact
+    from vtrain.training.rundir import RunDir
+    from vtrain.training.spec import TrainSpec
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.json").write_text(TrainSpec().to_json())
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not the run's")
+    rel = {"abs": str(outside), "dotdot": "../secret.txt", "device-link": "data/t.txt",
+           "outside-link": "data/u.txt"}[name]
+    if name.endswith("link"):
+        (run_dir / "data").mkdir()
+        (run_dir / rel).symlink_to("/dev/zero" if name == "device-link" else outside)
+    (run_dir / "inputs.json").write_text(json.dumps({"files": {rel: "0" * 64}}))
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("read the pinned file without end")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(CorruptArtifact,
+                           match="inputs.json: pinned .*(not a path inside|leads out of|not a regular)"):
+            RunDir(run_dir).read_spec()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

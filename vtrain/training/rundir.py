@@ -202,12 +202,26 @@ class RunDir:
         """Every pinned file is there with its recorded sha256 (DataChanged / MissingArtifact)."""
         inputs = self.read_inputs()
         for rel, want in (inputs or {}).get("files", {}).items():
-            p = self.path / rel
+            p = self._pinned_path(rel)
             if not p.exists():
                 raise MissingArtifact(f"pinned {_what(rel)} {p} missing from the run folder")
-            got = hashlib.sha256(p.read_bytes()).hexdigest()
+            if not p.is_file():  # a device or a FIFO would be read without end
+                raise CorruptArtifact(f"{self.path / 'inputs.json'}: pinned {_what(rel)} {p} is not a regular file")
+            with p.open("rb") as f:
+                got = hashlib.file_digest(f, "sha256").hexdigest()  # streamed, not held in memory
             if got != want:
                 raise DataChanged(f"{_what(rel)} {p} changed since training: sha256 {got}, recorded {want}")
+
+    def _pinned_path(self, rel: object) -> Path:
+        """``rel`` (a file name from ``inputs.json``, which may come from someone else) as a path
+        inside this folder: an absolute name, a ``..`` or a link leading out of it is refused."""
+        where = self.path / "inputs.json"
+        if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise CorruptArtifact(f"{where}: pinned file {rel!r} is not a path inside the run folder")
+        p = self.path / rel
+        if p.exists() and not p.resolve().is_relative_to(self.path.resolve()):
+            raise CorruptArtifact(f"{where}: pinned file {rel!r} leads out of the run folder (to {p.resolve()})")
+        return p
 
     def verify_spec(self, spec: TrainSpec) -> None:
         """``spec.json`` is the spec trained (recorded in ``inputs.json``): DataChanged names the
