@@ -268,6 +268,7 @@ class AvailabilityResponder:
     events: AvailabilityEvents = field(init=False)
 
     def __post_init__(self) -> None:
+        self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
         self.events = AvailabilityEvents(self.proto, self.job_id)
 
     def respond(self) -> int:
@@ -323,6 +324,8 @@ class OnChainArtifacts:
     _verified_records: dict[int, dict[int, StepRecord]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
+        # the job's graph decodes what is published: the spec must be the job's before it is built
+        self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
         self.events = AvailabilityEvents(self.proto, self.job_id)
 
     # -- the reader API ------------------------------------------------------------------------------

@@ -192,7 +192,7 @@ def _tampered(tmp_path: Path, honest: TrainSpec) -> tuple[Path, dict[str, TrainS
     }
 
 
-@pytest.mark.parametrize("agent", ["auditor", "trainer", "for_job"])
+@pytest.mark.parametrize("agent", ["auditor", "trainer", "onchain", "for_job"])
 @pytest.mark.parametrize("served", ["honest-pin", "repinned", "unpinned"])
 def test_library_agents_never_run_a_served_model_that_is_not_the_committed_one(
         pinned_run: Path, tmp_path: Path, onchain_job, agent: str, served: str) -> None:
@@ -211,6 +211,10 @@ def test_library_agents_never_run_a_served_model_that_is_not_the_committed_one(
             AuditorAgent(proto, a[3], JobContext.of(spec), ArtifactStore(tmp_path / "s"), job)
         elif agent == "trainer":
             TrainerAgent(proto, a[2], JobContext.of(spec), ArtifactStore(tmp_path / "s"), job)
+        elif agent == "onchain":
+            from protocol.availability import OnChainArtifacts
+
+            OnChainArtifacts(proto, a[3], JobContext.of(spec), job, Terms().challenger_bond)
         else:
             JobContext.for_job(spec, params)
     assert not ran.exists(), "the served model source was executed"
