@@ -516,3 +516,24 @@ def test_a_run_folders_pinned_names_must_stay_inside_it(tmp_path: Path, name: st
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_a_specs_text_path_naming_a_device_is_refused_unread() -> None:
+    """A served spec's text_path is read to build the dataset before dataRoot can be compared: a
+    device (/dev/zero, endless) is refused before a byte is read (before: read into memory)."""
+    import signal
+
+    from vtrain.errors import DatasetError
+    from vtrain.training.data import load_text_file
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("read the device without end")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(DatasetError, match="text dataset /dev/zero: not a regular file"):
+            load_text_file(Path("/dev/zero"), 8)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -87,9 +87,14 @@ def text_dataset(text: str, context: int) -> Dataset:
 
 
 def load_text_file(path: Path, context: int) -> Dataset:
-    """A user's UTF-8 text file as character-level samples; DatasetError names the file and problem."""
+    """A user's UTF-8 text file as character-level samples; DatasetError names the file and problem.
+    Only a regular file is read (a spec may come from someone else: a device such as /dev/zero
+    would be read without end before the data could be checked against the job's dataRoot)."""
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        raise DatasetError(f"text dataset {path}: not a regular file")
     try:
-        raw = Path(path).read_bytes()
+        raw = p.read_bytes()
     except FileNotFoundError as e:
         raise MissingDataset(f"text dataset {path}: {e.strerror or e}") from None
     except OSError as e:
