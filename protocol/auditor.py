@@ -104,13 +104,16 @@ def artifact_bound(ctx: JobContext) -> int:
 
 
 def bound_reads(source: Any, limit: int) -> None:
-    """Have ``source`` (an artifact reader, or one wrapping another) refuse any blob over ``limit``
-    bytes before reading it."""
-    if hasattr(source, "max_blob_bytes"):
-        source.max_blob_bytes = limit
-    for inner in ("inner", "primary"):
-        if getattr(source, inner, None) is not None:
-            bound_reads(getattr(source, inner), limit)
+    """Have ``source`` (an :class:`ArtifactReader`, or one wrapping another as ``inner`` or
+    ``primary``) refuse any blob over ``limit`` bytes before reading it. Other sources (e.g. the
+    on-chain one) read nothing unbounded."""
+    if not isinstance(source, ArtifactReader):
+        return
+    source.max_blob_bytes = limit
+    for name in ("inner", "primary"):
+        inner = getattr(source, "__dict__", {}).get(name)
+        if inner is not None:
+            bound_reads(inner, limit)
 
 
 @dataclass(frozen=True)
