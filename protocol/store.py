@@ -360,12 +360,19 @@ def _check_size(size: int, limit: int, where: str) -> None:
         raise ArtifactTooLarge(f"{where}: expected at most {limit} bytes, got {size} (not used)")
 
 
-def _read_bounded(f: Any, limit: int, chunk: int = 1 << 20) -> bytes:
+def _read_bounded(f: Any, limit: int, chunk: int = 1 << 20, deadline: float | None = None,
+                  where: str = "") -> bytes:
     """At most ``limit + 1`` bytes of the stream ``f``, read a chunk at a time (never a buffer of
-    ``limit`` bytes up front: the limit may be far larger than what is there)."""
+    ``limit`` bytes up front: the limit may be far larger than what is there). With ``deadline``
+    (``time.monotonic()``), a stream still sending then is cut off (ArtifactUnavailable): a server
+    that drips a byte at a time cannot hold the reader past it."""
+    read = getattr(f, "read1", f.read)  # read1: one underlying read, so the deadline is seen
     parts, got = [], 0
     while got <= limit:
-        part = f.read(min(chunk, limit + 1 - got))
+        if deadline is not None and time.monotonic() > deadline:
+            raise ArtifactUnavailable(f"{where}: still sending after the read's deadline ({got} bytes so far; "
+                                      "not used)")
+        part = read(min(chunk, limit + 1 - got))
         if not part:
             break
         parts.append(part)
@@ -560,16 +567,18 @@ class HttpArtifactReader(ArtifactReader):
 
     Connection errors, timeouts and 5xx answers are retried ``retries`` times with exponential
     backoff; then ArtifactUnavailable. A 404 is MissingArtifact at once. Every read is verified
-    exactly as for a local store.
+    exactly as for a local store, and bounded: at most the reader's size limit, within
+    ``read_deadline`` seconds in all (a server dripping bytes is cut off, not waited for).
     """
 
     def __init__(
         self, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.2,
-        max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+        max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES, read_deadline: float = 600.0,
     ) -> None:
         if not isinstance(url, str) or not re.match(r"https?://", url):
             raise ValueError(f"url: expected an http(s) URL, got {url!r}")
         self.max_blob_bytes = _nonneg(max_blob_bytes, "max_blob_bytes")
+        self.read_deadline = read_deadline  # seconds one body may take in all (``timeout``: each socket read)
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = _nonneg(retries, "retries")
@@ -597,7 +606,7 @@ class HttpArtifactReader(ArtifactReader):
                     length = resp.headers.get("Content-Length")
                     if length is not None and length.strip().isdigit():
                         _check_size(int(length), limit, url)
-                    data = _read_bounded(resp, limit)
+                    data = _read_bounded(resp, limit, deadline=time.monotonic() + self.read_deadline, where=url)
                 _check_size(len(data), limit, url)
                 return data
             except urllib.error.HTTPError as e:

@@ -763,6 +763,46 @@ def test_a_served_blob_larger_than_the_job_allows_is_refused_before_it_is_read(w
             server.server_close()
 
 
+def test_a_server_dripping_bytes_is_cut_off_at_the_reads_deadline():
+    """A trainer's server that sends a byte every 0.1 s (each socket read succeeds, so no timeout
+    fires) would hold the auditor past its challenge window: the read is cut off at its deadline."""
+    import http.server
+    import threading
+    import time
+
+    from protocol.store import ArtifactUnavailable, HttpArtifactReader
+
+    class Drip(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+            try:
+                for _ in range(100):  # 10 s unless the reader hangs up
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        reader = HttpArtifactReader(f"http://127.0.0.1:{server.server_address[1]}", retries=0, timeout=2.0,
+                                    read_deadline=1.0)
+        t0 = time.monotonic()
+        with pytest.raises(ArtifactUnavailable, match="still sending after the read's deadline"):
+            reader.get_step(1, 1)
+        assert time.monotonic() - t0 < 4.0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.mark.parametrize("how", ["no-length", "huge-length"])
 def test_a_server_streaming_without_end_is_cut_off_at_the_limit(how):
     """A server answering a step record with an endless body (or a Content-Length of 100 GB) makes
