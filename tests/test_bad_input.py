@@ -537,3 +537,38 @@ def test_a_specs_text_path_naming_a_device_is_refused_unread() -> None:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("which", ["spec.json", "inputs.json", "big-spec"])
+def test_a_run_folders_records_that_are_devices_or_huge_are_refused_unread(tmp_path: Path, which: str) -> None:
+    """spec.json / inputs.json of a run folder from someone else, linked to /dev/zero (endless) or
+    a 2 MiB spec: refused before being read whole (before: read into memory without end)."""
+    import signal
+
+    from vtrain.errors import VtrainError
+    from vtrain.training.rundir import RunDir
+    from vtrain.training.spec import TrainSpec
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if which == "spec.json":
+        (run_dir / "spec.json").symlink_to("/dev/zero")
+        (run_dir / "inputs.json").write_text(json.dumps({"files": {}}))
+    elif which == "inputs.json":
+        (run_dir / "spec.json").write_text(TrainSpec().to_json())
+        (run_dir / "inputs.json").symlink_to("/dev/zero")
+    else:
+        (run_dir / "spec.json").write_text(" " * (2 << 20) + TrainSpec().to_json())
+        (run_dir / "inputs.json").write_text(json.dumps({"files": {}}))
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("read a record without end")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(VtrainError, match="not a regular file|expected a regular file|at most 1048576 bytes"):
+            RunDir(run_dir).read_spec()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -190,6 +190,8 @@ class RunDir:
         p = self.path / "inputs.json"
         if not p.exists():
             return None  # a run folder from before inputs were pinned
+        if not p.is_file() or p.stat().st_size > _MAX_RECORD_BYTES:  # a folder may come from someone else
+            raise CorruptArtifact(f"{p}: expected a regular file of at most {_MAX_RECORD_BYTES} bytes")
         try:
             d = json.loads(p.read_text(encoding="utf-8"))
             if not isinstance(d, dict) or not isinstance(d.get("files", {}), dict):
@@ -352,6 +354,10 @@ class RunDir:
         if not self.ckpt_path(s).exists():
             raise MissingArtifact(f"checkpoint of step {s} missing: {self.ckpt_path(s)}")
         return s
+
+
+#: Most bytes of a run folder's JSON record (inputs.json), checked before it is read.
+_MAX_RECORD_BYTES = 16 << 20
 
 
 def _what(rel: str) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,9 +140,14 @@ class TrainSpec:
         """Read a spec file: TOML when its name ends in ``.toml``, else JSON. Errors name the file."""
         path = Path(path)
         try:
-            raw = path.read_bytes()
+            with path.open("rb") as f:  # a spec may come from someone else: only a regular file, and small
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise SpecError(f"spec file {path}: not a regular file")
+                raw = f.read(MAX_SPEC_BYTES + 1)
         except OSError as e:
             raise SpecError(f"spec file {path}: {e.strerror or e}") from None
+        if len(raw) > MAX_SPEC_BYTES:
+            raise SpecError(f"spec file {path}: expected at most {MAX_SPEC_BYTES} bytes, got more")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -152,6 +159,8 @@ class TrainSpec:
 
 
 _U256 = 2**256
+#: Most bytes of a spec file (settings and model arguments; read whole before it is parsed).
+MAX_SPEC_BYTES = 1 << 20
 #: Keys of a spec that pin a file model's bytes (left out of :meth:`TrainSpec.to_dict` when unset).
 PIN_KEYS = ("model_sha256", "checkpoint_sha256")
 
