@@ -440,7 +440,8 @@ def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.
             proto = Protocol.attach(chain, d)
     except ChainError as e:
         raise click.ClickException(f"deployment {deployment_path}: {e}") from None
-    # Code at the addresses is not enough: they must be one deployment (each bound to the others).
+    # Code at the addresses is not enough: they must be one deployment (each bound to the others;
+    # Protocol.attach checks it too).
     try:
         proto.check_bindings()
     except ChainError as e:

@@ -104,13 +104,15 @@ class Protocol:
             from protocol.chain import ChainError
 
             raise ChainError(f"deployment is for chain id {d.chain_id}, node {chain.name} has {chain.w3.eth.chain_id}")
-        return Protocol(
+        proto = Protocol(
             chain,
             chain.at("JobRegistry", d.registry),
             chain.at("DisputeGame", d.game),
             chain.at("Adjudicator", d.adjudicator),
             availability=chain.at("DataAvailability", d.availability) if d.availability else None,
         )
+        proto.check_bindings()  # a deployment file is served data: its addresses must be one deployment
+        return proto
 
 
 #: Wei per gas of a demand's answer fee on a public chain (DataAvailability constructor): 4 gwei,

@@ -572,3 +572,16 @@ def test_a_run_folders_records_that_are_devices_or_huge_are_refused_unread(tmp_p
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_attaching_to_a_deployment_file_with_another_deployments_availability_is_refused(tmp_path: Path) -> None:
+    """The library's Protocol.attach checks the bindings too (not only the CLI's connect)."""
+    from protocol.chain import Chain, ChainError, Deployment
+    from protocol.deploy import Protocol, deploy
+
+    chain = Chain.connect(None)
+    a, b = deploy(chain, chain.accounts()[0]), deploy(chain, chain.accounts()[0])
+    d = a.deployment
+    Protocol.attach(chain, d)
+    with pytest.raises(ChainError, match=f"bound to the availability contract {a.availability.address}"):
+        Protocol.attach(chain, Deployment(d.registry, d.game, d.adjudicator, d.chain_id, b.availability.address))
