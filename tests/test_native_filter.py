@@ -148,6 +148,29 @@ def test_norm_reach_is_the_executors_norm_bound_never_materialised(simd, bias: b
         assert len(cand) > 0
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_tight_reach_is_the_executors_tight_matmul_bound_never_materialised(simd, bias: bool) -> None:
+    rng = np.random.default_rng(9)
+    ins = [torch.from_numpy(rng.standard_normal(s).astype(F32)) for s in ((2, 33, 17), (2, 41, 17))]
+    ins[0][0, :5] *= 1e-42  # products that underflow in the FP32 |A| @ |B|
+    if bias:
+        ins.append(torch.from_numpy(rng.standard_normal(41).astype(F32)))
+    op = SimpleNamespace(kind=OpKind.MATMUL)
+    v_ref, d_ref = E._compute_fp64(op, ins)  # type: ignore[arg-type]
+    v, bound = E._compute_fp64(op, ins, lazy=True)  # type: ignore[arg-type]
+    assert isinstance(bound, NF.TightBound) and torch.equal(v, v_ref)
+    assert np.array_equal(bound.dense().numpy(), d_ref.numpy())
+    assert np.array_equal(bound.at(np.arange(v.numel())), d_ref.numpy().reshape(-1))
+    flat = v.reshape(-1)  # plant exact midpoints and one FP64 ulp below them
+    r = flat[::7].float()
+    mids = (r.double() + torch.nextafter(r, torch.full_like(r, np.inf)).double()) / 2
+    flat[::7] = torch.where(torch.arange(len(r)) % 2 == 0, mids, torch.nextafter(mids, torch.zeros_like(mids)))
+    for scale in SCALES:
+        r, cand, finite = NF.round_filter(v, bound, scale)
+        _check(v.numpy().reshape(-1), r, cand, finite, d_ref.numpy().reshape(-1) * scale)
+        assert len(cand) > 0
+
+
 def test_exact_ops_round_with_canonical_zeros_and_report_non_finite(simd) -> None:
     v = _adversarial(4)
     r, finite = NF.round_fp32(torch.from_numpy(v))

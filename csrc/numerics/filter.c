@@ -12,6 +12,8 @@
  * path it replaces:
  *   dense:    reach = d[i] * scale
  *   relative: reach = (c * |v[i]|) * scale            (EXP/LOG/TANH: d = 4u |v|)
+ *   scaled32: reach = (((double)s[i] + sub) * factor) * scale
+ *             (MATMUL's tight bound from the FP32 |A| @ |B| (+ |bias|): the FP64 copy never exists)
  *   norm:     reach = ((((na[row] * nb[batch, j]) + |bias[j]|) + sub) * factor) * scale
  *             (MATMUL's Cauchy-Schwarz bound, executor._norm_bound; the [M, N] array never exists)
  * Compiled with -ffp-contract=off and without -ffast-math: no FMA, no reassociation, x + 0.0f kept. */
@@ -85,8 +87,24 @@ VT_INLINE uint8_t vt_mask_norm(const double *v, int64_t len, double a, const dou
     return any;
 }
 
+VT_INLINE uint8_t vt_mask_scaled32(const double *v, const float *s, int64_t len, double sub, double factor,
+                                   double scale, float *r, uint8_t *mask) {
+    uint8_t any = 0;
+    for (int64_t i = 0; i < len; i++) {
+        const double dd = ((double)s[i] + sub) * factor;
+        mask[i] = vt_round_cand(v[i], dd * scale, &r[i]);
+        any |= mask[i];
+    }
+    return any;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define VT_HAVE_AVX2 1
+__attribute__((target("avx2"))) static uint8_t vt_mask_scaled32_avx2(const double *v, const float *s, int64_t len,
+                                                                     double sub, double factor, double scale,
+                                                                     float *r, uint8_t *mask) {
+    return vt_mask_scaled32(v, s, len, sub, factor, scale, r, mask);
+}
 __attribute__((target("avx2"))) static uint8_t vt_mask_dense_avx2(const double *v, const double *d, int64_t len,
                                                                   double scale, float *r, uint8_t *mask) {
     return vt_mask_dense(v, d, len, scale, r, mask);
@@ -191,6 +209,30 @@ VT_EXPORT int64_t vt_round_filter_relative(const double *v, int64_t n, double c,
                                  : vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
 #else
         const uint8_t any = vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
+        (void)simd;
+#endif
+        if (any) {
+            k = vt_append(mask, len, lo, idx, k);
+            memset(mask, 0, sizeof mask);
+        }
+    }
+    *nonfinite = vt_any_nonfinite(r, idx, k);
+    return k;
+}
+
+/* reach = ((((double)s[i]) + sub) * factor) * scale: MATMUL's tight bound from the FP32 |A| @ |B| (+ |bias|). */
+VT_EXPORT int64_t vt_round_filter_scaled32(const double *v, const float *s, int64_t n, double sub, double factor,
+                                           double scale, float *r, int64_t *idx, uint32_t *nonfinite) {
+    uint8_t mask[VT_BLOCK + 8] = {0};
+    const int simd = vt_use_simd();
+    int64_t k = 0;
+    for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
+        const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
+#if VT_HAVE_AVX2
+        const uint8_t any = simd ? vt_mask_scaled32_avx2(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
+                                 : vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
+#else
+        const uint8_t any = vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
         (void)simd;
 #endif
         if (any) {

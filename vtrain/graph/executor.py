@@ -266,8 +266,9 @@ class StepExecutor:
                 else:
                     sums.extend(finite_probe(out))
                 return out.add_(0.0)  # canonical zero, in place on the fresh output
-        if self.mode in (Mode.ROUND_NOLOG, Mode.PAPER):
-            bound_kind = "none"  # the bound is never read
+        plain_replay = log_in is not None and not check and resolver_factory is None
+        if self.mode in (Mode.ROUND_NOLOG, Mode.PAPER) or plain_replay:
+            bound_kind = "none"  # the bound is never read (a replay reads it only to check entries)
         elif log_in is None and self.canonical_log:
             bound_kind = "norm"  # only selects candidates for exact decisions (round_canonical)
         else:
@@ -521,7 +522,7 @@ def _compute_fp64(
     (MATMUL, SUM, MEAN: ``d`` is not computed, for modes that never read it).
 
     ``lazy``: where the native filter takes ``v`` (``native_filter.usable``), the EXP/LOG/TANH bound
-    and the ``"norm"`` bound come back unmaterialized (``native_filter.RelativeBound``/``NormBound``,
+    and MATMUL's come back unmaterialized (``native_filter.RelativeBound``/``NormBound``/``TightBound``,
     the same bits wherever they are read); the consumers of ``d`` then must accept one.
     """
     k = op.kind
@@ -562,6 +563,8 @@ def _compute_fp64(
             v.add_(x[2])
             s.add_(ins[2].abs())
             n += 1
+        if lazy and native_filter.usable(v):
+            return v, native_filter.TightBound(s, n * _SUBNORMAL, TRAINER_BOUND_SLACK * gamma(n))
         return v, s.double().add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n))
     if k in (OpKind.SUM, OpKind.MEAN):
         n = ins[0].shape[-1]

@@ -7,8 +7,9 @@ numpy/torch path stays the fallback (``native.available()`` False, CUDA tensors,
 
 ``reach`` is ``d * scale``, where the bound ``d`` is a dense FP64 tensor or a lazy bound evaluated
 inside the kernel with the same operations the dense one would take: :class:`RelativeBound`
-(``c |v|``, EXP/LOG/TANH) and :class:`NormBound` (MATMUL's Cauchy-Schwarz bound,
-``executor._norm_bound``). Consumers read a lazy bound at their few candidates (:func:`bound_at`).
+(``c |v|``, EXP/LOG/TANH), :class:`NormBound` (MATMUL's Cauchy-Schwarz bound,
+``executor._norm_bound``) and :class:`TightBound` (MATMUL's tight bound from the FP32
+``|A| @ |B|``). Consumers read a lazy bound at their few candidates (:func:`bound_at`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,23 @@ class NormBound:
         return (s + self.sub) * self.factor
 
 
-Bound = torch.Tensor | RelativeBound | NormBound
+@dataclass(frozen=True)
+class TightBound:
+    """MATMUL's tight trainer bound ``d = (fl64(s) + sub) * factor`` from the FP32 ``s = |A| @ |B|
+    (+ |bias|)`` (``executor._compute_fp64``), not materialized in FP64."""
+
+    s: torch.Tensor
+    sub: float
+    factor: float
+
+    def dense(self) -> torch.Tensor:
+        return self.s.double().add_(self.sub).mul_(self.factor)  # the executor's dense bound, the same ops
+
+    def at(self, index: np.ndarray) -> np.ndarray:
+        return (self.s.reshape(-1).numpy()[index].astype(np.float64) + self.sub) * self.factor
+
+
+Bound = torch.Tensor | RelativeBound | NormBound | TightBound
 """A certified bound ``d``: dense, or lazy (evaluated inside the filter and at candidates only)."""
 
 
@@ -94,6 +111,7 @@ _SIGNATURES = {
     "vt_round_filter_dense": (_I, [_P, _P, _I, _D, _P, _P, _P]),
     "vt_round_filter_relative": (_I, [_P, _I, _D, _D, _P, _P, _P]),
     "vt_round_filter_norm": (_I, [_P, _I, _I, _I, _P, _P, _P, _D, _D, _D, _P, _P, _P]),
+    "vt_round_filter_scaled32": (_I, [_P, _P, _I, _D, _D, _D, _P, _P, _P]),
     "vt_round_fp32": (ctypes.c_uint32, [_P, _I, _P]),
 }
 
@@ -121,6 +139,9 @@ def round_filter(v: torch.Tensor, d: Bound, scale: float) -> tuple[torch.Tensor,
     out = (_addr(r), native.ptr(idx), ctypes.addressof(flag))
     if isinstance(d, RelativeBound):
         k = _fn("vt_round_filter_relative")(_addr(v), n, d.c, scale, *out)
+    elif isinstance(d, TightBound):
+        s32 = d.s if d.s.is_contiguous() else d.s.contiguous()
+        k = _fn("vt_round_filter_scaled32")(_addr(v), _addr(s32), n, d.sub, d.factor, scale, *out)
     elif isinstance(d, NormBound):
         n_cols = d.nb.shape[-1]
         bias = None if d.bias is None else _addr(d.bias)
