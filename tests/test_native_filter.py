@@ -300,6 +300,24 @@ def test_training_and_checked_replay_are_the_same_with_and_without_the_library(
     assert model == "mlp" or sum(with_lib[0::6]) > 0  # the GPT's steps log entries (replayed and checked)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["gpt", "resnet", "gpt2"])
+def test_the_demo_jobs_train_and_replay_the_same_with_and_without_the_library(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """The demo's GPT and the front end's ResNet and HF GPT-2 (a few steps each)."""
+    from protocol.auditor import exact_resolver
+    from protocol.demo import default_spec
+    from vtrain.commit.trace import GraphCommitment
+    from vtrain.training.spec import build_job
+
+    job = build_job(default_spec(model))
+    factory = exact_resolver(SimpleNamespace(graph=GraphCommitment.of(job.graph)))  # type: ignore[arg-type]
+    with_lib = _steps(job, 3, factory)
+    _without_native(monkeypatch)
+    assert _steps(job, 3, factory) == with_lib
+
+
 def test_lazy_bounds_only_where_the_filter_takes_v(monkeypatch: pytest.MonkeyPatch) -> None:
     op = SimpleNamespace(kind=OpKind.TANH)
     x = [torch.randn(4, 5)]
