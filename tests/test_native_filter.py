@@ -234,6 +234,10 @@ def test_candidates_and_round_output_and_apply_log_are_the_numpy_paths(monkeypat
             forged = OpLog(np.array([3, 17], np.int64), np.array([1, 3], np.uint8), np.array([0, -0.0], F32))
             got.append(apply_log(v, d, forged, "t").numpy().view(np.uint32))
             got.append(apply_log(v, None, OpLog.empty(), "t").numpy().view(np.uint32))
+            unlogged: list = []  # every near-tie unlogged: each one is reported
+            got.append(apply_log(v, d, OpLog.empty(), "t", violations=unlogged).numpy().view(np.uint32))
+            got.append([(x.index, x.code) for x in unlogged])
+            assert len(unlogged) > 0
         results.append(got)
     for a, b in zip(*results, strict=True):
         if isinstance(a, list):
