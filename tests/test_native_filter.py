@@ -273,6 +273,8 @@ def _steps(job, n: int, resolver_factory=None) -> list:
         data = batch_for(job, s)
         res = ex.run(state, data, step=s)
         aud = ex.run(state, data, log_in=res.log, step=s, check=True, resolver_factory=resolver_factory)
+        plain = ex.run(state, data, log_in=res.log, step=s)
+        assert [t.numpy().tobytes() for t in plain.state] == [t.numpy().tobytes() for t in res.state]
         out += [res.stats.logged, res.loss, encode_step_log(res.log, s, job.graph),
                 [t.numpy().tobytes() for t in res.state], [t.numpy().tobytes() for t in aud.state],
                 [(o, x.index, x.code) for o, x in aud.violations]]

@@ -116,16 +116,22 @@ _SIGNATURES = {
 }
 
 
+_FNS: dict[str, ctypes._CFuncPtr] = {}
+
+
 def _fn(name: str):
-    lib = native.lib()
-    f = getattr(lib, name)
-    if f.argtypes is None:
+    f = _FNS.get(name)
+    if f is None:
+        f = getattr(native.lib(), name)
         f.restype, f.argtypes = _SIGNATURES[name]
+        _FNS[name] = f
     return f
 
 
 def _addr(t: torch.Tensor) -> int:
-    return native.ptr(t.numpy())
+    if not t.is_contiguous():
+        raise ValueError("native filter: expected a C-contiguous tensor")
+    return t.data_ptr()
 
 
 def round_filter(v: torch.Tensor, d: Bound, scale: float) -> tuple[torch.Tensor, np.ndarray, bool]:
@@ -136,7 +142,7 @@ def round_filter(v: torch.Tensor, d: Bound, scale: float) -> tuple[torch.Tensor,
     r = torch.empty(v.shape, dtype=torch.float32)
     idx = np.empty(max(n, 1), dtype=np.int64)  # pages are touched only where candidates land
     flag = ctypes.c_uint32(0)
-    out = (_addr(r), native.ptr(idx), ctypes.addressof(flag))
+    out = (r.data_ptr(), idx.ctypes.data, ctypes.addressof(flag))
     if isinstance(d, RelativeBound):
         k = _fn("vt_round_filter_relative")(_addr(v), n, d.c, scale, *out)
     elif isinstance(d, TightBound):
@@ -157,7 +163,7 @@ def round_filter(v: torch.Tensor, d: Bound, scale: float) -> tuple[torch.Tensor,
 def round_fp32(v: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """``(RN32(v) with canonical zero, whether every element is finite)`` of ``v`` (:func:`usable`)."""
     r = torch.empty(v.shape, dtype=torch.float32)
-    nonfinite = _fn("vt_round_fp32")(_addr(v), v.numel(), _addr(r))
+    nonfinite = _fn("vt_round_fp32")(_addr(v), v.numel(), r.data_ptr())
     return r, not nonfinite
 
 

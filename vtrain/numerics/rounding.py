@@ -423,22 +423,20 @@ def apply_log(
     (``canonical.grid_elements``: exact-grid sums carry no entry even at an exact midpoint, and
     ``RN32(v)`` is right there): an unlogged near-tie among them is no suspect.
     ``check_finite=False`` leaves the NaN/Inf check to the caller. Works on any device (the entries
-    are moved to ``v``'s). Where the native filter takes ``v``, rounding, canonical zeros, the
-    finiteness check and the near-tie filter are one pass (``d`` may then be lazy).
+    are moved to ``v``'s). ``d`` may be lazy (``native_filter.Bound``); where the native filter takes
+    ``v``, the checking replay's rounding, canonical zeros, finiteness check and near-tie filter are
+    one pass.
     """
     exact_op = d is None
     checking = violations is not None or resolver is not None
-    native = NF.usable(v)
+    native = checking and not exact_op and NF.usable(v)  # the near-tie filter fused with the rounding
     cand = None
     if native:  # r already canonical: only the positions written below are canonicalised
-        if checking and not exact_op:
-            r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
-        else:
-            r, finite = NF.round_fp32(v)
+        r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
         if check_finite and not finite:
             _check_finite(r.reshape(-1), what)
     else:
-        d = None if d is None else NF.dense(d)
+        d = NF.dense(d) if checking and d is not None else d  # a lazy d is read at entries only otherwise
         r = v.to(torch.float32)
         if check_finite:
             _check_finite(r.reshape(-1), what)
