@@ -116,14 +116,15 @@ def test_relative_reach_is_the_executors_transcendental_bound(simd, scale: float
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("batched", [False, True])
-def test_norm_reach_is_the_executors_norm_bound_never_materialised(simd, bias: bool, batched: bool) -> None:
+@pytest.mark.parametrize("batched", ["no", "same", "broadcast"])
+def test_norm_reach_is_the_executors_norm_bound_never_materialised(simd, bias: bool, batched: str) -> None:
     rng = np.random.default_rng(3)
     m, n, k = 37, 45, 19
-    lead = (3,) if batched else ()
+    lead = (3,) if batched == "same" else ()
+    lead_b = (2, 3) if batched == "broadcast" else lead  # [M, K] @ [2, 3, N, K]^T
     a = torch.from_numpy((rng.standard_normal((*lead, m, k)) * rng.choice([1.0, 1e-30, 1e20], (*lead, m, 1)))
                          .astype(F32)).double()
-    b = torch.from_numpy(rng.standard_normal((*lead, n, k)).astype(F32)).double()
+    b = torch.from_numpy(rng.standard_normal((*lead_b, n, k)).astype(F32)).double()
     x = [a, b] + ([torch.from_numpy(rng.standard_normal(n).astype(F32)).double()] if bias else [])
     v = torch.matmul(x[0], x[1].transpose(-1, -2))
     # plant exact midpoints and their FP64 neighbours so the filter has something to find
