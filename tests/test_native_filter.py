@@ -253,7 +253,7 @@ def test_a_non_finite_value_still_raises(monkeypatch: pytest.MonkeyPatch) -> Non
     v = torch.from_numpy(np.array([1.0, np.nan, 2.0] * 2000))
     d = torch.full_like(v, 2.0**-60)
     for fn in (lambda: round_output(v, d, "t"), lambda: round_output(v, None, "t"),
-               lambda: apply_log(v, d, OpLog.empty(), "t", violations=[])):
+               lambda: apply_log(v, d, OpLog.empty(), "t", violations=[]), lambda: apply_log(v, d, OpLog.empty(), "t")):
         with pytest.raises(NonFiniteValue):
             fn()
     sums: list = []

@@ -424,15 +424,18 @@ def apply_log(
     ``RN32(v)`` is right there): an unlogged near-tie among them is no suspect.
     ``check_finite=False`` leaves the NaN/Inf check to the caller. Works on any device (the entries
     are moved to ``v``'s). ``d`` may be lazy (``native_filter.Bound``); where the native filter takes
-    ``v``, the checking replay's rounding, canonical zeros, finiteness check and near-tie filter are
+    ``v``, rounding, canonical zeros, the finiteness check and (checking) the near-tie filter are
     one pass.
     """
     exact_op = d is None
     checking = violations is not None or resolver is not None
-    native = checking and not exact_op and NF.usable(v)  # the near-tie filter fused with the rounding
+    native = NF.usable(v)
     cand = None
     if native:  # r already canonical: only the positions written below are canonicalised
-        r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
+        if checking and not exact_op:
+            r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
+        else:
+            r, finite = NF.round_fp32(v)
         if check_finite and not finite:
             _check_finite(r.reshape(-1), what)
     else:
