@@ -172,6 +172,26 @@ def test_tight_reach_is_the_executors_tight_matmul_bound_never_materialised(simd
         assert len(cand) > 0
 
 
+@pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN])
+def test_sum_and_mean_reach_is_the_executors_bound_never_materialised(simd, kind: OpKind) -> None:
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((64, 16)).astype(F32)
+    x[:3] = 0.0
+    x[0, :2] = [16.0, 2.0**-20]  # sums (and means) at FP32 midpoints: candidates
+    x[1, :2] = [16.0, -(2.0**-21)]
+    x[3:6] *= 1e-40
+    op = SimpleNamespace(kind=kind)
+    v_ref, d_ref = E._compute_fp64(op, [torch.from_numpy(x)])  # type: ignore[arg-type]
+    v, bound = E._compute_fp64(op, [torch.from_numpy(x)], lazy=True)  # type: ignore[arg-type]
+    assert isinstance(bound, NF.TightBound) and torch.equal(v, v_ref)
+    assert np.array_equal(bound.dense().numpy().view(np.uint64), d_ref.numpy().view(np.uint64))
+    assert np.array_equal(bound.at(np.arange(v.numel())).view(np.uint64), d_ref.numpy().reshape(-1).view(np.uint64))
+    for scale in SCALES:
+        r, cand, finite = NF.round_filter(v, bound, scale)
+        _check(v.numpy().reshape(-1), r, cand, finite, d_ref.numpy().reshape(-1) * scale)
+        assert len(cand) >= 2
+
+
 def test_exact_ops_round_with_canonical_zeros_and_report_non_finite(simd) -> None:
     v = _adversarial(4)
     r, finite = NF.round_fp32(torch.from_numpy(v))

@@ -521,8 +521,8 @@ def _compute_fp64(
     the canonical trainer, where ``d`` only selects the candidates it decides exactly) or ``"none"``
     (MATMUL, SUM, MEAN: ``d`` is not computed, for modes that never read it).
 
-    ``lazy``: where the native filter takes ``v`` (``native_filter.usable``), the EXP/LOG/TANH bound
-    and MATMUL's come back unmaterialized (``native_filter.RelativeBound``/``NormBound``/``TightBound``,
+    ``lazy``: where the native filter takes ``v`` (``native_filter.usable``), the bounds of EXP/LOG/TANH,
+    MATMUL, SUM and MEAN come back unmaterialized (``native_filter.RelativeBound``/``NormBound``/``TightBound``,
     the same bits wherever they are read); the consumers of ``d`` then must accept one.
     """
     k = op.kind
@@ -571,10 +571,12 @@ def _compute_fp64(
         v = x[0].sum(dim=-1, keepdim=True)
         if bound == "none":
             return (v if k == OpKind.SUM else v / n), None
-        s = ins[0].abs().sum(dim=-1, keepdim=True).double()
-        if k == OpKind.SUM:
-            return v, (TRAINER_BOUND_SLACK * gamma(n)) * s
-        return v / n, (TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n) * s
+        s = ins[0].abs().sum(dim=-1, keepdim=True)
+        c = TRAINER_BOUND_SLACK * gamma(n) if k == OpKind.SUM else TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n
+        v = v if k == OpKind.SUM else v / n
+        if lazy and native_filter.usable(v):  # (fl64(s) + 0) * c: the same bits as c * fl64(s) (s >= 0)
+            return v, native_filter.TightBound(s, 0.0, c)
+        return v, c * s.double()
     raise GraphError(f"{k.name} is not a rounding op")
 
 

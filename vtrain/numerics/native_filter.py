@@ -69,8 +69,8 @@ class NormBound:
 
 @dataclass(frozen=True)
 class TightBound:
-    """MATMUL's tight trainer bound ``d = (fl64(s) + sub) * factor`` from the FP32 ``s = |A| @ |B|
-    (+ |bias|)`` (``executor._compute_fp64``), not materialized in FP64."""
+    """``d = (fl64(s) + sub) * factor`` from an FP32 ``s``, not materialized in FP64 (``executor._compute_fp64``):
+    MATMUL's tight bound (``s = |A| @ |B| (+ |bias|)``) and the SUM/MEAN bound (``s = sum|x|``, ``sub = 0``)."""
 
     s: torch.Tensor
     sub: float
