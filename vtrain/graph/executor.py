@@ -26,6 +26,7 @@ from vtrain.graph.step_graph import (
     OpNode,
     bits_f32,
 )
+from vtrain.numerics import native_filter
 from vtrain.numerics.canonical import grid_elements, round_canonical
 from vtrain.numerics.paper import apply_paper, hooked_ops, round_paper
 from vtrain.numerics.rounding import (
@@ -265,13 +266,14 @@ class StepExecutor:
                 else:
                     sums.extend(finite_probe(out))
                 return out.add_(0.0)  # canonical zero, in place on the fresh output
-        if self.mode in (Mode.ROUND_NOLOG, Mode.PAPER):
-            bound_kind = "none"  # the bound is never read
+        plain_replay = log_in is not None and not check and resolver_factory is None
+        if self.mode in (Mode.ROUND_NOLOG, Mode.PAPER) or plain_replay:
+            bound_kind = "none"  # the bound is never read (a replay reads it only to check entries)
         elif log_in is None and self.canonical_log:
             bound_kind = "norm"  # only selects candidates for exact decisions (round_canonical)
         else:
             bound_kind = "tight"
-        v, d = _compute_fp64(op, ins, bound_kind)
+        v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
         stats.values += v.numel()
         what = f"{op.kind.name} op {op.id}"
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
@@ -505,8 +507,8 @@ def _scalar(op: OpNode) -> float:
 
 
 def _compute_fp64(
-    op: OpNode, ins: list[torch.Tensor], bound: str = "tight"
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    op: OpNode, ins: list[torch.Tensor], bound: str = "tight", lazy: bool = False
+) -> tuple[torch.Tensor, native_filter.Bound | None]:
     """The FP64 value ``v`` of a rounding op and its certified bound ``d`` (None when exact).
 
     For MATMUL the FP32 evaluation of ``|A|@|B|`` may underflow; ``n * 2^-149`` covers that, and
@@ -518,6 +520,10 @@ def _compute_fp64(
     from FP64 row norms: O(MK + NK + MN) instead of a second GEMM; a valid upper bound, only looser, for
     the canonical trainer, where ``d`` only selects the candidates it decides exactly) or ``"none"``
     (MATMUL, SUM, MEAN: ``d`` is not computed, for modes that never read it).
+
+    ``lazy``: where the native filter takes ``v`` (``native_filter.usable``), the bounds of EXP/LOG/TANH,
+    MATMUL, SUM and MEAN come back unmaterialized (``native_filter.RelativeBound``/``NormBound``/``TightBound``,
+    the same bits wherever they are read); the consumers of ``d`` then must accept one.
     """
     k = op.kind
     x = [t.double() for t in ins]
@@ -542,39 +548,52 @@ def _compute_fp64(
     if k in (OpKind.EXP, OpKind.LOG, OpKind.TANH):
         fn = {OpKind.EXP: torch.exp, OpKind.LOG: torch.log, OpKind.TANH: torch.tanh}[k]
         v = fn(x[0])
+        if lazy and native_filter.usable(v):
+            return v, native_filter.RelativeBound(v, 4.0 * U)
         return v, 4.0 * U * v.abs()
     if k == OpKind.MATMUL:
         v = torch.matmul(x[0], x[1].transpose(-1, -2))
         if bound == "none":
             return (v.add_(x[2]) if len(ins) == 3 else v), None
         if bound == "norm":
-            return v, _norm_bound(x, v)
+            return v, _norm_bound(x, v, lazy)
         s = torch.matmul(ins[0].abs(), ins[1].abs().transpose(-1, -2))
         n = ins[0].shape[-1]
         if len(ins) == 3:  # in place on the fresh products (large fresh buffers cost page faults)
             v.add_(x[2])
             s.add_(ins[2].abs())
             n += 1
+        if lazy and native_filter.usable(v):
+            return v, native_filter.TightBound(s, n * _SUBNORMAL, TRAINER_BOUND_SLACK * gamma(n))
         return v, s.double().add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n))
     if k in (OpKind.SUM, OpKind.MEAN):
         n = ins[0].shape[-1]
         v = x[0].sum(dim=-1, keepdim=True)
         if bound == "none":
             return (v if k == OpKind.SUM else v / n), None
-        s = ins[0].abs().sum(dim=-1, keepdim=True).double()
-        if k == OpKind.SUM:
-            return v, (TRAINER_BOUND_SLACK * gamma(n)) * s
-        return v / n, (TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n) * s
+        s = ins[0].abs().sum(dim=-1, keepdim=True)
+        c = TRAINER_BOUND_SLACK * gamma(n) if k == OpKind.SUM else TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n
+        v = v if k == OpKind.SUM else v / n
+        if lazy and native_filter.usable(v):  # (fl64(s) + 0) * c: the same bits as c * fl64(s) (s >= 0)
+            return v, native_filter.TightBound(s, 0.0, c)
+        return v, c * s.double()
     raise GraphError(f"{k.name} is not a rounding op")
 
 
-def _norm_bound(x: list[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+def _norm_bound(x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False) -> native_filter.Bound:
     """The trainer bound of an FP64 MATMUL (``v``, with the bias added here) from the Cauchy-Schwarz
     bound ``|a_i|_2 |b_j|_2 (+ |bias_j|) >= sum_k |t_k|`` of FP64 row norms of the FP32 inputs
     ``x``: squares of FP32 values are exact in FP64 and cannot underflow or overflow, the norms'
     sum, square root, product and bias add carry a relative error below ``(n + 4) 2^-53``, covered by
-    the factor ``1 + (n + 4) 2^-52``. At least the tight bound of :func:`_compute_fp64`, elementwise."""
+    the factor ``1 + (n + 4) 2^-52``. At least the tight bound of :func:`_compute_fp64`, elementwise.
+    ``lazy`` (where the native filter takes ``v``): the same bound unmaterialized (``NormBound``)."""
     n = x[0].shape[-1]
+    if lazy and native_filter.usable(v):
+        if len(x) == 3:
+            v.add_(x[2])
+        m = n + (len(x) == 3)
+        factor = TRAINER_BOUND_SLACK * gamma(m) * (1.0 + (m + 4) * 2.0**-52)
+        return native_filter.norm_bound(x, v, factor, m * _SUBNORMAL)
     na = x[0].mul(x[0]).sum(dim=-1, keepdim=True).sqrt_()  # [..., M, 1]
     nb = x[1].mul(x[1]).sum(dim=-1, keepdim=True).sqrt_()  # [..., N, 1]
     s = na * nb.transpose(-1, -2)

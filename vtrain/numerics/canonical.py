@@ -41,6 +41,7 @@ import torch
 
 from vtrain.graph.step_graph import Graph, OpKind, OpNode
 from vtrain.numerics import exact as X
+from vtrain.numerics import native_filter as NF
 from vtrain.numerics.rounding import (
     _SMALL,
     TRAINER_BOUND_SLACK,
@@ -140,14 +141,17 @@ def decide(el: ExactElement) -> tuple[int, int]:
     return c, int(Code.EXPLICIT)
 
 
-def candidates(v: torch.Tensor, d: torch.Tensor, rf: torch.Tensor | None = None) -> torch.Tensor:
+def candidates(v: torch.Tensor, d: NF.Bound, rf: torch.Tensor | None = None) -> torch.Tensor:
     """Flat indices of elements whose ``v`` may be within ``CANDIDATE_BAND * d`` of a midpoint: a
     superset of those with ``fl(m - v) <= reach`` for either midpoint ``m`` (the rounding module's
     fast filter, ``midpoint_candidates``: ``fl(h - |v - RN32(v)|)`` with ``h`` the smaller half gap is at
     most either ``fl(m - v)``; about 3x faster than comparing against both neighbours). Extra
     candidates are decided exactly too, so they never change an output or an entry. ``rf``: ``v`` in
     FP32 when the caller has it. Small CPU tensors run the same IEEE operations in numpy (torch's
-    fixed cost per call dominates there)."""
+    fixed cost per call dominates there); the native filter (``native_filter``) where it takes ``v``."""
+    if NF.usable(v):
+        return torch.from_numpy(NF.round_filter(v, d, _BAND)[1])
+    d = NF.dense(d)
     vf, df = v.reshape(-1), d.reshape(-1)
     rf = vf.to(torch.float32) if rf is None else rf.reshape(-1)
     n = vf.numel()
@@ -179,16 +183,28 @@ def _candidates_np(vf: np.ndarray, df: np.ndarray, rf: np.ndarray) -> np.ndarray
     return midpoint_candidates_np(vf, rf, df * _BAND)
 
 
+def round_candidates(v: torch.Tensor, d: NF.Bound) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(r, candidates, finite)``: ``r = RN32(v)`` with canonical zeros, :func:`candidates`, and
+    True only where every ``r`` is known finite (the native filter says so in the same pass; the
+    caller checks otherwise). One fused pass where the native filter takes ``v``."""
+    if NF.usable(v):
+        r, cand, finite = NF.round_filter(v, d, _BAND)
+        return r, torch.from_numpy(cand), finite
+    r = v.to(torch.float32).add_(0.0)  # canonical zeros in place (the filter reads -0 as +0)
+    return r, candidates(v, NF.dense(d), r), False
+
+
 def round_canonical(
-    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, d: torch.Tensor, what: str
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, d: NF.Bound, what: str
 ) -> tuple[torch.Tensor, OpLog, int]:
     """Trainer side: the canonical FP32 output and log entries of a logging op (``v``, ``d`` its FP64
-    value and certified bound); also returns how many candidates fell back to exact arithmetic."""
-    r = v.to(torch.float32).add_(0.0)  # canonical zeros in place (the filter reads -0 as +0)
-    cand = candidates(v, d, r)
+    value and certified bound, dense or lazy: only the candidate filter reads it); also returns how
+    many candidates fell back to exact arithmetic."""
+    r, cand, finite = round_candidates(v, d)
     if cand.numel() == 0:  # also proves every element finite (a NaN/Inf margin is never > 0)
         return r, OpLog.empty(), 0
-    _check_finite(r.reshape(-1), what)
+    if not finite:
+        _check_finite(r.reshape(-1), what)
     out = r.reshape(-1)
     n_c = cand.numel()
     bits = np.zeros(n_c, dtype=np.int64)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from vtrain.errors import NonFiniteValue, VtrainError
+from vtrain.numerics import native_filter as NF
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ def _op_log(index: torch.Tensor, code: torch.Tensor, value: torch.Tensor) -> OpL
 
 def round_output(
     v: torch.Tensor,
-    d: torch.Tensor | None,
+    d: NF.Bound | None,
     what: str,
     directed_ok: torch.Tensor | None = None,
     directed_floor: float | None = None,
@@ -276,8 +277,12 @@ def round_output(
 
     Bit for bit the same output and entries as :func:`round_output_reference` (tested): a cheap
     exact filter (:func:`midpoint_candidates`) finds the few elements with a midpoint in reach and
-    the reference rule runs on those only.
+    the reference rule runs on those only (one fused pass of the native filter where it takes
+    ``v``; ``d`` may then be lazy, ``native_filter.Bound``).
     """
+    if NF.usable(v):
+        return _round_output_native(v, d, what, directed_ok, directed_floor, check_finite)
+    d = None if d is None else NF.dense(d)
     r = v.to(torch.float32, copy=True).add_(0.0)  # canonical zero in place: the rule reads -0 as +0
     later = check_finite if isinstance(check_finite, list) else None
     now = check_finite is True
@@ -329,6 +334,41 @@ def round_output(
     return r, OpLog(c[sub].astype(np.int64), code, value)
 
 
+def _round_output_native(
+    v: torch.Tensor,
+    d: NF.Bound | None,
+    what: str,
+    directed_ok: torch.Tensor | None,
+    directed_floor: float | None,
+    check_finite: bool | list[torch.Tensor],
+) -> tuple[torch.Tensor, OpLog]:
+    """:func:`round_output` with the native filter: rounding, canonical zeros, candidates and the
+    finiteness flag in one pass; the rule (:func:`_entries_at_np`) on the candidates only."""
+    later = check_finite if isinstance(check_finite, list) else None
+    if d is None:
+        r, finite = NF.round_fp32(v)
+        cand = None
+    else:
+        r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # reach: the rule's 2 d (1 + 2^-40)
+        if not len(cand):  # also proves every element finite (a NaN/Inf margin is never > 0)
+            return r, OpLog.empty()
+    if not finite:
+        if check_finite is True:
+            _check_finite(r.reshape(-1), what)
+        if later is not None:
+            later.append(torch.tensor(float("nan")))
+    if cand is None:
+        return r, OpLog.empty()
+    dc = NF.bound_at(d, cand)  # type: ignore[arg-type]
+    okc = None if directed_ok is None else directed_ok.reshape(-1).numpy()[cand]
+    if directed_floor is not None:
+        okc = dc > directed_floor if okc is None else okc & (dc > directed_floor)
+    sub, code, value = _entries_at_np(v.reshape(-1).numpy()[cand], dc, r.reshape(-1).numpy()[cand], okc)
+    if not len(sub):
+        return r, OpLog.empty()
+    return r, OpLog(cand[sub].astype(np.int64), code, value)
+
+
 def round_output_reference(
     v: torch.Tensor, d: torch.Tensor | None, what: str, directed_ok: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, OpLog]:
@@ -364,7 +404,7 @@ class LogViolation:
 
 def apply_log(
     v: torch.Tensor,
-    d: torch.Tensor | None,
+    d: NF.Bound | None,
     entries: OpLog,
     what: str,
     resolver: AmbiguityResolver | None = None,
@@ -383,21 +423,39 @@ def apply_log(
     (``canonical.grid_elements``: exact-grid sums carry no entry even at an exact midpoint, and
     ``RN32(v)`` is right there): an unlogged near-tie among them is no suspect.
     ``check_finite=False`` leaves the NaN/Inf check to the caller. Works on any device (the entries
-    are moved to ``v``'s).
+    are moved to ``v``'s). ``d`` may be lazy (``native_filter.Bound``); where the native filter takes
+    ``v``, rounding, canonical zeros, the finiteness check and (checking) the near-tie filter are
+    one pass.
     """
-    r = v.to(torch.float32)
-    if check_finite:
-        _check_finite(r.reshape(-1), what)
+    exact_op = d is None
+    checking = violations is not None or resolver is not None
+    native = NF.usable(v)
+    cand = None
+    if native:  # r already canonical: only the positions written below are canonicalised
+        if checking and not exact_op:
+            r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
+        else:
+            r, finite = NF.round_fp32(v)
+        if check_finite and not finite:
+            _check_finite(r.reshape(-1), what)
+    else:
+        d = NF.dense(d) if checking and d is not None else d  # a lazy d is read at entries only otherwise
+        r = v.to(torch.float32)
+        if check_finite:
+            _check_finite(r.reshape(-1), what)
     dev = v.device
     suspect: dict[int, tuple[int, str]] = {}
-    exact_op = d is None
     vf = v.reshape(-1)
-    checking = violations is not None or resolver is not None
     if not len(entries) and not checking:
-        return canonical(r)
-    out = r.reshape(-1).clone()
+        return r if native else canonical(r)
+    near = None
+    if checking and not exact_op:  # before the entries are applied: the filter reads RN32(v)
+        if native:
+            near = _unlogged_near_ties_at(vf, d, r.reshape(-1), entries, cand)  # type: ignore[arg-type]
+        else:
+            near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries)  # type: ignore[union-attr]
+    out = r.reshape(-1) if native else r.reshape(-1).clone()
     if len(entries):
-        df = torch.zeros_like(vf) if d is None else d.reshape(-1)
         n = out.numel()
         if int(entries.index.max()) >= n or int(entries.index.min()) < 0:
             raise VtrainError(f"{what}: log index out of range for {n} elements")
@@ -405,7 +463,13 @@ def apply_log(
             raise VtrainError(f"{what}: invalid rounding-log code")
         idx = torch.from_numpy(entries.index).to(dev)
         codes = torch.from_numpy(entries.code.astype(np.int64)).to(dev)
-        vi, di, ri = vf[idx], df[idx], out[idx]
+        if d is None:
+            di = torch.zeros(len(entries), dtype=vf.dtype, device=dev)
+        elif isinstance(d, torch.Tensor):
+            di = d.reshape(-1)[idx]
+        else:
+            di = torch.from_numpy(NF.bound_at(d, entries.index))
+        vi, ri = vf[idx], out[idx]
         lo_n, hi_n = _neighbours(ri)
         r64 = ri.double()
         m_hi = (r64 + hi_n.double()) * 0.5
@@ -416,7 +480,8 @@ def apply_log(
         above = torch.where(take_hi, hi_n, ri)
         directed = torch.where(codes == int(Code.DOWN), below, above)
         explicit = torch.from_numpy(entries.value).to(dev)
-        out[idx] = torch.where(codes == int(Code.EXPLICIT), explicit, directed)
+        applied = torch.where(codes == int(Code.EXPLICIT), explicit, directed)
+        out[idx] = canonical(applied) if native else applied
         if checking:
             far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > 3.0 * di)
             wild = (codes == int(Code.EXPLICIT)) & ((explicit.double() - vi).abs() > 6.0 * di)
@@ -424,8 +489,7 @@ def apply_log(
                 far = far | (codes != int(Code.EXPLICIT))
             for k in (far | wild).nonzero().reshape(-1).tolist():
                 suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
-    if checking and not exact_op:
-        near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries)
+    if near is not None:
         if exact is not None and len(near):
             near = near[~np.asarray(exact(near), dtype=bool)]
         for k in near.tolist():
@@ -441,9 +505,15 @@ def apply_log(
             codes_np[np.searchsorted(keys, entries.index)] = entries.code
         flagged = np.isin(keys, flagged_keys)
         kt = torch.from_numpy(keys).to(dev)
-        proposed = out[kt].cpu().numpy().copy()
-        out[kt] = torch.from_numpy(resolver(keys, proposed, codes_np, flagged).astype(np.float32)).to(dev)
-    return canonical(out.reshape(r.shape))
+        if native:  # the values the plain path proposes: RN32(v) and the applied entries, zeros as they are
+            proposed = vf[kt].to(torch.float32).numpy()
+            if len(entries):
+                proposed[np.searchsorted(keys, entries.index)] = applied.numpy()
+        else:
+            proposed = out[kt].cpu().numpy().copy()
+        res = torch.from_numpy(resolver(keys, proposed, codes_np, flagged).astype(np.float32)).to(dev)
+        out[kt] = canonical(res) if native else res
+    return out.reshape(r.shape) if native else canonical(out.reshape(r.shape))
 
 
 def unlogged_near_ties(vf: torch.Tensor, df: torch.Tensor, rf: torch.Tensor, entries: OpLog) -> np.ndarray:
@@ -459,6 +529,28 @@ def unlogged_near_ties(vf: torch.Tensor, df: torch.Tensor, rf: torch.Tensor, ent
     near = _near_midpoint(vf[cand], rf[cand], reach[cand])
     hits = cand[near].cpu().numpy().astype(np.int64)
     return hits[~np.isin(hits, entries.index)] if len(entries) else hits
+
+
+def _unlogged_near_ties_at(
+    vf: torch.Tensor, d: NF.Bound, rf: torch.Tensor, entries: OpLog, cand: np.ndarray
+) -> np.ndarray:
+    """:func:`unlogged_near_ties` given the native filter's candidates ``cand`` (reach
+    ``d * 2 (1 + 2^-40)``, the same bits as ``2 d (1 + 2^-40)``): the reference test on those only."""
+    if not len(cand):
+        return np.zeros(0, np.int64)
+    near = _near_midpoint_np(vf.numpy()[cand], rf.numpy()[cand], 2.0 * NF.bound_at(d, cand) * _CMP_SLACK)
+    hits = cand[near]
+    return hits[~np.isin(hits, entries.index)] if len(entries) else hits
+
+
+def _near_midpoint_np(vf: np.ndarray, rf: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """:func:`_near_midpoint` in numpy (the same IEEE operations; no torch cost per call on few elements)."""
+    inf = np.float32(np.inf)
+    r64 = rf.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi = (r64 + np.nextafter(rf, inf).astype(np.float64)) * 0.5 - vf <= reach
+        lo = vf - (r64 + np.nextafter(rf, -inf).astype(np.float64)) * 0.5 <= reach
+    return hi | lo
 
 
 def _near_midpoint(vf: torch.Tensor, rf: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,291 @@
+/* Fused FP32 rounding and midpoint-candidate filter (vtrain/numerics/native_filter.py).
+ *
+ * One pass per element of a C-contiguous FP64 array v: writes r = RN32(v) with canonical zero
+ * (+0.0 for -0.0) and appends the flat index of every element where
+ *
+ *     !( fl( fl(h - |v - r|) - reach ) > 0 )
+ *
+ * h being the smaller half gap of r to its FP32 neighbours, from r's bits (rounding.min_half_spacing):
+ * exactly the IEEE binary64 operations of rounding.midpoint_candidates_np, so the candidate set is
+ * the numpy reference's (NaN/Inf always candidates: an empty set proves every element finite).
+ * `reach` is computed inline by one of three forms, each the FP64 operation sequence of the Python
+ * path it replaces:
+ *   dense:    reach = d[i] * scale
+ *   relative: reach = (c * |v[i]|) * scale            (EXP/LOG/TANH: d = 4u |v|)
+ *   scaled32: reach = (((double)s[i] + sub) * factor) * scale
+ *             (MATMUL's tight bound from the FP32 |A| @ |B| (+ |bias|): the FP64 copy never exists)
+ *   norm:     reach = ((((na[row] * nb[batch, j]) + |bias[j]|) + sub) * factor) * scale
+ *             (MATMUL's Cauchy-Schwarz bound, executor._norm_bound; the [M, N] array never exists)
+ * Compiled with -ffp-contract=off and without -ffast-math: no FMA, no reassociation, x + 0.0f kept. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define VT_EXPORT __attribute__((visibility("default")))
+
+/* RN32(x) with canonical zero into *out; returns 1 where x is a candidate under `reach`, else 0.
+ * Branch-free, so the block loops below vectorize. */
+static inline uint8_t vt_round_cand(double x, double reach, float *out) {
+    float f = (float)x + 0.0f; /* round to nearest even, then -0 -> +0 */
+    int32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    *out = f;
+    int32_t a = (bits & 0x7FFFFFFF) - 1; /* the FP32 number just below |r| (|r| at zero) */
+    a = a < 0 ? 0 : a;
+    a &= 0x7F800000; /* its exponent: 2^E */
+    float pe;
+    memcpy(&pe, &a, sizeof pe);
+    double h = (double)pe * 0x1p-24;
+    h = h < 0x1p-150 ? 0x1p-150 : h; /* h is never NaN (inf for a NaN r) */
+    double margin = (h - fabs(x - (double)f)) - reach;
+    return (uint8_t)!(margin > 0);
+}
+
+#define VT_BLOCK 512
+#define VT_INLINE static inline __attribute__((always_inline))
+
+/* The per-block mask loops (mask[i] = candidate, r written), branch-free so that they vectorize.
+ * Each is compiled twice, for the base ISA and for AVX2 (chosen at run time): the same IEEE
+ * operations lane by lane (no FMA either way), so the same bits; tests compare the two. */
+VT_INLINE uint8_t vt_mask_dense(const double *v, const double *d, int64_t len, double scale,
+                                float *r, uint8_t *mask) {
+    uint8_t any = 0;
+    for (int64_t i = 0; i < len; i++) {
+        mask[i] = vt_round_cand(v[i], d[i] * scale, &r[i]);
+        any |= mask[i];
+    }
+    return any;
+}
+
+VT_INLINE uint8_t vt_mask_relative(const double *v, int64_t len, double c, double scale, float *r,
+                                   uint8_t *mask) {
+    uint8_t any = 0;
+    for (int64_t i = 0; i < len; i++) {
+        const double x = v[i];
+        mask[i] = vt_round_cand(x, (c * fabs(x)) * scale, &r[i]);
+        any |= mask[i];
+    }
+    return any;
+}
+
+VT_INLINE uint8_t vt_mask_norm(const double *v, int64_t len, double a, const double *b, const double *bias,
+                               double sub, double factor, double scale, float *r, uint8_t *mask) {
+    uint8_t any = 0;
+    if (bias) {
+        for (int64_t j = 0; j < len; j++) {
+            const double dd = (((a * b[j]) + fabs(bias[j])) + sub) * factor;
+            mask[j] = vt_round_cand(v[j], dd * scale, &r[j]);
+            any |= mask[j];
+        }
+    } else {
+        for (int64_t j = 0; j < len; j++) {
+            const double dd = ((a * b[j]) + sub) * factor;
+            mask[j] = vt_round_cand(v[j], dd * scale, &r[j]);
+            any |= mask[j];
+        }
+    }
+    return any;
+}
+
+VT_INLINE uint8_t vt_mask_scaled32(const double *v, const float *s, int64_t len, double sub, double factor,
+                                   double scale, float *r, uint8_t *mask) {
+    uint8_t any = 0;
+    for (int64_t i = 0; i < len; i++) {
+        const double dd = ((double)s[i] + sub) * factor;
+        mask[i] = vt_round_cand(v[i], dd * scale, &r[i]);
+        any |= mask[i];
+    }
+    return any;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define VT_HAVE_AVX2 1
+__attribute__((target("avx2"))) static uint8_t vt_mask_scaled32_avx2(const double *v, const float *s, int64_t len,
+                                                                     double sub, double factor, double scale,
+                                                                     float *r, uint8_t *mask) {
+    return vt_mask_scaled32(v, s, len, sub, factor, scale, r, mask);
+}
+__attribute__((target("avx2"))) static uint8_t vt_mask_dense_avx2(const double *v, const double *d, int64_t len,
+                                                                  double scale, float *r, uint8_t *mask) {
+    return vt_mask_dense(v, d, len, scale, r, mask);
+}
+__attribute__((target("avx2"))) static uint8_t vt_mask_relative_avx2(const double *v, int64_t len, double c,
+                                                                     double scale, float *r, uint8_t *mask) {
+    return vt_mask_relative(v, len, c, scale, r, mask);
+}
+__attribute__((target("avx2"))) static uint8_t vt_mask_norm_avx2(const double *v, int64_t len, double a,
+                                                                 const double *b, const double *bias, double sub,
+                                                                 double factor, double scale, float *r,
+                                                                 uint8_t *mask) {
+    return vt_mask_norm(v, len, a, b, bias, sub, factor, scale, r, mask);
+}
+#else
+#define VT_HAVE_AVX2 0
+#endif
+
+static int vt_simd = -1; /* -1: not chosen yet; 0: base ISA; 1: AVX2 */
+
+static int vt_use_simd(void) {
+    if (vt_simd < 0) {
+#if VT_HAVE_AVX2
+        __builtin_cpu_init();
+        vt_simd = __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+        vt_simd = 0;
+#endif
+    }
+    return vt_simd;
+}
+
+/* Tests: 0 forces the base-ISA loops, 1 the AVX2 ones where the CPU has it; returns the level in use. */
+VT_EXPORT int vt_filter_set_simd(int on) {
+    vt_use_simd();
+#if VT_HAVE_AVX2
+    vt_simd = on && __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+    (void)on;
+#endif
+    return vt_simd;
+}
+
+/* Appends base + i for every set mask[i]; returns the new count. */
+static inline int64_t vt_append(const uint8_t *mask, int64_t len, int64_t base, int64_t *idx, int64_t k) {
+    for (int64_t i = 0; i < len; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, mask + i, 8); /* mask is padded to a multiple of 8 with zeros */
+        if (!w) continue;
+        for (int64_t j = i; j < i + 8 && j < len; j++) {
+            idx[k] = base + j;
+            k += mask[j];
+        }
+    }
+    return k;
+}
+
+/* Whether any candidate's r is not finite (a NaN/Inf is always a candidate: checking those suffices). */
+static uint32_t vt_any_nonfinite(const float *r, const int64_t *idx, int64_t k) {
+    for (int64_t i = 0; i < k; i++) {
+        uint32_t bits;
+        memcpy(&bits, &r[idx[i]], sizeof bits);
+        if ((bits & 0x7F800000u) == 0x7F800000u) return 1;
+    }
+    return 0;
+}
+
+/* reach = d[i] * scale. Returns the number of candidates written to idx (capacity n). */
+VT_EXPORT int64_t vt_round_filter_dense(const double *v, const double *d, int64_t n, double scale,
+                                        float *r, int64_t *idx, uint32_t *nonfinite) {
+    uint8_t mask[VT_BLOCK + 8] = {0};
+    const int simd = vt_use_simd();
+    int64_t k = 0;
+    for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
+        const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
+#if VT_HAVE_AVX2
+        const uint8_t any = simd ? vt_mask_dense_avx2(v + lo, d + lo, len, scale, r + lo, mask)
+                                 : vt_mask_dense(v + lo, d + lo, len, scale, r + lo, mask);
+#else
+        const uint8_t any = vt_mask_dense(v + lo, d + lo, len, scale, r + lo, mask);
+        (void)simd;
+#endif
+        if (any) {
+            k = vt_append(mask, len, lo, idx, k);
+            memset(mask, 0, sizeof mask);
+        }
+    }
+    *nonfinite = vt_any_nonfinite(r, idx, k);
+    return k;
+}
+
+/* reach = (c * |v[i]|) * scale. */
+VT_EXPORT int64_t vt_round_filter_relative(const double *v, int64_t n, double c, double scale,
+                                           float *r, int64_t *idx, uint32_t *nonfinite) {
+    uint8_t mask[VT_BLOCK + 8] = {0};
+    const int simd = vt_use_simd();
+    int64_t k = 0;
+    for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
+        const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
+#if VT_HAVE_AVX2
+        const uint8_t any = simd ? vt_mask_relative_avx2(v + lo, len, c, scale, r + lo, mask)
+                                 : vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
+#else
+        const uint8_t any = vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
+        (void)simd;
+#endif
+        if (any) {
+            k = vt_append(mask, len, lo, idx, k);
+            memset(mask, 0, sizeof mask);
+        }
+    }
+    *nonfinite = vt_any_nonfinite(r, idx, k);
+    return k;
+}
+
+/* reach = ((((double)s[i]) + sub) * factor) * scale: MATMUL's tight bound from the FP32 |A| @ |B| (+ |bias|). */
+VT_EXPORT int64_t vt_round_filter_scaled32(const double *v, const float *s, int64_t n, double sub, double factor,
+                                           double scale, float *r, int64_t *idx, uint32_t *nonfinite) {
+    uint8_t mask[VT_BLOCK + 8] = {0};
+    const int simd = vt_use_simd();
+    int64_t k = 0;
+    for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
+        const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
+#if VT_HAVE_AVX2
+        const uint8_t any = simd ? vt_mask_scaled32_avx2(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
+                                 : vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
+#else
+        const uint8_t any = vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
+        (void)simd;
+#endif
+        if (any) {
+            k = vt_append(mask, len, lo, idx, k);
+            memset(mask, 0, sizeof mask);
+        }
+    }
+    *nonfinite = vt_any_nonfinite(r, idx, k);
+    return k;
+}
+
+/* v is [rows, ncols] (rows = batches * m); row i of batch b = i / m reads na[i] and nb[b * ncols + j];
+ * bias (FP64, ncols values) may be NULL. reach = ((((na * nb) + |bias_j|) + sub) * factor) * scale. */
+VT_EXPORT int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols,
+                                       const double *na, const double *nb, const double *bias,
+                                       double sub, double factor, double scale,
+                                       float *r, int64_t *idx, uint32_t *nonfinite) {
+    uint8_t mask[VT_BLOCK + 8] = {0};
+    const int simd = vt_use_simd();
+    int64_t k = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const double a = na[i];
+        const double *b = nb + (i / m) * ncols;
+        for (int64_t lo = 0; lo < ncols; lo += VT_BLOCK) {
+            const int64_t len = ncols - lo < VT_BLOCK ? ncols - lo : VT_BLOCK;
+            const int64_t at = i * ncols + lo;
+            const double *bl = bias ? bias + lo : NULL;
+#if VT_HAVE_AVX2
+            const uint8_t any = simd ? vt_mask_norm_avx2(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask)
+                                     : vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
+#else
+            const uint8_t any = vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
+            (void)simd;
+#endif
+            if (any) {
+                k = vt_append(mask, len, at, idx, k);
+                memset(mask, 0, sizeof mask);
+            }
+        }
+    }
+    *nonfinite = vt_any_nonfinite(r, idx, k);
+    return k;
+}
+
+/* r = RN32(v) with canonical zero, no filter (exact ops); returns whether any r is not finite. */
+VT_EXPORT uint32_t vt_round_fp32(const double *v, int64_t n, float *r) {
+    uint32_t nf = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float f = (float)v[i] + 0.0f;
+        uint32_t bits;
+        memcpy(&bits, &f, sizeof bits);
+        nf |= (bits & 0x7F800000u) == 0x7F800000u;
+        r[i] = f;
+    }
+    return nf;
+}

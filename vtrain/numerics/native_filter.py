@@ -1,0 +1,180 @@
+"""The fused FP32 rounding and midpoint-candidate filter in C (``csrc/numerics/filter.c``).
+
+One pass per element of an FP64 output ``v``: ``r = RN32(v)`` with canonical zero, and the flat
+indices where ``fl(fl(h - |v - r|) - reach) <= 0`` (NaN included): exactly the IEEE operations of
+:func:`vtrain.numerics.rounding.midpoint_candidates_np`, so the same candidate set (tested). The
+numpy/torch path stays the fallback (``native.available()`` False, CUDA tensors, non-contiguous ones).
+
+``reach`` is ``d * scale``, where the bound ``d`` is a dense FP64 tensor or a lazy bound evaluated
+inside the kernel with the same operations the dense one would take: :class:`RelativeBound`
+(``c |v|``, EXP/LOG/TANH), :class:`NormBound` (MATMUL's Cauchy-Schwarz bound,
+``executor._norm_bound``) and :class:`TightBound` (MATMUL's tight bound from the FP32
+``|A| @ |B|``). Consumers read a lazy bound at their few candidates (:func:`bound_at`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vtrain.numerics import native
+
+
+@dataclass(frozen=True)
+class RelativeBound:
+    """``d = c |v|`` (the trainer bound of EXP/LOG/TANH, ``c = 4u``), not materialized."""
+
+    v: torch.Tensor
+    c: float
+
+    def dense(self) -> torch.Tensor:
+        return self.c * self.v.abs()  # the executor's dense bound, the same product
+
+    def at(self, index: np.ndarray) -> np.ndarray:
+        return self.c * np.abs(self.v.reshape(-1).numpy()[index])
+
+
+@dataclass(frozen=True)
+class NormBound:
+    """``executor._norm_bound`` of a MATMUL output ``[..., M, N]``, not materialized:
+    ``d = (((na_i nb_j) + |bias_j|) + sub) * factor`` with FP64 row norms ``na`` (one per output
+    row, C-contiguous) and ``nb`` (``[batches, N]``), ``bias`` FP64 ``[N]`` or None."""
+
+    na: torch.Tensor
+    nb: torch.Tensor
+    bias: torch.Tensor | None
+    m: int
+    sub: float
+    factor: float
+    shape: tuple[int, ...]
+
+    def dense(self) -> torch.Tensor:
+        n = self.nb.shape[-1]
+        s = self.na.reshape(-1, self.m, 1) * self.nb.reshape(-1, 1, n)
+        if self.bias is not None:
+            s.add_(self.bias.abs())
+        return s.add_(self.sub).mul_(self.factor).reshape(self.shape)
+
+    def at(self, index: np.ndarray) -> np.ndarray:
+        n = self.nb.shape[-1]
+        row, j = index // n, index % n
+        s = self.na.numpy()[row] * self.nb.reshape(-1).numpy()[(row // self.m) * n + j]
+        if self.bias is not None:
+            s = s + np.abs(self.bias.numpy()[j])
+        return (s + self.sub) * self.factor
+
+
+@dataclass(frozen=True)
+class TightBound:
+    """``d = (fl64(s) + sub) * factor`` from an FP32 ``s``, not materialized in FP64 (``executor._compute_fp64``):
+    MATMUL's tight bound (``s = |A| @ |B| (+ |bias|)``) and the SUM/MEAN bound (``s = sum|x|``, ``sub = 0``)."""
+
+    s: torch.Tensor
+    sub: float
+    factor: float
+
+    def dense(self) -> torch.Tensor:
+        return self.s.double().add_(self.sub).mul_(self.factor)  # the executor's dense bound, the same ops
+
+    def at(self, index: np.ndarray) -> np.ndarray:
+        return (self.s.reshape(-1).numpy()[index].astype(np.float64) + self.sub) * self.factor
+
+
+Bound = torch.Tensor | RelativeBound | NormBound | TightBound
+"""A certified bound ``d``: dense, or lazy (evaluated inside the filter and at candidates only)."""
+
+
+def dense(d: Bound) -> torch.Tensor:
+    """``d`` as a dense tensor (the numpy/torch path's form; a tensor is returned as is)."""
+    return d if isinstance(d, torch.Tensor) else d.dense()
+
+
+def bound_at(d: Bound, index: np.ndarray) -> np.ndarray:
+    """``d`` at flat indices (FP64 numpy), the same bits as ``dense(d).reshape(-1)[index]``."""
+    if isinstance(d, torch.Tensor):
+        return d.reshape(-1).cpu().numpy()[index]
+    return d.at(index)
+
+
+def usable(v: torch.Tensor) -> bool:
+    """Whether the kernels take ``v``: the library is loaded and ``v`` is a C-contiguous FP64 CPU tensor."""
+    return native.available() and v.device.type == "cpu" and v.dtype == torch.float64 and v.is_contiguous()
+
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+_D = ctypes.c_double
+_SIGNATURES = {
+    "vt_round_filter_dense": (_I, [_P, _P, _I, _D, _P, _P, _P]),
+    "vt_round_filter_relative": (_I, [_P, _I, _D, _D, _P, _P, _P]),
+    "vt_round_filter_norm": (_I, [_P, _I, _I, _I, _P, _P, _P, _D, _D, _D, _P, _P, _P]),
+    "vt_round_filter_scaled32": (_I, [_P, _P, _I, _D, _D, _D, _P, _P, _P]),
+    "vt_round_fp32": (ctypes.c_uint32, [_P, _I, _P]),
+}
+
+
+_FNS: dict[str, ctypes._CFuncPtr] = {}
+
+
+def _fn(name: str):
+    f = _FNS.get(name)
+    if f is None:
+        f = getattr(native.lib(), name)
+        f.restype, f.argtypes = _SIGNATURES[name]
+        _FNS[name] = f
+    return f
+
+
+def _addr(t: torch.Tensor) -> int:
+    if not t.is_contiguous():
+        raise ValueError("native filter: expected a C-contiguous tensor")
+    return t.data_ptr()
+
+
+def round_filter(v: torch.Tensor, d: Bound, scale: float) -> tuple[torch.Tensor, np.ndarray, bool]:
+    """``(r, candidates, finite)`` of ``v`` (:func:`usable`): ``r = RN32(v)`` (canonical zero, ``v``'s
+    shape), the sorted int64 flat indices with ``fl(fl(h - |v - r|) - d * scale) <= 0``, and whether
+    every ``r`` is finite (a non-finite one is always a candidate)."""
+    n = v.numel()
+    r = torch.empty(v.shape, dtype=torch.float32)
+    idx = np.empty(max(n, 1), dtype=np.int64)  # pages are touched only where candidates land
+    flag = ctypes.c_uint32(0)
+    out = (r.data_ptr(), idx.ctypes.data, ctypes.addressof(flag))
+    if isinstance(d, RelativeBound):
+        k = _fn("vt_round_filter_relative")(_addr(v), n, d.c, scale, *out)
+    elif isinstance(d, TightBound):
+        s32 = d.s if d.s.is_contiguous() else d.s.contiguous()
+        k = _fn("vt_round_filter_scaled32")(_addr(v), _addr(s32), n, d.sub, d.factor, scale, *out)
+    elif isinstance(d, NormBound):
+        n_cols = d.nb.shape[-1]
+        bias = None if d.bias is None else _addr(d.bias)
+        k = _fn("vt_round_filter_norm")(_addr(v), n // max(n_cols, 1), d.m, n_cols, _addr(d.na),
+                                        _addr(d.nb), bias, d.sub, d.factor, scale, *out)
+    else:
+        dd = d if d.dtype == torch.float64 and d.shape == v.shape and d.is_contiguous() else (
+            torch.broadcast_to(d.double(), v.shape).contiguous())
+        k = _fn("vt_round_filter_dense")(_addr(v), _addr(dd), n, scale, *out)
+    return r, idx[:k].copy(), not flag.value
+
+
+def round_fp32(v: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``(RN32(v) with canonical zero, whether every element is finite)`` of ``v`` (:func:`usable`)."""
+    r = torch.empty(v.shape, dtype=torch.float32)
+    nonfinite = _fn("vt_round_fp32")(_addr(v), v.numel(), r.data_ptr())
+    return r, not nonfinite
+
+
+def norm_bound(x: list[torch.Tensor], v: torch.Tensor, factor: float, sub: float) -> NormBound:
+    """The lazy form of ``executor._norm_bound`` for FP64 inputs ``x`` (``[..., M, K]``,
+    ``[..., N, K]``, bias ``[N]``) and output ``v`` ``[..., M, N]``: the same row norms (torch, as
+    there), expanded to one per output row and one row of ``nb`` per batch."""
+    na = x[0].mul(x[0]).sum(dim=-1, keepdim=True).sqrt_()  # [..., M, 1]
+    nb = x[1].mul(x[1]).sum(dim=-1, keepdim=True).sqrt_()  # [..., N, 1]
+    m, n_cols = v.shape[-2], v.shape[-1]
+    na = na.expand(*v.shape[:-1], 1).contiguous().reshape(-1)
+    nb = nb.squeeze(-1).expand(*v.shape[:-2], n_cols).contiguous().reshape(-1, n_cols)
+    bias = x[2].reshape(-1).contiguous() if len(x) == 3 else None
+    return NormBound(na, nb, bias, m, sub, factor, tuple(v.shape))
