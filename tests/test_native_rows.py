@@ -126,8 +126,8 @@ def test_term_rows_decide_as_the_numpy_path_and_exactly(kind: OpKind) -> None:
     n_rows = n_decided = n_checked = 0
     for n, t in _by_width(adversarial_rows(kind, rng)).items():
         b0, c0, ok0 = C._decide_rows_np(kind, t, n)
-        b1, c1, ok1, dropped = native_rows.decide(kind, None, None, rows=t)
-        assert not dropped.any()
+        kept, b1, c1, ok1 = native_rows.decide(kind, None, None, rows=torch.from_numpy(t))
+        assert np.array_equal(kept, np.arange(len(t)))
         assert np.array_equal(ok0, ok1), (n, np.flatnonzero(ok0 != ok1))
         assert np.array_equal(b0, b1), (n, np.flatnonzero(b0 != b1))
         assert np.array_equal(c0, c1), (n, np.flatnonzero(c0 != c1))
@@ -205,17 +205,17 @@ def test_matmul_candidates_decide_as_the_numpy_path(case) -> None:
     vf[::3] = (out[::3].double() + torch.nextafter(out[::3], torch.tensor(np.inf)).double()) / 2
     cand = torch.arange(v.numel())
     nt = k + bias
-    got = native_rows.decide(OpKind.MATMUL, ins, cand.numpy(),
-                             tight=(v.reshape(-1).numpy(), out.numpy(), TRAINER_BOUND_SLACK * gamma(nt), C._BAND))
-    b1, c1, ok1, dropped = got
+    got = native_rows.decide(OpKind.MATMUL, ins, cand,
+                             tight=(v.reshape(-1), out, TRAINER_BOUND_SLACK * gamma(nt), C._BAND))
+    kept, b1, c1, ok1 = got
     t, _ = C._terms(_op(OpKind.MATMUL, len(ins)), ins, cand)
     tn = t.numpy()
     s_abs = np.abs(tn).sum(axis=1)
     still = C._tight_candidates(tn, nt, s_abs, v.reshape(-1).numpy(), out.numpy())
-    assert np.array_equal(np.flatnonzero(~dropped), still)
+    assert np.array_equal(kept, still)
     assert 0 < len(still) < len(cand)
     b0, c0, ok0 = C._decide_rows_np(OpKind.MATMUL, tn[still], nt, s_abs[still])
-    assert np.array_equal(ok0, ok1[still]) and np.array_equal(b0, b1[still]) and np.array_equal(c0, c1[still])
+    assert np.array_equal(ok0, ok1) and np.array_equal(b0, b1) and np.array_equal(c0, c1)
     for j, pos in enumerate(still.tolist()[:40]):
         if ok0[j]:
             assert (int(b0[j]), int(c0[j])) == _exact(OpKind.MATMUL, tn[pos].tolist())
@@ -237,8 +237,8 @@ def test_reduce_candidates_decide_as_the_numpy_path(kind: OpKind, n: int) -> Non
     x[20:] = rng.standard_normal((20, n)).astype(np.float32) * 2.0 ** rng.integers(-20, 20, (20, n))
     ins = [torch.from_numpy(x)]
     cand = np.arange(40, dtype=np.int64)[::-1].copy()  # any order of candidates
-    b1, c1, ok1, dropped = native_rows.decide(kind, ins, cand)
-    assert not dropped.any()
+    kept, b1, c1, ok1 = native_rows.decide(kind, ins, cand)
+    assert np.array_equal(kept, cand)
     t, _ = C._terms(_op(kind, 1), ins, torch.from_numpy(cand))
     b0, c0, ok0 = C._decide_rows_np(kind, t.numpy(), n)
     assert np.array_equal(ok0, ok1) and np.array_equal(b0, b1) and np.array_equal(c0, c1)

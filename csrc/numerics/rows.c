@@ -26,12 +26,10 @@
 enum { KIND_MATMUL = 0, KIND_SUM = 1, KIND_MEAN = 2 };
 enum { SRC_MATMUL = 0, SRC_ROWS32 = 1, SRC_TERMS64 = 2 };
 enum { CODE_NONE = 0, CODE_DOWN = 1, CODE_UP = 2, CODE_EXPLICIT = 3 };
-/* status bits of vt_rows_decide */
-enum { ST_DECIDED = 1, ST_DROPPED = 2 };
 /* verdicts of vt_rows_is_rn32 */
 enum { V_NO = 0, V_YES = 1, V_UNDECIDED = 2 };
 
-/* Where the terms of a row come from (mirrored by native_rows._Source). */
+/* Where the terms of a row come from. */
 typedef struct {
     int32_t src;        /* SRC_* */
     int32_t has_bias;   /* SRC_MATMUL: a bias term follows the K products */
@@ -225,64 +223,75 @@ static void scratch_free(Scratch *w) {
 
 static int64_t index_of(const int64_t *cand, int64_t i) { return cand ? cand[i] : i; }
 
-/* The canonical decision of each candidate (round_canonical's vectorised part). With `v` and `r`
- * (the FP64 values and FP32 outputs of the whole op) the MATMUL tight re-filter runs first, with
- * the bound d = tight_coef (s_abs + n 2^-149) and reach d * band; rows it drops get ST_DROPPED and
- * are not decided. Otherwise: exact-grid rows (decided, code NONE), then the double-double
- * decision. Returns 0, or -1 when scratch memory cannot be had. */
-VT_EXPORT int vt_rows_decide(const Src *s, int32_t kind, const int64_t *cand, int64_t c, const double *v,
-                             const float *r, double tight_coef, double band, int64_t *bits,
-                             int64_t *code, uint8_t *status) {
-    int64_t n = n_terms(s);
+/* The term source from the exported functions' leading arguments: `src` (SRC_*), a MATMUL's `a`
+ * [.., M, K], `b` [.., N, K] and optional `bias` [N] (`m`, `k`, `ncols`), or `x`: FP32 rows
+ * (SRC_ROWS32) or FP64 term rows (SRC_TERMS64) of `n` terms. */
+#define SRC_ARGS int32_t src, const float *a, const float *b, const float *bias, int64_t m, int64_t k, \
+                 int64_t ncols, const void *x, int64_t n
+static Src make_src(SRC_ARGS) {
+    Src s = {src, bias != NULL, a, b, bias, m, k, ncols, (const float *)x, (const double *)x, n};
+    return s;
+}
+
+/* The canonical decision of each candidate (round_canonical's vectorised part), compacted: `out`
+ * [4, c] receives, for each row the tight filter keeps, its element index (cand, or the row's
+ * position), bits, code and decided flag; returns how many rows were kept, or -1 when scratch memory
+ * cannot be had. With `v` and `r` (the FP64 values and FP32 outputs of the whole op) the MATMUL
+ * tight re-filter runs first, with the bound d = coef (s_abs + n 2^-149) and reach d * band.
+ * Then exact-grid rows (decided, code NONE), then the double-double decision. */
+VT_EXPORT int64_t vt_rows_decide(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const double *v,
+                                 const float *r, double coef, double band, int64_t *out) {
+    Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
+    int64_t nt = n_terms(&s);
     Scratch w;
-    if (scratch_new(&w, n)) {
+    if (scratch_new(&w, nt)) {
         scratch_free(&w);
         return -1;
     }
-    double scale = kind == KIND_MEAN ? (double)n : 1.0;
+    int64_t *o_idx = out, *o_bits = out + c, *o_code = out + 2 * c, *o_ok = out + 3 * c;
+    double scale = kind == KIND_MEAN ? (double)nt : 1.0;
+    int64_t kept = 0;
     for (int64_t i = 0; i < c; i++) {
         int64_t idx = index_of(cand, i);
-        fill_terms(s, idx, w.t);
-        double s_abs = np_sum(w.t, n, 1);
-        bits[i] = 0;
-        code[i] = CODE_NONE;
-        status[i] = 0;
-        if (v && !still_candidate(v[idx], r[idx], (tight_coef * (s_abs + (double)n * 0x1p-149)) * band)) {
-            status[i] = ST_DROPPED;
-            continue;
-        }
-        if (grid_row(w.t, n, s_abs, kind)) {
-            float g32 = (float)(np_sum(w.t, n, 0) / scale);
+        fill_terms(&s, idx, w.t);
+        double s_abs = np_sum(w.t, nt, 1);
+        if (v && !still_candidate(v[idx], r[idx], (coef * (s_abs + (double)nt * 0x1p-149)) * band)) continue;
+        int64_t j = kept++;
+        o_idx[j] = idx;
+        o_code[j] = CODE_NONE;
+        if (grid_row(w.t, nt, s_abs, kind)) {
+            float g32 = (float)(np_sum(w.t, nt, 0) / scale);
             if (isfinite(g32)) {
-                bits[i] = (int64_t)f32_bits(g32 + 0.0f);
-                status[i] = ST_DECIDED;
+                o_bits[j] = (int64_t)f32_bits(g32 + 0.0f);
+                o_ok[j] = 1;
                 continue;
             }
         }
-        memcpy(w.x, w.t, (size_t)n * sizeof(double));
+        memcpy(w.x, w.t, (size_t)nt * sizeof(double));
         int ok;
-        decide_dd(w.x, w.e, n, s_abs, kind, &bits[i], &code[i], &ok);
-        status[i] = ok ? ST_DECIDED : 0;
+        decide_dd(w.x, w.e, nt, s_abs, kind, &o_bits[j], &o_code[j], &ok);
+        o_ok[j] = ok;
     }
     scratch_free(&w);
-    return 0;
+    return kept;
 }
 
 /* is_exact_rounding's double-double comparison: whether `claimed[i]` (FP32 bits) is RN32 of the
  * element's exact value: V_YES, V_NO, or V_UNDECIDED (too close to call in FP64, or not finite). */
-VT_EXPORT int vt_rows_is_rn32(const Src *s, int32_t kind, const int64_t *cand, int64_t c,
-                              const uint32_t *claimed, uint8_t *verdict) {
-    int64_t n = n_terms(s);
+VT_EXPORT int vt_rows_is_rn32(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const uint32_t *claimed,
+                              uint8_t *verdict) {
+    Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
+    int64_t nt = n_terms(&s);
     Scratch w;
-    if (scratch_new(&w, n)) {
+    if (scratch_new(&w, nt)) {
         scratch_free(&w);
         return -1;
     }
-    double scale = kind == KIND_MEAN ? (double)n : 1.0;
+    double scale = kind == KIND_MEAN ? (double)nt : 1.0;
     for (int64_t i = 0; i < c; i++) {
-        fill_terms(s, index_of(cand, i), w.x);
+        fill_terms(&s, index_of(cand, i), w.x);
         double hi, lo, err;
-        dd_sum(w.x, n, w.e, &hi, &lo, &err);
+        dd_sum(w.x, nt, w.e, &hi, &lo, &err);
         float c32 = bits_f32(claimed[i]);
         float lo_n = nextafterf(c32, -INFINITY), hi_n = nextafterf(c32, INFINITY);
         double c64 = (double)c32;
@@ -298,16 +307,17 @@ VT_EXPORT int vt_rows_is_rn32(const Src *s, int32_t kind, const int64_t *cand, i
 }
 
 /* grid_exact of each candidate's terms (grid_elements). */
-VT_EXPORT int vt_rows_grid(const Src *s, int32_t kind, const int64_t *cand, int64_t c, uint8_t *grid) {
-    int64_t n = n_terms(s);
+VT_EXPORT int vt_rows_grid(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, uint8_t *grid) {
+    Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
+    int64_t nt = n_terms(&s);
     Scratch w;
-    if (scratch_new(&w, n)) {
+    if (scratch_new(&w, nt)) {
         scratch_free(&w);
         return -1;
     }
     for (int64_t i = 0; i < c; i++) {
-        fill_terms(s, index_of(cand, i), w.t);
-        grid[i] = (uint8_t)grid_row(w.t, n, np_sum(w.t, n, 1), kind);
+        fill_terms(&s, index_of(cand, i), w.t);
+        grid[i] = (uint8_t)grid_row(w.t, nt, np_sum(w.t, nt, 1), kind);
     }
     scratch_free(&w);
     return 0;

@@ -230,16 +230,15 @@ def _decide_candidates(op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out
         tight = None
         if op.kind == OpKind.MATMUL:
             n = ins[0].shape[-1] + (len(ins) == 3)
-            tight = (v.reshape(-1).numpy(), out.numpy(), TRAINER_BOUND_SLACK * gamma(n), _BAND)
-        got = native_rows.decide(op.kind, ins, cand.numpy(), tight=tight)
+            tight = (v.reshape(-1), out, TRAINER_BOUND_SLACK * gamma(n), _BAND)
+        got = native_rows.decide(op.kind, ins, cand, tight=tight)
     if got is None:
         return _decide_candidates_np(op, ins, v, out, cand)
-    bits, codes, ok, dropped = got
-    if dropped.any():
-        still = np.flatnonzero(~dropped)
-        if not len(still):
-            return None
-        cand, bits, codes, ok = cand[torch.from_numpy(still)], bits[still], codes[still], ok[still]
+    kept, bits, codes, ok = got
+    if not len(kept):
+        return None
+    if len(kept) < cand.numel():
+        cand = torch.from_numpy(kept)
     undecided = ~ok
     rest = np.flatnonzero(undecided)
     if len(rest):
@@ -570,9 +569,9 @@ def decide_rows(kind: OpKind, rows: torch.Tensor) -> tuple[torch.Tensor, torch.T
     if kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
         raise ValueError(f"decide_rows: expected MATMUL, SUM or MEAN, got {kind.name}")
     n = rows.shape[1]
-    got = native_rows.decide(kind, None, None, rows=rows.numpy()) if rows.device.type == "cpu" else None
+    got = native_rows.decide(kind, None, None, rows=rows)
     if got is not None:
-        bits, codes, ok = (torch.from_numpy(x) for x in got[:3])
+        bits, codes, ok = (torch.from_numpy(x) for x in got[1:])
     else:
         b, c, ok, _ = _decide_rows(kind, rows, n)
         bits, codes = b.clone(), c.clone()

@@ -6,7 +6,9 @@ and the double-double comparison of ``is_exact_rounding``), one row at a time, s
 the numpy path stays the specification and the fallback (``tests/test_native_rows.py`` compares them).
 
 Each function returns None when the kernels are not loaded (``native.available()`` False) or the
-inputs are not the FP32 CPU tensors the kernels read; callers then run the numpy path.
+inputs are not the FP32 CPU tensors the kernels read; callers then run the numpy path. Pointers are
+taken with ``Tensor.data_ptr()`` (a numpy array's ``.ctypes`` costs about 1.6 us each, ``torch.empty``
+3 us: most calls are made for a handful of candidates, where such fixed costs are the whole price).
 """
 
 from __future__ import annotations
@@ -22,29 +24,9 @@ from vtrain.numerics.rounding import Code
 
 _KIND = {OpKind.MATMUL: 0, OpKind.SUM: 1, OpKind.MEAN: 2}
 _SRC_MATMUL, _SRC_ROWS32, _SRC_TERMS64 = 0, 1, 2
-#: ``status`` bits of :func:`decide`.
-DECIDED, DROPPED = 1, 2
 #: Verdicts of :func:`is_rn32`.
 NO, YES, UNDECIDED = 0, 1, 2
 assert (int(Code.NONE), int(Code.DOWN), int(Code.UP), int(Code.EXPLICIT)) == (0, 1, 2, 3)  # rows.c's CODE_*
-
-
-class _Source(ctypes.Structure):
-    """``Src`` of rows.c: where the terms of a row come from."""
-
-    _fields_ = [
-        ("src", ctypes.c_int32),
-        ("has_bias", ctypes.c_int32),
-        ("a", ctypes.c_void_p),
-        ("b", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("m", ctypes.c_int64),
-        ("k", ctypes.c_int64),
-        ("ncols", ctypes.c_int64),
-        ("x", ctypes.c_void_p),
-        ("t", ctypes.c_void_p),
-        ("n", ctypes.c_int64),
-    ]
 
 
 def _bind() -> ctypes.CDLL | None:
@@ -52,12 +34,13 @@ def _bind() -> ctypes.CDLL | None:
     if lib is None or not hasattr(lib, "vt_rows_decide"):
         return None
     p, i32, i64, f64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
-    src = ctypes.POINTER(_Source)
-    lib.vt_rows_decide.argtypes = [src, i32, p, i64, p, p, f64, f64, p, p, p]
-    lib.vt_rows_is_rn32.argtypes = [src, i32, p, i64, p, p]
-    lib.vt_rows_grid.argtypes = [src, i32, p, i64, p]
-    for f in (lib.vt_rows_decide, lib.vt_rows_is_rn32, lib.vt_rows_grid):
-        f.restype = ctypes.c_int
+    src = [i32, p, p, p, i64, i64, i64, p, i64]  # SRC_ARGS of rows.c
+    lib.vt_rows_decide.argtypes = [*src, i32, p, i64, p, p, f64, f64, p]
+    lib.vt_rows_decide.restype = i64
+    lib.vt_rows_is_rn32.argtypes = [*src, i32, p, i64, p, p]
+    lib.vt_rows_is_rn32.restype = ctypes.c_int
+    lib.vt_rows_grid.argtypes = [*src, i32, p, i64, p]
+    lib.vt_rows_grid.restype = ctypes.c_int
     return lib
 
 
@@ -69,83 +52,81 @@ def available() -> bool:
     return _LIB is not None
 
 
-class _Operands:
-    """The term source of an op's candidates, with the numpy arrays it points into kept alive."""
-
-    def __init__(self, kind: OpKind, ins: list[torch.Tensor] | None = None, rows: np.ndarray | None = None):
-        self.keep: list[np.ndarray] = []
-        if rows is not None:
-            t = self._hold(rows, np.float64)
-            self.src = _Source(_SRC_TERMS64, 0, None, None, None, 0, 0, 0, None, t.ctypes.data, t.shape[1])
-            self.n = t.shape[1]
-        elif kind == OpKind.MATMUL:
-            a, b = (self._hold(x.detach().numpy(), np.float32) for x in ins[:2])
-            bias = self._hold(ins[2].detach().numpy().reshape(-1), np.float32) if len(ins) == 3 else None
-            m, k, ncols = a.shape[-2], a.shape[-1], b.shape[-2]
-            self.src = _Source(_SRC_MATMUL, bias is not None, a.ctypes.data, b.ctypes.data,
-                               None if bias is None else bias.ctypes.data, m, k, ncols, None, None, 0)
-            self.n = k + (bias is not None)
-        else:
-            x = self._hold(ins[0].detach().numpy(), np.float32)
-            self.src = _Source(_SRC_ROWS32, 0, None, None, None, 0, 0, 0, x.ctypes.data, None, x.shape[-1])
-            self.n = x.shape[-1]
-
-    def _hold(self, x: np.ndarray, dtype: type) -> np.ndarray:
-        if x.dtype != dtype:
-            raise TypeError(f"native rows: expected {np.dtype(dtype).name} operands, got {x.dtype}")
-        x = np.ascontiguousarray(x)
-        self.keep.append(x)
-        return x
-
-
 def _usable(ins: list[torch.Tensor]) -> bool:
     return _LIB is not None and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ins)
 
 
-def _index(cand: np.ndarray | None) -> tuple[np.ndarray | None, int | None]:
-    if cand is None:
-        return None, None
-    c = np.ascontiguousarray(cand, dtype=np.int64)
-    return c, c.ctypes.data
+def _contiguous(t: torch.Tensor, keep: list[torch.Tensor]) -> int:
+    t = t if t.is_contiguous() else t.contiguous()
+    keep.append(t)
+    return t.data_ptr()
 
 
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        raise MemoryError(f"native rows: {what} could not allocate its scratch rows")
+def _source(kind: OpKind, ins: list[torch.Tensor] | None, rows: torch.Tensor | None, keep: list[torch.Tensor]):
+    """``SRC_ARGS`` of rows.c for the op's inputs or for FP64 term rows (pointers into ``keep``)."""
+    if rows is not None:
+        return (_SRC_TERMS64, None, None, None, 0, 0, 0, _contiguous(rows, keep), rows.shape[1])
+    if kind == OpKind.MATMUL:
+        a, b = ins[0], ins[1]
+        bias = _contiguous(ins[2], keep) if len(ins) == 3 else None
+        return (_SRC_MATMUL, _contiguous(a, keep), _contiguous(b, keep), bias, a.shape[-2], a.shape[-1],
+                b.shape[-2], None, 0)
+    return (_SRC_ROWS32, None, None, None, 0, 0, 0, _contiguous(ins[0], keep), ins[0].shape[-1])
+
+
+def _index(cand: torch.Tensor | np.ndarray, keep: list[torch.Tensor]) -> tuple[int, int]:
+    if isinstance(cand, np.ndarray):
+        cand = torch.from_numpy(np.ascontiguousarray(cand, dtype=np.int64))
+    if cand.dtype != torch.int64:
+        raise TypeError(f"native rows: expected int64 candidate indices, got {cand.dtype}")
+    return _contiguous(cand, keep), cand.numel()
+
+
+def _ptr(a: np.ndarray) -> int:
+    """The data address of a fresh (C-contiguous) numpy array, through torch (cheaper than ``.ctypes``)."""
+    return torch.from_numpy(a).data_ptr()
+
+
+def _failed(what: str) -> MemoryError:
+    return MemoryError(f"native rows: {what} could not allocate its scratch rows")
 
 
 def decide(
     kind: OpKind,
     ins: list[torch.Tensor] | None,
-    cand: np.ndarray | None,
+    cand: torch.Tensor | np.ndarray | None,
     *,
-    rows: np.ndarray | None = None,
-    tight: tuple[np.ndarray, np.ndarray, float, float] | None = None,
+    rows: torch.Tensor | None = None,
+    tight: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """``(bits int64, codes int64, decided bool, dropped bool)`` per candidate of a MATMUL/SUM/MEAN op:
-    from the op's FP32 inputs ``ins`` at flat element indices ``cand``, or from given FP64 term rows
-    ``rows [C, n]`` (``cand`` None). ``tight = (v, r, coef, band)`` (the op's flat FP64 values and FP32
-    outputs, ``TRAINER_BOUND_SLACK * gamma(n)`` and the candidate band) runs the MATMUL tight
-    re-filter first; the rows it drops are ``dropped`` and undecided. None: use the numpy path."""
-    if rows is None and not _usable(ins):
+    """``(kept, bits, codes, decided)`` of a MATMUL/SUM/MEAN op's candidates: from the op's FP32
+    inputs ``ins`` at flat element indices ``cand``, or from FP64 term rows ``rows [C, n]`` (``cand``
+    None; ``kept`` then indexes rows). ``tight = (v, r, coef, band)`` (the op's flat FP64 values and
+    FP32 outputs, ``TRAINER_BOUND_SLACK * gamma(n)`` and the candidate band) runs the MATMUL tight
+    re-filter first: only the candidates it keeps are returned, in order (``kept``: their element
+    indices; int64 arrays, ``decided`` bool). None: use the numpy path."""
+    if _LIB is None or (rows is None and not _usable(ins)):
         return None
-    if _LIB is None:
+    if rows is not None and (rows.device.type != "cpu" or rows.dtype != torch.float64):
         return None
-    ops = _Operands(kind, ins, rows)
-    c_arr, c_ptr = _index(cand)
-    c = len(c_arr) if c_arr is not None else rows.shape[0]
-    bits = np.empty(c, dtype=np.int64)
-    codes = np.empty(c, dtype=np.int64)
-    status = np.empty(c, dtype=np.uint8)
+    keep: list[torch.Tensor] = []
+    src = _source(kind, ins, rows, keep)
+    if cand is None:
+        c_ptr, c = None, rows.shape[0]
+    else:
+        c_ptr, c = _index(cand, keep)
     v_ptr = r_ptr = None
     coef = band = 0.0
     if tight is not None:
         v, r, coef, band = tight
-        v, r = np.ascontiguousarray(v, np.float64), np.ascontiguousarray(r, np.float32)
-        v_ptr, r_ptr = v.ctypes.data, r.ctypes.data
-    _check(_LIB.vt_rows_decide(ctypes.byref(ops.src), _KIND[kind], c_ptr, c, v_ptr, r_ptr, coef, band,
-                               bits.ctypes.data, codes.ctypes.data, status.ctypes.data), "decide")
-    return bits, codes, (status & DECIDED) != 0, (status & DROPPED) != 0
+        if v.device.type != "cpu" or v.dtype != torch.float64 or r.device.type != "cpu" or r.dtype != torch.float32:
+            return None
+        v_ptr, r_ptr = _contiguous(v, keep), _contiguous(r, keep)
+    o = np.empty((4, c), dtype=np.int64)
+    kept = _LIB.vt_rows_decide(*src, _KIND[kind], c_ptr, c, v_ptr, r_ptr, coef, band, _ptr(o))
+    if kept < 0:
+        raise _failed("decide")
+    return o[0, :kept], o[1, :kept], o[2, :kept], o[3, :kept] != 0
 
 
 def is_rn32(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray, claimed: np.ndarray) -> np.ndarray | None:
@@ -154,12 +135,13 @@ def is_rn32(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray, claimed: np
     use the numpy path."""
     if not _usable(ins):
         return None
-    ops = _Operands(kind, ins)
-    c_arr, c_ptr = _index(cand)
-    claim = np.ascontiguousarray(claimed, dtype=np.uint32)
-    verdict = np.empty(len(c_arr), dtype=np.uint8)
-    _check(_LIB.vt_rows_is_rn32(ctypes.byref(ops.src), _KIND[kind], c_ptr, len(c_arr), claim.ctypes.data,
-                                verdict.ctypes.data), "is_rn32")
+    keep: list[torch.Tensor] = []
+    src = _source(kind, ins, None, keep)
+    c_ptr, c = _index(cand, keep)
+    claim = torch.from_numpy(np.ascontiguousarray(claimed, dtype=np.uint32).view(np.int32))
+    verdict = np.empty(c, dtype=np.uint8)
+    if _LIB.vt_rows_is_rn32(*src, _KIND[kind], c_ptr, c, claim.data_ptr(), _ptr(verdict)):
+        raise _failed("is_rn32")
     return verdict
 
 
@@ -167,8 +149,10 @@ def grid(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray) -> np.ndarray 
     """The exact-grid rule (``canonical.grid_exact``) of the elements at flat ``cand``; None: numpy."""
     if not _usable(ins):
         return None
-    ops = _Operands(kind, ins)
-    c_arr, c_ptr = _index(cand)
-    out = np.empty(len(c_arr), dtype=np.uint8)
-    _check(_LIB.vt_rows_grid(ctypes.byref(ops.src), _KIND[kind], c_ptr, len(c_arr), out.ctypes.data), "grid")
-    return out.astype(bool)
+    keep: list[torch.Tensor] = []
+    src = _source(kind, ins, None, keep)
+    c_ptr, c = _index(cand, keep)
+    out = np.empty(c, dtype=np.bool_)
+    if _LIB.vt_rows_grid(*src, _KIND[kind], c_ptr, c, _ptr(out)):
+        raise _failed("grid")
+    return out
