@@ -60,7 +60,12 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
     descs = ctx.graph.descriptors
 
     def factory(op: OpNode, ins: list[torch.Tensor]):
-        tensors = [t.detach().numpy() for t in ins]
+        held: list[list[np.ndarray]] = []  # the inputs as numpy, made on first use (most ops need none)
+
+        def tensors() -> list[np.ndarray]:
+            if not held:
+                held.append([t.detach().numpy() for t in ins])
+            return held[0]
 
         def resolve(
             indices: np.ndarray, proposed: np.ndarray, codes: np.ndarray, flagged: np.ndarray | None = None
@@ -79,9 +84,9 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
                 i, c = int(indices[k]), int(codes[k])
                 entry = LogEntry(i, c, int(bits[k]) if c == 3 else 0) if c else None
                 try:
-                    if judge_element(descs[op.id], tensors, i, int(bits[k]), entry):
+                    if judge_element(descs[op.id], tensors(), i, int(bits[k]), entry):
                         continue
-                    out[k] = np.array(rn32(exact_value(descs[op.id], tensors, i)), np.uint32).view(np.float32)
+                    out[k] = np.array(rn32(exact_value(descs[op.id], tensors(), i)), np.uint32).view(np.float32)
                     if overruled is not None:
                         overruled.append((op.id, i))
                 except UnsupportedOp:

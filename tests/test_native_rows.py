@@ -36,7 +36,7 @@ def _reach(kind: OpKind, s_abs: float, n: int) -> float:
     if kind == OpKind.MATMUL:
         big = 1.25 * g * (s_abs + n * 2.0**-149)
     elif kind == OpKind.SUM:
-        big = 1.25 * g * s_abs
+        big = 1.25 * (g * s_abs)
     else:
         big = 1.25 * ((g + 2 * U) * s_abs / n)
     return 2 * big * (float(n) if kind == OpKind.MEAN else 1.0)
@@ -52,6 +52,19 @@ def _pad(row: list[float], n: int, rng: np.random.Generator) -> list[float]:
         out.append(0.0)
     rng.shuffle(out)
     return out
+
+
+def _at_reach(kind: OpKind, m: float, big: float, side: float) -> list[float]:
+    """A row whose double-double distance to the midpoint ``m`` is exactly the reach, as FP64 computes
+    it from the row's own ``sum|t|`` (a fixed point: the distance is a term of that sum)."""
+    d = 0.0
+    for _ in range(20):
+        row = [m, side * d, big, -big]
+        r = _reach(kind, float(np.abs(np.array([row])).sum(axis=1)[0]), 4)
+        if r == d:
+            break
+        d = r
+    return [m, side * d, big, -big]
 
 
 def adversarial_rows(kind: OpKind, rng: np.random.Generator) -> list[list[float]]:
@@ -71,6 +84,11 @@ def adversarial_rows(kind: OpKind, rng: np.random.Generator) -> list[list[float]
             for k in (1, 2, 3):  # FP64 ulps either side of a midpoint
                 rows.append(_pad([m, k * ulp, big, -big], max(n, 4), rng))
                 rows.append(_pad([m, -k * ulp, big, -big], max(n, 4), rng))
+            for j in (1, 2, 10, 30, 60):  # below one FP64 ulp either side: hi = m and lo carries it
+                for sgn in (1, -1):
+                    rows.append([m, sgn * ulp * 2.0**-j])
+                    rows.append(_pad([m, sgn * ulp * 2.0**-j, big, -big], max(n, 4), rng))
+            rows.append(_at_reach(kind, m, 2.0 ** (math.frexp(m)[1] + 10), -1.0 if above else 1.0))
             # distances just inside / outside the reach: e = m + delta, delta = reach (1 +- 2^-j)
             nn = max(n, 4)
             s_abs = abs(m) + 2 * big
