@@ -19,7 +19,8 @@ from vtrain.numerics import native_rows
 from vtrain.numerics.logfile import encode_step_log
 from vtrain.numerics.rounding import TRAINER_BOUND_SLACK, U, gamma
 
-pytestmark = pytest.mark.skipif(not native_rows.available(), reason="native numerics kernels not built (make native)")
+pytestmark = pytest.mark.skipif(not native_rows.available(),
+                                reason="native numerics kernels not loaded (make native; VTRAIN_NATIVE_NUMERICS=0)")
 
 SUMS = [OpKind.MATMUL, OpKind.SUM, OpKind.MEAN]
 
@@ -379,3 +380,18 @@ def test_executor_steps_are_the_same_with_the_kernels_on_and_off(name: str, monk
         assert sum(e[2] for e in on) > 0, "the steps log entries"
     for roots, _, _, rep_roots, violations in on:  # the auditor's checked replay agrees and flags nothing
         assert rep_roots == roots and violations == 0
+
+
+@pytest.mark.slow
+def test_bench_gpt_steps_are_the_same_with_the_kernels_on_and_off(monkeypatch) -> None:
+    """The benchmark's small GPT (scripts/bench_numerics.py), a few steps with the auditor's checked replay."""
+    from vtrain.models.nn import GPTConfig
+    from vtrain.models.optim import AdamWConfig
+    from vtrain.training.spec import TrainSpec
+
+    spec = TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8, steps=4, mode="certified",
+                     gpt=GPTConfig(n_layer=2, d_model=64, n_head=4, context=32))
+    on = _steps(spec, spec.steps, True, monkeypatch, check=True)
+    assert on == _steps(spec, spec.steps, False, monkeypatch, check=True)
+    assert sum(e[2] for e in on) > 0
+    assert all(e[3] == e[0] for e in on)  # (an explicit entry may be flagged for the resolver, which upholds it)
