@@ -395,3 +395,23 @@ def test_bench_gpt_steps_are_the_same_with_the_kernels_on_and_off(monkeypatch) -
     assert on == _steps(spec, spec.steps, False, monkeypatch, check=True)
     assert sum(e[2] for e in on) > 0
     assert all(e[3] == e[0] for e in on)  # (an explicit entry may be flagged for the resolver, which upholds it)
+
+
+def test_an_index_outside_the_op_is_refused_not_read() -> None:
+    """Indices can come from a counterparty's log (``is_exact_rounding``): the kernels check them."""
+    rng = np.random.default_rng(5)
+    mm = _matmul_inputs(rng, (2,), 4, 8, 3, True, False)
+    red = [torch.from_numpy(rng.standard_normal((5, 6)).astype(np.float32))]
+    for kind, ins, size in ((OpKind.MATMUL, mm, 2 * 4 * 3), (OpKind.SUM, red, 5), (OpKind.MEAN, red, 5)):
+        for bad in (size, -1, 2**40):
+            idx = np.array([0, bad], dtype=np.int64)
+            with pytest.raises(IndexError, match="expected element indices"):
+                native_rows.decide(kind, ins, idx)
+            with pytest.raises(IndexError, match="expected element indices"):
+                native_rows.is_rn32(kind, ins, idx, np.zeros(2, np.uint32))
+            with pytest.raises(IndexError, match="expected element indices"):
+                native_rows.grid(kind, ins, idx)
+        ok = np.arange(size, dtype=np.int64)
+        assert len(native_rows.decide(kind, ins, ok)[0]) == size
+    # a batch b does not have (broadcast) is left to the numpy path
+    assert native_rows.decide(OpKind.MATMUL, [mm[0], mm[1][:1]], np.array([0])) is None

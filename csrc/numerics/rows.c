@@ -223,12 +223,22 @@ static void scratch_free(Scratch *w) {
 
 static int64_t index_of(const int64_t *cand, int64_t i) { return cand ? cand[i] : i; }
 
+/* 1 when a candidate index is outside [0, limit) (the op's element count): the caller gets -2. */
+static int out_of_range(const int64_t *cand, int64_t c, int64_t limit) {
+    if (!cand) return 0;
+    for (int64_t i = 0; i < c; i++)
+        if (cand[i] < 0 || cand[i] >= limit) return 1;
+    return 0;
+}
+
 /* The term source from the exported functions' leading arguments: `src` (SRC_*), a MATMUL's `a`
  * [.., M, K], `b` [.., N, K] and optional `bias` [N] (`m`, `k`, `ncols`), or `x`: FP32 rows
- * (SRC_ROWS32) or FP64 term rows (SRC_TERMS64) of `n` terms. */
+ * (SRC_ROWS32) or FP64 term rows (SRC_TERMS64) of `n` terms; `limit`: the number of elements (rows)
+ * the source holds, which every candidate index must be below (else the functions return -2). */
 #define SRC_ARGS int32_t src, const float *a, const float *b, const float *bias, int64_t m, int64_t k, \
-                 int64_t ncols, const void *x, int64_t n
-static Src make_src(SRC_ARGS) {
+                 int64_t ncols, const void *x, int64_t n, int64_t limit
+static Src make_src(int32_t src, const float *a, const float *b, const float *bias, int64_t m, int64_t k,
+                    int64_t ncols, const void *x, int64_t n) {
     Src s = {src, bias != NULL, a, b, bias, m, k, ncols, (const float *)x, (const double *)x, n};
     return s;
 }
@@ -236,11 +246,12 @@ static Src make_src(SRC_ARGS) {
 /* The canonical decision of each candidate (round_canonical's vectorised part), compacted: `out`
  * [4, c] receives, for each row the tight filter keeps, its element index (cand, or the row's
  * position), bits, code and decided flag; returns how many rows were kept, or -1 when scratch memory
- * cannot be had. With `v` and `r` (the FP64 values and FP32 outputs of the whole op) the MATMUL
+ * cannot be had (-2: an index out of range). With `v` and `r` (the FP64 values and FP32 outputs of the whole op) the MATMUL
  * tight re-filter runs first, with the bound d = coef (s_abs + n 2^-149) and reach d * band.
  * Then exact-grid rows (decided, code NONE), then the double-double decision. */
 VT_EXPORT int64_t vt_rows_decide(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const double *v,
                                  const float *r, double coef, double band, int64_t *out) {
+    if (out_of_range(cand, c, limit)) return -2;
     Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
     int64_t nt = n_terms(&s);
     Scratch w;
@@ -280,6 +291,7 @@ VT_EXPORT int64_t vt_rows_decide(SRC_ARGS, int32_t kind, const int64_t *cand, in
  * element's exact value: V_YES, V_NO, or V_UNDECIDED (too close to call in FP64, or not finite). */
 VT_EXPORT int vt_rows_is_rn32(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const uint32_t *claimed,
                               uint8_t *verdict) {
+    if (out_of_range(cand, c, limit)) return -2;
     Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
     int64_t nt = n_terms(&s);
     Scratch w;
@@ -308,6 +320,7 @@ VT_EXPORT int vt_rows_is_rn32(SRC_ARGS, int32_t kind, const int64_t *cand, int64
 
 /* grid_exact of each candidate's terms (grid_elements). */
 VT_EXPORT int vt_rows_grid(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, uint8_t *grid) {
+    if (out_of_range(cand, c, limit)) return -2;
     Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
     int64_t nt = n_terms(&s);
     Scratch w;

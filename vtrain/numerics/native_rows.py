@@ -34,7 +34,7 @@ def _bind() -> ctypes.CDLL | None:
     if lib is None or not hasattr(lib, "vt_rows_decide"):
         return None
     p, i32, i64, f64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
-    src = [i32, p, p, p, i64, i64, i64, p, i64]  # SRC_ARGS of rows.c
+    src = [i32, p, p, p, i64, i64, i64, p, i64, i64]  # SRC_ARGS of rows.c
     lib.vt_rows_decide.argtypes = [*src, i32, p, i64, p, p, f64, f64, p]
     lib.vt_rows_decide.restype = i64
     lib.vt_rows_is_rn32.argtypes = [*src, i32, p, i64, p, p]
@@ -65,13 +65,20 @@ def _contiguous(t: torch.Tensor, keep: list[torch.Tensor]) -> int:
 def _source(kind: OpKind, ins: list[torch.Tensor] | None, rows: torch.Tensor | None, keep: list[torch.Tensor]):
     """``SRC_ARGS`` of rows.c for the op's inputs or for FP64 term rows (pointers into ``keep``)."""
     if rows is not None:
-        return (_SRC_TERMS64, None, None, None, 0, 0, 0, _contiguous(rows, keep), rows.shape[1])
+        return (_SRC_TERMS64, None, None, None, 0, 0, 0, _contiguous(rows, keep), rows.shape[1], rows.shape[0])
     if kind == OpKind.MATMUL:
         a, b = ins[0], ins[1]
+        if a.dim() < 2 or b.dim() < 2 or b.shape[-1] != a.shape[-1]:
+            return None  # shapes the kernel does not read: the numpy path decides (or names the problem)
+        m, k, ncols = a.shape[-2], a.shape[-1], b.shape[-2]
+        if a.numel() // max(1, m * k) != b.numel() // max(1, ncols * k) or (len(ins) == 3 and ins[2].numel() != ncols):
+            return None  # broadcast batches, or a bias of another length
         bias = _contiguous(ins[2], keep) if len(ins) == 3 else None
-        return (_SRC_MATMUL, _contiguous(a, keep), _contiguous(b, keep), bias, a.shape[-2], a.shape[-1],
-                b.shape[-2], None, 0)
-    return (_SRC_ROWS32, None, None, None, 0, 0, 0, _contiguous(ins[0], keep), ins[0].shape[-1])
+        return (_SRC_MATMUL, _contiguous(a, keep), _contiguous(b, keep), bias, m, k, ncols, None, 0,
+                a.numel() // max(1, k) * ncols)
+    x = ins[0]
+    n = x.shape[-1] if x.dim() else 1
+    return (_SRC_ROWS32, None, None, None, 0, 0, 0, _contiguous(x, keep), n, x.numel() // max(1, n))
 
 
 def _index(cand: torch.Tensor | np.ndarray, keep: list[torch.Tensor]) -> tuple[int, int]:
@@ -87,8 +94,11 @@ def _ptr(a: np.ndarray) -> int:
     return torch.from_numpy(a).data_ptr()
 
 
-def _failed(what: str) -> MemoryError:
-    return MemoryError(f"native rows: {what} could not allocate its scratch rows")
+def _check(rc: int, what: str, limit: int) -> None:
+    if rc == -2:
+        raise IndexError(f"native rows: {what}: expected element indices in [0, {limit}), got one outside")
+    if rc < 0 or rc > 0 and what != "decide":
+        raise MemoryError(f"native rows: {what} could not allocate its scratch rows")
 
 
 def decide(
@@ -111,6 +121,8 @@ def decide(
         return None
     keep: list[torch.Tensor] = []
     src = _source(kind, ins, rows, keep)
+    if src is None:
+        return None
     if cand is None:
         c_ptr, c = None, rows.shape[0]
     else:
@@ -124,8 +136,7 @@ def decide(
         v_ptr, r_ptr = _contiguous(v, keep), _contiguous(r, keep)
     o = np.empty((4, c), dtype=np.int64)
     kept = _LIB.vt_rows_decide(*src, _KIND[kind], c_ptr, c, v_ptr, r_ptr, coef, band, _ptr(o))
-    if kept < 0:
-        raise _failed("decide")
+    _check(kept, "decide", src[-1])
     return o[0, :kept], o[1, :kept], o[2, :kept], o[3, :kept] != 0
 
 
@@ -137,11 +148,12 @@ def is_rn32(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray, claimed: np
         return None
     keep: list[torch.Tensor] = []
     src = _source(kind, ins, None, keep)
+    if src is None:
+        return None
     c_ptr, c = _index(cand, keep)
     claim = torch.from_numpy(np.ascontiguousarray(claimed, dtype=np.uint32).view(np.int32))
     verdict = np.empty(c, dtype=np.uint8)
-    if _LIB.vt_rows_is_rn32(*src, _KIND[kind], c_ptr, c, claim.data_ptr(), _ptr(verdict)):
-        raise _failed("is_rn32")
+    _check(_LIB.vt_rows_is_rn32(*src, _KIND[kind], c_ptr, c, claim.data_ptr(), _ptr(verdict)), "is_rn32", src[-1])
     return verdict
 
 
@@ -151,8 +163,9 @@ def grid(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray) -> np.ndarray 
         return None
     keep: list[torch.Tensor] = []
     src = _source(kind, ins, None, keep)
+    if src is None:
+        return None
     c_ptr, c = _index(cand, keep)
     out = np.empty(c, dtype=np.bool_)
-    if _LIB.vt_rows_grid(*src, _KIND[kind], c_ptr, c, _ptr(out)):
-        raise _failed("grid")
+    _check(_LIB.vt_rows_grid(*src, _KIND[kind], c_ptr, c, _ptr(out)), "grid", src[-1])
     return out
