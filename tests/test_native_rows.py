@@ -415,3 +415,29 @@ def test_an_index_outside_the_op_is_refused_not_read() -> None:
         assert len(native_rows.decide(kind, ins, ok)[0]) == size
     # a batch b does not have (broadcast) is left to the numpy path
     assert native_rows.decide(OpKind.MATMUL, [mm[0], mm[1][:1]], np.array([0])) is None
+
+
+@pytest.mark.parametrize("kind", SUMS, ids=[k.name for k in SUMS])
+def test_is_exact_rounding_of_special_claims_is_the_numpy_path(kind: OpKind, monkeypatch) -> None:
+    """Non-finite, zero, signed-zero and extreme claims: the same verdicts natively and in numpy."""
+    rng = np.random.default_rng(11)
+    if kind == OpKind.MATMUL:
+        ins = _matmul_inputs(rng, (), 2, 4, 4, False, True)
+        ins[0][0] = 0.0  # a zero row: e = 0 exactly
+    else:
+        ins = [torch.from_numpy((rng.integers(-4, 4, (8, 4)) * 0.5).astype(np.float32))]
+        ins[0][0] = 0.0
+    special = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0x80000000, 0x00000000, 0x7F7FFFFF, 0x00000001,
+                        0x3F800000], dtype=np.uint32)
+    index = np.zeros(len(special), dtype=np.int64)  # the zero element: only +0 is right
+    op = _op(kind, len(ins))
+    if kind == OpKind.MATMUL:
+        desc = C.X.OpDesc(int(kind), (0, 1), (2, 4), ((2, 4), (4, 4)), ())
+    else:
+        desc = C.X.OpDesc(int(kind), (0,), (8,), ((8, 4),), ())
+    nat = C.is_exact_rounding(op, desc, ins, index, special)
+    monkeypatch.setattr(native_rows, "_LIB", None)
+    ref = C.is_exact_rounding(op, desc, ins, index, special)
+    assert np.array_equal(nat, ref)
+    # -0 is RN32(0) as a value (outputs are canonicalised to +0 where they are written)
+    assert nat.tolist() == [False, False, False, True, True, False, False, False]
