@@ -434,7 +434,7 @@ def test_is_exact_rounding_of_special_claims_is_the_numpy_path(kind: OpKind, mon
     if kind == OpKind.MATMUL:
         desc = C.X.OpDesc(int(kind), (0, 1), (2, 4), ((2, 4), (4, 4)), ())
     else:
-        desc = C.X.OpDesc(int(kind), (0,), (8,), ((8, 4),), ())
+        desc = C.X.OpDesc(int(kind), (0,), (8, 1), ((8, 4),), ())
     nat = C.is_exact_rounding(op, desc, ins, index, special)
     monkeypatch.setattr(native_rows, "_LIB", None)
     ref = C.is_exact_rounding(op, desc, ins, index, special)
