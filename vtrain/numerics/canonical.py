@@ -24,7 +24,9 @@ with a midpoint within ``2 Dc`` of ``e`` has one within ``d + 2 Dc <= 4 d`` of `
 docs/numerics.md), so only elements within ``4 d`` of a midpoint are evaluated exactly; for all
 others ``RN32(v) = RN32(e)`` and no entry is due (MATMUL candidates are filtered again with the tight
 bound from their own terms). Exact-grid candidates are decided from their exact FP64 sum; the others
-by a vectorised double-double sum whose error bound decides almost every comparison; an undecided one (an exact
+by a vectorised double-double sum (one C call per op where the native kernels are loaded,
+:mod:`vtrain.numerics.native_rows`; the numpy path is its reference) whose error bound decides
+almost every comparison; an undecided one (an exact
 tie, or ``e`` closer to a threshold than about ``n u^2 S``) falls back to exact rational arithmetic
 (:mod:`vtrain.numerics.exact`). Replay is unchanged (``rounding.apply_log``), and every entry is
 one the contract upholds.
@@ -219,7 +221,12 @@ def round_canonical(
 
 
 # -- the vectorised path: MATMUL, SUM, MEAN --------------------------------------------------------
-def _decide_candidates(op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out: torch.Tensor, cand: torch.Tensor):
+_Decided = tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _decide_candidates(
+    op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out: torch.Tensor, cand: torch.Tensor
+) -> _Decided | None:
     """``(cand, bits, codes, undecided)`` of a MATMUL/SUM/MEAN op's candidates (``out`` its FP32
     outputs, ``v`` its FP64 values): MATMUL candidates the tight bound clears are dropped (None when
     none is left); the double-double decision, then ``math.fsum`` on the rows it leaves undecided;
@@ -251,7 +258,9 @@ def _decide_candidates(op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out
     return cand, bits, codes, undecided
 
 
-def _decide_candidates_np(op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out: torch.Tensor, cand: torch.Tensor):
+def _decide_candidates_np(
+    op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out: torch.Tensor, cand: torch.Tensor
+) -> _Decided | None:
     """:func:`_decide_candidates` in numpy (the specification of the C kernels)."""
     n_c = cand.numel()
     bits = np.zeros(n_c, dtype=np.int64)
