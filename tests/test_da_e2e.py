@@ -88,9 +88,11 @@ def test_the_auditor_re_verifies_published_data_and_refuses_tampered_bytes(fresh
 
     import vtrain.numerics.canonical as canonical
     from vtrain.errors import CorruptArtifact
+    from vtrain.numerics import native_rows
 
     # op logs to tamper with: without the exact-grid rule the demo MLP logs its exact ties (entries
     # the contract upholds as well); with it, its logs are empty
+    monkeypatch.setattr(native_rows, "_LIB", None)  # the numpy path, where the rule is grid_exact
     monkeypatch.setattr(canonical, "grid_exact", lambda kind, t, s_abs=None: torch.zeros(t.shape[0], dtype=torch.bool))
     proto, ctx, job, trainer, auditor, onchain = _job(fresh_demo_world)
     for _ in range(3):  # step records, then op logs of interval 0

@@ -155,6 +155,43 @@ def test_the_auditor_overrules_no_honest_entry_and_checks_them_all() -> None:
     assert [o.state_root for o in replayed] == [o.state_root for o in outs]
 
 
+def test_flagged_explicit_entries_at_rn32_are_upheld_without_a_ruling_and_wrong_ones_overruled(monkeypatch) -> None:
+    """The replay flags explicit entries where FP32 spacing dwarfs its tight bound; the resolver upholds
+    those whose value is RN32(e) without an exact ruling, and still rules (and overrules) a wrong one."""
+    import copy
+
+    from vtrain.torch_ref import executor_for
+    from vtrain.training.loop import batch_for, component_roots
+
+    spec = TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
+                     gpt=GPTConfig(n_layer=2, d_model=64, n_head=4, context=32))
+    ctx = JobContext.of(spec)
+    job = ctx.job
+    ex = executor_for(job, "certified")
+    state = ex.run(state_tensors(job.initial_state), batch_for(job, 1), step=1).state
+    res = ex.run(state, batch_for(job, 2), step=2)
+    rep = ex.run(state, batch_for(job, 2), log_in=res.log, step=2, check=True)
+    flagged = [(op_id, v.index) for op_id, v in rep.violations if v.code == 3]
+    assert flagged, "the honest step has a flagged explicit entry"
+    ruled: list[int] = []
+    judge = exact.judge_element
+    monkeypatch.setattr(exact, "judge_element", lambda *a, **k: ruled.append(a[2]) or judge(*a, **k))
+    overruled: list[tuple[int, int]] = []
+    aud = ex.run(state, batch_for(job, 2), log_in=res.log, step=2, check=True,
+                 resolver_factory=exact_resolver(ctx, overruled))
+    assert overruled == [] and ruled == []
+    assert component_roots(aud.state) == component_roots(res.state)
+    op_id, index = flagged[0]  # its value moved to an FP32 neighbour: ruled, overruled, replaced by RN32(e)
+    bad = copy.deepcopy(res.log)
+    ol = bad.sparse[op_id]
+    k = int(np.flatnonzero(ol.index == index)[0])
+    ol.value[k] = np.nextafter(ol.value[k], np.float32(np.inf))
+    aud = ex.run(state, batch_for(job, 2), log_in=bad, step=2, check=True,
+                 resolver_factory=exact_resolver(ctx, overruled))
+    assert overruled == [(op_id, index)] and ruled == [index]
+    assert component_roots(aud.state) == component_roots(res.state)
+
+
 # -- cheating trainers on the embedded chain --------------------------------------------------------
 
 

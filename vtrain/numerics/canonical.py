@@ -24,7 +24,9 @@ with a midpoint within ``2 Dc`` of ``e`` has one within ``d + 2 Dc <= 4 d`` of `
 docs/numerics.md), so only elements within ``4 d`` of a midpoint are evaluated exactly; for all
 others ``RN32(v) = RN32(e)`` and no entry is due (MATMUL candidates are filtered again with the tight
 bound from their own terms). Exact-grid candidates are decided from their exact FP64 sum; the others
-by a vectorised double-double sum whose error bound decides almost every comparison; an undecided one (an exact
+by a vectorised double-double sum (one C call per op where the native kernels are loaded,
+:mod:`vtrain.numerics.native_rows`; the numpy path is its reference) whose error bound decides
+almost every comparison; an undecided one (an exact
 tie, or ``e`` closer to a threshold than about ``n u^2 S``) falls back to exact rational arithmetic
 (:mod:`vtrain.numerics.exact`). Replay is unchanged (``rounding.apply_log``), and every entry is
 one the contract upholds.
@@ -42,6 +44,7 @@ import torch
 from vtrain.graph.step_graph import Graph, OpKind, OpNode
 from vtrain.numerics import exact as X
 from vtrain.numerics import native_filter as NF
+from vtrain.numerics import native_rows
 from vtrain.numerics.rounding import (
     _SMALL,
     TRAINER_BOUND_SLACK,
@@ -211,24 +214,10 @@ def round_canonical(
     codes = np.zeros(n_c, dtype=np.int64)
     undecided = np.ones(n_c, dtype=bool)
     if op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
-        t, n = _terms(op, ins, cand)
-        tn = t.numpy()
-        s_abs = np.abs(tn).sum(axis=1)
-        if op.kind == OpKind.MATMUL:  # drop what the tight bound clears (the trainer's d is the norm bound)
-            still = _tight_candidates(tn, n, s_abs, v.reshape(-1)[cand].cpu().numpy(), out[cand].cpu().numpy())
-            if len(still) < n_c:
-                if not len(still):
-                    return out.reshape(r.shape), OpLog.empty(), 0
-                cand, tn, s_abs = cand[torch.from_numpy(still).to(cand.device)], tn[still], s_abs[still]
-                n_c = len(still)
-                bits, codes, undecided = bits[:n_c], codes[:n_c], undecided[:n_c]
-        b, c, ok = _decide_rows_np(op.kind, tn, n, s_abs)
-        bits[ok], codes[ok], undecided = b[ok], c[ok], ~ok
-        for k in np.flatnonzero(undecided).tolist():
-            got = _decide_fsum(op, tn[k].tolist())
-            if got is not None:
-                bits[k], codes[k] = got
-                undecided[k] = False
+        got = _decide_candidates(op, ins, v, out, cand)
+        if got is None:  # the MATMUL tight bound cleared every candidate
+            return out.reshape(r.shape), OpLog.empty(), 0
+        cand, bits, codes, undecided = got
     slow = np.flatnonzero(undecided)
     if len(slow):
         desc = op_desc(graph, op)
@@ -248,6 +237,71 @@ def round_canonical(
 
 
 # -- the vectorised path: MATMUL, SUM, MEAN --------------------------------------------------------
+_Decided = tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _decide_candidates(
+    op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out: torch.Tensor, cand: torch.Tensor
+) -> _Decided | None:
+    """``(cand, bits, codes, undecided)`` of a MATMUL/SUM/MEAN op's candidates (``out`` its FP32
+    outputs, ``v`` its FP64 values): MATMUL candidates the tight bound clears are dropped (None when
+    none is left); the double-double decision, then ``math.fsum`` on the rows it leaves undecided;
+    ``undecided`` rows go to exact rationals. The C kernels (:mod:`vtrain.numerics.native_rows`) on
+    CPU tensors when loaded, else the numpy path (the same bits)."""
+    got = None
+    if cand.device.type == "cpu":
+        tight = None
+        if op.kind == OpKind.MATMUL:
+            n = ins[0].shape[-1] + (len(ins) == 3)
+            tight = (v.reshape(-1), out, TRAINER_BOUND_SLACK * gamma(n), _BAND)
+        got = native_rows.decide(op.kind, ins, cand, tight=tight)
+    if got is None:
+        return _decide_candidates_np(op, ins, v, out, cand)
+    kept, bits, codes, ok = got
+    if not len(kept):
+        return None
+    if len(kept) < cand.numel():
+        cand = torch.from_numpy(kept)
+    undecided = ~ok
+    rest = np.flatnonzero(undecided)
+    if len(rest):
+        tn = _terms(op, ins, cand[torch.from_numpy(rest)])[0].numpy()
+        for pos, k in enumerate(rest.tolist()):
+            fs = _decide_fsum(op, tn[pos].tolist())
+            if fs is not None:
+                bits[k], codes[k] = fs
+                undecided[k] = False
+    return cand, bits, codes, undecided
+
+
+def _decide_candidates_np(
+    op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out: torch.Tensor, cand: torch.Tensor
+) -> _Decided | None:
+    """:func:`_decide_candidates` in numpy (the specification of the C kernels)."""
+    n_c = cand.numel()
+    bits = np.zeros(n_c, dtype=np.int64)
+    codes = np.zeros(n_c, dtype=np.int64)
+    t, n = _terms(op, ins, cand)
+    tn = t.numpy()
+    s_abs = np.abs(tn).sum(axis=1)
+    if op.kind == OpKind.MATMUL:  # drop what the tight bound clears (the trainer's d is the norm bound)
+        still = _tight_candidates(tn, n, s_abs, v.reshape(-1)[cand].cpu().numpy(), out[cand].cpu().numpy())
+        if len(still) < n_c:
+            if not len(still):
+                return None
+            cand, tn, s_abs = cand[torch.from_numpy(still).to(cand.device)], tn[still], s_abs[still]
+            n_c = len(still)
+            bits, codes = bits[:n_c], codes[:n_c]
+    b, c, ok = _decide_rows_np(op.kind, tn, n, s_abs)
+    bits[ok], codes[ok], undecided = b[ok], c[ok], ~ok
+    for k in np.flatnonzero(undecided).tolist():
+        got = _decide_fsum(op, tn[k].tolist())
+        if got is not None:
+            bits[k], codes[k] = got
+            undecided[k] = False
+    return cand, bits, codes, undecided
+
+
 def _terms(op: OpNode, ins: list[torch.Tensor], cand: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The exact FP64 terms ``[C, n]`` of each candidate element (products of FP32 are exact in FP64)."""
     if op.kind == OpKind.MATMUL:
@@ -333,8 +387,11 @@ def grid_elements(op: OpNode, ins: list[torch.Tensor], index: np.ndarray) -> np.
     fallback asks this before it treats an unlogged element near a midpoint as suspect."""
     if op.kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) or not len(index):
         return np.zeros(len(index), dtype=bool)
-    cand = torch.from_numpy(np.asarray(index, np.int64)).to(ins[0].device)
-    t, _ = _terms(op, ins, cand)
+    index = np.asarray(index, np.int64)
+    got = native_rows.grid(op.kind, ins, index)
+    if got is not None:
+        return got
+    t, _ = _terms(op, ins, torch.from_numpy(index).to(ins[0].device))
     return grid_exact(op.kind, t).numpy()
 
 
@@ -537,8 +594,12 @@ def decide_rows(kind: OpKind, rows: torch.Tensor) -> tuple[torch.Tensor, torch.T
     if kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
         raise ValueError(f"decide_rows: expected MATMUL, SUM or MEAN, got {kind.name}")
     n = rows.shape[1]
-    b, c, ok, _ = _decide_rows(kind, rows, n)
-    bits, codes = b.clone(), c.clone()
+    got = native_rows.decide(kind, None, None, rows=rows)
+    if got is not None:
+        bits, codes, ok = (torch.from_numpy(x) for x in got[1:])
+    else:
+        b, c, ok, _ = _decide_rows(kind, rows, n)
+        bits, codes = b.clone(), c.clone()
     rest = (~ok).nonzero().reshape(-1)
     slow = 0
     for k, row in zip(rest.tolist(), rows[rest].tolist(), strict=True):
@@ -568,6 +629,9 @@ def is_exact_rounding(
         tensors = [t.detach().cpu().numpy() for t in ins]
         exact = [X.rn32(X.exact_value(desc, tensors, int(i))) for i in index.tolist()]
         return np.array(exact, dtype=np.uint32) == claimed
+    verdict = native_rows.is_rn32(op.kind, ins, index, claimed)
+    if verdict is not None:
+        return _is_exact_rounding_rest(op, desc, ins, index, claimed, verdict)
     t, n = _terms(op, ins, torch.from_numpy(index).to(ins[0].device))
     c32 = torch.from_numpy(claimed.view(np.float32).copy())
     hi, lo, err = (torch.from_numpy(x) for x in _dd_sum(t.numpy()))  # the exact sum is hi + lo +- err
@@ -583,6 +647,28 @@ def is_exact_rounding(
     tensors: list[np.ndarray] | None = None
     for k in (~(yes | no)).nonzero().reshape(-1).tolist():  # too close to call in FP64, or not finite
         got = _is_rn32_fsum(t[k].tolist(), scale, np.float32(c32[k].item()))
+        if got is None:
+            tensors = tensors if tensors is not None else [x.detach().cpu().numpy() for x in ins]
+            got = X.rn32(X.exact_value(desc, tensors, int(index[k]))) == int(claimed[k])
+        out[k] = got
+    return out
+
+
+def _is_exact_rounding_rest(
+    op: OpNode, desc: X.OpDesc, ins: list[torch.Tensor], index: np.ndarray, claimed: np.ndarray, verdict: np.ndarray
+) -> np.ndarray:
+    """:func:`is_exact_rounding` from the C kernel's double-double verdicts: the undecided ones by
+    ``math.fsum`` signs, then exact rationals (as the numpy path does)."""
+    out = verdict == native_rows.YES
+    rest = np.flatnonzero(verdict == native_rows.UNDECIDED)
+    if not len(rest):
+        return out
+    t, n = _terms(op, ins, torch.from_numpy(index[rest]))
+    scale = float(n) if op.kind == OpKind.MEAN else 1.0
+    c32 = claimed.view(np.float32)
+    tensors: list[np.ndarray] | None = None
+    for pos, k in enumerate(rest.tolist()):
+        got = _is_rn32_fsum(t[pos].tolist(), scale, np.float32(c32[k]))
         if got is None:
             tensors = tensors if tensors is not None else [x.detach().cpu().numpy() for x in ins]
             got = X.rn32(X.exact_value(desc, tensors, int(index[k]))) == int(claimed[k])

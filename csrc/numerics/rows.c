@@ -1,0 +1,337 @@
+/* Native decisions of candidate rows (vtrain/numerics/native_rows.py): the canonical decision of
+ * MATMUL/SUM/MEAN candidate elements from their exact FP64 terms, in one call per op.
+ *
+ * The reference is the numpy path of vtrain/numerics/canonical.py, and every operation here is
+ * the one it performs, in the same order (compiled with -ffp-contract=off, no -ffast-math):
+ *
+ *   _terms              products of FP32 values in FP64 (exact), a MATMUL bias as the last term;
+ *   s_abs               np.abs(t).sum(axis=1): numpy's pairwise summation (pw_sum below) from 0;
+ *   _tight_candidates   the MATMUL re-filter with the tight bound (midpoint_candidates_np);
+ *   grid_exact          the exact-grid rule, and the grid rows' exact sum (t.sum(axis=1) / scale);
+ *   _dd_sum, _decide_dd the pairwise TwoSum tree (same pairing, zero padding of odd widths, the
+ *                       error terms of each level summed by numpy's pairwise sum) and the decision;
+ *   is_exact_rounding   the double-double comparison of a claimed value with its two midpoints.
+ *
+ * Rows are independent (numpy's operations are elementwise per row), so doing one row at a time
+ * gives the same bits. Terms come from a source: a MATMUL's FP32 operands, the rows of an FP32
+ * tensor (SUM/MEAN), or given FP64 term rows. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VT_EXPORT __attribute__((visibility("default")))
+
+#define U 0x1p-53
+enum { KIND_MATMUL = 0, KIND_SUM = 1, KIND_MEAN = 2 };
+enum { SRC_MATMUL = 0, SRC_ROWS32 = 1, SRC_TERMS64 = 2 };
+enum { CODE_NONE = 0, CODE_DOWN = 1, CODE_UP = 2, CODE_EXPLICIT = 3 };
+/* verdicts of vt_rows_is_rn32 */
+enum { V_NO = 0, V_YES = 1, V_UNDECIDED = 2 };
+
+/* Where the terms of a row come from. */
+typedef struct {
+    int32_t src;        /* SRC_* */
+    int32_t has_bias;   /* SRC_MATMUL: a bias term follows the K products */
+    const float *a;     /* SRC_MATMUL: [.., M, K] */
+    const float *b;     /* SRC_MATMUL: [.., N, K] */
+    const float *bias;  /* SRC_MATMUL: [N] */
+    int64_t m, k, ncols;
+    const float *x;     /* SRC_ROWS32: [.., n] */
+    const double *t;    /* SRC_TERMS64: [C, n] */
+    int64_t n;          /* SRC_ROWS32 / SRC_TERMS64: terms per row */
+} Src;
+
+static int64_t n_terms(const Src *s) { return s->src == SRC_MATMUL ? s->k + (s->has_bias != 0) : s->n; }
+
+/* The terms of element `idx` (for SRC_TERMS64: row `idx`) into out[0..n). */
+static void fill_terms(const Src *s, int64_t idx, double *out) {
+    if (s->src == SRC_MATMUL) {
+        int64_t j = idx % s->ncols, row = idx / s->ncols, batch = row / s->m;
+        const float *ar = s->a + row * s->k;
+        const float *br = s->b + (batch * s->ncols + j) * s->k;
+        for (int64_t i = 0; i < s->k; i++) out[i] = (double)ar[i] * (double)br[i];
+        if (s->has_bias) out[s->k] = (double)s->bias[j];
+    } else if (s->src == SRC_ROWS32) {
+        const float *xr = s->x + idx * s->n;
+        for (int64_t i = 0; i < s->n; i++) out[i] = (double)xr[i];
+    } else {
+        memcpy(out, s->t + idx * s->n, (size_t)s->n * sizeof(double));
+    }
+}
+
+/* numpy's pairwise summation of a contiguous float64 run (numpy/_core/src/umath/loops_utils.h.src,
+ * PW_BLOCKSIZE 128), of |a_i| when `absval`; a reduction adds it to the identity 0.0. */
+static double pw_sum(const double *a, int64_t n, int absval) {
+    if (n < 8) {
+        double res = -0.0;
+        for (int64_t i = 0; i < n; i++) res += absval ? fabs(a[i]) : a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; j++) r[j] = absval ? fabs(a[j]) : a[j];
+        int64_t i;
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += absval ? fabs(a[i + j]) : a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += absval ? fabs(a[i]) : a[i];
+        return res;
+    }
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pw_sum(a, n2, absval) + pw_sum(a + n2, n - n2, absval);
+}
+
+static double np_sum(const double *a, int64_t n, int absval) { return 0.0 + pw_sum(a, n, absval); }
+
+static double np_max(double a, double b) { return (a != a || b != b) ? NAN : (a >= b ? a : b); }
+
+static void two_sum(double x, double y, double *s, double *e) {
+    double ss = x + y;
+    double bp = ss - x;
+    *s = ss;
+    *e = (x - (ss - bp)) + (y - bp);
+}
+
+/* _dd_sum of one row: `x` (capacity n + 1) is overwritten, `e` needs n / 2 + 1. */
+static void dd_sum(double *x, int64_t n, double *e, double *hi, double *lo, double *bound) {
+    double errs = 0.0, abs_errs = 0.0;
+    int64_t w = n;
+    if (w == 0) x[w++] = 0.0;
+    while (w > 1) {
+        if (w & 1) x[w++] = 0.0;
+        int64_t h = w / 2;
+        for (int64_t i = 0; i < h; i++) {
+            double s, er;
+            two_sum(x[2 * i], x[2 * i + 1], &s, &er);
+            e[i] = er;
+            x[i] = s;
+        }
+        errs = errs + np_sum(e, h, 0);
+        abs_errs = abs_errs + np_sum(e, h, 1);
+        w = h;
+    }
+    two_sum(x[0], errs, hi, lo);
+    int64_t nn = n > 2 ? n : 2;
+    *bound = (abs_errs * ((double)(4 * nn) * U) + fabs(*lo) * (4 * U)) + 0x1p-1070;
+}
+
+/* grid_exact of one row (s_abs its np.abs(t).sum()). */
+static int grid_row(const double *t, int64_t n, double s_abs, int kind) {
+    if (kind == KIND_MEAN && (n & (n - 1))) return 0;
+    if (n == 0) return 1;
+    int ex;
+    (void)frexp(s_abs, &ex);
+    double unit = ldexp(1.0, ex - 53);
+    if (!isfinite(s_abs) || !(unit > 0)) return 0;
+    for (int64_t i = 0; i < n; i++) {
+        double q = t[i] / unit;
+        if (!(q == trunc(q))) return 0;
+        if (!(q != 0 || t[i] == 0)) return 0;
+    }
+    return 1;
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* midpoint_candidates_np of one element with reach `reach`: 1 when it stays a candidate. */
+static int still_candidate(double v, float r, double reach) {
+    int32_t ri = (int32_t)f32_bits(r);
+    int32_t a = (ri & 0x7FFFFFFF) - 1;
+    a = (a > 0 ? a : 0) & 0x7F800000;
+    double h = (double)bits_f32((uint32_t)a) * 0x1p-24;
+    h = h > 0x1p-150 ? h : 0x1p-150;
+    double margin = (h - fabs(v - (double)r)) - reach;
+    return !(margin > 0);
+}
+
+/* _decide_dd of one row whose terms are in x (capacity n + 1, overwritten). */
+static void decide_dd(double *x, double *e, int64_t n, double s_abs, int kind, int64_t *bits_out,
+                      int64_t *code_out, int *decided_out) {
+    double scale = kind == KIND_MEAN ? (double)n : 1.0;
+    double hi, lo, err;
+    dd_sum(x, n, e, &hi, &lo, &err);
+    double s_rel = 2 * (double)n * U;
+    double nu = (double)n * U;
+    double g = nu / (1.0 - nu);
+    double dc, big;
+    if (kind == KIND_MATMUL) {
+        dc = g * s_abs;
+        big = (1.25 * g) * (s_abs + (double)n * 0x1p-149);
+    } else if (kind == KIND_SUM) {
+        dc = g * s_abs;
+        big = 1.25 * dc;
+    } else {
+        dc = ((g + 2 * U) * s_abs) / (double)n;
+        big = 1.25 * dc;
+    }
+    double est = (hi + lo) / scale;
+    float c32 = (float)est;
+    float lo_n = nextafterf(c32, -INFINITY), hi_n = nextafterf(c32, INFINITY);
+    double c64 = (double)c32, lo64 = (double)lo_n, hi64 = (double)hi_n;
+    double m_lo = (c64 + lo64) * 0.5;
+    double m_hi = (c64 + hi64) * 0.5;
+    double d_lo = (hi - m_lo * scale) + lo;
+    double d_hi = (m_hi * scale - hi) - lo;
+    double derr = err + (4 * U) * (np_max(fabs(d_lo), fabs(d_hi)) + fabs(lo));
+    double reach = (2 * big) * scale;
+    double slack = reach * (s_rel + 0x1p-40);
+    double margin = derr + slack;
+    int inside = (d_lo > margin) & (d_hi > margin);
+    int near_lo = d_lo <= reach;
+    int near_hi = d_hi <= reach;
+    int clear = (fabs(d_lo - reach) > margin) & (fabs(d_hi - reach) > margin);
+    double spacing = near_hi ? hi64 - c64 : c64 - lo64;
+    int dir_ok = (16 * big <= spacing * (1 - 0x1p-30)) & (big <= (2 * dc) * (1 - 0x1p-30));
+    int dir_clear = (fabs(16 * big - spacing) > (16 * big) * 0x1p-29) & (fabs(big - 2 * dc) > big * 0x1p-29);
+    *decided_out = inside & clear & dir_clear & (isfinite(c32) != 0);
+    int64_t code = CODE_NONE;
+    if (near_lo & near_hi) code = CODE_EXPLICIT;
+    if (near_lo ^ near_hi) code = dir_ok ? (near_hi ? CODE_DOWN : CODE_UP) : CODE_EXPLICIT;
+    *code_out = code;
+    *bits_out = (int64_t)f32_bits(c32 + 0.0f);
+}
+
+typedef struct {
+    double *t, *x, *e;
+} Scratch;
+
+static int scratch_new(Scratch *w, int64_t n) {
+    size_t cap = (size_t)n + 2;
+    w->t = malloc(cap * sizeof(double));
+    w->x = malloc(cap * sizeof(double));
+    w->e = malloc(cap * sizeof(double));
+    return (w->t && w->x && w->e) ? 0 : -1;
+}
+
+static void scratch_free(Scratch *w) {
+    free(w->t);
+    free(w->x);
+    free(w->e);
+}
+
+static int64_t index_of(const int64_t *cand, int64_t i) { return cand ? cand[i] : i; }
+
+/* 1 when a candidate index is outside [0, limit) (the op's element count): the caller gets -2. */
+static int out_of_range(const int64_t *cand, int64_t c, int64_t limit) {
+    if (!cand) return 0;
+    for (int64_t i = 0; i < c; i++)
+        if (cand[i] < 0 || cand[i] >= limit) return 1;
+    return 0;
+}
+
+/* The term source from the exported functions' leading arguments: `src` (SRC_*), a MATMUL's `a`
+ * [.., M, K], `b` [.., N, K] and optional `bias` [N] (`m`, `k`, `ncols`), or `x`: FP32 rows
+ * (SRC_ROWS32) or FP64 term rows (SRC_TERMS64) of `n` terms; `limit`: the number of elements (rows)
+ * the source holds, which every candidate index must be below (else the functions return -2). */
+#define SRC_ARGS int32_t src, const float *a, const float *b, const float *bias, int64_t m, int64_t k, \
+                 int64_t ncols, const void *x, int64_t n, int64_t limit
+static Src make_src(int32_t src, const float *a, const float *b, const float *bias, int64_t m, int64_t k,
+                    int64_t ncols, const void *x, int64_t n) {
+    Src s = {src, bias != NULL, a, b, bias, m, k, ncols, (const float *)x, (const double *)x, n};
+    return s;
+}
+
+/* The canonical decision of each candidate (round_canonical's vectorised part), compacted: `out`
+ * [4, c] receives, for each row the tight filter keeps, its element index (cand, or the row's
+ * position), bits, code and decided flag; returns how many rows were kept, or -1 when scratch memory
+ * cannot be had (-2: an index out of range). With `v` and `r` (the FP64 values and FP32 outputs of the whole op) the MATMUL
+ * tight re-filter runs first, with the bound d = coef (s_abs + n 2^-149) and reach d * band.
+ * Then exact-grid rows (decided, code NONE), then the double-double decision. */
+VT_EXPORT int64_t vt_rows_decide(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const double *v,
+                                 const float *r, double coef, double band, int64_t *out) {
+    if (out_of_range(cand, c, limit)) return -2;
+    Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
+    int64_t nt = n_terms(&s);
+    Scratch w;
+    if (scratch_new(&w, nt)) {
+        scratch_free(&w);
+        return -1;
+    }
+    int64_t *o_idx = out, *o_bits = out + c, *o_code = out + 2 * c, *o_ok = out + 3 * c;
+    double scale = kind == KIND_MEAN ? (double)nt : 1.0;
+    int64_t kept = 0;
+    for (int64_t i = 0; i < c; i++) {
+        int64_t idx = index_of(cand, i);
+        fill_terms(&s, idx, w.t);
+        double s_abs = np_sum(w.t, nt, 1);
+        if (v && !still_candidate(v[idx], r[idx], (coef * (s_abs + (double)nt * 0x1p-149)) * band)) continue;
+        int64_t j = kept++;
+        o_idx[j] = idx;
+        o_code[j] = CODE_NONE;
+        if (grid_row(w.t, nt, s_abs, kind)) {
+            float g32 = (float)(np_sum(w.t, nt, 0) / scale);
+            if (isfinite(g32)) {
+                o_bits[j] = (int64_t)f32_bits(g32 + 0.0f);
+                o_ok[j] = 1;
+                continue;
+            }
+        }
+        memcpy(w.x, w.t, (size_t)nt * sizeof(double));
+        int ok;
+        decide_dd(w.x, w.e, nt, s_abs, kind, &o_bits[j], &o_code[j], &ok);
+        o_ok[j] = ok;
+    }
+    scratch_free(&w);
+    return kept;
+}
+
+/* is_exact_rounding's double-double comparison: whether `claimed[i]` (FP32 bits) is RN32 of the
+ * element's exact value: V_YES, V_NO, or V_UNDECIDED (too close to call in FP64, or not finite). */
+VT_EXPORT int vt_rows_is_rn32(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const uint32_t *claimed,
+                              uint8_t *verdict) {
+    if (out_of_range(cand, c, limit)) return -2;
+    Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
+    int64_t nt = n_terms(&s);
+    Scratch w;
+    if (scratch_new(&w, nt)) {
+        scratch_free(&w);
+        return -1;
+    }
+    double scale = kind == KIND_MEAN ? (double)nt : 1.0;
+    for (int64_t i = 0; i < c; i++) {
+        fill_terms(&s, index_of(cand, i), w.x);
+        double hi, lo, err;
+        dd_sum(w.x, nt, w.e, &hi, &lo, &err);
+        float c32 = bits_f32(claimed[i]);
+        float lo_n = nextafterf(c32, -INFINITY), hi_n = nextafterf(c32, INFINITY);
+        double c64 = (double)c32;
+        double d_lo = (hi - ((c64 + (double)lo_n) * 0.5) * scale) + lo;
+        double d_hi = (((c64 + (double)hi_n) * 0.5) * scale - hi) - lo;
+        double derr = err + (4 * U) * (np_max(fabs(d_lo), fabs(d_hi)) + fabs(lo));
+        int yes = (d_lo > derr) & (d_hi > derr);
+        int no = (d_lo < -derr) | (d_hi < -derr);
+        verdict[i] = yes ? V_YES : (no ? V_NO : V_UNDECIDED);
+    }
+    scratch_free(&w);
+    return 0;
+}
+
+/* grid_exact of each candidate's terms (grid_elements). */
+VT_EXPORT int vt_rows_grid(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, uint8_t *grid) {
+    if (out_of_range(cand, c, limit)) return -2;
+    Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
+    int64_t nt = n_terms(&s);
+    Scratch w;
+    if (scratch_new(&w, nt)) {
+        scratch_free(&w);
+        return -1;
+    }
+    for (int64_t i = 0; i < c; i++) {
+        fill_terms(&s, index_of(cand, i), w.t);
+        grid[i] = (uint8_t)grid_row(w.t, nt, np_sum(w.t, nt, 1), kind);
+    }
+    scratch_free(&w);
+    return 0;
+}

@@ -1,0 +1,171 @@
+"""Native decisions of candidate rows (``csrc/numerics/rows.c``): one C call per op.
+
+The C kernels perform exactly the IEEE operations of the numpy path in :mod:`vtrain.numerics.canonical`
+(``_terms``, ``np.abs(t).sum(axis=1)``, ``_tight_candidates``, ``grid_exact``, ``_dd_sum``/``_decide_dd``
+and the double-double comparison of ``is_exact_rounding``), one row at a time, so they give its bits;
+the numpy path stays the specification and the fallback (``tests/test_native_rows.py`` compares them).
+
+Each function returns None when the kernels are not loaded (``native.available()`` False) or the
+inputs are not the FP32 CPU tensors the kernels read; callers then run the numpy path. Pointers are
+taken with ``Tensor.data_ptr()`` (a numpy array's ``.ctypes`` costs about 1.6 us each, ``torch.empty``
+3 us: most calls are made for a handful of candidates, where such fixed costs are the whole price).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from vtrain.graph.step_graph import OpKind
+from vtrain.numerics import native
+from vtrain.numerics.rounding import Code
+
+_KIND = {OpKind.MATMUL: 0, OpKind.SUM: 1, OpKind.MEAN: 2}
+_SRC_MATMUL, _SRC_ROWS32, _SRC_TERMS64 = 0, 1, 2
+#: Verdicts of :func:`is_rn32`.
+NO, YES, UNDECIDED = 0, 1, 2
+assert (int(Code.NONE), int(Code.DOWN), int(Code.UP), int(Code.EXPLICIT)) == (0, 1, 2, 3)  # rows.c's CODE_*
+
+
+def _bind() -> ctypes.CDLL | None:
+    lib = native.lib()
+    if lib is None or not hasattr(lib, "vt_rows_decide"):
+        return None
+    p, i32, i64, f64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
+    src = [i32, p, p, p, i64, i64, i64, p, i64, i64]  # SRC_ARGS of rows.c
+    lib.vt_rows_decide.argtypes = [*src, i32, p, i64, p, p, f64, f64, p]
+    lib.vt_rows_decide.restype = i64
+    lib.vt_rows_is_rn32.argtypes = [*src, i32, p, i64, p, p]
+    lib.vt_rows_is_rn32.restype = ctypes.c_int
+    lib.vt_rows_grid.argtypes = [*src, i32, p, i64, p]
+    lib.vt_rows_grid.restype = ctypes.c_int
+    return lib
+
+
+_LIB = _bind()
+
+
+def available() -> bool:
+    """True when the row kernels are loaded."""
+    return _LIB is not None
+
+
+def _usable(ins: list[torch.Tensor]) -> bool:
+    return _LIB is not None and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ins)
+
+
+def _contiguous(t: torch.Tensor, keep: list[torch.Tensor]) -> int:
+    t = t if t.is_contiguous() else t.contiguous()
+    keep.append(t)
+    return t.data_ptr()
+
+
+def _source(kind: OpKind, ins: list[torch.Tensor] | None, rows: torch.Tensor | None, keep: list[torch.Tensor]):
+    """``SRC_ARGS`` of rows.c for the op's inputs or for FP64 term rows (pointers into ``keep``)."""
+    if rows is not None:
+        return (_SRC_TERMS64, None, None, None, 0, 0, 0, _contiguous(rows, keep), rows.shape[1], rows.shape[0])
+    if kind == OpKind.MATMUL:
+        a, b = ins[0], ins[1]
+        if a.dim() < 2 or b.dim() < 2 or b.shape[-1] != a.shape[-1]:
+            return None  # shapes the kernel does not read: the numpy path decides (or names the problem)
+        m, k, ncols = a.shape[-2], a.shape[-1], b.shape[-2]
+        if a.numel() // max(1, m * k) != b.numel() // max(1, ncols * k) or (len(ins) == 3 and ins[2].numel() != ncols):
+            return None  # broadcast batches, or a bias of another length
+        bias = _contiguous(ins[2], keep) if len(ins) == 3 else None
+        return (_SRC_MATMUL, _contiguous(a, keep), _contiguous(b, keep), bias, m, k, ncols, None, 0,
+                a.numel() // max(1, k) * ncols)
+    x = ins[0]
+    n = x.shape[-1] if x.dim() else 1
+    return (_SRC_ROWS32, None, None, None, 0, 0, 0, _contiguous(x, keep), n, x.numel() // max(1, n))
+
+
+def _index(cand: torch.Tensor | np.ndarray, keep: list[torch.Tensor]) -> tuple[int, int]:
+    if isinstance(cand, np.ndarray):
+        cand = torch.from_numpy(np.ascontiguousarray(cand, dtype=np.int64))
+    if cand.dtype != torch.int64:
+        raise TypeError(f"native rows: expected int64 candidate indices, got {cand.dtype}")
+    return _contiguous(cand, keep), cand.numel()
+
+
+def _ptr(a: np.ndarray) -> int:
+    """The data address of a fresh (C-contiguous) numpy array, through torch (cheaper than ``.ctypes``)."""
+    return torch.from_numpy(a).data_ptr()
+
+
+def _check(rc: int, what: str, limit: int) -> None:
+    if rc == -2:
+        raise IndexError(f"native rows: {what}: expected element indices in [0, {limit}), got one outside")
+    if rc < 0 or rc > 0 and what != "decide":
+        raise MemoryError(f"native rows: {what} could not allocate its scratch rows")
+
+
+def decide(
+    kind: OpKind,
+    ins: list[torch.Tensor] | None,
+    cand: torch.Tensor | np.ndarray | None,
+    *,
+    rows: torch.Tensor | None = None,
+    tight: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(kept, bits, codes, decided)`` of a MATMUL/SUM/MEAN op's candidates: from the op's FP32
+    inputs ``ins`` at flat element indices ``cand``, or from FP64 term rows ``rows [C, n]`` (``cand``
+    None; ``kept`` then indexes rows). ``tight = (v, r, coef, band)`` (the op's flat FP64 values and
+    FP32 outputs, ``TRAINER_BOUND_SLACK * gamma(n)`` and the candidate band) runs the MATMUL tight
+    re-filter first: only the candidates it keeps are returned, in order (``kept``: their element
+    indices; int64 arrays, ``decided`` bool). None: use the numpy path."""
+    if _LIB is None or (rows is None and not _usable(ins)):
+        return None
+    if rows is not None and (rows.device.type != "cpu" or rows.dtype != torch.float64):
+        return None
+    keep: list[torch.Tensor] = []
+    src = _source(kind, ins, rows, keep)
+    if src is None:
+        return None
+    if cand is None:
+        c_ptr, c = None, rows.shape[0]
+    else:
+        c_ptr, c = _index(cand, keep)
+    v_ptr = r_ptr = None
+    coef = band = 0.0
+    if tight is not None:
+        v, r, coef, band = tight
+        if v.device.type != "cpu" or v.dtype != torch.float64 or r.device.type != "cpu" or r.dtype != torch.float32:
+            return None
+        v_ptr, r_ptr = _contiguous(v, keep), _contiguous(r, keep)
+    o = np.empty((4, c), dtype=np.int64)
+    kept = _LIB.vt_rows_decide(*src, _KIND[kind], c_ptr, c, v_ptr, r_ptr, coef, band, _ptr(o))
+    _check(kept, "decide", src[-1])
+    return o[0, :kept], o[1, :kept], o[2, :kept], o[3, :kept] != 0
+
+
+def is_rn32(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray, claimed: np.ndarray) -> np.ndarray | None:
+    """Per element at flat ``cand``: ``YES`` when the claimed FP32 bits are RN32 of its exact value by the
+    double-double comparison, ``NO`` when they are not, ``UNDECIDED`` when too close to call. None:
+    use the numpy path."""
+    if not _usable(ins):
+        return None
+    keep: list[torch.Tensor] = []
+    src = _source(kind, ins, None, keep)
+    if src is None:
+        return None
+    c_ptr, c = _index(cand, keep)
+    claim = torch.from_numpy(np.ascontiguousarray(claimed, dtype=np.uint32).view(np.int32))
+    verdict = np.empty(c, dtype=np.uint8)
+    _check(_LIB.vt_rows_is_rn32(*src, _KIND[kind], c_ptr, c, claim.data_ptr(), _ptr(verdict)), "is_rn32", src[-1])
+    return verdict
+
+
+def grid(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray) -> np.ndarray | None:
+    """The exact-grid rule (``canonical.grid_exact``) of the elements at flat ``cand``; None: numpy."""
+    if not _usable(ins):
+        return None
+    keep: list[torch.Tensor] = []
+    src = _source(kind, ins, None, keep)
+    if src is None:
+        return None
+    c_ptr, c = _index(cand, keep)
+    out = np.empty(c, dtype=np.bool_)
+    _check(_LIB.vt_rows_grid(*src, _KIND[kind], c_ptr, c, _ptr(out)), "grid", src[-1])
+    return out
