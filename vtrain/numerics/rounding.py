@@ -461,34 +461,15 @@ def apply_log(
             raise VtrainError(f"{what}: log index out of range for {n} elements")
         if bool(((entries.code < 1) | (entries.code > 3)).any()):
             raise VtrainError(f"{what}: invalid rounding-log code")
-        idx = torch.from_numpy(entries.index).to(dev)
-        codes = torch.from_numpy(entries.code.astype(np.int64)).to(dev)
-        if d is None:
-            di = torch.zeros(len(entries), dtype=vf.dtype, device=dev)
-        elif isinstance(d, torch.Tensor):
-            di = d.reshape(-1)[idx]
+        if dev.type == "cpu":  # few entries: numpy, no torch cost per call (the same IEEE operations)
+            applied, bad = _apply_entries_np(vf.numpy(), out.numpy(), d, entries, checking, exact_op)
+            out.numpy()[entries.index] = applied + np.float32(0.0) if native else applied
         else:
-            di = torch.from_numpy(NF.bound_at(d, entries.index))
-        vi, ri = vf[idx], out[idx]
-        lo_n, hi_n = _neighbours(ri)
-        r64 = ri.double()
-        m_hi = (r64 + hi_n.double()) * 0.5
-        m_lo = (r64 + lo_n.double()) * 0.5
-        take_hi = (m_hi - vi) <= (vi - m_lo)
-        m = torch.where(take_hi, m_hi, m_lo)
-        below = torch.where(take_hi, ri, lo_n)  # FP32 neighbours of the chosen midpoint
-        above = torch.where(take_hi, hi_n, ri)
-        directed = torch.where(codes == int(Code.DOWN), below, above)
-        explicit = torch.from_numpy(entries.value).to(dev)
-        applied = torch.where(codes == int(Code.EXPLICIT), explicit, directed)
-        out[idx] = canonical(applied) if native else applied
-        if checking:
-            far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > 3.0 * di)
-            wild = (codes == int(Code.EXPLICIT)) & ((explicit.double() - vi).abs() > 6.0 * di)
-            if exact_op:
-                far = far | (codes != int(Code.EXPLICIT))
-            for k in (far | wild).nonzero().reshape(-1).tolist():
-                suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
+            applied, bad = _apply_entries_torch(vf, out, d, entries, checking, exact_op)
+            out[torch.from_numpy(entries.index).to(dev)] = canonical(applied) if native else applied
+            applied = applied.cpu().numpy()
+        for k in bad.tolist():
+            suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
     if near is not None:
         if exact is not None and len(near):
             near = near[~np.asarray(exact(near), dtype=bool)]
@@ -508,12 +489,75 @@ def apply_log(
         if native:  # the values the plain path proposes: RN32(v) and the applied entries, zeros as they are
             proposed = vf[kt].to(torch.float32).numpy()
             if len(entries):
-                proposed[np.searchsorted(keys, entries.index)] = applied.numpy()
+                proposed[np.searchsorted(keys, entries.index)] = applied
         else:
             proposed = out[kt].cpu().numpy().copy()
         res = torch.from_numpy(resolver(keys, proposed, codes_np, flagged).astype(np.float32)).to(dev)
         out[kt] = canonical(res) if native else res
     return out.reshape(r.shape) if native else canonical(out.reshape(r.shape))
+
+
+def _entry_bounds(d: NF.Bound | None, entries: OpLog, n: int) -> np.ndarray:
+    if d is None:
+        return np.zeros(n, dtype=np.float64)
+    if isinstance(d, torch.Tensor):
+        return d.reshape(-1)[torch.from_numpy(entries.index).to(d.device)].cpu().numpy()
+    return np.asarray(NF.bound_at(d, entries.index), dtype=np.float64)
+
+
+def _apply_entries_np(
+    vf: np.ndarray, rf: np.ndarray, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The values the entries give (FP32, zeros as computed) and, when ``checking``, the positions of
+    entries far from the replayed value: :func:`_apply_entries_torch` in numpy on the CPU (the same
+    IEEE operations, so the same bits; tested against it)."""
+    idx = entries.index
+    vi, ri = vf[idx], rf[idx]
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi_n, lo_n = np.nextafter(ri, np.float32(np.inf)), np.nextafter(ri, np.float32(-np.inf))
+        r64 = ri.astype(np.float64)
+        m_hi = (r64 + hi_n.astype(np.float64)) * 0.5
+        m_lo = (r64 + lo_n.astype(np.float64)) * 0.5
+        take_hi = (m_hi - vi) <= (vi - m_lo)
+        directed = np.where(entries.code == int(Code.DOWN), np.where(take_hi, ri, lo_n), np.where(take_hi, hi_n, ri))
+        is_explicit = entries.code == int(Code.EXPLICIT)
+        applied = np.where(is_explicit, entries.value.astype(np.float32), directed).astype(np.float32)
+        if not checking:
+            return applied, np.zeros(0, dtype=np.int64)
+        di = _entry_bounds(d, entries, len(idx))
+        m = np.where(take_hi, m_hi, m_lo)
+        far = ~is_explicit & ((np.abs(vi - m) > 3.0 * di) | exact_op)
+        wild = is_explicit & (np.abs(entries.value.astype(np.float64) - vi) > 6.0 * di)
+    return applied, np.flatnonzero(far | wild)
+
+
+def _apply_entries_torch(
+    vf: torch.Tensor, out: torch.Tensor, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool
+) -> tuple[torch.Tensor, np.ndarray]:
+    """:func:`_apply_entries_np` on any device, in torch (the values stay on ``vf``'s device)."""
+    dev = vf.device
+    idx = torch.from_numpy(entries.index).to(dev)
+    codes = torch.from_numpy(entries.code.astype(np.int64)).to(dev)
+    vi, ri = vf[idx], out[idx]
+    lo_n, hi_n = _neighbours(ri)
+    r64 = ri.double()
+    m_hi = (r64 + hi_n.double()) * 0.5
+    m_lo = (r64 + lo_n.double()) * 0.5
+    take_hi = (m_hi - vi) <= (vi - m_lo)
+    below = torch.where(take_hi, ri, lo_n)  # FP32 neighbours of the chosen midpoint
+    above = torch.where(take_hi, hi_n, ri)
+    directed = torch.where(codes == int(Code.DOWN), below, above)
+    explicit = torch.from_numpy(entries.value).to(dev)
+    applied = torch.where(codes == int(Code.EXPLICIT), explicit, directed)
+    if not checking:
+        return applied, np.zeros(0, dtype=np.int64)
+    di = torch.from_numpy(_entry_bounds(d, entries, len(entries))).to(dev)
+    m = torch.where(take_hi, m_hi, m_lo)
+    far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > 3.0 * di)
+    wild = (codes == int(Code.EXPLICIT)) & ((explicit.double() - vi).abs() > 6.0 * di)
+    if exact_op:
+        far = far | (codes != int(Code.EXPLICIT))
+    return applied, (far | wild).nonzero().reshape(-1).cpu().numpy()
 
 
 def unlogged_near_ties(vf: torch.Tensor, df: torch.Tensor, rf: torch.Tensor, entries: OpLog) -> np.ndarray:

@@ -1,0 +1,44 @@
+"""The replay's application of log entries: the CPU (numpy) path against the torch path, bit for bit,
+on adversarial values (rounding.apply_log uses numpy on the CPU and torch elsewhere)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vtrain.numerics.rounding import OpLog, _apply_entries_np, _apply_entries_torch
+
+
+def _case(seed: int, n: int = 4000) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, OpLog]:
+    rng = np.random.default_rng(seed)
+    r = rng.standard_normal(n).astype(np.float32) * np.float32(2.0) ** rng.integers(-140, 120, n).astype(np.float32)
+    r[:8] = [0.0, -0.0, np.float32(2.0**-149), np.float32(3.4028235e38), 1.0, 2.0, np.float32(2.0**-126), -1.0]
+    r64 = r.astype(np.float64)
+    ulp = np.abs(np.nextafter(r, np.float32(np.inf)).astype(np.float64) - r64)
+    ulp[~np.isfinite(ulp)] = 2.0**104
+    # v: RN32(v) == r, anywhere in r's rounding interval, midpoints and a hair inside included
+    frac = rng.choice([-0.5, 0.5, -0.5 + 2.0**-30, 0.5 - 2.0**-30, 0.0, 0.25, -0.49], n)
+    v = r64 + frac * ulp
+    v[1] = -0.0
+    d = np.abs(v) * rng.choice([0.0, 2.0**-40, 2.0**-25, 2.0**-20], n) + rng.choice([0.0, 2.0**-160], n)
+    k = rng.choice(n, n // 3, replace=False)
+    k.sort()
+    code = rng.integers(1, 4, len(k)).astype(np.uint8)
+    stated = np.nextafter(r[k], np.float32(np.inf)) if seed % 2 else r[k]
+    value = np.where(code == 3, stated, np.float32(0)).astype(np.float32)
+    return torch.from_numpy(v), torch.from_numpy(d), torch.from_numpy(r.copy()), OpLog(k.astype(np.int64), code, value)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("checking", [False, True])
+@pytest.mark.parametrize("exact_op", [False, True])
+def test_numpy_entries_are_the_torch_entries(seed: int, checking: bool, exact_op: bool) -> None:
+    v, d, r, entries = _case(seed)
+    dd = None if exact_op else d
+    a_np, bad_np = _apply_entries_np(v.numpy(), r.numpy(), dd, entries, checking, exact_op)
+    a_t, bad_t = _apply_entries_torch(v, r, dd, entries, checking, exact_op)
+    assert np.array_equal(a_np.view(np.uint32), a_t.numpy().view(np.uint32))
+    assert np.array_equal(bad_np, bad_t)
+    if checking:
+        assert len(bad_np) > 0  # the cases reach the far/wild checks
