@@ -59,6 +59,7 @@ contract Adjudicator is IAdjudicator {
         bytes32[] roots;
         Opening[] openings;
         uint256 next;
+        uint256[] terms; // MATMUL/SUM/MEAN: the packed terms, for the exact second pass
     }
 
     /// @notice Thrown for op kinds this adjudicator does not rule on (bind ops, unknown codes).
@@ -115,7 +116,14 @@ contract Adjudicator is IAdjudicator {
         // INVARIANT: every supplied opening was read, so a proof has one canonical form.
         if (c.next != c.openings.length) revert OpeningCount(c.openings.length, c.next);
         if (!defined) return false;
-        return RoundingRule.judge(x, claim.claimed, code, value);
+        (uint32 rLo, uint32 rHi) = RoundingRule.ends(x);
+        // INVARIANT: only RN32(e) stands. Where the first pass leaves an FP32 midpoint inside [lo, hi]
+        // (a sum whose terms span more than ~2^72), the exact second pass decides.
+        if (rLo != rHi && c.terms.length != 0) {
+            rLo = ExactSum.roundExact(c.terms, c.kind == OpKinds.MEAN ? c.terms.length : 1);
+            rHi = rLo;
+        }
+        return RoundingRule.judgeEnds(x, rLo, rHi, claim.claimed, code, value);
     }
 
     // ---------------------------------------------------------------------------------------------
@@ -252,6 +260,7 @@ contract Adjudicator is IAdjudicator {
         uint256[] memory terms = new uint256[](n);
         ExactSum.fill(aData, aOff, bData, bOff, terms, kk);
         if (hasBias) terms[kk] = ExactSum.value(_read(c, 2, j));
+        c.terms = terms;
         return ExactSum.sumEnclosure(ExactSum.accumulate(terms), n);
     }
 
@@ -276,6 +285,7 @@ contract Adjudicator is IAdjudicator {
         }
         uint256[] memory terms = new uint256[](n);
         ExactSum.fill(data, off, "", 0, terms, n);
+        c.terms = terms;
         ExactSum.Accumulation memory acc = ExactSum.accumulate(terms);
         return c.kind == OpKinds.SUM ? ExactSum.sumEnclosure(acc, n) : ExactSum.meanEnclosure(acc, n);
     }

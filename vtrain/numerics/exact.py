@@ -6,7 +6,8 @@ For one output element of one op (a descriptor, its FP32 input tensors and a fla
 - :func:`contract_bound` -- the certified bound ``dc`` of docs/numerics.md, on the exact ``S``;
 - :func:`enclosure` -- the enclosure ``[lo, hi]`` of ``e`` and the bound the contract actually
   works with (``contracts/lib/ExactSum.sol``: one int256 accumulator; exact unless terms span more
-  than ~2^72, width <= 2^-19 * dc; its bound uses an upper bound of ``S`` within 2^-19; EXP LOG
+  than ~2^72, width <= 2^-19 * dc, and where an FP32 midpoint then lies inside, ``rounded`` holds
+  ``RN32(e)`` of the exact second pass; its bound uses an upper bound of ``S`` within 2^-19; EXP LOG
   TANH: ``vtrain.numerics.transcendental``, width about 2^-110 relative, ``dc = 4u (1 - 2^-40) |e|_low``);
 - :func:`judge_element` -- the contract's rule on a claimed value and the committed log entry,
   bit for bit what ``Adjudicator.adjudicate`` returns for a well-formed proof;
@@ -28,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -674,13 +675,16 @@ def contract_bound(desc: Any, tensors: Sequence[np.ndarray], index: int, data: D
 
 @dataclass(frozen=True)
 class Enclosure:
-    """``e`` in ``[lo, hi]``, bound ``dc``, all as integers in the unit ``2^exp / den``."""
+    """``e`` in ``[lo, hi]``, bound ``dc``, all as integers in the unit ``2^exp / den``; ``rounded``:
+    ``RN32(e)`` from the contract's exact second pass (``ExactSum.roundExact``), set only for a
+    MATMUL/SUM/MEAN whose first-pass ends round apart (``RN32(lo) != RN32(hi)``), else None."""
 
     lo: int
     hi: int
     dc: int
     exp: int
     den: int
+    rounded: int | None = None
 
     def value(self, v: int) -> Fraction:
         return Fraction(v) * _pow2(self.exp) / self.den
@@ -733,6 +737,38 @@ def _sum_at(terms: Sequence[tuple[bool, int, int]], top: int) -> tuple[int, int,
     return total, abs_sum, inexact
 
 
+#: Bits per limb of the exact tail (ExactSum.TAIL_BITS); limbs of the tail (ExactSum.tailAt).
+_TAIL_BITS = 191
+_TAIL_LIMBS = 4
+
+
+def _tail_at(terms: Sequence[tuple[bool, int, int]], top: int) -> tuple[int, int, int, int]:
+    """ExactSum.tailAt: the exact rest ``e - sum * 2^L`` (``L = top - 372``) in limbs, limb 0 in
+    quanta ``2^L``, limb ``j`` in ``2^(L - 191 j)``: a floored term's bits below the quantum
+    (``+low``; a negative one ``2^L - low``: 1 in limb 0, ``-low`` in limb ``ceil(sh / 191)``)."""
+    limbs = [0] * _TAIL_LIMBS
+    for neg, m, est in terms:
+        sh = top - _GUARD - est
+        if not m or sh <= 0:
+            continue
+        low = m & ((1 << sh) - 1)
+        if not low:
+            continue
+        j = -(-sh // _TAIL_BITS)
+        v = low << (_TAIL_BITS * j - sh)
+        if neg:
+            limbs[0] += 1
+            v = -v
+        limbs[j] += v
+    return (limbs[0], limbs[1], limbs[2], limbs[3])
+
+
+def _tail_value(total: int, tail: Sequence[int], lsb: int) -> Fraction:
+    """The exact ``sum * 2^L + tail`` (ExactSum.roundOf's value before ``/ den``)."""
+    v = Fraction(total + tail[0]) * _pow2(lsb)
+    return v + sum((Fraction(t) * _pow2(lsb - _TAIL_BITS * j) for j, t in enumerate(tail) if j), Fraction(0))
+
+
 def _enclose(sem: _Sem) -> Enclosure | None:
     if sem.op in _TRANSCENDENTAL_KIND:
         enc = _enclose_transcendental(_TRANSCENDENTAL_KIND[sem.op], sem.bits[0])
@@ -759,10 +795,31 @@ def _enclose(sem: _Sem) -> Enclosure | None:
         big = m << s
         r = math.isqrt(big)
         return Enclosure(r, r if r * r == big else r + 1, 0, (e - s) // 2, 1)
-    total, abs_sum, inexact, lsb = _accumulate(_packed_terms(sem))
+    terms = _packed_terms(sem)
+    total, abs_sum, inexact, lsb = _accumulate(terms)
     if not sem.bound:
         return Enclosure(total, total + inexact, 0, lsb, 1)
-    return _bound_enclosure(sem.op, sem.n, total, abs_sum, inexact, lsb)
+    enc = _bound_enclosure(sem.op, sem.n, total, abs_sum, inexact, lsb)
+    if _ends(enc)[0] == _ends(enc)[1]:
+        return enc
+    return replace(enc, rounded=rn32(_exact_sum(terms) / (sem.n if sem.op == "mean" else 1), True))
+
+
+def _ends(enc: Enclosure) -> tuple[int, int]:
+    """RoundingRule.ends: ``(RN32(lo), RN32(hi))``, saturating."""
+    lo, hi, _ = enc.bounds
+    return rn32(lo, True), rn32(hi, True)
+
+
+def _exact_sum(terms: Sequence[tuple[bool, int, int]]) -> Fraction:
+    """The exact sum of packed terms ``(-1)^neg * M * 2^(est - 300)`` (the contract's second pass
+    computes its RN32 from the floored remainders in limbs; this is the value it rounds)."""
+    live = [(neg, m, est) for neg, m, est in terms if m]
+    if not live:
+        return Fraction(0)
+    low = min(est for _, _, est in live)
+    total = sum((-m if neg else m) << (est - low) for neg, m, est in live)
+    return Fraction(total) * _pow2(low - 300)
 
 
 def _packed_terms(sem: _Sem) -> list[tuple[bool, int, int]]:
@@ -824,11 +881,12 @@ def judge(enc: Enclosure | None, claimed: int, code: int, value: int = 0) -> boo
     """The contract's rule (RoundingRule.judge) for an enclosure, a claim and a log entry.
 
     Every claim must be ``RN32(e)``: ``RN32(lo) <= claimed <= RN32(hi)`` in the FP32 order, whatever
-    the code; the code's own check then says whether the log is consistent with it."""
+    the code (both ends ``enc.rounded`` where the exact second pass decided); the code's own check
+    then says whether the log is consistent with it."""
     if enc is None or not is_finite(claimed) or claimed == SIGN:
         return False
     lo, hi, dc = enc.bounds
-    r_lo, r_hi = rn32(lo, True), rn32(hi, True)
+    r_lo, r_hi = (enc.rounded, enc.rounded) if enc.rounded is not None else _ends(enc)
     if not to_ordered(r_lo) <= to_ordered(claimed) <= to_ordered(r_hi):
         return False
     if code == NONE:
