@@ -169,3 +169,80 @@ def test_wide_vectors_contract_side_the_wrong_neighbour_loses_the_honest_value_w
         assert adj.functions.adjudicate(_claim(c, desc, right, _entries(c, right, exact.EXPLICIT)), proof).call(
             {"gas": CALL_GAS}
         )
+
+
+# -- the chunk level: a long wide SUM ruled from its partials --------------------------------------
+
+#: Terms of the long SUM (three chunks): 2^24 in chunk 0, 1.0 in chunk 1, 2^-100 in chunk 2.
+K = 5000
+
+
+def _wide_long_run(monkeypatch, wrong: bool):
+    """A run of ``long_graph(K)`` whose ``xs`` row 0 is ``2^24, 1, 2^-100`` spread over three chunks
+    (``e = 2^24 + 1 + 2^-100``, RN32 ``2^24 + 2``; the first pass holds the midpoint ``2^24 + 1``);
+    ``wrong``: its trainer outputs the neighbour ``2^24`` for ``sm`` element 0 (no log entry)."""
+    import game_harness as H
+
+    graph = H.long_graph(K)
+    xs_op, sm_op = graph.index["xs"], graph.index["sm"]
+    synth, reduce_ = H.synth_output, H.honest_reduction
+
+    def crafted(s, j, roots, numel):
+        out = synth(s, j, roots, numel)
+        if j == xs_op:
+            out = out.copy()
+            out[:K] = 0.0
+            out[0], out[2100], out[4500] = 2.0**24, 1.0, 2.0**-100
+        return out
+
+    def reduction(desc, inputs, numel):
+        out = reduce_(desc, inputs, numel)
+        if wrong and exact.OpDesc.of(desc) == exact.OpDesc.of(graph.descriptors[sm_op]):
+            out = out.copy()
+            out[0] = np.float32(2.0**24)
+        return out
+
+    monkeypatch.setattr(H, "synth_output", crafted)
+    monkeypatch.setattr(H, "honest_reduction", reduction)
+    run = H.simulate_real(H.JobConfig(n_steps=1, interval_length=1), graph)
+    monkeypatch.undo()
+    return run
+
+
+def test_long_wide_sum_partials_carry_the_tail_and_decide(monkeypatch) -> None:
+    run = _wide_long_run(monkeypatch, wrong=False)
+    j = run.graph.index["sm"]
+    desc, ins = run.graph.descriptors[j], [run.steps[1].outputs[i] for i in run.graph.ops[j].inputs]
+    p = exact.element_partials(desc, ins, 0)
+    assert [q.inexact for q in p] == [0, 0, 1] and p[2].tail != (0, 0, 0, 0) and p[0].tail == (0, 0, 0, 0)
+    enc = exact.partials_enclosure(desc, p)
+    assert enc == exact.enclosure(desc, ins, 0) and enc.rounded == _bits(2.0**24 + 2)
+    wrong = _bits(2.0**24)
+    assert exact.judge(replace(enc, rounded=None), wrong, exact.EXPLICIT, wrong)  # the first pass upheld it
+    assert not exact.judge_partials(desc, p, 0, wrong, LogEntry(0, exact.EXPLICIT, wrong))
+    assert exact.judge_partials(desc, p, 0, _bits(2.0**24 + 2), None)
+    # a wrong tail is a wrong partial: the challenger disputes that chunk
+    bad = [*p[:2], replace(p[2], tail=(p[2].tail[0], p[2].tail[1] + 1, *p[2].tail[2:]))]
+    assert exact.first_wrong_chunk(desc, ins, 0, bad) == 2
+
+
+@pytest.mark.parametrize("wrong", [True, False])
+def test_long_wide_sum_wrong_neighbour_loses_the_honest_value_wins(dep, monkeypatch, wrong: bool) -> None:
+    """Whole games through the chunk level (real ChunkAdjudicator): the partials are accepted and the
+    element is ruled from them; only RN32(e) stands (the first pass alone upheld neither with no entry)."""
+    import game_harness as H
+
+    honest = _wide_long_run(monkeypatch, wrong=False)
+    run = _wide_long_run(monkeypatch, wrong=True) if wrong else honest
+    job = H.active_job(dep, run)
+    gid = H.challenge(dep, job, 0)
+    j = run.graph.index["sm"]
+    if wrong:
+        challenger = H.ChunkChallenger(dep, honest)
+    else:
+        challenger = H.FalseChunkChallenger(dep, op=j, element=0, chunk=None)
+    res = H.play(dep, gid, H.ChunkTrainer(dep, run), challenger)
+    want = H.GameStatus.CHALLENGER_WON if wrong else H.GameStatus.TRAINER_WON
+    assert (res.status, res.ruling) == (want, H.Ruling.ADJUDICATED), res
+    assert res.phases[-2:] == [H.Phase.PARTIALS, H.Phase.PARTIALS_RULE]
+    assert (dep.view(gid)["op"], dep.view(gid)["index"]) == (j, 0)

@@ -36,6 +36,8 @@ library ExactSum {
     uint256 internal constant TWO53 = 1 << 53;
     /// @dev Bits per limb of the exact tail (tailAt): `2^16` values below `2^238` fit in an int256.
     uint256 internal constant TAIL_BITS = 191;
+    /// @dev Limbs of the exact tail: limb 0 at the quantum, three below it.
+    uint256 internal constant TAIL_LIMBS = 4;
     /// @dev Bits kept when the exact value is rounded (roundOf): at least 26 + 16 + 2 are needed.
     uint256 internal constant EXACT_BITS = 140;
 

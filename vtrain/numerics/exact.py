@@ -929,23 +929,28 @@ MAX_CHUNKS = MAX_TERMS // CHUNK_TERMS
 @dataclass(frozen=True)
 class Partial:
     """One chunk's share of an element's ExactSum accumulation, in quanta ``2^(E - 372)`` with
-    ``E`` the largest ``max_exp`` of the element's chunks (``GameTypes.Partial``)."""
+    ``E`` the largest ``max_exp`` of the element's chunks (``GameTypes.Partial``); ``tail``: the
+    exact rest of its floored terms (ExactSum.tailAt, four limbs; zeros when ``inexact`` is 0)."""
 
     max_exp: int
     sum: int
     abs_sum: int
     inexact: int
+    tail: tuple[int, int, int, int] = (0, 0, 0, 0)
 
-    def as_tuple(self) -> tuple[int, int, int, int]:
-        """The ABI tuple ``(maxExp, sum, absSum, inexact)``."""
-        return (self.max_exp, self.sum, self.abs_sum, self.inexact)
+    def as_tuple(self) -> tuple[int, int, int, int, list[int]]:
+        """The ABI tuple ``(maxExp, sum, absSum, inexact, tail)``."""
+        return (self.max_exp, self.sum, self.abs_sum, self.inexact, list(self.tail))
 
     @classmethod
     def of(cls, t: Any) -> Partial:
         """From the ABI tuple or a decoded struct (a mapping with the Solidity field names)."""
         if isinstance(t, Mapping):
-            t = (t["maxExp"], t["sum"], t["absSum"], t["inexact"])
-        return cls(*(int(x) for x in t))
+            t = (t["maxExp"], t["sum"], t["absSum"], t["inexact"], t["tail"])
+        if len(t) != 5 or len(t[4]) != _TAIL_LIMBS:
+            raise MalformedOp(f"partial: expected (maxExp, sum, absSum, inexact, tail[{_TAIL_LIMBS}]), got {t!r}")
+        tail = tuple(int(x) for x in t[4])
+        return cls(int(t[0]), int(t[1]), int(t[2]), int(t[3]), (tail[0], tail[1], tail[2], tail[3]))
 
 
 def reduction_terms(desc: Any) -> int:
@@ -990,7 +995,8 @@ def _partial_at(terms: Sequence[tuple[bool, int, int]], top: int) -> Partial:
     mine = _max_est(terms)
     if mine == 0 or mine > top:
         return Partial(mine, 0, 0, 0)
-    return Partial(mine, *_sum_at(terms, top))
+    total, abs_sum, inexact = _sum_at(terms, top)
+    return Partial(mine, total, abs_sum, inexact, _tail_at(terms, top) if inexact else (0, 0, 0, 0))
 
 
 def _reduction_sem(desc: Any, tensors: Sequence[np.ndarray], index: int) -> tuple[OpDesc, _Sem]:
@@ -1035,7 +1041,8 @@ def first_wrong_chunk(desc: Any, tensors: Sequence[np.ndarray], index: int, post
 
 def partials_enclosure(desc: Any, partials: Sequence[Partial]) -> Enclosure:
     """``ChunkAdjudicator.ruleFromPartials``'s enclosure: the partials summed (ChunkedSum.total) and
-    bounded as the one-transaction ruling would (MEAN: meanEnclosure, else sumEnclosure)."""
+    bounded as the one-transaction ruling would (MEAN: meanEnclosure, else sumEnclosure); where its
+    ends round apart, ``rounded`` is RN32 of the exact value the partials' tails give."""
     d = OpDesc.of(desc)
     n = reduction_terms(d)
     if n == 0 or len(partials) != chunk_count(n):
@@ -1048,7 +1055,12 @@ def partials_enclosure(desc: Any, partials: Sequence[Partial]) -> Enclosure:
         abs_sum = sum(p.abs_sum for p in partials)
         inexact = sum(p.inexact for p in partials)
         lsb = top - _LSB_OFFSET
-    return _bound_enclosure("mean" if d.kind == OpKind.MEAN else "sum", n, total, abs_sum, inexact, lsb)
+    mean = d.kind == OpKind.MEAN
+    enc = _bound_enclosure("mean" if mean else "sum", n, total, abs_sum, inexact, lsb)
+    if _ends(enc)[0] == _ends(enc)[1]:
+        return enc
+    tail = [sum(p.tail[j] for p in partials) for j in range(_TAIL_LIMBS)]
+    return replace(enc, rounded=rn32(_tail_value(total, tail, lsb) / (n if mean else 1), True))
 
 
 def judge_partials(
