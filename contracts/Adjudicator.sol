@@ -59,7 +59,8 @@ contract Adjudicator is IAdjudicator {
         bytes32[] roots;
         Opening[] openings;
         uint256 next;
-        uint256[] terms; // MATMUL/SUM/MEAN: the packed terms, for the exact second pass
+        uint256[] terms; // MATMUL/SUM/MEAN: the packed terms and their first pass, for the exact second pass
+        ExactSum.Accumulation acc;
     }
 
     /// @notice Thrown for op kinds this adjudicator does not rule on (bind ops, unknown codes).
@@ -120,7 +121,7 @@ contract Adjudicator is IAdjudicator {
         // INVARIANT: only RN32(e) stands. Where the first pass leaves an FP32 midpoint inside [lo, hi]
         // (a sum whose terms span more than ~2^72), the exact second pass decides.
         if (rLo != rHi && c.terms.length != 0) {
-            rLo = ExactSum.roundExact(c.terms, c.kind == OpKinds.MEAN ? c.terms.length : 1);
+            rLo = ExactSum.roundAccumulated(c.acc, c.terms, c.kind == OpKinds.MEAN ? c.terms.length : 1);
             rHi = rLo;
         }
         return RoundingRule.judgeEnds(x, rLo, rHi, claim.claimed, code, value);
@@ -261,7 +262,8 @@ contract Adjudicator is IAdjudicator {
         ExactSum.fill(aData, aOff, bData, bOff, terms, kk);
         if (hasBias) terms[kk] = ExactSum.value(_read(c, 2, j));
         c.terms = terms;
-        return ExactSum.sumEnclosure(ExactSum.accumulate(terms), n);
+        c.acc = ExactSum.accumulate(terms);
+        return ExactSum.sumEnclosure(c.acc, n);
     }
 
     /// @dev SUM MEAN MAX over the last axis of a [..., n]; out [..., 1].
@@ -286,8 +288,8 @@ contract Adjudicator is IAdjudicator {
         uint256[] memory terms = new uint256[](n);
         ExactSum.fill(data, off, "", 0, terms, n);
         c.terms = terms;
-        ExactSum.Accumulation memory acc = ExactSum.accumulate(terms);
-        return c.kind == OpKinds.SUM ? ExactSum.sumEnclosure(acc, n) : ExactSum.meanEnclosure(acc, n);
+        c.acc = ExactSum.accumulate(terms);
+        return c.kind == OpKinds.SUM ? ExactSum.sumEnclosure(c.acc, n) : ExactSum.meanEnclosure(c.acc, n);
     }
 
     /// @dev OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND: a copy of one input element (or a PAD zero).

@@ -246,12 +246,18 @@ library ExactSum {
     /// @notice RN32 of the exact `e / den` of terms whose first pass left a midpoint in `[lo, hi]`:
     ///         both passes at the terms' own scale (`den` 1 for MATMUL/SUM, `n` for MEAN).
     function roundExact(uint256[] memory terms, uint256 den) internal pure returns (uint32) {
-        uint256 n = terms.length;
-        if (n > MAX_TERMS) revert TooManyTerms(n, MAX_TERMS);
-        uint256 top = maxEst(terms);
-        if (top == 0) return 0;
-        (int256 sum,,) = sumAt(terms, top);
-        return roundOf(sum, tailAt(terms, top), int256(top) - LSB_OFFSET, den);
+        return roundAccumulated(accumulate(terms), terms, den);
+    }
+
+    /// @notice `roundExact` given the first pass `acc = accumulate(terms)`: only the tail's pass.
+    function roundAccumulated(Accumulation memory acc, uint256[] memory terms, uint256 den)
+        internal
+        pure
+        returns (uint32)
+    {
+        // The widest term alone is at least 2^72 quanta, so absSum is 0 only when every term is zero.
+        if (acc.absSum == 0) return 0;
+        return roundOf(acc.sum, tailAt(terms, uint256(acc.lsbExp + LSB_OFFSET)), acc.lsbExp, den);
     }
 
     /// @notice RN32 (ties to even, +0 for zero) of the exact `(sum * 2^lsbExp + tail) / den`, `tail`
