@@ -59,8 +59,10 @@ contract Adjudicator is IAdjudicator {
         bytes32[] roots;
         Opening[] openings;
         uint256 next;
-        uint256[] terms; // MATMUL/SUM/MEAN: the packed terms and their first pass, for the exact second pass
-        ExactSum.Accumulation acc;
+        // MATMUL/SUM/MEAN, for the exact second pass: the packed terms, their first pass's sum and quantum.
+        uint256[] terms;
+        int256 sum;
+        int256 lsbExp;
     }
 
     /// @notice Thrown for op kinds this adjudicator does not rule on (bind ops, unknown codes).
@@ -121,7 +123,10 @@ contract Adjudicator is IAdjudicator {
         // INVARIANT: only RN32(e) stands. Where the first pass leaves an FP32 midpoint inside [lo, hi]
         // (a sum whose terms span more than ~2^72), the exact second pass decides.
         if (rLo != rHi && c.terms.length != 0) {
-            rLo = ExactSum.roundAccumulated(c.acc, c.terms, c.kind == OpKinds.MEAN ? c.terms.length : 1);
+            // SAFETY: the ends differ only when a term was floored, so a term is non-zero and top >= 1.
+            int256 top = c.lsbExp + ExactSum.LSB_OFFSET;
+            uint256 den = c.kind == OpKinds.MEAN ? c.terms.length : 1;
+            rLo = ExactSum.roundOf(c.sum, ExactSum.tailAt(c.terms, uint256(top)), c.lsbExp, den);
             rHi = rLo;
         }
         return RoundingRule.judgeEnds(x, rLo, rHi, claim.claimed, code, value);
@@ -261,9 +266,9 @@ contract Adjudicator is IAdjudicator {
         uint256[] memory terms = new uint256[](n);
         ExactSum.fill(aData, aOff, bData, bOff, terms, kk);
         if (hasBias) terms[kk] = ExactSum.value(_read(c, 2, j));
-        c.terms = terms;
-        c.acc = ExactSum.accumulate(terms);
-        return ExactSum.sumEnclosure(c.acc, n);
+        ExactSum.Accumulation memory acc = ExactSum.accumulate(terms);
+        (c.terms, c.sum, c.lsbExp) = (terms, acc.sum, acc.lsbExp);
+        return ExactSum.sumEnclosure(acc, n);
     }
 
     /// @dev SUM MEAN MAX over the last axis of a [..., n]; out [..., 1].
@@ -287,9 +292,9 @@ contract Adjudicator is IAdjudicator {
         }
         uint256[] memory terms = new uint256[](n);
         ExactSum.fill(data, off, "", 0, terms, n);
-        c.terms = terms;
-        c.acc = ExactSum.accumulate(terms);
-        return c.kind == OpKinds.SUM ? ExactSum.sumEnclosure(c.acc, n) : ExactSum.meanEnclosure(c.acc, n);
+        ExactSum.Accumulation memory acc = ExactSum.accumulate(terms);
+        (c.terms, c.sum, c.lsbExp) = (terms, acc.sum, acc.lsbExp);
+        return c.kind == OpKinds.SUM ? ExactSum.sumEnclosure(acc, n) : ExactSum.meanEnclosure(acc, n);
     }
 
     /// @dev OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND: a copy of one input element (or a PAD zero).
