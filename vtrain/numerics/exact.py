@@ -800,7 +800,10 @@ def _enclose(sem: _Sem) -> Enclosure | None:
     if not sem.bound:
         return Enclosure(total, total + inexact, 0, lsb, 1)
     enc = _bound_enclosure(sem.op, sem.n, total, abs_sum, inexact, lsb)
-    if _ends(enc)[0] == _ends(enc)[1]:
+    if not inexact:  # lo == hi: the first pass is exact
+        return enc
+    r_lo, r_hi = _ends(enc)
+    if r_lo == r_hi:
         return enc
     return replace(enc, rounded=rn32(_exact_sum(terms) / (sem.n if sem.op == "mean" else 1), True))
 
@@ -1057,7 +1060,10 @@ def partials_enclosure(desc: Any, partials: Sequence[Partial]) -> Enclosure:
         lsb = top - _LSB_OFFSET
     mean = d.kind == OpKind.MEAN
     enc = _bound_enclosure("mean" if mean else "sum", n, total, abs_sum, inexact, lsb)
-    if _ends(enc)[0] == _ends(enc)[1]:
+    if not inexact:
+        return enc
+    r_lo, r_hi = _ends(enc)
+    if r_lo == r_hi:
         return enc
     tail = [sum(p.tail[j] for p in partials) for j in range(_TAIL_LIMBS)]
     return replace(enc, rounded=rn32(_tail_value(total, tail, lsb) / (n if mean else 1), True))
