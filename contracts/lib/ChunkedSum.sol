@@ -10,7 +10,7 @@ import {Partial} from "contracts/lib/GameTypes.sol";
 ///         `ExactSum.accumulate` computes over all terms at once.
 /// @dev All chunks use the element's scale `E = max est` (the largest posted `maxExp`), so each
 ///      term is floored to the same quantum as in the one-transaction accumulation and the sums,
-///      |sums| and inexact counts are additive. Mirror: `vtrain/numerics/exact.py` (`chunk_partial`,
+///      |sums|, inexact counts and exact tails (`ExactSum.tailAt`, limb by limb) are additive. Mirror: `vtrain/numerics/exact.py` (`chunk_partial`,
 ///      `partials_accumulation`).
 library ChunkedSum {
     /// @notice Thrown when the number of partials is not the element's chunk count.

@@ -6,7 +6,9 @@ import {RoundingRule} from "contracts/lib/RoundingRule.sol";
 
 /// @title ExactSum
 /// @notice Tight enclosures of sums of FP32 products (dot products, sums, means) in one int256
-///         fixed-point accumulator, and the certified bounds `dc` of docs/numerics.md.
+///         fixed-point accumulator, the certified bounds `dc` of docs/numerics.md, and where an
+///         enclosure holds an FP32 midpoint, `RN32(e)` exactly from a second pass (`tailAt`: the
+///         floored bits in three more int256 limbs; `roundOf`).
 /// @dev Term: `t = (-1)^s * M * 2^(est - 300)`, `M = ma * mb < 2^48` (24-bit significands, implicit
 ///      bit included) and `est = ea + eb`, where `ea` is a's biased exponent with subnormals counted
 ///      as 1 (so `|t| < 2^(est - 252)`). A single value is a product with 1.0.
