@@ -246,3 +246,26 @@ def test_long_wide_sum_wrong_neighbour_loses_the_honest_value_wins(dep, monkeypa
     assert (res.status, res.ruling) == (want, H.Ruling.ADJUDICATED), res
     assert res.phases[-2:] == [H.Phase.PARTIALS, H.Phase.PARTIALS_RULE]
     assert (dep.view(gid)["op"], dep.view(gid)["index"]) == (j, 0)
+
+
+def test_a_forged_tail_propping_up_the_wrong_neighbour_loses_the_chunk_check(dep, monkeypatch) -> None:
+    """The trainer of the wrong neighbour negates chunk 2's tail, so that the partials' exact value
+    falls below the midpoint and rounds to its claim: the challenger disputes that chunk, and the
+    recomputed tail differs."""
+    import game_harness as H
+
+    honest = _wide_long_run(monkeypatch, wrong=False)
+    run = _wide_long_run(monkeypatch, wrong=True)
+    j = run.graph.index["sm"]
+
+    def forge(p: list[exact.Partial]) -> list[exact.Partial]:
+        forged = replace(p[2], tail=tuple(-t for t in p[2].tail))
+        desc = run.graph.descriptors[j]
+        assert exact.judge_partials(desc, [*p[:2], forged], 0, _bits(2.0**24), None)  # it would stand
+        return [*p[:2], forged]
+
+    job = H.active_job(dep, run)
+    gid = H.challenge(dep, job, 0)
+    res = H.play(dep, gid, H.ChunkTrainer(dep, run, tamper=forge), H.ChunkChallenger(dep, honest))
+    assert (res.status, res.ruling) == (H.GameStatus.CHALLENGER_WON, H.Ruling.ADJUDICATED), res
+    assert res.phases[-1] == H.Phase.CHUNK_CHECK and dep.view(gid)["chunk"] == 2
