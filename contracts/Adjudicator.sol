@@ -59,6 +59,10 @@ contract Adjudicator is IAdjudicator {
         bytes32[] roots;
         Opening[] openings;
         uint256 next;
+        // MATMUL/SUM/MEAN, for the exact second pass: the packed terms, their first pass's sum and quantum.
+        uint256[] terms;
+        int256 sum;
+        int256 lsbExp;
     }
 
     /// @notice Thrown for op kinds this adjudicator does not rule on (bind ops, unknown codes).
@@ -115,7 +119,17 @@ contract Adjudicator is IAdjudicator {
         // INVARIANT: every supplied opening was read, so a proof has one canonical form.
         if (c.next != c.openings.length) revert OpeningCount(c.openings.length, c.next);
         if (!defined) return false;
-        return RoundingRule.judge(x, claim.claimed, code, value);
+        (uint32 rLo, uint32 rHi) = RoundingRule.ends(x);
+        // INVARIANT: only RN32(e) stands. Where the first pass leaves an FP32 midpoint inside [lo, hi]
+        // (a sum whose terms span more than ~2^72), the exact second pass decides.
+        if (rLo != rHi && c.terms.length != 0) {
+            // SAFETY: the ends differ only when a term was floored, so a term is non-zero and top >= 1.
+            int256 top = c.lsbExp + ExactSum.LSB_OFFSET;
+            uint256 den = c.kind == OpKinds.MEAN ? c.terms.length : 1;
+            rLo = ExactSum.roundOf(c.sum, ExactSum.tailAt(c.terms, uint256(top)), c.lsbExp, den);
+            rHi = rLo;
+        }
+        return RoundingRule.judgeEnds(x, rLo, rHi, claim.claimed, code, value);
     }
 
     // ---------------------------------------------------------------------------------------------
@@ -252,7 +266,9 @@ contract Adjudicator is IAdjudicator {
         uint256[] memory terms = new uint256[](n);
         ExactSum.fill(aData, aOff, bData, bOff, terms, kk);
         if (hasBias) terms[kk] = ExactSum.value(_read(c, 2, j));
-        return ExactSum.sumEnclosure(ExactSum.accumulate(terms), n);
+        ExactSum.Accumulation memory acc = ExactSum.accumulate(terms);
+        (c.terms, c.sum, c.lsbExp) = (terms, acc.sum, acc.lsbExp);
+        return ExactSum.sumEnclosure(acc, n);
     }
 
     /// @dev SUM MEAN MAX over the last axis of a [..., n]; out [..., 1].
@@ -277,6 +293,7 @@ contract Adjudicator is IAdjudicator {
         uint256[] memory terms = new uint256[](n);
         ExactSum.fill(data, off, "", 0, terms, n);
         ExactSum.Accumulation memory acc = ExactSum.accumulate(terms);
+        (c.terms, c.sum, c.lsbExp) = (terms, acc.sum, acc.lsbExp);
         return c.kind == OpKinds.SUM ? ExactSum.sumEnclosure(acc, n) : ExactSum.meanEnclosure(acc, n);
     }
 

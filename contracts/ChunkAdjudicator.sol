@@ -86,7 +86,8 @@ contract ChunkAdjudicator is IChunkAdjudicator {
         Partial memory mine = ChunkedSum.partialAt(ts, ChunkedSum.scale(p));
         Partial memory theirs = p[chunk];
         return mine.maxExp == theirs.maxExp && mine.sum == theirs.sum && mine.absSum == theirs.absSum
-            && mine.inexact == theirs.inexact;
+            && mine.inexact == theirs.inexact && mine.tail[0] == theirs.tail[0] && mine.tail[1] == theirs.tail[1]
+            && mine.tail[2] == theirs.tail[2] && mine.tail[3] == theirs.tail[3];
     }
 
     /// @inheritdoc IChunkAdjudicator
@@ -103,7 +104,14 @@ contract ChunkAdjudicator is IChunkAdjudicator {
         ExactSum.Accumulation memory acc = ChunkedSum.total(p);
         RoundingRule.Enclosure memory x =
             l.kind == OpKinds.MEAN ? ExactSum.meanEnclosure(acc, l.n) : ExactSum.sumEnclosure(acc, l.n);
-        return RoundingRule.judge(x, claim.claimed, code, value);
+        (uint32 rLo, uint32 rHi) = RoundingRule.ends(x);
+        // INVARIANT: only RN32(e) stands: where [lo, hi] holds an FP32 midpoint, the partials' exact
+        // tails decide (as Adjudicator's second pass over the terms).
+        if (rLo != rHi) {
+            rLo = ExactSum.roundOf(acc.sum, ChunkedSum.tailTotal(p), acc.lsbExp, l.kind == OpKinds.MEAN ? l.n : 1);
+            rHi = rLo;
+        }
+        return RoundingRule.judgeEnds(x, rLo, rHi, claim.claimed, code, value);
     }
 
     // ---------------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def _claim(case: BenchCase) -> tuple[int, list[LogEntry]]:
     data = exact.DataContext(case.dataset, SEED, STEP)
     enc = exact.enclosure(case.desc, case.inputs, case.index, data)
     lo, hi, dc = enc.bounds
-    c = exact.rn32(lo, saturate=True)
+    c = exact.rn32(lo, saturate=True) if enc.rounded is None else enc.rounded
     if exact.judge(enc, c, exact.NONE):
         return c, []
     return c, [LogEntry(case.index, exact.EXPLICIT, c)]
@@ -247,8 +247,16 @@ def rule_cases() -> list[tuple[BenchCase, int, int]]:
 
     def add(case: BenchCase, codes: tuple[int, ...]) -> None:
         enc = exact.enclosure(case.desc, case.inputs, case.index, exact.DataContext(case.dataset, SEED, STEP))
-        c = exact.rn32(enc.bounds[0], saturate=True)
+        c = exact.rn32(enc.bounds[0], saturate=True) if enc.rounded is None else enc.rounded
         out.extend((case, code, c) for code in codes)
+
+    def wide_row(n: int) -> np.ndarray:
+        """2^24 + 1 plus n - 2 terms of ~2^-100 (all floored by the first pass): e is within the first
+        pass's width of the midpoint 2^24 + 1, so the exact second pass decides (its worst case: it
+        walks every term and keeps the floored bits of all but two)."""
+        r = (rng.standard_normal(n) * 2.0**-100).astype(np.float32)
+        r[0], r[1] = 2.0**24, 1.0
+        return r
 
     k = 64
     a, b, bias = _f32(rng, (16, k)), _f32(rng, (16, k)), _f32(rng, (16,))
@@ -275,6 +283,22 @@ def rule_cases() -> list[tuple[BenchCase, int, int]]:
     y = _f32(rng, s2)
     add(BenchCase("DIV", D(K.DIV, (0, 1), s2, (s2, s2), ()), (x, y), mid), (exact.NONE, exact.EXPLICIT))
     add(BenchCase("SQRT", D(K.SQRT, (0,), s2, (s2,), ()), (np.abs(x),), mid), (exact.NONE, exact.EXPLICIT))
+    wa = np.ones((16, k), np.float32)
+    wa[7] = wide_row(k)
+    add(BenchCase("MATMUL K=64 (+bias) wide: second pass", mm, (wa, np.ones((16, k), np.float32),
+                                                                 np.zeros(16, np.float32)), 16 * 7 + 9),
+        (exact.NONE, exact.EXPLICIT))
+    xw = x.copy()
+    xw[100] = wide_row(256)
+    add(BenchCase("SUM (n=256) wide: second pass", D(K.SUM, (0,), (256, 1), (s2,), ()), (xw,), 100),
+        (exact.NONE, exact.EXPLICIT))
+    s4 = (2, 4096)
+    x4 = _f32(rng, s4)
+    add(BenchCase("SUM (n=4096)", D(K.SUM, (0,), (2, 1), (s4,), ()), (x4,), 1), (exact.NONE,))
+    x4w = x4.copy()
+    x4w[1] = wide_row(4096)
+    add(BenchCase("SUM (n=4096) wide: second pass", D(K.SUM, (0,), (2, 1), (s4,), ()), (x4w,), 1),
+        (exact.NONE, exact.EXPLICIT))
     take = new_kind_cases()[2]
     add(take, (exact.NONE, exact.EXPLICIT))
     return out

@@ -513,6 +513,84 @@ def rule_vectors() -> dict[str, Any]:
     }
 
 
+def wide_cases() -> list[tuple[str, Any, list[np.ndarray], int, int]]:
+    """``(name, descriptor, inputs, index, wrong bits)`` of wide.json: MATMUL/SUM/MEAN elements whose
+    terms span more than 2^72, with ``e`` within the first pass's width of an FP32 midpoint (or, when
+    cancelling, many values in its window); ``wrong`` is a value the first-pass enclosure upheld."""
+    from vtrain.graph.step_graph import OpKind as K
+
+    def row(*xs: float) -> np.ndarray:
+        return np.array([xs], dtype=np.float32)
+
+    def wrong_of(desc: Any, inputs: list[np.ndarray], i: int, pick: int = 0) -> int:
+        enc = exact.enclosure(desc, inputs, i)
+        lo, hi, _ = enc.bounds
+        r_lo, r_hi = exact.rn32(lo), exact.rn32(hi)
+        assert r_lo != r_hi, "the first pass must leave a midpoint inside [lo, hi]"
+        cands = [r for r in (r_lo, r_hi) if r != enc.rounded]
+        return cands[pick] if pick < len(cands) else exact.from_ordered(exact.to_ordered(r_lo) + pick)
+
+    t = 2.0**-100
+    out: list[tuple[str, Any, list[np.ndarray], int, int]] = []
+    specs: list[tuple[str, Any, list[np.ndarray], int]] = [
+        ("SUM 2^24 + 1 + 2^-100 (RN32 = 2^24 + 2; 2^24 stood)", (K.SUM, (0,), (1, 1), ((1, 3),), ()),
+         [row(2.0**24, 1.0, t)], 0),
+        ("SUM 2^24 + 3 - 2^-100 (RN32 = 2^24 + 2; 2^24 + 4 stood)", (K.SUM, (0,), (1, 1), ((1, 3),), ()),
+         [row(2.0**24, 3.0, -t)], 0),
+        ("SUM 2^24 + 1 + 1.5 * 2^-95 - 2^-96 (a floored negative term: its rest holds a whole quantum; "
+         "RN32 = 2^24 + 2; 2^24 stood)", (K.SUM, (0,), (1, 1), ((1, 4),), ()),
+         [row(2.0**24, 1.0, 1.5 * 2.0**-95, -(2.0**-96))], 0),
+        ("MEAN (2^26 + 4 + 2^-98) / 4 (RN32 = 2^24 + 2; 2^24 stood)", (K.MEAN, (0,), (2, 1), ((2, 4),), ()),
+         [np.array([[1.0, 2.0, 3.0, 4.0], [2.0**26, 4.0, 2.0**-98, 0.0]], np.float32)], 1),
+        ("MATMUL 2^24 + 1 + 2^-50 * 2^-50 (+bias 0; RN32 = 2^24 + 2; 2^24 stood)",
+         (K.MATMUL, (0, 1, 2), (1, 2), ((1, 3), (2, 3), (2,)), ()),
+         [row(2.0**24, 1.0, 2.0**-50), np.array([[1.0, 1.0, 2.0**-50], [0.5, 0.25, 1.0]], np.float32),
+          np.array([0.0, 1.0], np.float32)], 0),
+        ("SUM 2^100 - 2^100 + 3 * 2^-23 cancelling (every value in [0, 2^-18] stood)",
+         (K.SUM, (0,), (1, 1), ((1, 3),), ()), [row(2.0**100, -(2.0**100), 3 * 2.0**-23)], 0),
+    ]
+    for name, desc, inputs, i in specs:
+        d = exact.OpDesc.of(desc)
+        out.append((name, d, inputs, i, wrong_of(d, inputs, i)))
+    return out
+
+
+def wide_vectors() -> dict[str, Any]:
+    from protocol.proofs import build_element_proof
+
+    cases = []
+    for name, d, inputs, i, wrong in wide_cases():
+        enc = exact.enclosure(d, inputs, i)
+        right = exact.rn32(exact.exact_value(d, inputs, i))
+        stands = {}
+        for code in (exact.NONE, exact.DOWN, exact.UP, exact.EXPLICIT):
+            entry = C.LogEntry(i, code, right) if code else None
+            stands[str(code)] = exact.judge_element(d, inputs, i, right, entry)
+        explicit = [C.LogEntry(i, exact.EXPLICIT, right)]
+        cases.append({
+            "name": name,
+            "descriptor": hx(d.encode()),
+            "inputs": [hx(np.ascontiguousarray(t, dtype="<f4").tobytes()) for t in inputs],
+            "input_roots": [hx(C.tensor_root(t)) for t in inputs],
+            "index": i,
+            "enclosure": {"lo": str(enc.lo), "hi": str(enc.hi), "dc": str(enc.dc), "exp": enc.exp, "den": str(enc.den)},
+            "value_bits": right,
+            "wrong_bits": wrong,
+            "stands": stands,
+            "wrong_stood_before": judge_before_exact_rule(enc, wrong, exact.EXPLICIT, wrong),
+            "proof_explicit": hx(build_element_proof(d.encode(), inputs, i, explicit, None, bytes(32), 1)),
+        })
+    return {
+        "description": "wide-span MATMUL/SUM/MEAN elements (terms spanning more than 2^72): the first-pass "
+        "enclosure (ExactSum.accumulate, integers in the unit 2^exp / den) rounds to two values at its ends; "
+        "value_bits = RN32(e), the only value that stands (ExactSum.roundExact); wrong_bits a value the first "
+        "pass upheld with an explicit entry (wrong_stood_before, the rule before); stands[code] = whether "
+        "value_bits stands under log code 0..3; proof_explicit = the Adjudicator proof of value_bits with its "
+        "explicit entry (step 1, zero seed, no dataset)",
+        "cases": cases,
+    }
+
+
 BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "merkle.json": merkle_vectors,
     "tensor.json": tensor_vectors,
@@ -523,6 +601,7 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "spec.json": spec_vectors,
     "ops.json": ops_vectors,
     "rule.json": rule_vectors,
+    "wide.json": wide_vectors,
 }
 
 

@@ -262,15 +262,18 @@ def test_chunk_level_moves_are_checked(dep, runs) -> None:
     with H.reverts("ChunkCount", 2, 3):
         dep.dry(g.postPartials(gid, desc, good[:2]), dep.trainer)
     huge = list(good)
-    huge[0] = (good[0][0], 1 << 200, good[0][2], good[0][3])
+    huge[0] = (good[0][0], 1 << 200, *good[0][2:])
     with H.reverts("PartialOutOfBounds", 0):
         dep.dry(g.postPartials(gid, desc, huge), dep.trainer)
+    for tail in ([good[0][3] + 1, 0, 0, 0], [-1, 0, 0, 0], [0, 2048 << 238, 0, 0], [0, 0, 0, -(2048 << 238)]):
+        with H.reverts("PartialOutOfBounds", 0):  # the tail's count and limbs are bounded too
+            dep.dry(g.postPartials(gid, desc, [(*good[0][:4], tail), *good[1:]]), dep.trainer)
     with H.reverts("NotYourTurn"):
         dep.dry(g.postPartials(gid, desc, good), dep.challenger)
     dep.tx(g.postPartials(gid, desc, good), dep.trainer)
     assert dep.view(gid)["phase"] == H.Phase.PARTIALS
     other = list(good)
-    other[1] = (good[1][0], good[1][1] + 1, good[1][2], good[1][3])
+    other[1] = (good[1][0], good[1][1] + 1, *good[1][2:])
     with H.reverts("OpeningMismatch"):
         dep.dry(g.disputeChunk(gid, other, 1), dep.challenger)
     with H.reverts("ChunkOutOfRange", 3, 3):
@@ -301,7 +304,7 @@ def test_short_reductions_stay_one_step(dep) -> None:
     H.play(dep, gid, trainer, H.FalseChallenger(dep, op=j), until=lambda v: v["phase"] == H.Phase.ONE_STEP)
     desc, _ = trainer.op_inputs(1, j)
     with H.reverts("NotChunked", 130, X.MAX_DIRECT_TERMS):
-        dep.dry(dep.game.functions.postPartials(gid, desc, [(0, 0, 0, 0)]), dep.trainer)
+        dep.dry(dep.game.functions.postPartials(gid, desc, [X.Partial(0, 0, 0, 0).as_tuple()]), dep.trainer)
 
 
 # ---------------------------------------------------------------------------------------------

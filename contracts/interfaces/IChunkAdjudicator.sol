@@ -16,7 +16,8 @@ interface IChunkAdjudicator {
     function terms(bytes calldata descriptor) external pure returns (uint256 n);
 
     /// @notice Recomputes chunk `chunk` of the element from Merkle-opened input rows at the scale of
-    ///         the posted partials; true when it equals the posted partial of that chunk.
+    ///         the posted partials; true when it equals the posted partial of that chunk (every
+    ///         field, the exact tail included).
     /// @param claim The element and its proven context (as for `IAdjudicator.adjudicate`).
     /// @param partials The posted partials (one per chunk).
     /// @param chunk The disputed chunk.
@@ -31,7 +32,8 @@ interface IChunkAdjudicator {
     ) external view returns (bool trainerRight);
 
     /// @notice Rules on the claimed element from the (accepted) partials, with the rounding rule and
-    ///         the committed log entry: the one-step ruling with the sum taken from the partials.
+    ///         the committed log entry: the one-step ruling with the sum (and, where its enclosure
+    ///         holds an FP32 midpoint, the exact tail) taken from the partials.
     /// @param claim The element and its proven context.
     /// @param partials The posted partials.
     /// @param proof `abi.encode(LogOpening)`: the two log leaves around the element's key.

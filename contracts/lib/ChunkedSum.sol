@@ -10,7 +10,7 @@ import {Partial} from "contracts/lib/GameTypes.sol";
 ///         `ExactSum.accumulate` computes over all terms at once.
 /// @dev All chunks use the element's scale `E = max est` (the largest posted `maxExp`), so each
 ///      term is floored to the same quantum as in the one-transaction accumulation and the sums,
-///      |sums| and inexact counts are additive. Mirror: `vtrain/numerics/exact.py` (`chunk_partial`,
+///      |sums|, inexact counts and exact tails (`ExactSum.tailAt`, limb by limb) are additive. Mirror: `vtrain/numerics/exact.py` (`chunk_partial`,
 ///      `partials_accumulation`).
 library ChunkedSum {
     /// @notice Thrown when the number of partials is not the element's chunk count.
@@ -28,6 +28,8 @@ library ChunkedSum {
     uint256 internal constant MAX_EST = 508;
     /// @dev Quanta of one term are below 2^120 (ExactSum.GUARD + 48-bit products).
     uint256 internal constant TERM_QUANTA_BITS = 120;
+    /// @dev One term's value in a tail limb is below 2^238 (ExactSum.tailAt).
+    uint256 internal constant TAIL_VALUE_BITS = 238;
 
     /// @notice Number of chunks of an `n`-term element.
     function chunkCount(uint256 n) internal pure returns (uint256) {
@@ -53,6 +55,13 @@ library ChunkedSum {
             Partial memory q = p[c];
             bool bad = q.maxExp > MAX_EST || q.absSum >= cap || q.inexact > t || q.sum > int256(cap)
                 || q.sum < -int256(cap);
+            // SAFETY: limb 0 counts negative floored terms, limbs 1..3 hold t values below 2^238 each,
+            // so the sums over MAX_CHUNKS chunks stay below 2^254 (ExactSum.roundOf's bound).
+            int256 tcap = int256(t << TAIL_VALUE_BITS);
+            bad = bad || q.tail[0] < 0 || uint256(q.tail[0]) > q.inexact;
+            for (uint256 j = 1; j < ExactSum.TAIL_LIMBS; ++j) {
+                bad = bad || q.tail[j] >= tcap || q.tail[j] <= -tcap;
+            }
             if (bad) revert PartialOutOfBounds(c);
         }
     }
@@ -77,6 +86,16 @@ library ChunkedSum {
         acc.lsbExp = int256(top) - ExactSum.LSB_OFFSET;
     }
 
+    /// @notice The element's exact tail: the partials' tails summed limb by limb (what
+    ///         `ExactSum.tailAt` returns over all terms when the partials are right).
+    function tailTotal(Partial[] memory p) internal pure returns (int256[4] memory tail) {
+        for (uint256 c = 0; c < p.length; ++c) {
+            for (uint256 j = 0; j < ExactSum.TAIL_LIMBS; ++j) {
+                tail[j] += p[c].tail[j];
+            }
+        }
+    }
+
     /// @notice One chunk's partial of packed terms at the element's scale `top`.
     /// @dev A chunk whose own largest exponent exceeds `top` returns only that exponent: it differs
     ///      from any posted partial (each posted `maxExp` is at most `top`).
@@ -86,5 +105,7 @@ library ChunkedSum {
         if (mine == 0 || mine > top) return p;
         // The same exact accumulation as ExactSum.accumulate, over this chunk only, at the element's scale.
         (p.sum, p.absSum, p.inexact) = ExactSum.sumAt(terms, top);
+        // The second pass only where a term was floored (the tail is zero otherwise).
+        if (p.inexact != 0) p.tail = ExactSum.tailAt(terms, top);
     }
 }

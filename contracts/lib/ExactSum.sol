@@ -6,7 +6,9 @@ import {RoundingRule} from "contracts/lib/RoundingRule.sol";
 
 /// @title ExactSum
 /// @notice Tight enclosures of sums of FP32 products (dot products, sums, means) in one int256
-///         fixed-point accumulator, and the certified bounds `dc` of docs/numerics.md.
+///         fixed-point accumulator, the certified bounds `dc` of docs/numerics.md, and where an
+///         enclosure holds an FP32 midpoint, `RN32(e)` exactly from a second pass (`tailAt`: the
+///         floored bits in three more int256 limbs; `roundOf`).
 /// @dev Term: `t = (-1)^s * M * 2^(est - 300)`, `M = ma * mb < 2^48` (24-bit significands, implicit
 ///      bit included) and `est = ea + eb`, where `ea` is a's biased exponent with subnormals counted
 ///      as 1 (so `|t| < 2^(est - 252)`). A single value is a product with 1.0.
@@ -34,6 +36,12 @@ library ExactSum {
     /// @dev `L = E - LSB_OFFSET` (300 for the term exponent, 72 guard bits).
     int256 internal constant LSB_OFFSET = 372;
     uint256 internal constant TWO53 = 1 << 53;
+    /// @dev Bits per limb of the exact tail (tailAt): `2^16` values below `2^238` fit in an int256.
+    uint256 internal constant TAIL_BITS = 191;
+    /// @dev Limbs of the exact tail: limb 0 at the quantum, three below it.
+    uint256 internal constant TAIL_LIMBS = 4;
+    /// @dev Bits kept when the exact value is rounded (roundOf): at least 26 + 16 + 2 are needed.
+    uint256 internal constant EXACT_BITS = 140;
 
     /// @notice Raw accumulation of packed terms: e in [sum, sum + inexact] * 2^lsbExp,
     ///         S in [absSum, absSum + inexact] * 2^lsbExp.
@@ -186,6 +194,124 @@ library ExactSum {
                     default { sum := sub(sum, add(q, lost)) }
                 }
             }
+        }
+    }
+
+    /// @notice The exact rest `e - sum * 2^L` of the accumulation at scale `top` (`L = top - 372`):
+    ///         the bits the first pass floored away, in `TAIL_LIMBS` signed limbs, limb 0 in quanta
+    ///         `2^L` and limb `j >= 1` in quanta `2^(L - TAIL_BITS * j)`. All zero when no term was floored.
+    /// @dev The second pass of a ruling the first pass does not decide. A floored term
+    ///      `t = (-1)^s * (q * 2^sh + low) * 2^(est - 300)` (`sh = top - 72 - est > 0`, `0 < low < 2^sh`)
+    ///      was counted as `q` (s = 0) or `-(q + 1)` (s = 1) quanta; its rest is `+low` or
+    ///      `2^L - low` at `2^(est - 300)`: `low` goes to limb `j = ceil(sh / TAIL_BITS)` shifted left
+    ///      by `TAIL_BITS * j - sh` (0 .. 190), so below `2^238`; a negative term adds 1 to limb 0.
+    ///      `sh <= 508 - 72 - 2 = 434`, so `j <= 3`. Same callers' guarantees as `sumAt`.
+    function tailAt(uint256[] memory terms, uint256 top) internal pure returns (int256[4] memory tail) {
+        int256 l0;
+        int256 l1;
+        int256 l2;
+        int256 l3;
+        // SAFETY: every limb-j value is below 2^238 and n <= 2^16, so no limb wraps (|l_j| < 2^254);
+        // the loop reads only terms[0..n) (as sumAt).
+        // solhint-disable-next-line no-inline-assembly
+        assembly ("memory-safe") {
+            let n := mload(terms)
+            let p := add(terms, 32)
+            let mask := sub(shl(64, 1), 1)
+            for { let i := 0 } lt(i, n) { i := add(i, 1) } {
+                let t := mload(add(p, shl(5, i)))
+                let m := and(t, mask)
+                let d := add(and(shr(64, t), 0xffff), GUARD)
+                if and(iszero(iszero(m)), lt(d, top)) {
+                    let sh := sub(top, d)
+                    // shl(sh, 1) is 0 for sh >= 256, so the mask is then all ones (low = m).
+                    let low := and(m, sub(shl(sh, 1), 1))
+                    if low {
+                        let j := div(add(sh, sub(TAIL_BITS, 1)), TAIL_BITS)
+                        let v := shl(sub(mul(TAIL_BITS, j), sh), low)
+                        let neg := shr(255, t)
+                        if neg {
+                            l0 := add(l0, 1)
+                            v := sub(0, v)
+                        }
+                        switch j
+                        case 1 { l1 := add(l1, v) }
+                        case 2 { l2 := add(l2, v) }
+                        default { l3 := add(l3, v) }
+                    }
+                }
+            }
+        }
+        tail = [l0, l1, l2, l3];
+    }
+
+    /// @notice RN32 of the exact `e / den` of terms whose first pass left a midpoint in `[lo, hi]`:
+    ///         both passes at the terms' own scale (`den` 1 for MATMUL/SUM, `n` for MEAN).
+    function roundExact(uint256[] memory terms, uint256 den) internal pure returns (uint32) {
+        return roundAccumulated(accumulate(terms), terms, den);
+    }
+
+    /// @notice `roundExact` given the first pass `acc = accumulate(terms)`: only the tail's pass.
+    function roundAccumulated(Accumulation memory acc, uint256[] memory terms, uint256 den)
+        internal
+        pure
+        returns (uint32)
+    {
+        // The widest term alone is at least 2^72 quanta, so absSum is 0 only when every term is zero.
+        if (acc.absSum == 0) return 0;
+        return roundOf(acc.sum, tailAt(terms, uint256(acc.lsbExp + LSB_OFFSET)), acc.lsbExp, den);
+    }
+
+    /// @notice RN32 (ties to even, +0 for zero) of the exact `(sum * 2^lsbExp + tail) / den`, `tail`
+    ///         the limbs of `tailAt` (or their sums over chunks), `den <= MAX_TERMS`.
+    /// @dev The value `V = (sum + l0) * B^3 + l1 * B^2 + l2 * B + l3` in units `2^(lsbExp - 573)`,
+    ///      `B = 2^TAIL_BITS`, is carried into limbs `l1..l3` in `[0, B)` (its sign is then limb 0's),
+    ///      its magnitude rounded to odd at `EXACT_BITS` bits: `T = floor(|V| / 2^k)`, point
+    ///      `2T + (rest != 0)` in units `2^(k - 1)`. That point rounds as `|V| / den` does: when
+    ///      `k > 0`, `T >= 2^139`, so every FP32 midpoint near `|V| / den` (an odd multiple of half an
+    ///      ulp, at most 2^-25 of it) times `den <= 2^16` is a multiple of `2^k` and none lies strictly
+    ///      between the point and `|V|`, which share one open cell `(T, T + 1) * 2^k` or are equal.
+    function roundOf(int256 sum, int256[4] memory tail, int256 lsbExp, uint256 den) internal pure returns (uint32) {
+        // SAFETY: |sum| < 2^138 and |l_j| < 2^254 (tailAt, ChunkedSum.check), so no carry overflows.
+        int256[4] memory v = [sum + tail[0], tail[1], tail[2], tail[3]];
+        _carry(v);
+        bool neg = v[0] < 0;
+        if (neg) {
+            for (uint256 i = 0; i < 4; ++i) {
+                v[i] = -v[i];
+            }
+            _carry(v);
+        }
+        // INVARIANT: v[0] >= 0 and v[1..3] in [0, B): |V| = sum v[i] * B^(3 - i).
+        uint256 bl;
+        for (uint256 i = 0; i < 4 && bl == 0; ++i) {
+            if (v[i] != 0) bl = Float32.bitLength(uint256(v[i])) + TAIL_BITS * (3 - i);
+        }
+        if (bl == 0) return 0;
+        uint256 k = bl > EXACT_BITS ? bl - EXACT_BITS : 0;
+        uint256 top;
+        bool sticky;
+        for (uint256 i = 0; i < 4; ++i) {
+            uint256 x = uint256(v[i]);
+            uint256 pos = TAIL_BITS * (3 - i);
+            if (pos >= k) {
+                top += x << (pos - k); // below 2^EXACT_BITS in all
+            } else {
+                uint256 kept = x >> (k - pos);
+                top += kept;
+                if (kept << (k - pos) != x) sticky = true;
+            }
+        }
+        uint256 point = 2 * top + (sticky ? 1 : 0);
+        return Float32.round(neg, point, lsbExp - int256(3 * TAIL_BITS) + int256(k) - 1, den);
+    }
+
+    /// @dev Carries limbs 3..1 into `[0, B)` (floor division by B), the rest into limb 0.
+    function _carry(int256[4] memory v) private pure {
+        for (uint256 i = 3; i > 0; --i) {
+            int256 c = v[i] >> TAIL_BITS; // arithmetic shift: floor
+            v[i] -= c << TAIL_BITS;
+            v[i - 1] += c;
         }
     }
 

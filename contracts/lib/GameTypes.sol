@@ -186,11 +186,15 @@ struct OpOpening {
 /// @param sum Sum of the chunk's terms, each floored to the quantum, in quanta.
 /// @param absSum Sum of the chunk's |terms| (floored), in quanta: the chunk's share of `S` for `dc`.
 /// @param inexact Number of the chunk's terms with bits below the quantum.
+/// @param tail The exact rest of the chunk's terms below the quantum (ExactSum.tailAt at the
+///             element's scale): all zero when `inexact` is 0; decides a ruling whose enclosure
+///             holds an FP32 midpoint.
 struct Partial {
     uint256 maxExp;
     int256 sum;
     uint256 absSum;
     uint256 inexact;
+    int256[4] tail;
 }
 
 /// @notice A game's storage record (DisputeGame).

@@ -57,10 +57,25 @@ library RoundingRule {
     /// @param code The log code (0 none, 1 down, 2 up, 3 explicit); any other code never stands.
     /// @param value The entry's FP32 bits (explicit entries; ignored otherwise).
     function judge(Enclosure memory x, uint32 claimed, uint8 code, uint32 value) internal pure returns (bool) {
+        (uint32 rLo, uint32 rHi) = ends(x);
+        return judgeEnds(x, rLo, rHi, claimed, code, value);
+    }
+
+    /// @notice `RN32(lo)` and `RN32(hi)`: the values the enclosure leaves standing (one when they agree).
+    function ends(Enclosure memory x) internal pure returns (uint32 rLo, uint32 rHi) {
+        rLo = roundAt(x.lo, x.exp, x.den);
+        rHi = x.hi == x.lo ? rLo : roundAt(x.hi, x.exp, x.den);
+    }
+
+    /// @notice `judge` with the ends given: `rLo == rHi == RN32(e)` where a second, exact pass
+    ///         decided what the enclosure did not (ExactSum.roundExact), else `ends(x)`.
+    function judgeEnds(Enclosure memory x, uint32 rLo, uint32 rHi, uint32 claimed, uint8 code, uint32 value)
+        internal
+        pure
+        returns (bool)
+    {
         // INVARIANT: outputs are finite and zero is canonical, so these patterns are never right.
         if (!Float32.isFinite(claimed) || claimed == Float32.SIGN) return false;
-        uint32 rLo = roundAt(x.lo, x.exp, x.den);
-        uint32 rHi = x.hi == x.lo ? rLo : roundAt(x.hi, x.exp, x.den);
         int256 c = Float32.toOrdered(claimed);
         // INVARIANT: the claim is RN32(e) for any e in [lo, hi]: no log entry buys another value.
         if (c < Float32.toOrdered(rLo) || c > Float32.toOrdered(rHi)) return false;

@@ -68,6 +68,23 @@ contract Float32Harness {
         return (acc.sum, acc.absSum, acc.inexact, acc.lsbExp);
     }
 
+    /// @notice ExactSum.roundExact over values or pairs (as `accumulate`), with the exact tail
+    ///         (ExactSum.tailAt) at the terms' scale.
+    function roundExact(uint32[] calldata xs, bool products, uint256 den)
+        external
+        pure
+        returns (uint32 rounded, int256[4] memory tail)
+    {
+        uint256 n = products ? xs.length / 2 : xs.length;
+        uint256[] memory terms = new uint256[](n);
+        for (uint256 i = 0; i < n; ++i) {
+            terms[i] = products ? ExactSum.product(xs[2 * i], xs[2 * i + 1]) : ExactSum.value(xs[i]);
+        }
+        rounded = ExactSum.roundExact(terms, den);
+        uint256 top = ExactSum.maxEst(terms);
+        if (top != 0) tail = ExactSum.tailAt(terms, top);
+    }
+
     /// @notice ExactSum.fill over LE byte strings, next to the packing of `product` for the same pairs.
     function fillTerms(bytes calldata a, bytes calldata b, uint256 count)
         external

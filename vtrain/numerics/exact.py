@@ -6,7 +6,8 @@ For one output element of one op (a descriptor, its FP32 input tensors and a fla
 - :func:`contract_bound` -- the certified bound ``dc`` of docs/numerics.md, on the exact ``S``;
 - :func:`enclosure` -- the enclosure ``[lo, hi]`` of ``e`` and the bound the contract actually
   works with (``contracts/lib/ExactSum.sol``: one int256 accumulator; exact unless terms span more
-  than ~2^72, width <= 2^-19 * dc; its bound uses an upper bound of ``S`` within 2^-19; EXP LOG
+  than ~2^72, width <= 2^-19 * dc, and where an FP32 midpoint then lies inside, ``rounded`` holds
+  ``RN32(e)`` of the exact second pass; its bound uses an upper bound of ``S`` within 2^-19; EXP LOG
   TANH: ``vtrain.numerics.transcendental``, width about 2^-110 relative, ``dc = 4u (1 - 2^-40) |e|_low``);
 - :func:`judge_element` -- the contract's rule on a claimed value and the committed log entry,
   bit for bit what ``Adjudicator.adjudicate`` returns for a well-formed proof;
@@ -28,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -674,13 +675,16 @@ def contract_bound(desc: Any, tensors: Sequence[np.ndarray], index: int, data: D
 
 @dataclass(frozen=True)
 class Enclosure:
-    """``e`` in ``[lo, hi]``, bound ``dc``, all as integers in the unit ``2^exp / den``."""
+    """``e`` in ``[lo, hi]``, bound ``dc``, all as integers in the unit ``2^exp / den``; ``rounded``:
+    ``RN32(e)`` from the contract's exact second pass (``ExactSum.roundExact``), set only for a
+    MATMUL/SUM/MEAN whose first-pass ends round apart (``RN32(lo) != RN32(hi)``), else None."""
 
     lo: int
     hi: int
     dc: int
     exp: int
     den: int
+    rounded: int | None = None
 
     def value(self, v: int) -> Fraction:
         return Fraction(v) * _pow2(self.exp) / self.den
@@ -733,6 +737,38 @@ def _sum_at(terms: Sequence[tuple[bool, int, int]], top: int) -> tuple[int, int,
     return total, abs_sum, inexact
 
 
+#: Bits per limb of the exact tail (ExactSum.TAIL_BITS); limbs of the tail (ExactSum.tailAt).
+_TAIL_BITS = 191
+_TAIL_LIMBS = 4
+
+
+def _tail_at(terms: Sequence[tuple[bool, int, int]], top: int) -> tuple[int, int, int, int]:
+    """ExactSum.tailAt: the exact rest ``e - sum * 2^L`` (``L = top - 372``) in limbs, limb 0 in
+    quanta ``2^L``, limb ``j`` in ``2^(L - 191 j)``: a floored term's bits below the quantum
+    (``+low``; a negative one ``2^L - low``: 1 in limb 0, ``-low`` in limb ``ceil(sh / 191)``)."""
+    limbs = [0] * _TAIL_LIMBS
+    for neg, m, est in terms:
+        sh = top - _GUARD - est
+        if not m or sh <= 0:
+            continue
+        low = m & ((1 << sh) - 1)
+        if not low:
+            continue
+        j = -(-sh // _TAIL_BITS)
+        v = low << (_TAIL_BITS * j - sh)
+        if neg:
+            limbs[0] += 1
+            v = -v
+        limbs[j] += v
+    return (limbs[0], limbs[1], limbs[2], limbs[3])
+
+
+def _tail_value(total: int, tail: Sequence[int], lsb: int) -> Fraction:
+    """The exact ``sum * 2^L + tail`` (ExactSum.roundOf's value before ``/ den``)."""
+    v = Fraction(total + tail[0]) * _pow2(lsb)
+    return v + sum((Fraction(t) * _pow2(lsb - _TAIL_BITS * j) for j, t in enumerate(tail) if j), Fraction(0))
+
+
 def _enclose(sem: _Sem) -> Enclosure | None:
     if sem.op in _TRANSCENDENTAL_KIND:
         enc = _enclose_transcendental(_TRANSCENDENTAL_KIND[sem.op], sem.bits[0])
@@ -759,10 +795,34 @@ def _enclose(sem: _Sem) -> Enclosure | None:
         big = m << s
         r = math.isqrt(big)
         return Enclosure(r, r if r * r == big else r + 1, 0, (e - s) // 2, 1)
-    total, abs_sum, inexact, lsb = _accumulate(_packed_terms(sem))
+    terms = _packed_terms(sem)
+    total, abs_sum, inexact, lsb = _accumulate(terms)
     if not sem.bound:
         return Enclosure(total, total + inexact, 0, lsb, 1)
-    return _bound_enclosure(sem.op, sem.n, total, abs_sum, inexact, lsb)
+    enc = _bound_enclosure(sem.op, sem.n, total, abs_sum, inexact, lsb)
+    if not inexact:  # lo == hi: the first pass is exact
+        return enc
+    r_lo, r_hi = _ends(enc)
+    if r_lo == r_hi:
+        return enc
+    return replace(enc, rounded=rn32(_exact_sum(terms) / (sem.n if sem.op == "mean" else 1), True))
+
+
+def _ends(enc: Enclosure) -> tuple[int, int]:
+    """RoundingRule.ends: ``(RN32(lo), RN32(hi))``, saturating."""
+    lo, hi, _ = enc.bounds
+    return rn32(lo, True), rn32(hi, True)
+
+
+def _exact_sum(terms: Sequence[tuple[bool, int, int]]) -> Fraction:
+    """The exact sum of packed terms ``(-1)^neg * M * 2^(est - 300)`` (the contract's second pass
+    computes its RN32 from the floored remainders in limbs; this is the value it rounds)."""
+    live = [(neg, m, est) for neg, m, est in terms if m]
+    if not live:
+        return Fraction(0)
+    low = min(est for _, _, est in live)
+    total = sum((-m if neg else m) << (est - low) for neg, m, est in live)
+    return Fraction(total) * _pow2(low - 300)
 
 
 def _packed_terms(sem: _Sem) -> list[tuple[bool, int, int]]:
@@ -824,11 +884,12 @@ def judge(enc: Enclosure | None, claimed: int, code: int, value: int = 0) -> boo
     """The contract's rule (RoundingRule.judge) for an enclosure, a claim and a log entry.
 
     Every claim must be ``RN32(e)``: ``RN32(lo) <= claimed <= RN32(hi)`` in the FP32 order, whatever
-    the code; the code's own check then says whether the log is consistent with it."""
+    the code (both ends ``enc.rounded`` where the exact second pass decided); the code's own check
+    then says whether the log is consistent with it."""
     if enc is None or not is_finite(claimed) or claimed == SIGN:
         return False
     lo, hi, dc = enc.bounds
-    r_lo, r_hi = rn32(lo, True), rn32(hi, True)
+    r_lo, r_hi = (enc.rounded, enc.rounded) if enc.rounded is not None else _ends(enc)
     if not to_ordered(r_lo) <= to_ordered(claimed) <= to_ordered(r_hi):
         return False
     if code == NONE:
@@ -871,23 +932,28 @@ MAX_CHUNKS = MAX_TERMS // CHUNK_TERMS
 @dataclass(frozen=True)
 class Partial:
     """One chunk's share of an element's ExactSum accumulation, in quanta ``2^(E - 372)`` with
-    ``E`` the largest ``max_exp`` of the element's chunks (``GameTypes.Partial``)."""
+    ``E`` the largest ``max_exp`` of the element's chunks (``GameTypes.Partial``); ``tail``: the
+    exact rest of its floored terms (ExactSum.tailAt, four limbs; zeros when ``inexact`` is 0)."""
 
     max_exp: int
     sum: int
     abs_sum: int
     inexact: int
+    tail: tuple[int, int, int, int] = (0, 0, 0, 0)
 
-    def as_tuple(self) -> tuple[int, int, int, int]:
-        """The ABI tuple ``(maxExp, sum, absSum, inexact)``."""
-        return (self.max_exp, self.sum, self.abs_sum, self.inexact)
+    def as_tuple(self) -> tuple[int, int, int, int, list[int]]:
+        """The ABI tuple ``(maxExp, sum, absSum, inexact, tail)``."""
+        return (self.max_exp, self.sum, self.abs_sum, self.inexact, list(self.tail))
 
     @classmethod
     def of(cls, t: Any) -> Partial:
         """From the ABI tuple or a decoded struct (a mapping with the Solidity field names)."""
         if isinstance(t, Mapping):
-            t = (t["maxExp"], t["sum"], t["absSum"], t["inexact"])
-        return cls(*(int(x) for x in t))
+            t = (t["maxExp"], t["sum"], t["absSum"], t["inexact"], t["tail"])
+        if len(t) != 5 or len(t[4]) != _TAIL_LIMBS:
+            raise MalformedOp(f"partial: expected (maxExp, sum, absSum, inexact, tail[{_TAIL_LIMBS}]), got {t!r}")
+        tail = tuple(int(x) for x in t[4])
+        return cls(int(t[0]), int(t[1]), int(t[2]), int(t[3]), (tail[0], tail[1], tail[2], tail[3]))
 
 
 def reduction_terms(desc: Any) -> int:
@@ -932,7 +998,8 @@ def _partial_at(terms: Sequence[tuple[bool, int, int]], top: int) -> Partial:
     mine = _max_est(terms)
     if mine == 0 or mine > top:
         return Partial(mine, 0, 0, 0)
-    return Partial(mine, *_sum_at(terms, top))
+    total, abs_sum, inexact = _sum_at(terms, top)
+    return Partial(mine, total, abs_sum, inexact, _tail_at(terms, top) if inexact else (0, 0, 0, 0))
 
 
 def _reduction_sem(desc: Any, tensors: Sequence[np.ndarray], index: int) -> tuple[OpDesc, _Sem]:
@@ -977,7 +1044,8 @@ def first_wrong_chunk(desc: Any, tensors: Sequence[np.ndarray], index: int, post
 
 def partials_enclosure(desc: Any, partials: Sequence[Partial]) -> Enclosure:
     """``ChunkAdjudicator.ruleFromPartials``'s enclosure: the partials summed (ChunkedSum.total) and
-    bounded as the one-transaction ruling would (MEAN: meanEnclosure, else sumEnclosure)."""
+    bounded as the one-transaction ruling would (MEAN: meanEnclosure, else sumEnclosure); where its
+    ends round apart, ``rounded`` is RN32 of the exact value the partials' tails give."""
     d = OpDesc.of(desc)
     n = reduction_terms(d)
     if n == 0 or len(partials) != chunk_count(n):
@@ -990,7 +1058,15 @@ def partials_enclosure(desc: Any, partials: Sequence[Partial]) -> Enclosure:
         abs_sum = sum(p.abs_sum for p in partials)
         inexact = sum(p.inexact for p in partials)
         lsb = top - _LSB_OFFSET
-    return _bound_enclosure("mean" if d.kind == OpKind.MEAN else "sum", n, total, abs_sum, inexact, lsb)
+    mean = d.kind == OpKind.MEAN
+    enc = _bound_enclosure("mean" if mean else "sum", n, total, abs_sum, inexact, lsb)
+    if not inexact:
+        return enc
+    r_lo, r_hi = _ends(enc)
+    if r_lo == r_hi:
+        return enc
+    tail = [sum(p.tail[j] for p in partials) for j in range(_TAIL_LIMBS)]
+    return replace(enc, rounded=rn32(_tail_value(total, tail, lsb) / (n if mean else 1), True))
 
 
 def judge_partials(
