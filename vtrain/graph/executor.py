@@ -26,6 +26,7 @@ from vtrain.graph.step_graph import (
     OpNode,
     bits_f32,
 )
+from vtrain.numerics import fp32_native
 from vtrain.numerics.canonical import grid_elements, round_canonical
 from vtrain.numerics.paper import apply_paper, hooked_ops, round_paper
 from vtrain.numerics.rounding import (
@@ -123,6 +124,37 @@ class StepExecutor:
             for op in graph.ops
             if op.kind in _SCALAR_KINDS
         }
+        self._plan = self._make_plan()
+
+    def _make_plan(self) -> list[tuple]:
+        """Per op, once: ``(op, handler class, input ids, ids freed after it, state slot or -1,
+        native operands)``, so that the step loop does little per op. Classes: ``_PLAN_MOVE`` (exact
+        data movement), ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`: native
+        operands ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_OP`` (the rest,
+        :meth:`_run_op`)."""
+        g, last = self.graph, self._last_use
+        exact_modes = self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG)
+        native = self.device.type == "cpu" and fp32_native.available()
+        reductions = self.collective.reductions if self.collective is not None else set()
+        plan = []
+        for op in g.ops:
+            k = op.kind
+            nat = None
+            if op.id in reductions or k in _SOURCE_KINDS:
+                cls = _PLAN_OP
+            elif k not in ROUNDING_KINDS:
+                cls = _PLAN_MOVE
+            elif k in self._fp32_exact and exact_modes:
+                cls = _PLAN_EXACT
+                if native:
+                    code, scalar_first = _NATIVE_FP32[k]
+                    nat = (code, scalar_first, self._scalars.get(op.id))
+            else:
+                cls = _PLAN_OP
+            frees = tuple(sorted({i for i in op.inputs if last[i] == op.id and i != g.loss_op}))
+            slot = op.attrs[0] if k == OpKind.OUTPUT else -1
+            plan.append((op, cls, tuple(op.inputs), frees, slot, nat))
+        return plan
 
     def _compute_last_use(self) -> list[int]:
         last = list(range(self.graph.n_ops))
@@ -192,16 +224,23 @@ class StepExecutor:
         new_state: list[torch.Tensor | None] = [None] * len(g.slots)
         where = f"step {step}" if step is not None else "step"
         sums: list[torch.Tensor] | None = [] if deferred else None
-        last_use, loss_op = self._last_use, g.loss_op
         self._step = step  # read by STEP and DROPOUT_MASK ops
-        for op in g.ops:
-            ins = [vals[i] for i in op.inputs]
-            if self.collective is not None:
-                ins = self.collective.inputs(op, ins)
+        collective = self.collective
+        # ops whose replay applies log entries: never on the direct FP32 path
+        logged = {i for i, e in log_in.sparse.items() if len(e)} if log_in is not None else ()
+        for op, cls, inputs, frees, slot, nat in self._plan:
+            ins = [vals[i] for i in inputs]
+            if collective is not None:
+                ins = collective.inputs(op, ins)
             try:
-                out = self._run_op(
-                    op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums
-                )
+                if cls == _PLAN_MOVE:
+                    out = _move(op, ins)
+                elif cls == _PLAN_EXACT and op.id not in logged:
+                    out = self._exact_fp32(op, ins, nat, stats, sums)
+                else:
+                    out = self._run_op(
+                        op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums
+                    )
             except NonFiniteValue as e:
                 raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}") from None
             except CorruptLog as e:
@@ -211,12 +250,11 @@ class StepExecutor:
             vals[op.id] = out
             if trace is not None:
                 trace.append(out)
-            if op.kind == OpKind.OUTPUT:
-                new_state[op.attrs[0]] = out
-            if trace is None:
-                for i in op.inputs:
-                    if last_use[i] == op.id and i != loss_op:
-                        vals[i] = None
+            else:
+                for i in frees:
+                    vals[i] = None
+            if slot >= 0:
+                new_state[slot] = out
         if sums is not None and sums and not bool(torch.isfinite(torch.stack(sums)).all()):
             return None  # a NaN/Inf somewhere: the eager rerun names the op
         loss_t = vals[g.loss_op] if vals[g.loss_op] is not None else trace[g.loss_op]  # type: ignore[index]
@@ -229,6 +267,28 @@ class StepExecutor:
         return StepResult(new_state, float(loss_t.reshape(-1)[0]), out_log, stats, trace, violations)  # type: ignore[arg-type]
 
     # -- one op -----------------------------------------------------------------------------------
+    def _exact_fp32(self, op, ins, nat, stats, sums) -> torch.Tensor:
+        """A single FP32 add/sub/mul/div (FP32-exact: its FP32 result is RN32 of the exact value) with
+        canonical zeros; NaN/Inf raises :class:`NonFiniteValue` (eager) or is probed (``sums``)."""
+        if nat is not None:
+            code, scalar_first, c = nat
+            a, b = (ins[0], ins[1]) if c is None else ((c, ins[0]) if scalar_first else (ins[0], c))
+            got = fp32_native.binary(code, a, b, op.shape)
+            if got is not None:
+                out, finite = got
+                stats.values += out.numel()
+                if not finite:  # the deferred run's caller reruns eagerly, which raises the same
+                    raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
+                return out
+        out = compute_exact_fp32(op, ins, self._scalars.get(op.id))
+        stats.values += out.numel()
+        if sums is None:
+            if not all_finite(out):
+                raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
+        else:
+            sums.extend(finite_probe(out))
+        return out.add_(0.0)  # canonical zero, in place on the fresh output
+
     def _run_op(
         self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums=None
     ) -> torch.Tensor:
@@ -384,6 +444,19 @@ def set_threads(n: int | None) -> int:
 
 
 _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV_S})
+_SOURCE_KINDS = frozenset({OpKind.INPUT, OpKind.DATA, OpKind.CONST}) | GENERATED_KINDS
+_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT = 0, 1, 2
+# kind -> (vt_fp32_binary code, whether the scalar is the first operand)
+_NATIVE_FP32 = {
+    OpKind.ADD: (fp32_native.ADD, False),
+    OpKind.SUB: (fp32_native.SUB, False),
+    OpKind.MUL: (fp32_native.MUL, False),
+    OpKind.DIV: (fp32_native.DIV, False),
+    OpKind.ADD_S: (fp32_native.ADD, False),
+    OpKind.MUL_S: (fp32_native.MUL, False),
+    OpKind.DIV_S: (fp32_native.DIV, False),
+    OpKind.RSUB_S: (fp32_native.SUB, True),
+}
 
 
 FP32_EXACT_KINDS = frozenset({OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S})
