@@ -9,6 +9,14 @@
 #include <string.h>
 
 #define VT_EXPORT __attribute__((visibility("default")))
+
+/* On x86-64 the rows are also built for AVX2 and AVX-512 (picked at load time): the same IEEE
+ * operations on wider vectors, so the same bits (no FMA: -ffp-contract=off holds for every clone). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VT_CLONES
+#endif
 #define VT_MAX_DIMS 16
 
 enum { VT_ADD = 0, VT_SUB = 1, VT_MUL = 2, VT_DIV = 3 };
@@ -22,7 +30,7 @@ static inline uint32_t bits_of(float x) {
 /* One row of n elements: a and b advance by sa and sb (0 or any stride, in elements).
  * Returns a nonzero value when some output is NaN or Inf (exponent all ones). */
 #define VT_ROW(NAME, EXPR)                                                                         \
-    static uint32_t NAME(const float *a, int64_t sa, const float *b, int64_t sb, float *out,     \
+    VT_CLONES static uint32_t NAME(const float *a, int64_t sa, const float *b, int64_t sb, float *out,     \
                          int64_t n) {                                                              \
         uint32_t bad = 0;                                                                          \
         if (sa == 1 && sb == 1) {                                                                  \

@@ -1,0 +1,177 @@
+"""The native FP32-exact kernel (csrc/numerics/fp32.c) against torch, bit for bit, and the executor
+with it against the executor without it (the torch path).
+
+The kernel computes one IEEE binary32 add/sub/mul/div per element, adds +0.0 (canonical zeros) and
+reports finiteness in one pass; torch's ``op(a, b) + 0.0`` is the reference. Hard cases: subnormal
+inputs and results, signed zeros, overflow to Inf, NaN, values at the extremes, random bit patterns,
+broadcast and strided (view) operands, a scalar on either side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vtrain.errors import NonFiniteValue
+from vtrain.graph.executor import StepExecutor, state_tensors
+from vtrain.graph.step_graph import GraphBuilder
+from vtrain.models.nn import GPTConfig
+from vtrain.models.optim import AdamWConfig
+from vtrain.numerics import fp32_native as F
+from vtrain.numerics.logfile import encode_step_log
+from vtrain.training.loop import batch_for
+from vtrain.training.spec import TrainSpec, build_job
+
+pytestmark = pytest.mark.skipif(not F.available(), reason="native numerics kernels not built (make native)")
+
+_TORCH = {F.ADD: torch.add, F.SUB: torch.sub, F.MUL: torch.mul, F.DIV: torch.div}
+_NAMES = {F.ADD: "add", F.SUB: "sub", F.MUL: "mul", F.DIV: "div"}
+
+
+def _hard_values(n: int, seed: int) -> torch.Tensor:
+    """FP32 values mixing the edge cases with random bit patterns (all exponents, incl. subnormals)."""
+    rng = np.random.default_rng(seed)
+    f = np.float32
+    special = np.array(
+        [0.0, -0.0, 1.0, -1.0, f(2.0**-149), -f(2.0**-149), f(2.0**-126), f(2.0**-126) - f(2.0**-149),
+         np.finfo(f).max, -np.finfo(f).max, f(3e38), f(1e-38), f(1.5), f(2.0**-75), f(2.0**64), f(2.0**-64),
+         np.inf, -np.inf, np.nan, f(1.0) + f(2.0**-23), f(1.0) - f(2.0**-24), f(3.0), f(0.1)],
+        dtype=f,
+    )
+    bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(f).copy()
+    # a quarter near 1 (ties and near-ties of sums), a quarter subnormal
+    q = n // 4
+    x[:q] = (1.0 + rng.standard_normal(q) * 2.0**-20).astype(f)
+    x[q : 2 * q] = (rng.integers(-(2**23), 2**23, q).astype(np.int32)).astype(np.float64).astype(f) * f(2.0**-149)
+    x[2 * q : 2 * q + len(special)] = special
+    return torch.from_numpy(rng.permutation(x))
+
+
+def _same_bits(got: torch.Tensor, ref: torch.Tensor) -> None:
+    ref = ref.contiguous()
+    nan = torch.isnan(ref)
+    assert torch.equal(torch.isnan(got), nan)
+    g = got.view(torch.int32)[~nan]
+    r = ref.view(torch.int32)[~nan]
+    bad = (g != r).nonzero()
+    assert not len(bad), f"{len(bad)} elements differ, first {got[~nan][bad[0]].item()} vs {ref[~nan][bad[0]].item()}"
+
+
+@pytest.mark.parametrize("code", [F.ADD, F.SUB, F.MUL, F.DIV])
+def test_the_kernel_gives_torch_bits_on_hard_values(code: int) -> None:
+    n = 50_000
+    a, b = _hard_values(n, 1 + code), _hard_values(n, 11 + code)
+    # b's subnormals meet a's subnormals and ones, so products and quotients under/overflow
+    got, finite = F.binary(code, a, b, (n,))
+    ref = _TORCH[code](a, b) + 0.0
+    _same_bits(got, ref)
+    assert finite == bool(torch.isfinite(ref).all())
+    assert not finite  # the hard values include Inf and NaN
+
+
+@pytest.mark.parametrize("code", [F.ADD, F.SUB, F.MUL, F.DIV])
+def test_finite_inputs_report_finite_and_match_torch(code: int) -> None:
+    a, b = _hard_values(20_000, 3), _hard_values(20_000, 4)
+    ok = torch.isfinite(a) & torch.isfinite(b) & (a.abs() < 1e18) & (b.abs() < 1e18) & (b.abs() > 1e-18)
+    a, b = a[ok], b[ok]
+    got, finite = F.binary(code, a, b, tuple(a.shape))
+    ref = _TORCH[code](a, b) + 0.0
+    _same_bits(got, ref)
+    assert finite and bool(torch.isfinite(ref).all())
+
+
+def test_division_is_rn32_of_the_exact_quotient() -> None:
+    """Correctly rounded FP32 division = FP64 division rounded to FP32 (53 >= 2*24 + 2)."""
+    a, b = _hard_values(50_000, 21), _hard_values(50_000, 22)
+    got, _ = F.binary(F.DIV, a, b, tuple(a.shape))
+    ref = (a.double() / b.double()).float() + 0.0
+    _same_bits(got, ref)
+
+
+def test_negative_zero_results_are_canonical() -> None:
+    t = torch.tensor
+    m = F.binary(F.MUL, t([-0.0, 0.0, -(2.0**-149), -1.0]), t([1.0, -3.0, 2.0**-149, 0.0]), (4,))[0]
+    a = F.binary(F.ADD, t([-0.0, -0.0]), t([-0.0, 0.0]), (2,))[0]
+    s = F.binary(F.SUB, t([-0.0, 1.0]), t([0.0, 1.0]), (2,))[0]
+    d = F.binary(F.DIV, t([-0.0, 2.0**-149, 0.0]), t([5.0, -(2.0**100), -1.0]), (3,))[0]
+    for out in (m, a, s, d):
+        assert out.view(torch.int32).tolist() == [0] * out.numel()
+    # the reference itself has -0 before the +0.0
+    assert torch.mul(t([-0.0]), t([1.0])).view(torch.int32).item() != 0
+
+
+def test_broadcast_strided_and_scalar_operands() -> None:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, 5, 6, generator=g)
+    row = torch.randn(1, 1, 1, 6, generator=g)
+    col = torch.randn(3, 1, 5, 1, generator=g)
+    view = torch.randn(3, 5, 4, 6, generator=g).permute(0, 2, 1, 3)  # non-contiguous
+    expanded = torch.randn(3, 1, 5, 6, generator=g).expand(3, 4, 5, 6)
+    c = torch.tensor(0.37, dtype=torch.float32)
+    shape = (3, 4, 5, 6)
+    for code in (F.ADD, F.SUB, F.MUL, F.DIV):
+        for a, b in ((x, row), (col, x), (x, view), (view, expanded), (x, c), (c, view), (row, col)):
+            got, finite = F.binary(code, a, b, shape)
+            assert got.is_contiguous() and tuple(got.shape) == shape and finite
+            _same_bits(got, _TORCH[code](a, b).expand(shape) + 0.0)
+
+
+def test_the_kernel_does_not_apply_to_other_dtypes() -> None:
+    a = torch.ones(3, dtype=torch.float64)
+    assert F.binary(F.ADD, a, a, (3,)) is None
+
+
+# -- the executor with and without the kernel -------------------------------------------------------
+def _bits(ts: list[torch.Tensor]) -> list[bytes]:
+    return [t.contiguous().view(torch.int32).numpy().tobytes() for t in ts]
+
+
+def _without_kernel(monkeypatch, graph, mode) -> StepExecutor:
+    with monkeypatch.context() as m:
+        m.setattr(F, "_FN", None)
+        ex = StepExecutor(graph, mode)
+    assert all(nat is None for *_, nat in ex._plan)
+    return ex
+
+
+@pytest.mark.parametrize("mode", ["certified", "round-nolog"])
+def test_executor_steps_are_the_same_with_and_without_the_kernel(monkeypatch, mode: str) -> None:
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    fast = StepExecutor(job.graph, mode)
+    assert any(nat is not None for *_, nat in fast._plan)
+    slow = _without_kernel(monkeypatch, job.graph, mode)
+    sa = sb = state_tensors(job.initial_state)
+    for s in (1, 2):
+        data = batch_for(job, s)
+        a, b = fast.run(sa, data, step=s), slow.run(sb, data, step=s)
+        assert _bits(a.state) == _bits(b.state) and a.loss == b.loss
+        if mode == "certified":
+            assert encode_step_log(a.log, s, job.graph) == encode_step_log(b.log, s, job.graph)
+            assert _bits(fast.run(sa, data, log_in=b.log, step=s).state) == _bits(a.state)
+        sa, sb = a.state, b.state
+
+
+def _overflowing_mul_graph():
+    gb = GraphBuilder()
+    x = gb.input("x", (2, 3))
+    y = gb.mul_s(x, 2.0)  # op 1 overflows
+    z = gb.mul(y, x)
+    loss = gb.sum(gb.reshape(z, (1, 6)))
+    gb.output(x, 0)
+    return gb.build(loss)
+
+
+def test_a_non_finite_fp32_exact_result_names_its_op_with_and_without_the_kernel(monkeypatch) -> None:
+    g = _overflowing_mul_graph()
+    state = [torch.tensor([[1.0, 2.0, 3e38], [4.0, 5.0, 6.0]], dtype=torch.float32)]
+    msgs = []
+    for ex in (StepExecutor(g, "certified"), _without_kernel(monkeypatch, g, "certified")):
+        for hook in (None, lambda op, ins, out, log: out):  # deferred and eager paths
+            with pytest.raises(NonFiniteValue) as e:
+                ex.run(state, torch.zeros(g.data_shape), step=3, op_hook=hook)
+            msgs.append(str(e.value))
+    assert len(set(msgs)) == 1, msgs
+    assert msgs[0].startswith("step 3, op 1 (MUL_S") and "expected finite values" in msgs[0]
