@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import vtrain.graph.executor as E
 from vtrain.errors import NonFiniteValue
 from vtrain.graph.executor import StepExecutor, state_tensors
 from vtrain.graph.step_graph import GraphBuilder
@@ -175,3 +176,37 @@ def test_a_non_finite_fp32_exact_result_names_its_op_with_and_without_the_kernel
             msgs.append(str(e.value))
     assert len(set(msgs)) == 1, msgs
     assert msgs[0].startswith("step 3, op 1 (MUL_S") and "expected finite values" in msgs[0]
+
+
+def test_transposes_stay_views_on_the_canonical_trainer_with_the_same_bits(monkeypatch) -> None:
+    """A PERMUTE of the last two axes feeding only MATMULs is a view on the plain canonical trainer
+    path (the output and log are functions of the exact values); the eager path materialises it."""
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    ex = StepExecutor(job.graph, "certified")
+    transposes = {op.id for op, cls, *_ in ex._plan if cls == 3}
+    assert len(transposes) >= 10
+    seen = []
+
+    def spy(op, ins, out, log):  # an op hook forces the eager path: no views there
+        if op.id in transposes:
+            seen.append(out.is_contiguous())
+        return out
+
+    strided = []
+    compute = E._compute_fp64
+
+    def fp64(op, ins, bound="tight"):
+        strided.append(any(not t.is_contiguous() for t in ins))
+        return compute(op, ins, bound)
+
+    monkeypatch.setattr(E, "_compute_fp64", fp64)
+    state = state_tensors(job.initial_state)
+    data = batch_for(job, 1)
+    plain = ex.run(state, data, step=1)
+    assert sum(strided) >= 5  # MATMULs read transposed views
+    strided.clear()
+    eager = ex.run(state, data, step=1, op_hook=spy)
+    assert seen and all(seen) and not any(strided)
+    assert _bits(plain.state) == _bits(eager.state) and plain.loss == eager.loss
+    assert encode_step_log(plain.log, 1, job.graph) == encode_step_log(eager.log, 1, job.graph)

@@ -136,12 +136,18 @@ class StepExecutor:
         exact_modes = self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG)
         native = self.device.type == "cpu" and fp32_native.available()
         reductions = self.collective.reductions if self.collective is not None else set()
+        consumers: list[set[OpKind]] = [set() for _ in g.ops]
+        for op in g.ops:
+            for i in op.inputs:
+                consumers[i].add(op.kind)
         plan = []
         for op in g.ops:
             k = op.kind
             nat = None
             if op.id in reductions or k in _SOURCE_KINDS:
                 cls = _PLAN_OP
+            elif _is_transpose(op) and consumers[op.id] == {OpKind.MATMUL} and op.id != g.loss_op:
+                cls = _PLAN_TRANSPOSE
             elif k not in ROUNDING_KINDS:
                 cls = _PLAN_MOVE
             elif k in self._fp32_exact and exact_modes:
@@ -228,6 +234,13 @@ class StepExecutor:
         collective = self.collective
         # ops whose replay applies log entries: never on the direct FP32 path
         logged = {i for i, e in log_in.sparse.items() if len(e)} if log_in is not None else ()
+        # The canonical trainer's MATMUL output and log are functions of the exact values (any FP64
+        # evaluation order): a transpose feeding only MATMULs may stay a view there (no copy; the
+        # FP64 GEMM reads it with BLAS transpose flags). Elsewhere every value is materialised.
+        views = (
+            log_in is None and trace is None and op_hook is None and not check and resolver_factory is None
+            and self.mode == Mode.CERTIFIED and self.canonical_log and collective is None and dev.type == "cpu"
+        )
         for op, cls, inputs, frees, slot, nat in self._plan:
             ins = [vals[i] for i in inputs]
             if collective is not None:
@@ -235,6 +248,8 @@ class StepExecutor:
             try:
                 if cls == _PLAN_MOVE:
                     out = _move(op, ins)
+                elif cls == _PLAN_TRANSPOSE:
+                    out = ins[0].transpose(-1, -2) if views else _move(op, ins)
                 elif cls == _PLAN_EXACT and op.id not in logged:
                     out = self._exact_fp32(op, ins, nat, stats, sums)
                 else:
@@ -445,7 +460,13 @@ def set_threads(n: int | None) -> int:
 
 _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV_S})
 _SOURCE_KINDS = frozenset({OpKind.INPUT, OpKind.DATA, OpKind.CONST}) | GENERATED_KINDS
-_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT = 0, 1, 2
+_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_TRANSPOSE = 0, 1, 2, 3
+
+
+def _is_transpose(op: OpNode) -> bool:
+    """A PERMUTE that swaps the last two axes and keeps the leading (batch) ones in place."""
+    n = len(op.attrs)
+    return op.kind == OpKind.PERMUTE and n >= 2 and tuple(op.attrs) == (*range(n - 2), n - 1, n - 2)
 # kind -> (vt_fp32_binary code, whether the scalar is the first operand)
 _NATIVE_FP32 = {
     OpKind.ADD: (fp32_native.ADD, False),
