@@ -148,6 +148,10 @@ class StepExecutor:
                 cls = _PLAN_OP
             elif _is_transpose(op) and consumers[op.id] == {OpKind.MATMUL} and op.id != g.loss_op:
                 cls = _PLAN_TRANSPOSE
+            elif k == OpKind.CONCAT and consumers[op.id] == {OpKind.CONCAT} and op.id != g.loss_op:
+                cls = _PLAN_PARTS
+            elif k == OpKind.CONCAT:
+                cls = _PLAN_CONCAT
             elif k not in ROUNDING_KINDS:
                 cls = _PLAN_MOVE
             elif k in self._fp32_exact and exact_modes:
@@ -241,6 +245,8 @@ class StepExecutor:
             log_in is None and trace is None and op_hook is None and not check and resolver_factory is None
             and self.mode == Mode.CERTIFIED and self.canonical_log and collective is None and dev.type == "cpu"
         )
+        # A CONCAT feeding only CONCATs passes its parts on (a list) instead of copying them twice.
+        parts = trace is None and op_hook is None and collective is None
         for op, cls, inputs, frees, slot, nat in self._plan:
             ins = [vals[i] for i in inputs]
             if collective is not None:
@@ -250,6 +256,10 @@ class StepExecutor:
                     out = _move(op, ins)
                 elif cls == _PLAN_TRANSPOSE:
                     out = ins[0].transpose(-1, -2) if views else _move(op, ins)
+                elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
+                    out = torch.cat(_flat_parts(ins))
+                elif cls == _PLAN_PARTS:
+                    out = _flat_parts(ins)
                 elif cls == _PLAN_EXACT and op.id not in logged:
                     out = self._exact_fp32(op, ins, nat, stats, sums)
                 else:
@@ -460,7 +470,19 @@ def set_threads(n: int | None) -> int:
 
 _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV_S})
 _SOURCE_KINDS = frozenset({OpKind.INPUT, OpKind.DATA, OpKind.CONST}) | GENERATED_KINDS
-_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_TRANSPOSE = 0, 1, 2, 3
+_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_TRANSPOSE, _PLAN_CONCAT, _PLAN_PARTS = range(6)
+
+
+def _flat_parts(ins: list) -> list[torch.Tensor]:
+    """A CONCAT's inputs as the flat pieces of its output, in order (an input may be the parts list
+    of an inner CONCAT)."""
+    out: list[torch.Tensor] = []
+    for t in ins:
+        if isinstance(t, list):
+            out.extend(t)
+        else:
+            out.append(t.reshape(-1))
+    return out
 
 
 def _is_transpose(op: OpNode) -> bool:
