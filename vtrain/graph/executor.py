@@ -8,9 +8,12 @@ trainer's FP32 outputs bit for bit (``docs/numerics.md``).
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
 from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -126,12 +129,13 @@ class StepExecutor:
         }
         self._plan = self._make_plan()
 
-    def _make_plan(self) -> list[tuple]:
-        """Per op, once: ``(op, handler class, input ids, ids freed after it, state slot or -1,
-        native operands)``, so that the step loop does little per op. Classes: ``_PLAN_MOVE`` (exact
-        data movement), ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`: native
-        operands ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_OP`` (the rest,
-        :meth:`_run_op`)."""
+    def _make_plan(self) -> list[_PlanStep]:
+        """Per op, once (:class:`_PlanStep`), so that the step loop does little per op. Classes:
+        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_TRANSPOSE`` (a PERMUTE of the last two axes
+        read only by MATMULs), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read only by CONCATs),
+        ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`; native operands
+        ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_OP`` (the rest,
+        :meth:`_run_op`). ``recycle``: the freed inputs whose buffers later native ops may reuse."""
         g, last = self.graph, self._last_use
         exact_modes = self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG)
         native = self.device.type == "cpu" and fp32_native.available()
@@ -163,8 +167,16 @@ class StepExecutor:
                 cls = _PLAN_OP
             frees = tuple(sorted({i for i in op.inputs if last[i] == op.id and i != g.loss_op}))
             slot = op.attrs[0] if k == OpKind.OUTPUT else -1
-            plan.append((op, cls, tuple(op.inputs), frees, slot, nat))
-        return plan
+            plan.append([op, cls, tuple(op.inputs), frees, slot, nat, ()])
+        # Large native outputs read only by ops that never alias an input into their output are
+        # recycled at their last use (fresh buffers of many MB cost a page fault per 4 KiB).
+        recyclable = {
+            entry[0].id
+            for entry in plan
+            if entry[5] is not None and math.prod(entry[0].shape) >= _RECYCLE_MIN
+            and entry[0].id != g.loss_op and consumers[entry[0].id] and consumers[entry[0].id] <= _NON_ALIASING
+        }
+        return [_PlanStep(*entry[:6], tuple(i for i in entry[3] if i in recyclable)) for entry in plan]
 
     def _compute_last_use(self) -> list[int]:
         last = list(range(self.graph.n_ops))
@@ -247,7 +259,10 @@ class StepExecutor:
         )
         # A CONCAT feeding only CONCATs passes its parts on (a list) instead of copying them twice.
         parts = trace is None and op_hook is None and collective is None
-        for op, cls, inputs, frees, slot, nat in self._plan:
+        pool: dict[int, list[torch.Tensor]] | None = (  # recycled buffers by element count
+            {} if parts and resolver_factory is None and not check else None
+        )
+        for op, cls, inputs, frees, slot, nat, recycle in self._plan:
             ins = [vals[i] for i in inputs]
             if collective is not None:
                 ins = collective.inputs(op, ins)
@@ -261,7 +276,7 @@ class StepExecutor:
                 elif cls == _PLAN_PARTS:
                     out = _flat_parts(ins)
                 elif cls == _PLAN_EXACT and op.id not in logged:
-                    out = self._exact_fp32(op, ins, nat, stats, sums)
+                    out = self._exact_fp32(op, ins, nat, stats, sums, pool)
                 else:
                     out = self._run_op(
                         op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums
@@ -276,8 +291,13 @@ class StepExecutor:
             if trace is not None:
                 trace.append(out)
             else:
+                ins = None
                 for i in frees:
-                    vals[i] = None
+                    t, vals[i] = vals[i], None
+                    # only a buffer nothing else holds (the local name and getrefcount's argument)
+                    if pool is not None and i in recycle and sys.getrefcount(t) == 2:
+                        pool.setdefault(t.numel(), []).append(t)
+                t = None
             if slot >= 0:
                 new_state[slot] = out
         if sums is not None and sums and not bool(torch.isfinite(torch.stack(sums)).all()):
@@ -292,13 +312,15 @@ class StepExecutor:
         return StepResult(new_state, float(loss_t.reshape(-1)[0]), out_log, stats, trace, violations)  # type: ignore[arg-type]
 
     # -- one op -----------------------------------------------------------------------------------
-    def _exact_fp32(self, op, ins, nat, stats, sums) -> torch.Tensor:
+    def _exact_fp32(self, op, ins, nat, stats, sums, pool=None) -> torch.Tensor:
         """A single FP32 add/sub/mul/div (FP32-exact: its FP32 result is RN32 of the exact value) with
-        canonical zeros; NaN/Inf raises :class:`NonFiniteValue` (eager) or is probed (``sums``)."""
+        canonical zeros; NaN/Inf raises :class:`NonFiniteValue` (eager) or is probed (``sums``).
+        ``pool``: dead buffers by element count, the native kernel may write into one."""
         if nat is not None:
             code, scalar_first, c = nat
             a, b = (ins[0], ins[1]) if c is None else ((c, ins[0]) if scalar_first else (ins[0], c))
-            got = fp32_native.binary(code, a, b, op.shape)
+            free = pool.get(math.prod(op.shape)) if pool else None
+            got = fp32_native.binary(code, a, b, op.shape, out=free.pop() if free else None)
             if got is not None:
                 out, finite = got
                 stats.values += out.numel()
@@ -470,6 +492,22 @@ def set_threads(n: int | None) -> int:
 
 _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV_S})
 _SOURCE_KINDS = frozenset({OpKind.INPUT, OpKind.DATA, OpKind.CONST}) | GENERATED_KINDS
+class _PlanStep(NamedTuple):
+    """What the step loop needs of one op (:meth:`StepExecutor._make_plan`)."""
+
+    op: OpNode
+    cls: int
+    inputs: tuple[int, ...]
+    frees: tuple[int, ...]
+    slot: int
+    native: tuple | None
+    recycle: tuple[int, ...]
+
+
+_RECYCLE_MIN = 1 << 20
+"""Elements (4 MiB) from which a dead native output's buffer is reused within the step."""
+_NON_ALIASING = ROUNDING_KINDS
+"""Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
 _PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_TRANSPOSE, _PLAN_CONCAT, _PLAN_PARTS = range(6)
 
 

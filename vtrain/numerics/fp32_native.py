@@ -68,12 +68,15 @@ def _layout(shape: tuple[int, ...], a: torch.Tensor, b: torch.Tensor) -> tuple[i
     return got
 
 
-def binary(code: int, a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, bool] | None:
-    """``(a OP b + 0.0, all finite)`` as a fresh contiguous FP32 CPU tensor of ``shape``; None when
-    the kernel does not apply (not loaded, or an input not an FP32 CPU tensor): use torch then.
+def binary(
+    code: int, a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...], out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, bool] | None:
+    """``(a OP b + 0.0, all finite)`` as a contiguous FP32 CPU tensor of ``shape``; None when the
+    kernel does not apply (not loaded, or an input not an FP32 CPU tensor): use torch then.
 
     ``a`` and ``b``: FP32 tensors of ``shape``'s rank broadcasting to it, or 0-dim (a scalar),
-    with any strides (views are read in place)."""
+    with any strides (views are read in place). ``out``: a contiguous FP32 CPU buffer of as many
+    elements to write into (it must not overlap ``a`` or ``b``); a fresh tensor when None."""
     if (
         _FN is None
         or a.dtype is not torch.float32
@@ -83,7 +86,12 @@ def binary(code: int, a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...]) 
     ):
         return None
     pa, pb, psh, nd, _ = _layout(shape, a, b)
-    out = torch.empty(shape, dtype=torch.float32)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32)
+    else:
+        if out.dtype is not torch.float32 or out.device.type != "cpu" or not out.is_contiguous():
+            raise ValueError(f"fp32 kernel: out must be a contiguous float32 CPU tensor, got {out.dtype} {out.device}")
+        out = out.view(shape)
     ok = _FN(code, a.data_ptr(), pa, b.data_ptr(), pb, out.data_ptr(), psh, nd)
     if ok < 0:
         raise ValueError(f"fp32 kernel: bad arguments (op {code}, {nd} dims)")
