@@ -492,6 +492,8 @@ def set_threads(n: int | None) -> int:
 
 _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV_S})
 _SOURCE_KINDS = frozenset({OpKind.INPUT, OpKind.DATA, OpKind.CONST}) | GENERATED_KINDS
+
+
 class _PlanStep(NamedTuple):
     """What the step loop needs of one op (:meth:`StepExecutor._make_plan`)."""
 
@@ -527,6 +529,8 @@ def _is_transpose(op: OpNode) -> bool:
     """A PERMUTE that swaps the last two axes and keeps the leading (batch) ones in place."""
     n = len(op.attrs)
     return op.kind == OpKind.PERMUTE and n >= 2 and tuple(op.attrs) == (*range(n - 2), n - 1, n - 2)
+
+
 # kind -> (vt_fp32_binary code, whether the scalar is the first operand)
 _NATIVE_FP32 = {
     OpKind.ADD: (fp32_native.ADD, False),
