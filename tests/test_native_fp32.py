@@ -91,6 +91,22 @@ def test_division_is_rn32_of_the_exact_quotient() -> None:
     _same_bits(got, ref)
 
 
+def test_sqrt_gives_the_fp64_paths_bits() -> None:
+    """RN32 of the FP64 square root (what _compute_fp64 + RN32 give) on every exponent, subnormals,
+    -0, Inf, negatives (NaN, not finite)."""
+    a = _hard_values(60_000, 31)
+    got, finite = F.sqrt(a)
+    ref = a.double().sqrt().to(torch.float32) + 0.0
+    _same_bits(got, ref)
+    assert not finite
+    pos = a[torch.isfinite(a) & (a >= 0)].contiguous()
+    got, finite = F.sqrt(pos)
+    _same_bits(got, pos.double().sqrt().to(torch.float32) + 0.0)
+    assert finite
+    assert F.sqrt(torch.tensor([-0.0, 0.0]))[0].view(torch.int32).tolist() == [0, 0]
+    assert F.sqrt(pos[::2]) is None  # strided: the caller takes the FP64 path
+
+
 def test_negative_zero_results_are_canonical() -> None:
     t = torch.tensor
     m = F.binary(F.MUL, t([-0.0, 0.0, -(2.0**-149), -1.0]), t([1.0, -3.0, 2.0**-149, 0.0]), (4,))[0]

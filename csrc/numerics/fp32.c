@@ -134,3 +134,39 @@ VT_EXPORT int vt_fp32_binary(int op, const float *a, const int64_t *sa, const fl
     }
     return bad ? 0 : 1;
 }
+
+/* SQRT: RN32 of the square root of each FP32 value, plus +0.0f. The FP64 path computes
+ * RN32(sqrt64(x)); both sqrt64 and the single-precision sqrt (sqrtss/sqrtps) are IEEE correctly
+ * rounded and double rounding is innocuous (53 >= 2*24 + 2), so RN32(sqrt64(x)) = sqrt32(x): the
+ * same bits. SSE intrinsics on x86-64 (the libm call would set errno and not vectorise). */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+static uint32_t row_sqrt(const float *a, float *out, int64_t n) {
+    uint32_t bad = 0;
+    int64_t i = 0;
+#if defined(__x86_64__)
+    const __m128 zero = _mm_setzero_ps();
+    const __m128i expo = _mm_set1_epi32(0x7F800000);
+    __m128i acc = _mm_setzero_si128();
+    for (; i + 4 <= n; i += 4) {
+        __m128 r = _mm_add_ps(_mm_sqrt_ps(_mm_loadu_ps(a + i)), zero);
+        _mm_storeu_ps(out + i, r);
+        __m128i e = _mm_and_si128(_mm_castps_si128(r), expo);
+        acc = _mm_or_si128(acc, _mm_cmpeq_epi32(e, expo));
+    }
+    bad = (uint32_t)_mm_movemask_epi8(acc);
+#endif
+    for (; i < n; i++) {
+        float r = __builtin_sqrtf(a[i]) + 0.0f;
+        out[i] = r;
+        bad |= (uint32_t)((bits_of(r) & 0x7F800000u) == 0x7F800000u);
+    }
+    return bad;
+}
+
+/* out[i] = RN32(sqrt(a[i])) + 0.0f for n contiguous elements; 1 when all are finite, else 0. */
+VT_EXPORT int vt_fp32_sqrt(const float *a, float *out, int64_t n) {
+    return row_sqrt(a, out, n) ? 0 : 1;
+}

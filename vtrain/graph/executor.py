@@ -134,7 +134,8 @@ class StepExecutor:
         ``_PLAN_MOVE`` (exact data movement), ``_PLAN_TRANSPOSE`` (a PERMUTE of the last two axes
         read only by MATMULs), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read only by CONCATs),
         ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`; native operands
-        ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_OP`` (the rest,
+        ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_SQRT`` (SQRT in one
+        native pass, the FP64 path's bits: :func:`fp32_native.sqrt`), ``_PLAN_OP`` (the rest,
         :meth:`_run_op`). ``recycle``: the freed inputs whose buffers later native ops may reuse."""
         g, last = self.graph, self._last_use
         exact_modes = self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG)
@@ -158,6 +159,8 @@ class StepExecutor:
                 cls = _PLAN_CONCAT
             elif k not in ROUNDING_KINDS:
                 cls = _PLAN_MOVE
+            elif k == OpKind.SQRT and exact_modes and native:
+                cls, nat = _PLAN_SQRT, ()
             elif k in self._fp32_exact and exact_modes:
                 cls = _PLAN_EXACT
                 if native:
@@ -278,9 +281,11 @@ class StepExecutor:
                 elif cls == _PLAN_EXACT and op.id not in logged:
                     out = self._exact_fp32(op, ins, nat, stats, sums, pool)
                 else:
-                    out = self._run_op(
-                        op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums
-                    )
+                    out = self._sqrt_fp32(op, ins, stats, pool) if cls == _PLAN_SQRT and op.id not in logged else None
+                    if out is None:
+                        out = self._run_op(
+                            op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums
+                        )
             except NonFiniteValue as e:
                 raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}") from None
             except CorruptLog as e:
@@ -335,6 +340,19 @@ class StepExecutor:
         else:
             sums.extend(finite_probe(out))
         return out.add_(0.0)  # canonical zero, in place on the fresh output
+
+    def _sqrt_fp32(self, op, ins, stats, pool=None) -> torch.Tensor | None:
+        """SQRT in one native pass with the FP64 path's bits (:func:`fp32_native.sqrt`); None when the
+        kernel does not apply (the caller takes the FP64 path)."""
+        free = pool.get(math.prod(op.shape)) if pool else None
+        got = fp32_native.sqrt(ins[0], out=free.pop() if free else None)
+        if got is None:
+            return None
+        out, finite = got
+        stats.values += out.numel()
+        if not finite:
+            raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
+        return out
 
     def _run_op(
         self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums=None
@@ -510,7 +528,7 @@ _RECYCLE_MIN = 1 << 20
 """Elements (4 MiB) from which a dead native output's buffer is reused within the step."""
 _NON_ALIASING = ROUNDING_KINDS
 """Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
-_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_TRANSPOSE, _PLAN_CONCAT, _PLAN_PARTS = range(6)
+_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_TRANSPOSE, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT = range(7)
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:

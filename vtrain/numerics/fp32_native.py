@@ -1,5 +1,8 @@
 """FP32-exact elementwise ops in one native pass (``csrc/numerics/fp32.c``).
 
+``sqrt(a)``: ``RN32(sqrt(a)) + 0.0`` and finiteness, the bits of the FP64 path (``torch.sqrt`` of
+the FP64 input rounded to FP32: both square roots are correctly rounded, double rounding innocuous).
+
 ``binary(code, a, b, shape)`` computes ``a OP b`` (one IEEE binary32 add, sub, mul or div per
 element, broadcast to ``shape``), adds ``+0.0`` (canonical zeros) and reports whether every result
 is finite, in one pass: the bits of ``torch.<op>(a, b) + 0.0`` on the CPU (both are one correctly
@@ -27,14 +30,18 @@ _FN = getattr(_LIB, "vt_fp32_binary", None) if _LIB is not None else None
 if _FN is not None:
     _FN.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int]
     _FN.restype = ctypes.c_int
+_SQRT = getattr(_LIB, "vt_fp32_sqrt", None) if _LIB is not None else None
+if _SQRT is not None:
+    _SQRT.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    _SQRT.restype = ctypes.c_int
 
 # (shape, a's shape and strides, b's shape and strides) -> the kernel's int64 arrays (kept alive here)
 _LAYOUTS: dict[tuple, tuple[int, int, int, int, tuple]] = {}
 
 
 def available() -> bool:
-    """True when the native kernel is loaded."""
-    return _FN is not None
+    """True when the native kernels are loaded."""
+    return _FN is not None and _SQRT is not None
 
 
 def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> list[int]:
@@ -95,4 +102,19 @@ def binary(
     ok = _FN(code, a.data_ptr(), pa, b.data_ptr(), pb, out.data_ptr(), psh, nd)
     if ok < 0:
         raise ValueError(f"fp32 kernel: bad arguments (op {code}, {nd} dims)")
+    return out, ok == 1
+
+
+def sqrt(a: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, bool] | None:
+    """``(RN32(sqrt(a)) + 0.0, all finite)`` for a contiguous FP32 CPU tensor ``a`` (None when the
+    kernel does not apply: use the FP64 path then); ``out`` as in :func:`binary`."""
+    if _SQRT is None or a.dtype is not torch.float32 or a.device.type != "cpu" or not a.is_contiguous():
+        return None
+    if out is None:
+        out = torch.empty(a.shape, dtype=torch.float32)
+    else:
+        if out.dtype is not torch.float32 or out.device.type != "cpu" or not out.is_contiguous():
+            raise ValueError(f"fp32 kernel: out must be a contiguous float32 CPU tensor, got {out.dtype} {out.device}")
+        out = out.view(a.shape)
+    ok = _SQRT(a.data_ptr(), out.data_ptr(), a.numel())
     return out, ok == 1
