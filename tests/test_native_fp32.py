@@ -181,8 +181,18 @@ def _overflowing_mul_graph():
     return gb.build(loss)
 
 
-def test_a_non_finite_fp32_exact_result_names_its_op_with_and_without_the_kernel(monkeypatch) -> None:
-    g = _overflowing_mul_graph()
+def _negative_sqrt_graph():
+    gb = GraphBuilder()
+    x = gb.input("x", (2, 3))
+    y = gb.sqrt(gb.mul_s(x, -1.0))  # op 2: NaN where x > 0
+    loss = gb.sum(gb.reshape(y, (1, 6)))
+    gb.output(x, 0)
+    return gb.build(loss)
+
+
+@pytest.mark.parametrize("make, first", [(_overflowing_mul_graph, "op 1 (MUL_S"), (_negative_sqrt_graph, "op 2 (SQRT")])
+def test_a_non_finite_result_names_its_op_with_and_without_the_kernel(monkeypatch, make, first) -> None:
+    g = make()
     state = [torch.tensor([[1.0, 2.0, 3e38], [4.0, 5.0, 6.0]], dtype=torch.float32)]
     msgs = []
     for ex in (StepExecutor(g, "certified"), _without_kernel(monkeypatch, g, "certified")):
@@ -191,7 +201,7 @@ def test_a_non_finite_fp32_exact_result_names_its_op_with_and_without_the_kernel
                 ex.run(state, torch.zeros(g.data_shape), step=3, op_hook=hook)
             msgs.append(str(e.value))
     assert len(set(msgs)) == 1, msgs
-    assert msgs[0].startswith("step 3, op 1 (MUL_S") and "expected finite values" in msgs[0]
+    assert msgs[0].startswith(f"step 3, {first}") and "expected finite values" in msgs[0]
 
 
 def test_transposes_stay_views_on_the_canonical_trainer_with_the_same_bits(monkeypatch) -> None:
