@@ -40,6 +40,7 @@ from vtrain.numerics.rounding import (
     OpLog,
     RoundingStats,
     U,
+    _check_finite,
     all_finite,
     apply_log,
     canonical,
@@ -350,8 +351,8 @@ class StepExecutor:
             return None
         out, finite = got
         stats.values += out.numel()
-        if not finite:
-            raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
+        if not finite:  # the FP64 path's error, naming the first bad element
+            _check_finite(out.reshape(-1), f"{op.kind.name} op {op.id}")
         return out
 
     def _run_op(
