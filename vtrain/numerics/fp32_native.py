@@ -1,14 +1,15 @@
 """FP32-exact elementwise ops in one native pass (``csrc/numerics/fp32.c``).
 
-``sqrt(a)``: ``RN32(sqrt(a)) + 0.0`` and finiteness, the bits of the FP64 path (``torch.sqrt`` of
-the FP64 input rounded to FP32: both square roots are correctly rounded, double rounding innocuous).
-
 ``binary(code, a, b, shape)`` computes ``a OP b`` (one IEEE binary32 add, sub, mul or div per
 element, broadcast to ``shape``), adds ``+0.0`` (canonical zeros) and reports whether every result
 is finite, in one pass: the bits of ``torch.<op>(a, b) + 0.0`` on the CPU (both are one correctly
 rounded FP32 operation per element), without torch's two extra passes (the zero and the min/max
-probe) and its fixed cost per call. The torch path stays the fallback (:func:`available` False:
-library absent or ``VTRAIN_NATIVE_NUMERICS=0``); tests compare the two bit for bit.
+probe) and its fixed cost per call. ``sqrt(a)``: ``RN32(sqrt(a)) + 0.0`` and finiteness, the bits
+of the FP64 path (``torch.sqrt`` of the FP64 input rounded to FP32: both square roots are correctly
+rounded and the double rounding is innocuous).
+
+The torch / FP64 paths stay the fallback (:func:`available` False: library absent or
+``VTRAIN_NATIVE_NUMERICS=0``); tests compare the two bit for bit (``tests/test_native_fp32.py``).
 """
 
 from __future__ import annotations
