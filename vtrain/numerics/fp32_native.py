@@ -85,19 +85,13 @@ def binary(
     ``a`` and ``b``: FP32 tensors of ``shape``'s rank broadcasting to it, or 0-dim (a scalar),
     with any strides (views are read in place). ``out``: a contiguous FP32 CPU buffer of as many
     elements to write into (it must not overlap ``a`` or ``b``); a fresh tensor when None."""
-    if (
-        _FN is None
-        or a.dtype is not torch.float32
-        or b.dtype is not torch.float32
-        or a.device.type != "cpu"
-        or b.device.type != "cpu"
-    ):
+    if _FN is None or a.dtype is not torch.float32 or b.dtype is not torch.float32 or not (a.is_cpu and b.is_cpu):
         return None
     pa, pb, psh, nd, _ = _layout(shape, a, b)
     if out is None:
         out = torch.empty(shape, dtype=torch.float32)
     else:
-        if out.dtype is not torch.float32 or out.device.type != "cpu" or not out.is_contiguous():
+        if out.dtype is not torch.float32 or not out.is_cpu or not out.is_contiguous():
             raise ValueError(f"fp32 kernel: out must be a contiguous float32 CPU tensor, got {out.dtype} {out.device}")
         out = out.view(shape)
     ok = _FN(code, a.data_ptr(), pa, b.data_ptr(), pb, out.data_ptr(), psh, nd)
@@ -109,12 +103,12 @@ def binary(
 def sqrt(a: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, bool] | None:
     """``(RN32(sqrt(a)) + 0.0, all finite)`` for a contiguous FP32 CPU tensor ``a`` (None when the
     kernel does not apply: use the FP64 path then); ``out`` as in :func:`binary`."""
-    if _SQRT is None or a.dtype is not torch.float32 or a.device.type != "cpu" or not a.is_contiguous():
+    if _SQRT is None or a.dtype is not torch.float32 or not a.is_cpu or not a.is_contiguous():
         return None
     if out is None:
         out = torch.empty(a.shape, dtype=torch.float32)
     else:
-        if out.dtype is not torch.float32 or out.device.type != "cpu" or not out.is_contiguous():
+        if out.dtype is not torch.float32 or not out.is_cpu or not out.is_contiguous():
             raise ValueError(f"fp32 kernel: out must be a contiguous float32 CPU tensor, got {out.dtype} {out.device}")
         out = out.view(a.shape)
     ok = _SQRT(a.data_ptr(), out.data_ptr(), a.numel())
