@@ -287,3 +287,4 @@ def test_a_buffer_still_viewed_is_never_recycled(monkeypatch) -> None:
     got = StepExecutor(g, "certified").run(state, torch.zeros(g.data_shape), step=1)
     ref = _without_kernel(monkeypatch, g, "certified").run(state, torch.zeros(g.data_shape), step=1)
     assert got.loss == ref.loss == float(((state[0] + 0.5) - state[0] * 0.5).sum())
+
