@@ -132,8 +132,8 @@ class StepExecutor:
 
     def _make_plan(self) -> list[_PlanStep]:
         """Per op, once (:class:`_PlanStep`), so that the step loop does little per op. Classes:
-        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_TRANSPOSE`` (a PERMUTE of the last two axes
-        read only by MATMULs), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read only by CONCATs),
+        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
+        only by CONCATs),
         ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`; native operands
         ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_SQRT`` (SQRT in one
         native pass, the FP64 path's bits: :func:`fp32_native.sqrt`), ``_PLAN_OP`` (the rest,
@@ -152,8 +152,6 @@ class StepExecutor:
             nat = None
             if op.id in reductions or k in _SOURCE_KINDS:
                 cls = _PLAN_OP
-            elif _is_transpose(op) and consumers[op.id] == {OpKind.MATMUL} and op.id != g.loss_op:
-                cls = _PLAN_TRANSPOSE
             elif k == OpKind.CONCAT and consumers[op.id] == {OpKind.CONCAT} and op.id != g.loss_op:
                 cls = _PLAN_PARTS
             elif k == OpKind.CONCAT:
@@ -254,13 +252,6 @@ class StepExecutor:
         collective = self.collective
         # ops whose replay applies log entries: never on the direct FP32 path
         logged = {i for i, e in log_in.sparse.items() if len(e)} if log_in is not None else ()
-        # The canonical trainer's MATMUL output and log are functions of the exact values (any FP64
-        # evaluation order): a transpose feeding only MATMULs may stay a view there (no copy; the
-        # FP64 GEMM reads it with BLAS transpose flags). Elsewhere every value is materialised.
-        views = (
-            log_in is None and trace is None and op_hook is None and not check and resolver_factory is None
-            and self.mode == Mode.CERTIFIED and self.canonical_log and collective is None and dev.type == "cpu"
-        )
         # A CONCAT feeding only CONCATs passes its parts on (a list) instead of copying them twice.
         parts = trace is None and op_hook is None and collective is None
         pool: dict[int, list[torch.Tensor]] | None = (  # recycled buffers by element count
@@ -273,8 +264,6 @@ class StepExecutor:
             try:
                 if cls == _PLAN_MOVE:
                     out = _move(op, ins)
-                elif cls == _PLAN_TRANSPOSE:
-                    out = ins[0].transpose(-1, -2) if views else _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
                     out = torch.cat(_flat_parts(ins))
                 elif cls == _PLAN_PARTS:
@@ -529,7 +518,7 @@ _RECYCLE_MIN = 1 << 20
 """Elements (4 MiB) from which a dead native output's buffer is reused within the step."""
 _NON_ALIASING = ROUNDING_KINDS
 """Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
-_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_TRANSPOSE, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT = range(7)
+_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT = range(6)
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:
@@ -542,12 +531,6 @@ def _flat_parts(ins: list) -> list[torch.Tensor]:
         else:
             out.append(t.reshape(-1))
     return out
-
-
-def _is_transpose(op: OpNode) -> bool:
-    """A PERMUTE that swaps the last two axes and keeps the leading (batch) ones in place."""
-    n = len(op.attrs)
-    return op.kind == OpKind.PERMUTE and n >= 2 and tuple(op.attrs) == (*range(n - 2), n - 1, n - 2)
 
 
 # kind -> (vt_fp32_binary code, whether the scalar is the first operand)
