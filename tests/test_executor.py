@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from vtrain.errors import NonFiniteValue, VtrainError
-from vtrain.graph.executor import StepExecutor, physical_cores, resolve_device, set_threads, state_tensors
+from vtrain.graph.executor import StepExecutor, exp64, physical_cores, resolve_device, set_threads, state_tensors
 from vtrain.models.nn import GPTConfig, MLPConfig
 from vtrain.models.optim import AdamWConfig, SGDConfig
 from vtrain.numerics.logfile import encode_step_log
@@ -138,3 +138,19 @@ def test_gpu_check_script_cpu_path_replays_bit_exactly() -> None:
     if not torch.cuda.is_available():
         p = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=root, capture_output=True, text=True, timeout=300)
         assert p.returncode == 2 and "CUDA is not available" in p.stderr
+
+
+def test_exp64_is_torch_exp_bit_for_bit() -> None:
+    """The executor's FP64 exp skips torch's slow path below -746 and must still be torch.exp."""
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2**64, 400_000, dtype=np.uint64)
+    x = torch.from_numpy(bits.view(np.float64).copy())
+    edges = torch.tensor([-746.0, np.nextafter(-746.0, 0.0), np.nextafter(-746.0, -np.inf), -745.1332191019412,
+                          -745.13321910194122, -744.0, -1e9, -np.inf, np.inf, np.nan, -0.0, 0.0, 709.78, 710.0],
+                         dtype=torch.float64)
+    near = torch.linspace(-760.0, -700.0, 100_001, dtype=torch.float64)
+    for t in (x, edges, near, torch.full((7,), -1e9, dtype=torch.float64), torch.randn(999, dtype=torch.float64)):
+        got, ref = exp64(t), torch.exp(t)
+        assert torch.equal(torch.isnan(got), torch.isnan(ref))
+        ok = ~torch.isnan(ref)
+        assert torch.equal(got[ok].view(torch.int64), ref[ok].view(torch.int64))

@@ -8,9 +8,12 @@ trainer's FP32 outputs bit for bit (``docs/numerics.md``).
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
 from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -26,7 +29,7 @@ from vtrain.graph.step_graph import (
     OpNode,
     bits_f32,
 )
-from vtrain.numerics import native_filter
+from vtrain.numerics import fp32_native, native_filter
 from vtrain.numerics.canonical import grid_elements, round_canonical
 from vtrain.numerics.paper import apply_paper, hooked_ops, round_paper
 from vtrain.numerics.rounding import (
@@ -37,6 +40,7 @@ from vtrain.numerics.rounding import (
     OpLog,
     RoundingStats,
     U,
+    _check_finite,
     all_finite,
     apply_log,
     canonical,
@@ -124,6 +128,57 @@ class StepExecutor:
             for op in graph.ops
             if op.kind in _SCALAR_KINDS
         }
+        self._plan = self._make_plan()
+
+    def _make_plan(self) -> list[_PlanStep]:
+        """Per op, once (:class:`_PlanStep`), so that the step loop does little per op. Classes:
+        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
+        only by CONCATs),
+        ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`; native operands
+        ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_SQRT`` (SQRT in one
+        native pass, the FP64 path's bits: :func:`fp32_native.sqrt`), ``_PLAN_OP`` (the rest,
+        :meth:`_run_op`). ``recycle``: the freed inputs whose buffers later native ops may reuse."""
+        g, last = self.graph, self._last_use
+        exact_modes = self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG)
+        native = self.device.type == "cpu" and fp32_native.available()
+        reductions = self.collective.reductions if self.collective is not None else set()
+        consumers: list[set[OpKind]] = [set() for _ in g.ops]
+        for op in g.ops:
+            for i in op.inputs:
+                consumers[i].add(op.kind)
+        plan = []
+        for op in g.ops:
+            k = op.kind
+            nat = None
+            if op.id in reductions or k in _SOURCE_KINDS:
+                cls = _PLAN_OP
+            elif k == OpKind.CONCAT and consumers[op.id] == {OpKind.CONCAT} and op.id != g.loss_op:
+                cls = _PLAN_PARTS
+            elif k == OpKind.CONCAT:
+                cls = _PLAN_CONCAT
+            elif k not in ROUNDING_KINDS:
+                cls = _PLAN_MOVE
+            elif k == OpKind.SQRT and exact_modes and native:
+                cls, nat = _PLAN_SQRT, ()
+            elif k in self._fp32_exact and exact_modes:
+                cls = _PLAN_EXACT
+                if native:
+                    code, scalar_first = _NATIVE_FP32[k]
+                    nat = (code, scalar_first, self._scalars.get(op.id))
+            else:
+                cls = _PLAN_OP
+            frees = tuple(sorted({i for i in op.inputs if last[i] == op.id and i != g.loss_op}))
+            slot = op.attrs[0] if k == OpKind.OUTPUT else -1
+            plan.append([op, cls, tuple(op.inputs), frees, slot, nat, ()])
+        # Large native outputs read only by ops that never alias an input into their output are
+        # recycled at their last use (fresh buffers of many MB cost a page fault per 4 KiB).
+        recyclable = {
+            entry[0].id
+            for entry in plan
+            if entry[5] is not None and math.prod(entry[0].shape) >= _RECYCLE_MIN
+            and entry[0].id != g.loss_op and consumers[entry[0].id] and consumers[entry[0].id] <= _NON_ALIASING
+        }
+        return [_PlanStep(*entry[:6], tuple(i for i in entry[3] if i in recyclable)) for entry in plan]
 
     def _compute_last_use(self) -> list[int]:
         last = list(range(self.graph.n_ops))
@@ -193,16 +248,34 @@ class StepExecutor:
         new_state: list[torch.Tensor | None] = [None] * len(g.slots)
         where = f"step {step}" if step is not None else "step"
         sums: list[torch.Tensor] | None = [] if deferred else None
-        last_use, loss_op = self._last_use, g.loss_op
         self._step = step  # read by STEP and DROPOUT_MASK ops
-        for op in g.ops:
-            ins = [vals[i] for i in op.inputs]
-            if self.collective is not None:
-                ins = self.collective.inputs(op, ins)
+        collective = self.collective
+        # ops whose replay applies log entries: never on the direct FP32 path
+        logged = {i for i, e in log_in.sparse.items() if len(e)} if log_in is not None else ()
+        # A CONCAT feeding only CONCATs passes its parts on (a list) instead of copying them twice.
+        parts = trace is None and op_hook is None and collective is None
+        pool: dict[int, list[torch.Tensor]] | None = (  # recycled buffers by element count
+            {} if parts and resolver_factory is None and not check else None
+        )
+        for op, cls, inputs, frees, slot, nat, recycle in self._plan:
+            ins = [vals[i] for i in inputs]
+            if collective is not None:
+                ins = collective.inputs(op, ins)
             try:
-                out = self._run_op(
-                    op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums
-                )
+                if cls == _PLAN_MOVE:
+                    out = _move(op, ins)
+                elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
+                    out = torch.cat(_flat_parts(ins))
+                elif cls == _PLAN_PARTS:
+                    out = _flat_parts(ins)
+                elif cls == _PLAN_EXACT and op.id not in logged:
+                    out = self._exact_fp32(op, ins, nat, stats, sums, pool)
+                else:
+                    out = self._sqrt_fp32(op, ins, stats, pool) if cls == _PLAN_SQRT and op.id not in logged else None
+                    if out is None:
+                        out = self._run_op(
+                            op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums
+                        )
             except NonFiniteValue as e:
                 raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}") from None
             except CorruptLog as e:
@@ -212,12 +285,16 @@ class StepExecutor:
             vals[op.id] = out
             if trace is not None:
                 trace.append(out)
-            if op.kind == OpKind.OUTPUT:
-                new_state[op.attrs[0]] = out
-            if trace is None:
-                for i in op.inputs:
-                    if last_use[i] == op.id and i != loss_op:
-                        vals[i] = None
+            else:
+                ins = None
+                for i in frees:
+                    t, vals[i] = vals[i], None
+                    # only a buffer nothing else holds (the local name and getrefcount's argument)
+                    if pool is not None and i in recycle and sys.getrefcount(t) == 2:
+                        pool.setdefault(t.numel(), []).append(t)
+                t = None
+            if slot >= 0:
+                new_state[slot] = out
         if sums is not None and sums and not bool(torch.isfinite(torch.stack(sums)).all()):
             return None  # a NaN/Inf somewhere: the eager rerun names the op
         loss_t = vals[g.loss_op] if vals[g.loss_op] is not None else trace[g.loss_op]  # type: ignore[index]
@@ -230,6 +307,43 @@ class StepExecutor:
         return StepResult(new_state, float(loss_t.reshape(-1)[0]), out_log, stats, trace, violations)  # type: ignore[arg-type]
 
     # -- one op -----------------------------------------------------------------------------------
+    def _exact_fp32(self, op, ins, nat, stats, sums, pool=None) -> torch.Tensor:
+        """A single FP32 add/sub/mul/div (FP32-exact: its FP32 result is RN32 of the exact value) with
+        canonical zeros; NaN/Inf raises :class:`NonFiniteValue` (eager) or is probed (``sums``).
+        ``pool``: dead buffers by element count, the native kernel may write into one."""
+        if nat is not None:
+            code, scalar_first, c = nat
+            a, b = (ins[0], ins[1]) if c is None else ((c, ins[0]) if scalar_first else (ins[0], c))
+            free = pool.get(math.prod(op.shape)) if pool else None
+            got = fp32_native.binary(code, a, b, op.shape, out=free.pop() if free else None)
+            if got is not None:
+                out, finite = got
+                stats.values += out.numel()
+                if not finite:  # the deferred run's caller reruns eagerly, which raises the same
+                    raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
+                return out
+        out = compute_exact_fp32(op, ins, self._scalars.get(op.id))
+        stats.values += out.numel()
+        if sums is None:
+            if not all_finite(out):
+                raise NonFiniteValue(f"{op.kind.name} op {op.id}: expected finite values, got NaN/Inf")
+        else:
+            sums.extend(finite_probe(out))
+        return out.add_(0.0)  # canonical zero, in place on the fresh output
+
+    def _sqrt_fp32(self, op, ins, stats, pool=None) -> torch.Tensor | None:
+        """SQRT in one native pass with the FP64 path's bits (:func:`fp32_native.sqrt`); None when the
+        kernel does not apply (the caller takes the FP64 path)."""
+        free = pool.get(math.prod(op.shape)) if pool else None
+        got = fp32_native.sqrt(ins[0], out=free.pop() if free else None)
+        if got is None:
+            return None
+        out, finite = got
+        stats.values += out.numel()
+        if not finite:  # the FP64 path's error, naming the first bad element
+            _check_finite(out.reshape(-1), f"{op.kind.name} op {op.id}")
+        return out
+
     def _run_op(
         self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums=None
     ) -> torch.Tensor:
@@ -386,6 +500,51 @@ def set_threads(n: int | None) -> int:
 
 
 _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV_S})
+_SOURCE_KINDS = frozenset({OpKind.INPUT, OpKind.DATA, OpKind.CONST}) | GENERATED_KINDS
+
+
+class _PlanStep(NamedTuple):
+    """What the step loop needs of one op (:meth:`StepExecutor._make_plan`)."""
+
+    op: OpNode
+    cls: int
+    inputs: tuple[int, ...]
+    frees: tuple[int, ...]
+    slot: int
+    native: tuple | None
+    recycle: tuple[int, ...]
+
+
+_RECYCLE_MIN = 1 << 20
+"""Elements (4 MiB) from which a dead native output's buffer is reused within the step."""
+_NON_ALIASING = ROUNDING_KINDS
+"""Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
+_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT = range(6)
+
+
+def _flat_parts(ins: list) -> list[torch.Tensor]:
+    """A CONCAT's inputs as the flat pieces of its output, in order (an input may be the parts list
+    of an inner CONCAT)."""
+    out: list[torch.Tensor] = []
+    for t in ins:
+        if isinstance(t, list):
+            out.extend(t)
+        else:
+            out.append(t.reshape(-1))
+    return out
+
+
+# kind -> (vt_fp32_binary code, whether the scalar is the first operand)
+_NATIVE_FP32 = {
+    OpKind.ADD: (fp32_native.ADD, False),
+    OpKind.SUB: (fp32_native.SUB, False),
+    OpKind.MUL: (fp32_native.MUL, False),
+    OpKind.DIV: (fp32_native.DIV, False),
+    OpKind.ADD_S: (fp32_native.ADD, False),
+    OpKind.MUL_S: (fp32_native.MUL, False),
+    OpKind.DIV_S: (fp32_native.DIV, False),
+    OpKind.RSUB_S: (fp32_native.SUB, True),
+}
 
 
 FP32_EXACT_KINDS = frozenset({OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S})
@@ -546,7 +705,7 @@ def _compute_fp64(
     if k == OpKind.SQRT:
         return torch.sqrt(x[0]), None
     if k in (OpKind.EXP, OpKind.LOG, OpKind.TANH):
-        fn = {OpKind.EXP: torch.exp, OpKind.LOG: torch.log, OpKind.TANH: torch.tanh}[k]
+        fn = {OpKind.EXP: exp64, OpKind.LOG: torch.log, OpKind.TANH: torch.tanh}[k]
         v = fn(x[0])
         if lazy and native_filter.usable(v):
             return v, native_filter.RelativeBound(v, 4.0 * U)
@@ -578,6 +737,21 @@ def _compute_fp64(
             return v, native_filter.TightBound(s, 0.0, c)
         return v, c * s.double()
     raise GraphError(f"{k.name} is not a rounding op")
+
+
+_EXP_ZERO = -746.0
+"""At and below this ``exp`` is ``+0.0`` (the exact value is below ``2^-1076``, a quarter of the
+smallest subnormal; RN32 of it is ``+0`` whatever the FP64 library returns there, and torch's
+FP64 ``exp`` returns ``+0.0``: tested)."""
+
+
+def exp64(x: torch.Tensor) -> torch.Tensor:
+    """``torch.exp`` of an FP64 tensor, bit for bit, without its slow path on far-negative inputs (a
+    causal mask's -1e9 makes torch's vectorised exp ~20x slower): those elements are ``+0.0``."""
+    if x.numel() == 0 or float(x.amin()) > _EXP_ZERO:  # (a NaN minimum takes the masked path)
+        return torch.exp(x)
+    far = x <= _EXP_ZERO  # NaN compares False: it stays NaN
+    return torch.exp(torch.where(far, 0.0, x)).masked_fill_(far, 0.0)
 
 
 def _norm_bound(x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False) -> native_filter.Bound:

@@ -1,0 +1,172 @@
+/* FP32-exact elementwise ops of the executor (vtrain/numerics/fp32_native.py): one IEEE binary32
+ * add, sub, mul or div per element (what torch's FP32 CPU kernels compute: each is correctly
+ * rounded, so the result is RN32 of the exact value), the canonical zero (+0.0f added: -0 -> +0
+ * under round-to-nearest) and the NaN/Inf check, all in one pass over a broadcast index space.
+ *
+ * Compiled with -ffp-contract=off -fno-fast-math (Makefile): no FMA, no reassociation, signed
+ * zeros and subnormals kept (no FTZ/DAZ is set here; torch does not set them either). */
+#include <stdint.h>
+#include <string.h>
+
+#define VT_EXPORT __attribute__((visibility("default")))
+
+/* On x86-64 the rows are also built for AVX2 and AVX-512 (picked at load time): the same IEEE
+ * operations on wider vectors, so the same bits (no FMA: -ffp-contract=off holds for every clone). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VT_CLONES
+#endif
+#define VT_MAX_DIMS 16
+
+enum { VT_ADD = 0, VT_SUB = 1, VT_MUL = 2, VT_DIV = 3 };
+
+static inline uint32_t bits_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+/* One row of n elements: a and b advance by sa and sb (0 or any stride, in elements).
+ * Returns a nonzero value when some output is NaN or Inf (exponent all ones). */
+#define VT_ROW(NAME, EXPR)                                                                         \
+    VT_CLONES static uint32_t NAME(const float *a, int64_t sa, const float *b, int64_t sb, float *out,     \
+                         int64_t n) {                                                              \
+        uint32_t bad = 0;                                                                          \
+        if (sa == 1 && sb == 1) {                                                                  \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                float x = a[i], y = b[i];                                                          \
+                float r = (EXPR) + 0.0f;                                                           \
+                out[i] = r;                                                                        \
+                bad |= (uint32_t)((bits_of(r) & 0x7F800000u) == 0x7F800000u);                      \
+            }                                                                                      \
+        } else if (sa == 1 && sb == 0) {                                                           \
+            const float y = b[0];                                                                  \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                float x = a[i];                                                                    \
+                float r = (EXPR) + 0.0f;                                                           \
+                out[i] = r;                                                                        \
+                bad |= (uint32_t)((bits_of(r) & 0x7F800000u) == 0x7F800000u);                      \
+            }                                                                                      \
+        } else if (sa == 0 && sb == 1) {                                                           \
+            const float x = a[0];                                                                  \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                float y = b[i];                                                                    \
+                float r = (EXPR) + 0.0f;                                                           \
+                out[i] = r;                                                                        \
+                bad |= (uint32_t)((bits_of(r) & 0x7F800000u) == 0x7F800000u);                      \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                float x = a[i * sa], y = b[i * sb];                                                \
+                float r = (EXPR) + 0.0f;                                                           \
+                out[i] = r;                                                                        \
+                bad |= (uint32_t)((bits_of(r) & 0x7F800000u) == 0x7F800000u);                      \
+            }                                                                                      \
+        }                                                                                          \
+        return bad;                                                                                \
+    }
+
+VT_ROW(row_add, x + y)
+VT_ROW(row_sub, x - y)
+VT_ROW(row_mul, x * y)
+VT_ROW(row_div, x / y)
+
+typedef uint32_t (*row_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t);
+
+/* out = a OP b over `shape` (ndim dims, C order; out is contiguous), a and b read with the strides
+ * sa and sb (in elements; 0 on a broadcast dim), each result plus +0.0f. Returns 1 when every output
+ * is finite, 0 when some is NaN/Inf, -1 on a bad argument (unknown op, too many dims). */
+VT_EXPORT int vt_fp32_binary(int op, const float *a, const int64_t *sa, const float *b,
+                             const int64_t *sb, float *out, const int64_t *shape, int ndim) {
+    row_fn row;
+    switch (op) {
+    case VT_ADD: row = row_add; break;
+    case VT_SUB: row = row_sub; break;
+    case VT_MUL: row = row_mul; break;
+    case VT_DIV: row = row_div; break;
+    default: return -1;
+    }
+    if (ndim < 0 || ndim > VT_MAX_DIMS) return -1;
+    /* Collapse: drop size-1 dims, merge a dim into the next where both inputs step through them
+     * as one (stride[i] == stride[i+1] * shape[i+1]). Dims kept in C order. */
+    int64_t n[VT_MAX_DIMS], xa[VT_MAX_DIMS], xb[VT_MAX_DIMS];
+    int d = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] == 0) return 1;
+        if (shape[i] == 1) continue;
+        if (d > 0 && xa[d - 1] == sa[i] * shape[i] && xb[d - 1] == sb[i] * shape[i]) {
+            n[d - 1] *= shape[i];
+            xa[d - 1] = sa[i];
+            xb[d - 1] = sb[i];
+            continue;
+        }
+        n[d] = shape[i];
+        xa[d] = sa[i];
+        xb[d] = sb[i];
+        d++;
+    }
+    if (d == 0) { /* one element */
+        n[0] = 1;
+        xa[0] = 0;
+        xb[0] = 0;
+        d = 1;
+    }
+    const int64_t inner = n[d - 1];
+    uint32_t bad = 0;
+    int64_t idx[VT_MAX_DIMS] = {0};
+    int64_t oa = 0, ob = 0;
+    for (;;) {
+        bad |= row(a + oa, xa[d - 1], b + ob, xb[d - 1], out, inner);
+        out += inner;
+        int k = d - 2;
+        while (k >= 0) {
+            idx[k]++;
+            oa += xa[k];
+            ob += xb[k];
+            if (idx[k] < n[k]) break;
+            oa -= xa[k] * n[k];
+            ob -= xb[k] * n[k];
+            idx[k] = 0;
+            k--;
+        }
+        if (k < 0) break;
+    }
+    return bad ? 0 : 1;
+}
+
+/* SQRT: RN32 of the square root of each FP32 value, plus +0.0f. The FP64 path computes
+ * RN32(sqrt64(x)); both sqrt64 and the single-precision sqrt (sqrtss/sqrtps) are IEEE correctly
+ * rounded and double rounding is innocuous (53 >= 2*24 + 2), so RN32(sqrt64(x)) = sqrt32(x): the
+ * same bits. SSE intrinsics on x86-64 (the libm call would set errno and not vectorise). */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+static uint32_t row_sqrt(const float *a, float *out, int64_t n) {
+    uint32_t bad = 0;
+    int64_t i = 0;
+#if defined(__x86_64__)
+    const __m128 zero = _mm_setzero_ps();
+    const __m128i expo = _mm_set1_epi32(0x7F800000);
+    __m128i acc = _mm_setzero_si128();
+    for (; i + 4 <= n; i += 4) {
+        __m128 r = _mm_add_ps(_mm_sqrt_ps(_mm_loadu_ps(a + i)), zero);
+        _mm_storeu_ps(out + i, r);
+        __m128i e = _mm_and_si128(_mm_castps_si128(r), expo);
+        acc = _mm_or_si128(acc, _mm_cmpeq_epi32(e, expo));
+    }
+    bad = (uint32_t)_mm_movemask_epi8(acc);
+#endif
+    for (; i < n; i++) {
+        float r = __builtin_sqrtf(a[i]) + 0.0f;
+        out[i] = r;
+        bad |= (uint32_t)((bits_of(r) & 0x7F800000u) == 0x7F800000u);
+    }
+    return bad;
+}
+
+/* out[i] = RN32(sqrt(a[i])) + 0.0f for n contiguous elements; 1 when all are finite, else 0. */
+VT_EXPORT int vt_fp32_sqrt(const float *a, float *out, int64_t n) {
+    return row_sqrt(a, out, n) ? 0 : 1;
+}

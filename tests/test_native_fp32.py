@@ -1,0 +1,277 @@
+"""The native FP32-exact kernel (csrc/numerics/fp32.c) against torch, bit for bit, and the executor
+with it against the executor without it (the torch path).
+
+The kernel computes one IEEE binary32 add/sub/mul/div per element, adds +0.0 (canonical zeros) and
+reports finiteness in one pass; torch's ``op(a, b) + 0.0`` is the reference. Hard cases: subnormal
+inputs and results, signed zeros, overflow to Inf, NaN, values at the extremes, random bit patterns,
+broadcast and strided (view) operands, a scalar on either side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import vtrain.graph.executor as E
+from vtrain.errors import NonFiniteValue
+from vtrain.graph.executor import StepExecutor, state_tensors
+from vtrain.graph.step_graph import GraphBuilder
+from vtrain.models.nn import GPTConfig
+from vtrain.models.optim import AdamWConfig
+from vtrain.numerics import fp32_native as F
+from vtrain.numerics.logfile import encode_step_log
+from vtrain.training.loop import batch_for
+from vtrain.training.spec import TrainSpec, build_job
+
+pytestmark = pytest.mark.skipif(not F.available(), reason="native numerics kernels not built (make native)")
+
+_TORCH = {F.ADD: torch.add, F.SUB: torch.sub, F.MUL: torch.mul, F.DIV: torch.div}
+_NAMES = {F.ADD: "add", F.SUB: "sub", F.MUL: "mul", F.DIV: "div"}
+
+
+def _hard_values(n: int, seed: int) -> torch.Tensor:
+    """FP32 values mixing the edge cases with random bit patterns (all exponents, incl. subnormals)."""
+    rng = np.random.default_rng(seed)
+    f = np.float32
+    special = np.array(
+        [0.0, -0.0, 1.0, -1.0, f(2.0**-149), -f(2.0**-149), f(2.0**-126), f(2.0**-126) - f(2.0**-149),
+         np.finfo(f).max, -np.finfo(f).max, f(3e38), f(1e-38), f(1.5), f(2.0**-75), f(2.0**64), f(2.0**-64),
+         np.inf, -np.inf, np.nan, f(1.0) + f(2.0**-23), f(1.0) - f(2.0**-24), f(3.0), f(0.1)],
+        dtype=f,
+    )
+    bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(f).copy()
+    # a quarter near 1 (ties and near-ties of sums), a quarter subnormal
+    q = n // 4
+    x[:q] = (1.0 + rng.standard_normal(q) * 2.0**-20).astype(f)
+    x[q : 2 * q] = (rng.integers(-(2**23), 2**23, q).astype(np.int32)).astype(np.float64).astype(f) * f(2.0**-149)
+    x[2 * q : 2 * q + len(special)] = special
+    return torch.from_numpy(rng.permutation(x))
+
+
+def _same_bits(got: torch.Tensor, ref: torch.Tensor) -> None:
+    ref = ref.contiguous()
+    nan = torch.isnan(ref)
+    assert torch.equal(torch.isnan(got), nan)
+    g = got.view(torch.int32)[~nan]
+    r = ref.view(torch.int32)[~nan]
+    bad = (g != r).nonzero()
+    assert not len(bad), f"{len(bad)} elements differ, first {got[~nan][bad[0]].item()} vs {ref[~nan][bad[0]].item()}"
+
+
+@pytest.mark.parametrize("code", [F.ADD, F.SUB, F.MUL, F.DIV])
+def test_the_kernel_gives_torch_bits_on_hard_values(code: int) -> None:
+    n = 50_000
+    a, b = _hard_values(n, 1 + code), _hard_values(n, 11 + code)
+    # b's subnormals meet a's subnormals and ones, so products and quotients under/overflow
+    got, finite = F.binary(code, a, b, (n,))
+    ref = _TORCH[code](a, b) + 0.0
+    _same_bits(got, ref)
+    assert finite == bool(torch.isfinite(ref).all())
+    assert not finite  # the hard values include Inf and NaN
+
+
+@pytest.mark.parametrize("code", [F.ADD, F.SUB, F.MUL, F.DIV])
+def test_finite_inputs_report_finite_and_match_torch(code: int) -> None:
+    a, b = _hard_values(20_000, 3), _hard_values(20_000, 4)
+    ok = torch.isfinite(a) & torch.isfinite(b) & (a.abs() < 1e18) & (b.abs() < 1e18) & (b.abs() > 1e-18)
+    a, b = a[ok], b[ok]
+    got, finite = F.binary(code, a, b, tuple(a.shape))
+    ref = _TORCH[code](a, b) + 0.0
+    _same_bits(got, ref)
+    assert finite and bool(torch.isfinite(ref).all())
+
+
+def test_division_is_rn32_of_the_exact_quotient() -> None:
+    """Correctly rounded FP32 division = FP64 division rounded to FP32 (53 >= 2*24 + 2)."""
+    a, b = _hard_values(50_000, 21), _hard_values(50_000, 22)
+    got, _ = F.binary(F.DIV, a, b, tuple(a.shape))
+    ref = (a.double() / b.double()).float() + 0.0
+    _same_bits(got, ref)
+
+
+def test_sqrt_gives_the_fp64_paths_bits() -> None:
+    """RN32 of the FP64 square root (what _compute_fp64 + RN32 give) on every exponent, subnormals,
+    -0, Inf, negatives (NaN, not finite)."""
+    a = _hard_values(60_000, 31)
+    got, finite = F.sqrt(a)
+    ref = a.double().sqrt().to(torch.float32) + 0.0
+    _same_bits(got, ref)
+    assert not finite
+    pos = a[torch.isfinite(a) & (a >= 0)].contiguous()
+    got, finite = F.sqrt(pos)
+    _same_bits(got, pos.double().sqrt().to(torch.float32) + 0.0)
+    assert finite
+    assert F.sqrt(torch.tensor([-0.0, 0.0]))[0].view(torch.int32).tolist() == [0, 0]
+    assert F.sqrt(pos[::2]) is None  # strided: the caller takes the FP64 path
+
+
+def test_negative_zero_results_are_canonical() -> None:
+    t = torch.tensor
+    m = F.binary(F.MUL, t([-0.0, 0.0, -(2.0**-149), -1.0]), t([1.0, -3.0, 2.0**-149, 0.0]), (4,))[0]
+    a = F.binary(F.ADD, t([-0.0, -0.0]), t([-0.0, 0.0]), (2,))[0]
+    s = F.binary(F.SUB, t([-0.0, 1.0]), t([0.0, 1.0]), (2,))[0]
+    d = F.binary(F.DIV, t([-0.0, 2.0**-149, 0.0]), t([5.0, -(2.0**100), -1.0]), (3,))[0]
+    for out in (m, a, s, d):
+        assert out.view(torch.int32).tolist() == [0] * out.numel()
+    # the reference itself has -0 before the +0.0
+    assert torch.mul(t([-0.0]), t([1.0])).view(torch.int32).item() != 0
+
+
+def test_broadcast_strided_and_scalar_operands() -> None:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, 5, 6, generator=g)
+    row = torch.randn(1, 1, 1, 6, generator=g)
+    col = torch.randn(3, 1, 5, 1, generator=g)
+    view = torch.randn(3, 5, 4, 6, generator=g).permute(0, 2, 1, 3)  # non-contiguous
+    expanded = torch.randn(3, 1, 5, 6, generator=g).expand(3, 4, 5, 6)
+    c = torch.tensor(0.37, dtype=torch.float32)
+    shape = (3, 4, 5, 6)
+    for code in (F.ADD, F.SUB, F.MUL, F.DIV):
+        for a, b in ((x, row), (col, x), (x, view), (view, expanded), (x, c), (c, view), (row, col)):
+            got, finite = F.binary(code, a, b, shape)
+            assert got.is_contiguous() and tuple(got.shape) == shape and finite
+            _same_bits(got, _TORCH[code](a, b).expand(shape) + 0.0)
+
+
+def test_the_kernel_does_not_apply_to_other_dtypes() -> None:
+    a = torch.ones(3, dtype=torch.float64)
+    assert F.binary(F.ADD, a, a, (3,)) is None
+
+
+# -- the executor with and without the kernel -------------------------------------------------------
+def _bits(ts: list[torch.Tensor]) -> list[bytes]:
+    return [t.contiguous().view(torch.int32).numpy().tobytes() for t in ts]
+
+
+def _without_kernel(monkeypatch, graph, mode) -> StepExecutor:
+    with monkeypatch.context() as m:
+        m.setattr(F, "_FN", None)
+        ex = StepExecutor(graph, mode)
+    assert all(p.native is None for p in ex._plan)
+    return ex
+
+
+@pytest.mark.parametrize("mode", ["certified", "round-nolog"])
+def test_executor_steps_are_the_same_with_and_without_the_kernel(monkeypatch, mode: str) -> None:
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    fast = StepExecutor(job.graph, mode)
+    assert any(p.native is not None for p in fast._plan)
+    slow = _without_kernel(monkeypatch, job.graph, mode)
+    sa = sb = state_tensors(job.initial_state)
+    for s in (1, 2):
+        data = batch_for(job, s)
+        a, b = fast.run(sa, data, step=s), slow.run(sb, data, step=s)
+        assert _bits(a.state) == _bits(b.state) and a.loss == b.loss
+        if mode == "certified":
+            assert encode_step_log(a.log, s, job.graph) == encode_step_log(b.log, s, job.graph)
+            assert _bits(fast.run(sa, data, log_in=b.log, step=s).state) == _bits(a.state)
+        sa, sb = a.state, b.state
+
+
+def _overflowing_mul_graph():
+    gb = GraphBuilder()
+    x = gb.input("x", (2, 3))
+    y = gb.mul_s(x, 2.0)  # op 1 overflows
+    z = gb.mul(y, x)
+    loss = gb.sum(gb.reshape(z, (1, 6)))
+    gb.output(x, 0)
+    return gb.build(loss)
+
+
+def _negative_sqrt_graph():
+    gb = GraphBuilder()
+    x = gb.input("x", (2, 3))
+    y = gb.sqrt(gb.mul_s(x, -1.0))  # op 2: NaN where x > 0
+    loss = gb.sum(gb.reshape(y, (1, 6)))
+    gb.output(x, 0)
+    return gb.build(loss)
+
+
+@pytest.mark.parametrize("make, first", [(_overflowing_mul_graph, "op 1 (MUL_S"), (_negative_sqrt_graph, "op 2 (SQRT")])
+def test_a_non_finite_result_names_its_op_with_and_without_the_kernel(monkeypatch, make, first) -> None:
+    g = make()
+    state = [torch.tensor([[1.0, 2.0, 3e38], [4.0, 5.0, 6.0]], dtype=torch.float32)]
+    msgs = []
+    for ex in (StepExecutor(g, "certified"), _without_kernel(monkeypatch, g, "certified")):
+        for hook in (None, lambda op, ins, out, log: out):  # deferred and eager paths
+            with pytest.raises(NonFiniteValue) as e:
+                ex.run(state, torch.zeros(g.data_shape), step=3, op_hook=hook)
+            msgs.append(str(e.value))
+    assert len(set(msgs)) == 1, msgs
+    assert msgs[0].startswith(f"step 3, {first}") and "expected finite values" in msgs[0]
+
+
+def test_nested_concats_are_copied_once_with_the_same_bits() -> None:
+    """The flat optimizer buffers (a CONCAT of CONCATs) are built in one copy on the plain path and
+    in two on the eager path (an op hook sees every op's tensor); same state, loss and log."""
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    ex = StepExecutor(job.graph, "certified")
+    inner = {p.op.id for p in ex._plan if p.cls == E._PLAN_PARTS}
+    assert len(inner) >= 2
+    seen = []
+
+    def spy(op, ins, out, log):
+        if op.id in inner:
+            seen.append(isinstance(out, torch.Tensor))
+        return out
+
+    state = state_tensors(job.initial_state)
+    data = batch_for(job, 1)
+    plain, eager = ex.run(state, data, step=1), ex.run(state, data, step=1, op_hook=spy)
+    assert seen and all(seen)
+    assert _bits(plain.state) == _bits(eager.state) and plain.loss == eager.loss
+    assert encode_step_log(plain.log, 1, job.graph) == encode_step_log(eager.log, 1, job.graph)
+
+
+def test_recycled_buffers_give_the_same_bits(monkeypatch) -> None:
+    """Dead native outputs read only by rounding ops are reused by later native ops (here from one
+    element on, not 1M); the steps keep the bits of the executor without the kernel."""
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    monkeypatch.setattr(E, "_RECYCLE_MIN", 1)
+    fast = StepExecutor(job.graph, "certified")
+    assert sum(len(p.recycle) for p in fast._plan) >= 20
+    slow = _without_kernel(monkeypatch, job.graph, "certified")
+    reused = []
+    binary = F.binary
+
+    def spy(code, a, b, shape, out=None):
+        reused.append(out is not None)
+        return binary(code, a, b, shape, out)
+
+    monkeypatch.setattr(F, "binary", spy)
+    sa = sb = state_tensors(job.initial_state)
+    for s in (1, 2):
+        data = batch_for(job, s)
+        a, b = fast.run(sa, data, step=s), slow.run(sb, data, step=s)
+        assert _bits(a.state) == _bits(b.state) and a.loss == b.loss
+        assert encode_step_log(a.log, s, job.graph) == encode_step_log(b.log, s, job.graph)
+        sa, sb = a.state, b.state
+    assert sum(reused) >= 20
+
+
+def test_a_buffer_still_viewed_is_never_recycled(monkeypatch) -> None:
+    """x's only consumer is a RESHAPE (a view of x): x's buffer must outlive it, though a later
+    native op of the same size (y) looks for a free one. (Two guards: the plan recycles only values
+    read by rounding ops alone, and a live view keeps the tensor's refcount above 2; this test and
+    the one above fail with both removed.)"""
+    gb = GraphBuilder()
+    a, b = gb.input("a", (4, 6)), gb.input("b", (4, 6))
+    x = gb.mul(a, b)
+    view = gb.reshape(x, (6, 4))
+    y = gb.add(a, b)
+    z = gb.sub(gb.reshape(y, (6, 4)), view)
+    loss = gb.sum(gb.reshape(z, (1, 24)))
+    gb.output(a, 0)
+    gb.output(b, 1)
+    g = gb.build(loss)
+    monkeypatch.setattr(E, "_RECYCLE_MIN", 1)
+    state = [torch.arange(24, dtype=torch.float32).reshape(4, 6) + 1, torch.full((4, 6), 0.5)]
+    got = StepExecutor(g, "certified").run(state, torch.zeros(g.data_shape), step=1)
+    ref = _without_kernel(monkeypatch, g, "certified").run(state, torch.zeros(g.data_shape), step=1)
+    assert got.loss == ref.loss == float(((state[0] + 0.5) - state[0] * 0.5).sum())
+
