@@ -748,8 +748,8 @@ FP64 ``exp`` returns ``+0.0``: tested)."""
 def exp64(x: torch.Tensor) -> torch.Tensor:
     """``torch.exp`` of an FP64 tensor, bit for bit, without its slow path on far-negative inputs (a
     causal mask's -1e9 makes torch's vectorised exp ~20x slower): those elements are ``+0.0``."""
-    if x.numel() == 0 or float(x.amin()) > _EXP_ZERO:  # (a NaN minimum takes the masked path)
-        return torch.exp(x)
+    if x.requires_grad or x.numel() == 0 or float(x.amin()) > _EXP_ZERO:  # (a NaN minimum takes the masked path)
+        return torch.exp(x)  # (autograd: tests differentiate the FP64 graph through this function)
     far = x <= _EXP_ZERO  # NaN compares False: it stays NaN
     return torch.exp(torch.where(far, 0.0, x)).masked_fill_(far, 0.0)
 
