@@ -592,7 +592,7 @@ def _sample(run_path: Path, step: int | None, prompt: str, tokens: int, temperat
     run, job = _open_run(run_path)
     if job.spec.model != "gpt":
         raise Failure(f"{run_path}: sample needs a language model (a gpt run), this is a {job.spec.model} run")
-    vocab = run.read_vocab() or job.dataset.vocab
+    vocab = run.read_vocab(job.dataset)
     _, state = verified_state(run, job, step)
     model = GPT(job.spec.gpt)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights(job, state).items()}, strict=True)

@@ -1,0 +1,181 @@
+"""A run folder (or an artifact server) from someone else is an adversary's: every file of it that
+``vtrain replay``/``inspect``/``export``/``sample`` reads is a regular file inside the folder, of
+at most the size the job implies (a log: its format's bound over the graph; a checkpoint: the
+state's shapes; vocab.json: the pinned text's vocabulary; roots.jsonl: one record a step),
+checked before a byte is read (``RunDir.read_member``); an artifact server cannot redirect the
+reader to another host; a file model's code from a folder is run only with consent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from protocol.cli import main
+
+TINY = ["--steps", "2", "--interval", "1", "--batch-size", "4", "--hidden", "8"]
+TEXT = "the auditor replays every step of the trainer and compares the roots. " * 6
+GPT = ["--model", "gpt", "--steps", "2", "--interval", "1", "--batch-size", "2", "--context", "8",
+       "--width", "8", "--heads", "1"]
+
+
+def run(*args: object) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def refused(r: Result, *words: str, code: int = 1) -> str:
+    assert isinstance(r.exception, SystemExit), f"uncaught {r.exception!r}\n{r.output}"
+    assert r.exit_code == code, (r.exit_code, r.output)
+    text = " ".join(r.output.split())
+    assert "Traceback" not in text
+    for w in words:
+        assert w in text, f"{w!r} not in {text!r}"
+    return text
+
+
+@pytest.fixture(autouse=True)
+def no_endless_read() -> Iterator[None]:
+    """A read without end (a device, a FIFO) fails the test in 20 s instead of hanging it."""
+    def hung(*_: object) -> None:
+        raise TimeoutError("read a run folder's file without end")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "mlp"
+    r = run("train", "--out", out, *TINY)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("gpt")
+    (base / "t.txt").write_text(TEXT)
+    r = run("train", "--out", base / "run", "--text", base / "t.txt", *GPT)
+    assert r.exit_code == 0, r.output
+    return base / "run"
+
+
+def _foreign(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "handed-over" / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+LOG, CKPT = Path("logs/step_000002.vtlog"), Path("checkpoints/step_000000.safetensors")
+
+
+def _job(folder: Path):
+    from vtrain.training.rundir import RunDir
+    from vtrain.training.spec import build_job
+
+    return build_job(RunDir(folder).read_spec())
+
+
+@pytest.mark.parametrize("attack", ["log->/dev/zero", "log-fifo", "log-too-big", "checkpoint-link-out",
+                                    "checkpoint-too-big", "logs-dir-link-out", "roots->/dev/zero",
+                                    "roots-too-big"])
+def test_replay_of_a_foreign_folder_reads_only_bounded_regular_files_inside_it(mlp_run: Path, tmp_path: Path,
+                                                                              attack: str) -> None:
+    """Before: each of these was read whole (or without end: /dev/zero, a FIFO never written), or
+    read from outside the folder (a checkpoint linked out replayed as if it were the run's)."""
+    from vtrain.training.rundir import checkpoint_bytes_bound, log_bytes_bound
+
+    run_dir = _foreign(mlp_run, tmp_path)
+    graph = _job(run_dir).graph
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if attack == "log->/dev/zero":
+        (run_dir / LOG).unlink()
+        (run_dir / LOG).symlink_to("/dev/zero")
+        words = ["step_000002.vtlog", "leads out of the run folder", "/dev/zero"]
+    elif attack == "log-fifo":
+        (run_dir / LOG).unlink()
+        os.mkfifo(run_dir / LOG)
+        words = ["step_000002.vtlog", "not a regular file"]
+    elif attack == "log-too-big":
+        limit = log_bytes_bound(graph)
+        with open(run_dir / LOG, "ab") as f:
+            f.truncate(limit + 1)
+        words = ["step_000002.vtlog", f"{limit + 1} bytes", f"more than the {limit} bytes"]
+    elif attack == "checkpoint-link-out":  # every checkpoint: replay reads step 0's, export the latest
+        for ck in (run_dir / "checkpoints").iterdir():
+            shutil.move(ck, outside / ck.name)
+            ck.symlink_to(outside / ck.name)
+        words = ["safetensors", "leads out of the run folder"]
+    elif attack == "checkpoint-too-big":
+        limit = checkpoint_bytes_bound(graph)
+        for ck in (run_dir / "checkpoints").iterdir():
+            with open(ck, "ab") as f:
+                f.truncate(limit + 1)
+        words = ["safetensors", f"more than the {limit} bytes"]
+    elif attack == "logs-dir-link-out":
+        shutil.move(run_dir / "logs", outside / "logs")
+        (run_dir / "logs").symlink_to(outside / "logs")
+        words = ["step_00000", "leads out of the run folder"]
+    elif attack == "roots->/dev/zero":
+        (run_dir / "roots.jsonl").unlink()
+        (run_dir / "roots.jsonl").symlink_to("/dev/zero")
+        words = ["roots.jsonl", "leads out of the run folder"]
+    else:
+        with open(run_dir / "roots.jsonl", "ab") as f:
+            f.truncate(256 * 3 + 1)  # 2 steps and a torn line: at most 768 bytes
+        words = ["roots.jsonl", "more than the 768 bytes"]
+    refused(run("replay", "--run", run_dir), *words)
+    if attack.startswith("checkpoint") or attack == "roots-too-big":
+        refused(run("export", run_dir, "--out", tmp_path / "x"), *words)
+        assert not (tmp_path / "x").exists()  # nothing half-written
+    if attack.startswith(("log", "roots")):
+        refused(run("inspect", run_dir, "--plots", tmp_path / "p", "--json"), *words)
+        assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("attack", ["huge", "device", "another"])
+def test_vocab_json_is_the_pinned_texts_vocabulary_read_bounded(gpt_run: Path, tmp_path: Path, attack: str) -> None:
+    """vocab.json is not pinned by inputs.json: before, `sample` and `export` took it as it was
+    (another vocabulary decoded the model's tokens into other text; a huge one or a device was
+    read whole). Now it must be the pinned text's vocabulary, read within its JSON size."""
+    run_dir = _foreign(gpt_run, tmp_path)
+    vocab = run_dir / "vocab.json"
+    symbols = json.loads(vocab.read_text())["symbols"]
+    if attack == "huge":
+        vocab.write_text(json.dumps({"kind": "characters", "symbols": symbols}) + " " * (1 << 20))
+        words = ["vocab.json", "more than the", f"{1024 + 16 * len(symbols)} bytes"]
+    elif attack == "device":
+        vocab.unlink()
+        vocab.symlink_to("/dev/zero")
+        words = ["vocab.json", "leads out of the run folder"]
+    else:
+        vocab.write_text(json.dumps({"kind": "characters", "symbols": symbols[::-1]}))
+        words = ["vocab.json", "expected the vocabulary of the pinned text"]
+    refused(run("sample", run_dir, "--tokens", "5"), *words)
+    refused(run("export", run_dir, "--out", tmp_path / "x"), *words)
+    assert not (tmp_path / "x").exists()
+
+
+def test_honest_folders_are_within_every_bound(mlp_run: Path, gpt_run: Path, tmp_path: Path) -> None:
+    from vtrain.training.rundir import RunDir, checkpoint_bytes_bound, log_bytes_bound
+
+    for folder in (mlp_run, gpt_run):
+        rd, job = RunDir(folder), _job(folder)
+        assert all(rd.log_path(s).stat().st_size <= log_bytes_bound(job.graph) for s in (1, 2))
+        assert rd.ckpt_path(0).stat().st_size <= checkpoint_bytes_bound(job.graph)
+        assert rd.ckpt_path(0).stat().st_size > checkpoint_bytes_bound(job.graph) - 200 * len(job.graph.slots)
+    assert run("sample", gpt_run, "--tokens", "5").exit_code == 0
+    inside = _foreign(mlp_run, tmp_path)  # a link inside the folder is fine
+    (inside / CKPT).rename(inside / "ck0")
+    (inside / CKPT).symlink_to(inside / "ck0")
+    assert run("replay", "--run", inside).exit_code == 0
