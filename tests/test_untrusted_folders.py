@@ -179,3 +179,58 @@ def test_honest_folders_are_within_every_bound(mlp_run: Path, gpt_run: Path, tmp
     (inside / CKPT).rename(inside / "ck0")
     (inside / CKPT).symlink_to(inside / "ck0")
     assert run("replay", "--run", inside).exit_code == 0
+
+
+# -- an artifact server that redirects ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("to", ["other-port", "other-host", "other-scheme", "same-origin"])
+def test_the_http_reader_follows_no_redirect_off_the_store(tmp_path: Path, to: str) -> None:
+    """The store URL the user named answers 302 to another server (an internal address, another
+    host or port: SSRF-like): before, urllib followed it and used what that server sent. Now only a
+    redirect within the store's own scheme, host and port is followed."""
+    import http.server
+    import threading
+
+    from protocol.store import ArtifactStore, ArtifactUnavailable, HttpArtifactReader, serve_store
+
+    store = ArtifactStore(tmp_path / "store")
+    store.put_log(7, 1, b"the log of step 1")
+    inner, inner_url = serve_store(store.root)  # the other server: it serves a store that verifies
+    asked: list[str] = []
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            asked.append(self.path)
+            if self.path.startswith("/moved"):  # same-origin target: serve the store's bytes
+                data = (store.root / self.path.removeprefix("/moved/")).read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            port = self.server.server_address[1]
+            target = {"other-port": inner_url, "other-host": inner_url.replace("127.0.0.1", "localhost"),
+                      "other-scheme": f"https://127.0.0.1:{port}", "same-origin": "/moved"}[to]
+            self.send_response(302)
+            self.send_header("Location", target + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        reader = HttpArtifactReader(f"http://127.0.0.1:{server.server_address[1]}", backoff=0.01)
+        if to == "same-origin":
+            assert reader.get_log(7, 1) == b"the log of step 1"
+        else:
+            with pytest.raises(ArtifactUnavailable, match="redirects .HTTP 302. to another host, scheme or port"):
+                reader.get_log(7, 1)
+            assert len(asked) == 1  # refused at once, not retried
+    finally:
+        for s in (server, inner):
+            s.shutdown()
+            s.server_close()
