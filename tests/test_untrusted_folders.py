@@ -234,3 +234,53 @@ def test_the_http_reader_follows_no_redirect_off_the_store(tmp_path: Path, to: s
         for s in (server, inner):
             s.shutdown()
             s.server_close()
+
+
+# -- a file model's code from a folder --------------------------------------------------------------------
+
+SOURCE = '''
+import pathlib
+
+import numpy as np
+import torch.nn.functional as F
+from torch import nn
+
+pathlib.Path(__file__).with_name("RAN").write_text("x")  # announces that this code ran
+
+
+def task():
+    from vtrain.frontend import TorchTask
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    return TorchTask(nn.Sequential(nn.Linear(3, 2)), F.cross_entropy, {"name": "SGD", "lr": 0.1}, [x], y)
+'''
+
+
+def test_a_foreign_folders_model_code_runs_only_with_consent(tmp_path: Path, monkeypatch) -> None:
+    """Before: `vtrain replay` (and sample/export/inspect) of a folder someone handed over executed
+    its model/*.py silently. Now code this user did not train is refused, naming the file and its
+    sha256, until --trust-model-code (said on stderr, then recorded)."""
+    import hashlib
+
+    (tmp_path / "net.py").write_text(SOURCE)
+    theirs = tmp_path / "theirs" / "run"
+    monkeypatch.setenv("VTRAIN_TRUSTED_MODELS", str(tmp_path / "their-trust"))
+    r = run("train", "--out", theirs, "--model", f"{tmp_path}/net.py:task", "--steps", "2", "--interval", "1",
+            "--batch-size", "4")
+    assert r.exit_code == 0, r.output
+    mine = _foreign(theirs, tmp_path)
+    (mine / "model" / "RAN").unlink(missing_ok=True)
+    monkeypatch.setenv("VTRAIN_TRUSTED_MODELS", str(tmp_path / "my-trust"))  # another user
+    sha = hashlib.sha256(SOURCE.encode()).hexdigest()
+    for cmd in (["replay", "--run", mine], ["inspect", mine, "--json"], ["export", mine, "--out", tmp_path / "x"],
+                ["train", "--resume", mine]):
+        refused(run(*cmd), "model/net.py", sha, "not trained or approved here", "--trust-model-code")
+    assert not (mine / "model" / "RAN").exists() and not (tmp_path / "x").exists()
+    r = run("replay", "--run", mine, "--trust-model-code")
+    assert r.exit_code == 0, r.output
+    assert f"running the model code of {mine}/model/net.py (sha256 {sha})" in " ".join(r.stderr.split())
+    assert (mine / "model" / "RAN").exists()
+    r = run("replay", "--run", mine)  # approved once: recorded
+    assert r.exit_code == 0 and "running the model code" not in r.stderr
