@@ -284,3 +284,27 @@ def test_a_foreign_folders_model_code_runs_only_with_consent(tmp_path: Path, mon
     assert (mine / "model" / "RAN").exists()
     r = run("replay", "--run", mine)  # approved once: recorded
     assert r.exit_code == 0 and "running the model code" not in r.stderr
+
+
+@pytest.mark.parametrize("record, words", [
+    ({"step": 1, "loss": 0.5}, ["line 1", "missing log_root, state_root"]),
+    ({"step": 1, "loss": 0.5, "state_root": ["x"], "log_root": "0" * 64}, ["line 1", "state_root: expected 64"]),
+    ({"step": "1", "loss": 0.5, "state_root": "0" * 64, "log_root": "0" * 64}, ["line 1", "step: expected"]),
+])
+def test_roots_records_are_checked_before_use(mlp_run: Path, tmp_path: Path, record: dict, words: list[str]) -> None:
+    """Before: a roots.jsonl line without a state root (or with a list as one) ended `vtrain replay`
+    and `export` in a KeyError/TypeError traceback; now the line and the field are named."""
+    run_dir = _foreign(mlp_run, tmp_path)
+    (run_dir / "roots.jsonl").write_text(json.dumps(record) + "\n")
+    refused(run("replay", "--run", run_dir), "roots.jsonl", *words)
+    refused(run("export", run_dir, "--out", tmp_path / "x"), "roots.jsonl", *words)
+
+
+def test_inspect_writes_no_plot_through_a_link_out_of_a_foreign_folder(mlp_run: Path, tmp_path: Path) -> None:
+    """Before: `vtrain inspect RUN` wrote RUN/plots/*.png through RUN/plots linked to any folder."""
+    run_dir = _foreign(mlp_run, tmp_path)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (run_dir / "plots").symlink_to(target)
+    refused(run("inspect", run_dir), "plots", "leads out of the run folder")
+    assert not list(target.iterdir())

@@ -682,7 +682,7 @@ def _inspect(run_path: Path, plots: Path | None, as_json: bool, trust_model_code
 
     run, job = _open_run(run_path, trust_model_code)
     summary = summarize(run, job)
-    paths = plot(summary, plots or run.path / "plots")
+    paths = plot(summary, plots or run.member("plots", "plots folder"))  # never a link out of a foreign folder
     summary["plots"] = [str(p) for p in paths]
     if as_json:
         click.echo(json.dumps(summary))

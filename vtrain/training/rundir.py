@@ -355,7 +355,7 @@ class RunDir:
         for n, line in enumerate(lines[:-1], 1):
             try:
                 r = json.loads(line)
-                out[int(r["step"])] = r
+                out[_roots_record(r)] = r
             except (json.JSONDecodeError, KeyError, ValueError, TypeError) as e:
                 raise CorruptArtifact(f"{p}: line {n} is not a roots record ({e})") from None
         return out
@@ -427,6 +427,26 @@ def checkpoint_bytes_bound(graph: Graph) -> int:
     data = sum(4 * math.prod(s.shape) for s in graph.slots)
     header = sum(160 + 6 * len(s.name) + 21 * len(s.shape) for s in graph.slots)
     return 16 + data + header
+
+
+def _roots_record(r: object) -> int:
+    """The step of one roots.jsonl record, checked (it may come from someone else): a positive
+    step, a number as loss, and both roots as 64 hex digits; else ValueError naming the field."""
+    if not isinstance(r, dict):
+        raise ValueError(f"expected an object, got {type(r).__name__}")
+    missing = sorted({"step", "loss", "state_root", "log_root"} - set(r))
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    step = r["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise ValueError(f"step: expected a positive integer, got {step!r:.40}")
+    if not isinstance(r["loss"], int | float) or isinstance(r["loss"], bool):
+        raise ValueError(f"loss: expected a number, got {r['loss']!r:.40}")
+    for k in ("state_root", "log_root"):
+        v = r[k]
+        if not isinstance(v, str) or len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+            raise ValueError(f"{k}: expected 64 lowercase hex digits, got {v!r:.80}")
+    return step
 
 
 def _what(rel: str) -> str:
