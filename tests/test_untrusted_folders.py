@@ -308,3 +308,16 @@ def test_inspect_writes_no_plot_through_a_link_out_of_a_foreign_folder(mlp_run: 
     (run_dir / "plots").symlink_to(target)
     refused(run("inspect", run_dir), "plots", "leads out of the run folder")
     assert not list(target.iterdir())
+
+
+def test_resume_deletes_nothing_through_a_link_out_of_the_folder(mlp_run: Path, tmp_path: Path) -> None:
+    """Before: `vtrain train --resume RUN` with RUN/logs linked to another folder deleted that
+    folder's step_*.vtlog past the resume point (and wrote the new logs there)."""
+    run_dir = _foreign(mlp_run, tmp_path)
+    roots = run_dir / "roots.jsonl"
+    roots.write_text(roots.read_text().splitlines()[0] + "\n")  # cut short after step 1
+    outside = tmp_path / "someone-elses-logs"
+    shutil.move(run_dir / "logs", outside)
+    (run_dir / "logs").symlink_to(outside)
+    refused(run("train", "--resume", run_dir), "logs", "leads out of the run folder")
+    assert (outside / "step_000002.vtlog").exists()

@@ -376,7 +376,10 @@ class RunDir:
         return sorted(out)
 
     def truncate_after(self, step: int) -> None:
-        """Forget everything after ``step`` (resume): roots records, logs and checkpoints."""
+        """Forget everything after ``step`` (resume): roots records, logs and checkpoints. Nothing is
+        deleted or written when ``logs`` or ``checkpoints`` leads out of the folder (CorruptArtifact)."""
+        for sub in ("logs", "checkpoints"):
+            self.member(sub, f"{sub} folder")
         roots = self.read_roots() if (self.path / "roots.jsonl").exists() else {}
         kept = "".join(json.dumps(r) + "\n" for s, r in sorted(roots.items()) if s <= step)
         atomic_write(self.path / "roots.jsonl", kept.encode())
