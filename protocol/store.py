@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import stat
 import struct
 import tempfile
 import threading
@@ -434,9 +435,12 @@ class ArtifactStore(ArtifactReader):
 
     def _read_at_most(self, job: str, rel: str, limit: int) -> bytes:
         path = self._path(job, rel)
-        try:
-            with path.open("rb") as f:
-                _check_size(os.fstat(f.fileno()).st_size, limit, str(path))
+        try:  # O_NONBLOCK: a FIFO planted in a store folder does not hold the open
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):  # a device (/dev/zero) or a FIFO: never read
+                    raise CorruptArtifact(f"{path}: not a regular file (not read)")
+                _check_size(st.st_size, limit, str(path))
                 data = _read_bounded(f, limit)
         except FileNotFoundError:
             raise MissingArtifact(f"job {job}: {rel} not found at {path}") from None

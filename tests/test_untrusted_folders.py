@@ -321,3 +321,23 @@ def test_resume_deletes_nothing_through_a_link_out_of_the_folder(mlp_run: Path, 
     (run_dir / "logs").symlink_to(outside)
     refused(run("train", "--resume", run_dir), "logs", "leads out of the run folder")
     assert (outside / "step_000002.vtlog").exists()
+
+
+@pytest.mark.parametrize("plant", ["fifo", "device"])
+def test_a_local_store_reads_no_device_or_fifo_planted_in_it(tmp_path: Path, plant: str) -> None:
+    """A store folder from someone else (a shared or downloaded --store): an object that is a FIFO
+    (before: the open waited for a writer forever) or a link to /dev/zero (before: read up to the
+    index's size, up to the job's bound) is refused unread."""
+    from protocol.store import ArtifactStore
+    from vtrain.errors import CorruptArtifact
+
+    store = ArtifactStore(tmp_path / "store")
+    digest = store.put_log(7, 1, b"the log of step 1")
+    obj = tmp_path / "store" / "7" / "objects" / digest.hex()
+    obj.unlink()
+    if plant == "fifo":
+        os.mkfifo(obj)
+    else:
+        obj.symlink_to("/dev/zero")
+    with pytest.raises(CorruptArtifact, match="not a regular file"):
+        store.get_log(7, 1)
