@@ -341,3 +341,23 @@ def test_a_local_store_reads_no_device_or_fifo_planted_in_it(tmp_path: Path, pla
         obj.symlink_to("/dev/zero")
     with pytest.raises(CorruptArtifact, match="not a regular file"):
         store.get_log(7, 1)
+
+
+@pytest.mark.parametrize("name", ["../outside.txt", "data/link.txt"])
+def test_a_specs_text_file_name_cannot_lead_out_of_the_folder(gpt_run: Path, tmp_path: Path, name: str) -> None:
+    """spec.json's text_path of a foreign folder (and the spec recorded in inputs.json, both the
+    adversary's) naming '../outside.txt' or a link out: before, that file outside the folder was
+    read and trained on (`sample` then printed text over its characters); now refused by name."""
+    run_dir = _foreign(gpt_run, tmp_path)
+    outside = run_dir.parent / "outside.txt"
+    outside.write_text((run_dir / "data" / "t.txt").read_text())
+    if name.startswith("data/"):
+        (run_dir / name).symlink_to(outside)
+    for f in ("spec.json", "inputs.json"):
+        d = json.loads((run_dir / f).read_text())
+        (d if f == "spec.json" else d["spec"])["text_path"] = name
+        if f == "inputs.json":
+            d["files"] = {}
+        (run_dir / f).write_text(json.dumps(d))
+    refused(run("replay", "--run", run_dir), "text file", name, "run folder")
+    refused(run("sample", run_dir, "--tokens", "5"), "text file", name, "run folder")

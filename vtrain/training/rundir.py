@@ -116,7 +116,7 @@ class RunDir:
     def resolve(self, spec: TrainSpec) -> TrainSpec:
         """``spec`` (as stored) with its run-folder-relative paths made paths inside this folder."""
         if spec.text_path is not None and not Path(spec.text_path).is_absolute():
-            spec = dataclasses.replace(spec, text_path=str(self.path / spec.text_path))
+            spec = dataclasses.replace(spec, text_path=str(self.member(spec.text_path, "spec.json: text file")))
         elif spec.text_path is not None:
             log.warning("%s: the text file is not pinned in the run folder (%s)", self.path, spec.text_path)
         return self.resolve_model(spec)
@@ -126,9 +126,10 @@ class RunDir:
         if spec.pinned:
             path, _, factory = spec.model.rpartition(":")
             if not Path(path).is_absolute():
-                spec = dataclasses.replace(spec, model=f"{self.path / path}:{factory}")
+                spec = dataclasses.replace(spec, model=f"{self.member(path, 'spec.json: model source')}:{factory}")
             if spec.checkpoint is not None and not Path(spec.checkpoint).is_absolute():
-                spec = dataclasses.replace(spec, checkpoint=str(self.path / spec.checkpoint))
+                where = self.member(spec.checkpoint, "spec.json: checkpoint")
+                spec = dataclasses.replace(spec, checkpoint=str(where))
         return spec
 
     def pin_model(self, spec: TrainSpec) -> TrainSpec:
