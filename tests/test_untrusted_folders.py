@@ -361,3 +361,19 @@ def test_a_specs_text_file_name_cannot_lead_out_of_the_folder(gpt_run: Path, tmp
         (run_dir / f).write_text(json.dumps(d))
     refused(run("replay", "--run", run_dir), "text file", name, "run folder")
     refused(run("sample", run_dir, "--tokens", "5"), "text file", name, "run folder")
+
+
+@pytest.mark.parametrize("plant", ["device", "huge"])
+def test_a_deployment_file_that_is_a_device_or_huge_is_refused_unread(tmp_path: Path, plant: str) -> None:
+    """A deployment file handed over by someone else, linked to /dev/zero (before: read without
+    end) or past 16 MiB (before: read whole and parsed), is refused before it is read."""
+    from protocol.chain import MAX_DEPLOYMENT_BYTES, ChainError, Deployment
+
+    dep = tmp_path / "deployment.json"
+    if plant == "device":
+        dep.symlink_to("/dev/zero")
+    else:
+        with open(dep, "wb") as f:
+            f.truncate(MAX_DEPLOYMENT_BYTES + 1)
+    with pytest.raises(ChainError, match="deployment file .*(not a regular file|more than the 16777216 bytes)"):
+        Deployment.load(dep)

@@ -237,21 +237,10 @@ class RunDir:
         without end) inside the folder (:meth:`member`) of at most ``limit`` bytes, checked before a
         byte is read (CorruptArtifact naming the file and the limit); absent: MissingArtifact."""
         p = self.member(rel, what)
-        try:  # O_NONBLOCK: opening a FIFO does not wait for a writer; a regular file reads as ever
-            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            return read_regular(p, limit, what)
         except FileNotFoundError:
             raise MissingArtifact(f"{what} {p} missing from the run folder") from None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise CorruptArtifact(f"{what} {p}: not a regular file (not read)")
-            if st.st_size > limit:
-                raise CorruptArtifact(f"{what} {p}: {st.st_size} bytes, more than the {limit} bytes it can "
-                                      "have (not read)")
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            raise CorruptArtifact(f"{what} {p}: more than the {limit} bytes it can have (grew while read; not used)")
-        return data
 
     def verify_spec(self, spec: TrainSpec) -> None:
         """``spec.json`` is the spec trained (recorded in ``inputs.json``): DataChanged names the
@@ -415,6 +404,25 @@ _VOCAB_SYMBOL_BYTES = 16
 _VOCAB_OVERHEAD = 1024
 
 
+def read_regular(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of ``path``, a file that may come from someone else: a regular file (never a
+    device or a FIFO, which would be read without end; opened without blocking) of at most
+    ``limit`` bytes, checked before a byte is read (CorruptArtifact naming the file and the limit).
+    OSError (FileNotFoundError included) as raised."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptArtifact(f"{what} {path}: not a regular file (not read)")
+        if st.st_size > limit:
+            raise CorruptArtifact(f"{what} {path}: {st.st_size} bytes, more than the {limit} bytes it can "
+                                  "have (not read)")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise CorruptArtifact(f"{what} {path}: more than the {limit} bytes it can have (grew while read; not used)")
+    return data
+
+
 def log_bytes_bound(graph: Graph) -> int:
     """Most bytes of a rounding log of ``graph`` (``vtrain.numerics.logfile``): a header of at most
     32 bytes and a payload of at most 5 + 10 bytes an op + 10 bytes an element (version 2; version 1
@@ -473,4 +481,4 @@ def reset_roots(run: RunDir) -> None:
     (run.path / "roots.jsonl").unlink(missing_ok=True)
 
 
-__all__ = ["RunDir", "atomic_write", "encode_checkpoint", "decode_checkpoint", "VtrainError"]
+__all__ = ["RunDir", "atomic_write", "read_regular", "encode_checkpoint", "decode_checkpoint", "VtrainError"]
