@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from vtrain.graph.step_graph import Graph
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
 from vtrain.training.data import Dataset, dataset_sha256
 from vtrain.training.spec import TrainSpec
+from vtrain.training.untrusted import read_regular
 
 log = logging.getLogger(__name__)
 
@@ -402,25 +402,6 @@ _ROOTS_LINE_BYTES = 256
 #: and the rest of the object.
 _VOCAB_SYMBOL_BYTES = 16
 _VOCAB_OVERHEAD = 1024
-
-
-def read_regular(path: Path, limit: int, what: str) -> bytes:
-    """The bytes of ``path``, a file that may come from someone else: a regular file (never a
-    device or a FIFO, which would be read without end; opened without blocking) of at most
-    ``limit`` bytes, checked before a byte is read (CorruptArtifact naming the file and the limit).
-    OSError (FileNotFoundError included) as raised."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptArtifact(f"{what} {path}: not a regular file (not read)")
-        if st.st_size > limit:
-            raise CorruptArtifact(f"{what} {path}: {st.st_size} bytes, more than the {limit} bytes it can "
-                                  "have (not read)")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise CorruptArtifact(f"{what} {path}: more than the {limit} bytes it can have (grew while read; not used)")
-    return data
 
 
 def log_bytes_bound(graph: Graph) -> int:
