@@ -426,7 +426,7 @@ def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.
         raise click.ClickException(f"--rpc: {e}") from None
     try:  # the file first: a bad one is reported without waiting for the node
         d = Deployment.load(deployment_path)
-        abis = json.loads(deployment_path.read_text()).get("abis")
+        abis = Deployment.read(deployment_path).get("abis")  # bounded, like the load above
     except ChainError as e:
         raise click.ClickException(str(e)) from None
     try:

@@ -353,6 +353,10 @@ def _show(a: Any) -> str:
     return repr(a)
 
 
+#: Most bytes of a deployment file (addresses and the contracts' ABIs: a few hundred KB).
+MAX_DEPLOYMENT_BYTES = 16 << 20
+
+
 @dataclass(frozen=True)
 class Deployment:
     """Addresses of one deployment of the protocol's contracts."""
@@ -370,15 +374,27 @@ class Deployment:
         atomic_write(Path(path), json.dumps(self.__dict__, indent=2).encode())
 
     @staticmethod
-    def load(path: Path) -> Deployment:
+    def read(path: Path) -> dict:
+        """The deployment file's JSON (it may come from someone else: a regular file of at most
+        :data:`MAX_DEPLOYMENT_BYTES`, checked before it is read); ChainError names the problem."""
+        from vtrain.errors import CorruptArtifact
+        from vtrain.training.untrusted import read_regular
+
         try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
+            d = json.loads(read_regular(Path(path), MAX_DEPLOYMENT_BYTES, "deployment file").decode("utf-8"))
+        except CorruptArtifact as e:
+            raise ChainError(str(e)) from None
         except OSError as e:
             raise ChainError(f"deployment file {path}: {e.strerror or e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ChainError(f"deployment file {path}: not JSON ({e})") from None
         if not isinstance(d, dict):
             raise ChainError(f"deployment file {path}: expected an object, got {type(d).__name__}")
+        return d
+
+    @staticmethod
+    def load(path: Path) -> Deployment:
+        d = Deployment.read(path)
         missing = [k for k in ("registry", "game", "adjudicator", "chain_id") if k not in d]
         if missing:
             raise ChainError(f"deployment file {path}: missing {', '.join(missing)}")

@@ -27,11 +27,13 @@ import json
 import logging
 import os
 import re
+import stat
 import struct
 import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -433,9 +435,12 @@ class ArtifactStore(ArtifactReader):
 
     def _read_at_most(self, job: str, rel: str, limit: int) -> bytes:
         path = self._path(job, rel)
-        try:
-            with path.open("rb") as f:
-                _check_size(os.fstat(f.fileno()).st_size, limit, str(path))
+        try:  # O_NONBLOCK: a FIFO planted in a store folder does not hold the open
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):  # a device (/dev/zero) or a FIFO: never read
+                    raise CorruptArtifact(f"{path}: not a regular file (not read)")
+                _check_size(st.st_size, limit, str(path))
                 data = _read_bounded(f, limit)
         except FileNotFoundError:
             raise MissingArtifact(f"job {job}: {rel} not found at {path}") from None
@@ -562,13 +567,37 @@ def serve_store(
     return server, url
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, the port made explicit (None when it is malformed)."""
+    u = urllib.parse.urlsplit(url)
+    try:
+        port = u.port or {"http": 80, "https": 443}.get(u.scheme.lower())
+    except ValueError:
+        port = None
+    return u.scheme.lower(), (u.hostname or "").lower(), port
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the store's own scheme, host and port: the URL the user named
+    may answer with a redirect to an internal address or another host (SSRF), never followed."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 (urllib's)
+        if _origin(newurl) != _origin(req.full_url) or _origin(newurl)[2] is None:
+            fp.close()
+            raise ArtifactUnavailable(f"{req.full_url}: the server redirects (HTTP {code}) to another host, "
+                                      f"scheme or port ({newurl[:200]}); not followed")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class HttpArtifactReader(ArtifactReader):
     """Reads a store served by :func:`serve_store` (or any static server of the same layout).
 
     Connection errors, timeouts and 5xx answers are retried ``retries`` times with exponential
     backoff; then ArtifactUnavailable. A 404 is MissingArtifact at once. Every read is verified
     exactly as for a local store, and bounded: at most the reader's size limit, within
-    ``read_deadline`` seconds in all (a server dripping bytes is cut off, not waited for).
+    ``read_deadline`` seconds in all (a server dripping bytes is cut off, not waited for). A
+    redirect is followed only within the store's scheme, host and port (another one is refused:
+    ArtifactUnavailable, not retried).
     """
 
     def __init__(
@@ -583,6 +612,7 @@ class HttpArtifactReader(ArtifactReader):
         self.timeout = timeout
         self.retries = _nonneg(retries, "retries")
         self.backoff = backoff
+        self._opener = urllib.request.build_opener(_SameOriginRedirects)
 
     def __repr__(self) -> str:
         return f"HttpArtifactReader({self.url!r})"
@@ -602,7 +632,7 @@ class HttpArtifactReader(ArtifactReader):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                with urllib.request.urlopen(url, timeout=self.timeout) as resp:
+                with self._opener.open(url, timeout=self.timeout) as resp:
                     length = resp.headers.get("Content-Length")
                     if length is not None and length.strip().isdigit():
                         _check_size(int(length), limit, url)

@@ -33,6 +33,21 @@ def _one_torch_thread() -> Iterator[None]:
         os.environ.pop("OMP_NUM_THREADS", None)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _trusted_models_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Model sources the suite trains are recorded as approved (vtrain.training.trust) in a file of
+    the session, never in the user's own record; child processes inherit it."""
+    import os
+
+    old = os.environ.get("VTRAIN_TRUSTED_MODELS")
+    os.environ["VTRAIN_TRUSTED_MODELS"] = str(tmp_path_factory.mktemp("trust") / "trusted-models")
+    yield
+    if old is None:
+        os.environ.pop("VTRAIN_TRUSTED_MODELS", None)
+    else:
+        os.environ["VTRAIN_TRUSTED_MODELS"] = old
+
+
 @pytest.fixture
 def eth_tester_w3() -> Web3:
     """A fresh in-process chain (eth-tester on py-evm), the embedded default. Pass `gas`."""

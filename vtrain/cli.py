@@ -105,6 +105,36 @@ def _guarded(fn):
     return inner
 
 
+# -- model code from a run folder -------------------------------------------------------------------
+
+
+def trust_option(f):
+    """``--trust-model-code``: run a run folder's file model that this user did not train."""
+    return click.option(
+        "--trust-model-code", "trust_model_code", is_flag=True,
+        help="Run the run folder's model source (FILE.py:FACTORY runs) even if you did not train or approve "
+        "it before: it is Python executed with your permissions. Read RUN/model/ first.",
+    )(f)
+
+
+def _check_model_code(run: Any, spec: Any, approved: bool) -> None:
+    """Building a file model's job executes its source: a source this user did not train (or approve
+    before, :mod:`vtrain.training.trust`) runs only with ``--trust-model-code``, said on stderr."""
+    from vtrain.frontend.job import is_file_model
+    from vtrain.training.trust import is_trusted, trust
+
+    if not is_file_model(spec.model) or is_trusted(spec.model_sha256):
+        return
+    source = spec.model.rpartition(":")[0]
+    sha = spec.model_sha256 or "not pinned"
+    if not approved:
+        raise Failure(f"{source}: the model code of run folder {run.path} (sha256 {sha}) was not trained or "
+                      "approved here, and using the run executes it with your permissions; read it, then "
+                      "pass --trust-model-code")
+    click.echo(f"running the model code of {source} (sha256 {sha}), approved by --trust-model-code", err=True)
+    trust(spec.model_sha256, source)
+
+
 # -- train ------------------------------------------------------------------------------------------
 
 
@@ -352,6 +382,7 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 )
 @device_option
 @threads_option
+@trust_option
 @click.pass_context
 def train_cmd(
     ctx: click.Context,
@@ -361,6 +392,7 @@ def train_cmd(
     nproc: int,
     device: str,
     threads: int,
+    trust_model_code: bool,
     **opts,
 ) -> None:
     """Train with controlled numerics and write spec, data, roots, logs and checkpoints to the run folder.
@@ -372,7 +404,7 @@ def train_cmd(
     otherwise); stdout gets one JSON line at the end.
     """
     _refuse_conflicts(ctx, spec_path, resume, out)
-    _train(out, resume, spec_path, opts, nproc, device, threads)
+    _train(out, resume, spec_path, opts, nproc, device, threads, trust_model_code)
 
 
 @_guarded
@@ -384,15 +416,18 @@ def _train(
     nproc: int = 1,
     device: str = "cpu",
     threads: int | None = None,
+    trust_model_code: bool = False,
 ) -> None:
     from vtrain.training.rundir import RunDir
     from vtrain.training.spec import TrainSpec, build_job
+    from vtrain.training.trust import trust
 
     if resume is not None:
         run = RunDir(resume)
         if not resume.exists():
             raise Failure(f"--resume {resume}: no such run folder", EXIT_UNAVAILABLE)
         spec = run.read_spec()
+        _check_model_code(run, spec, trust_model_code)
         fresh = False
     else:
         assert out is not None
@@ -408,11 +443,14 @@ def _train(
                 diff = "the text file's contents differ"
             if diff is not None:
                 raise Failure(f"--out {out} already holds a run of another spec ({diff}); choose another --out")
+            _check_model_code(run, old, trust_model_code)
             spec = old
     stored = spec
     if fresh:  # a file model is built from its pinned copy in the run folder, not the user's file
         stored = run.pin_model(spec)
         spec = run.resolve_model(stored)
+        if stored.pinned:  # the user named this source: theirs to run again from the run folder
+            trust(stored.model_sha256, spec.model.rpartition(":")[0])
     job = build_job(spec)
     if not fresh:
         run.verify_dataset(job.dataset)
@@ -495,21 +533,24 @@ def _train_loop(run: Any, job: Any, state: list, start: int, device: str = "cpu"
 @click.option("--mode", type=click.Choice(MODE_NAMES), default=None, help="Override the run's mode.")
 @device_option
 @threads_option
+@trust_option
 def replay_cmd(
-    run_path: Path, from_step: int, to_step: int | None, mode: str | None, device: str, threads: int
+    run_path: Path, from_step: int, to_step: int | None, mode: str | None, device: str, threads: int,
+    trust_model_code: bool,
 ) -> None:
     """Replay a run with its rounding logs and compare every step's state root (exit 3 on divergence).
 
     Works from any directory: the run folder holds its data; data changed since training is
-    reported with the file and both sha256 before any step runs.
+    reported with the file and both sha256 before any step runs. A file model's source is run from
+    the folder: one you did not train needs --trust-model-code.
     """
-    _replay(run_path, from_step, to_step, mode, device, threads)
+    _replay(run_path, from_step, to_step, mode, device, threads, trust_model_code)
 
 
 @_guarded
 def _replay(
     run_path: Path, from_step: int, to_step: int | None, mode: str | None, device: str = "cpu",
-    threads: int | None = None,
+    threads: int | None = None, trust_model_code: bool = False,
 ) -> None:
     from vtrain.progress import StepProgress
     from vtrain.training.loop import replay_steps
@@ -526,6 +567,7 @@ def _replay(
         raise Failure(f"--to-step {last} is not after --from-step {from_step}")
     if last > max(roots):
         raise Failure(f"--to-step {last}: the run records steps up to {max(roots)} only")
+    _check_model_code(run, spec, trust_model_code)
     job = build_job(spec)
     run.verify_dataset(job.dataset)
     state = run.read_checkpoint(from_step, job.graph)
@@ -553,12 +595,14 @@ def _replay(
 # -- using what was trained -------------------------------------------------------------------------
 
 
-def _open_run(run_path: Path) -> tuple[Any, Any]:
+def _open_run(run_path: Path, trust_model_code: bool = False) -> tuple[Any, Any]:
     from vtrain.training.rundir import RunDir
     from vtrain.training.spec import build_job
 
     run = RunDir(run_path)
-    job = build_job(run.read_spec())
+    spec = run.read_spec()
+    _check_model_code(run, spec, trust_model_code)
+    job = build_job(spec)
     run.verify_dataset(job.dataset)
     return run, job
 
@@ -576,23 +620,26 @@ _STEP_OPT = click.option("--step", type=click.IntRange(min=0), default=None,
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
               help="0: greedy; above 0: sample from softmax(logits / T).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Sampling seed.")
-def sample_cmd(run_path: Path, step: int | None, prompt: str, tokens: int, temperature: float, seed: int) -> None:
+@trust_option
+def sample_cmd(run_path: Path, step: int | None, prompt: str, tokens: int, temperature: float, seed: int,
+               trust_model_code: bool) -> None:
     """Generate text from a trained language model (a gpt run): greedy, or sampled with a seed."""
-    _sample(run_path, step, prompt, tokens, temperature, seed)
+    _sample(run_path, step, prompt, tokens, temperature, seed, trust_model_code)
 
 
 @_guarded
-def _sample(run_path: Path, step: int | None, prompt: str, tokens: int, temperature: float, seed: int) -> None:
+def _sample(run_path: Path, step: int | None, prompt: str, tokens: int, temperature: float, seed: int,
+            trust_model_code: bool = False) -> None:
     import torch
 
     from vtrain.outputs.export import verified_state, weights
     from vtrain.outputs.sample import generate
     from vtrain.outputs.torch_models import GPT
 
-    run, job = _open_run(run_path)
+    run, job = _open_run(run_path, trust_model_code)
     if job.spec.model != "gpt":
         raise Failure(f"{run_path}: sample needs a language model (a gpt run), this is a {job.spec.model} run")
-    vocab = run.read_vocab() or job.dataset.vocab
+    vocab = run.read_vocab(job.dataset)
     _, state = verified_state(run, job, step)
     model = GPT(job.spec.gpt)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights(job, state).items()}, strict=True)
@@ -603,17 +650,18 @@ def _sample(run_path: Path, step: int | None, prompt: str, tokens: int, temperat
 @_RUN_ARG
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder to write.")
 @_STEP_OPT
-def export_cmd(run_path: Path, out: Path, step: int | None) -> None:
+@trust_option
+def export_cmd(run_path: Path, out: Path, step: int | None, trust_model_code: bool) -> None:
     """Write the weights only (no optimizer state) as OUT/model.safetensors, named like the model's
     torch state_dict (vtrain.outputs.torch_models), with config.json and vocab.json."""
-    _export(run_path, out, step)
+    _export(run_path, out, step, trust_model_code)
 
 
 @_guarded
-def _export(run_path: Path, out: Path, step: int | None) -> None:
+def _export(run_path: Path, out: Path, step: int | None, trust_model_code: bool = False) -> None:
     from vtrain.outputs.export import export_run
 
-    run, job = _open_run(run_path)
+    run, job = _open_run(run_path, trust_model_code)
     click.echo(json.dumps(export_run(run, job, out, step)))
 
 
@@ -622,18 +670,19 @@ def _export(run_path: Path, out: Path, step: int | None) -> None:
 @click.option("--plots", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for loss.png and logged_fraction.png (default: RUN/plots).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole summary as JSON instead.")
-def inspect_cmd(run_path: Path, plots: Path | None, as_json: bool) -> None:
+@trust_option
+def inspect_cmd(run_path: Path, plots: Path | None, as_json: bool, trust_model_code: bool) -> None:
     """Show a run: loss per step, rounding-log entries per op and per code; draw the plots."""
-    _inspect(run_path, plots, as_json)
+    _inspect(run_path, plots, as_json, trust_model_code)
 
 
 @_guarded
-def _inspect(run_path: Path, plots: Path | None, as_json: bool) -> None:
+def _inspect(run_path: Path, plots: Path | None, as_json: bool, trust_model_code: bool = False) -> None:
     from vtrain.outputs.inspect import plot, summarize, text_report
 
-    run, job = _open_run(run_path)
+    run, job = _open_run(run_path, trust_model_code)
     summary = summarize(run, job)
-    paths = plot(summary, plots or run.path / "plots")
+    paths = plot(summary, plots or run.member("plots", "plots folder"))  # never a link out of a foreign folder
     summary["plots"] = [str(p) for p in paths]
     if as_json:
         click.echo(json.dumps(summary))
@@ -645,17 +694,18 @@ def _inspect(run_path: Path, plots: Path | None, as_json: bool) -> None:
 @click.command("export-paper-log", epilog=EXIT_CODES_HELP)
 @_RUN_ARG
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder to write.")
-def export_paper_log_cmd(run_path: Path, out: Path) -> None:
+@trust_option
+def export_paper_log_cmd(run_path: Path, out: Path, trust_model_code: bool) -> None:
     """Write a paper-mode run's logs in the seed paper's own layout: per step, raw 5-trit bytes
     (forward_hooks_log_b_<step>_e_0, backward_hooks_log_b_<step>_e_0) and their _metadata sidecars."""
-    _export_paper_log(run_path, out)
+    _export_paper_log(run_path, out, trust_model_code)
 
 
 @_guarded
-def _export_paper_log(run_path: Path, out: Path) -> None:
+def _export_paper_log(run_path: Path, out: Path, trust_model_code: bool = False) -> None:
     from vtrain.outputs.paper_log import export_paper_logs
 
-    run, job = _open_run(run_path)
+    run, job = _open_run(run_path, trust_model_code)
     if job.spec.mode != "paper":
         raise Failure(f"{run_path}: a {job.spec.mode} run has no paper log (train with --mode paper)")
     click.echo(json.dumps(export_paper_logs(run, job, out)))

@@ -103,11 +103,11 @@ def export_run(run: RunDir, job: Job, out: Path, step: int | None = None) -> dic
     if job.torch is not None:
         return export_torch_run(job, state, out, step)
     w = weights(job, state)
+    vocab = run.read_vocab(job.dataset)  # checked before anything is written
     out = Path(out)
     atomic_write(out / "model.safetensors", st_save(w, metadata={"step": str(step), "format": "pt"}))
     cfg = {**model_config(job.spec), "step": step}
     atomic_write(out / "config.json", json.dumps(cfg, indent=1).encode())
-    vocab = run.read_vocab() or job.dataset.vocab
     if vocab is not None:
         atomic_write(out / "vocab.json", json.dumps({"kind": "characters", "symbols": list(vocab)},
                                                     ensure_ascii=False).encode())

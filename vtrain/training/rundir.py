@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from vtrain.graph.step_graph import Graph
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
 from vtrain.training.data import Dataset, dataset_sha256
 from vtrain.training.spec import TrainSpec
+from vtrain.training.untrusted import read_regular
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class RunDir:
         p = self.path / "spec.json"
         if not p.exists():
             raise MissingArtifact(f"no spec.json in run folder {self.path}")
-        return TrainSpec.from_file(p)
+        return TrainSpec.from_file(self.member("spec.json", "spec"))  # regular file, bounded: from_file
 
     def read_spec(self) -> TrainSpec:
         """The spec, ready to build the job from any working directory: pinned files' paths are
@@ -114,7 +116,7 @@ class RunDir:
     def resolve(self, spec: TrainSpec) -> TrainSpec:
         """``spec`` (as stored) with its run-folder-relative paths made paths inside this folder."""
         if spec.text_path is not None and not Path(spec.text_path).is_absolute():
-            spec = dataclasses.replace(spec, text_path=str(self.path / spec.text_path))
+            spec = dataclasses.replace(spec, text_path=str(self.member(spec.text_path, "spec.json: text file")))
         elif spec.text_path is not None:
             log.warning("%s: the text file is not pinned in the run folder (%s)", self.path, spec.text_path)
         return self.resolve_model(spec)
@@ -124,9 +126,10 @@ class RunDir:
         if spec.pinned:
             path, _, factory = spec.model.rpartition(":")
             if not Path(path).is_absolute():
-                spec = dataclasses.replace(spec, model=f"{self.path / path}:{factory}")
+                spec = dataclasses.replace(spec, model=f"{self.member(path, 'spec.json: model source')}:{factory}")
             if spec.checkpoint is not None and not Path(spec.checkpoint).is_absolute():
-                spec = dataclasses.replace(spec, checkpoint=str(self.path / spec.checkpoint))
+                where = self.member(spec.checkpoint, "spec.json: checkpoint")
+                spec = dataclasses.replace(spec, checkpoint=str(where))
         return spec
 
     def pin_model(self, spec: TrainSpec) -> TrainSpec:
@@ -190,10 +193,9 @@ class RunDir:
         p = self.path / "inputs.json"
         if not p.exists():
             return None  # a run folder from before inputs were pinned
-        if not p.is_file() or p.stat().st_size > _MAX_RECORD_BYTES:  # a folder may come from someone else
-            raise CorruptArtifact(f"{p}: expected a regular file of at most {_MAX_RECORD_BYTES} bytes")
+        raw = self.read_member("inputs.json", _MAX_RECORD_BYTES, "inputs record")
         try:
-            d = json.loads(p.read_text(encoding="utf-8"))
+            d = json.loads(raw.decode("utf-8"))
             if not isinstance(d, dict) or not isinstance(d.get("files", {}), dict):
                 raise ValueError("expected an object with 'files'")
             return d
@@ -217,13 +219,28 @@ class RunDir:
     def _pinned_path(self, rel: object) -> Path:
         """``rel`` (a file name from ``inputs.json``, which may come from someone else) as a path
         inside this folder: an absolute name, a ``..`` or a link leading out of it is refused."""
-        where = self.path / "inputs.json"
+        return self.member(rel, f"{self.path / 'inputs.json'}: pinned file")
+
+    def member(self, rel: object, what: str) -> Path:
+        """``rel`` as a path inside this folder (which may come from someone else): an absolute
+        name, a ``..`` or a link leading out of the folder is refused (CorruptArtifact)."""
         if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-            raise CorruptArtifact(f"{where}: pinned file {rel!r} is not a path inside the run folder")
+            raise CorruptArtifact(f"{what} {rel!r} is not a path inside the run folder")
         p = self.path / rel
         if p.exists() and not p.resolve().is_relative_to(self.path.resolve()):
-            raise CorruptArtifact(f"{where}: pinned file {rel!r} leads out of the run folder (to {p.resolve()})")
+            raise CorruptArtifact(f"{what} {rel!r} leads out of the run folder (to {p.resolve()})")
         return p
+
+    def read_member(self, rel: str, limit: int, what: str) -> bytes:
+        """The bytes of the folder's file ``rel``, the one guard of every read of a run folder (it
+        may come from someone else): a regular file (never a device or a FIFO, which would be read
+        without end) inside the folder (:meth:`member`) of at most ``limit`` bytes, checked before a
+        byte is read (CorruptArtifact naming the file and the limit); absent: MissingArtifact."""
+        p = self.member(rel, what)
+        try:
+            return read_regular(p, limit, what)
+        except FileNotFoundError:
+            raise MissingArtifact(f"{what} {p} missing from the run folder") from None
 
     def verify_spec(self, spec: TrainSpec) -> None:
         """``spec.json`` is the spec trained (recorded in ``inputs.json``): DataChanged names the
@@ -243,18 +260,27 @@ class RunDir:
             raise DataChanged(f"the dataset of {self.path} differs from the one trained on: "
                               f"sha256 {got}, recorded {want}")
 
-    def read_vocab(self) -> list[str] | None:
+    def read_vocab(self, dataset: Dataset) -> list[str] | None:
+        """The vocabulary of the run: ``dataset``'s (built from the pinned text), checked against
+        ``vocab.json`` when there is one (bounded by the size of ``dataset``'s vocabulary in JSON;
+        a different one is DataChanged: it is not pinned by ``inputs.json``, so it is never used
+        instead of the dataset's)."""
         p = self.path / "vocab.json"
-        if not p.exists():
-            return None
+        if dataset.vocab is None or not p.exists():
+            return dataset.vocab
+        limit = _VOCAB_OVERHEAD + _VOCAB_SYMBOL_BYTES * len(dataset.vocab)
+        raw = self.read_member("vocab.json", limit, "vocabulary")
         try:
-            d = json.loads(p.read_text(encoding="utf-8"))
+            d = json.loads(raw.decode("utf-8"))
             symbols = d["symbols"]
             if not isinstance(symbols, list) or not all(isinstance(c, str) for c in symbols):
                 raise ValueError("symbols: expected a list of strings")
-            return symbols
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
             raise CorruptArtifact(f"{p}: not a vocabulary ({e})") from None
+        if symbols != list(dataset.vocab):
+            raise DataChanged(f"{p}: expected the vocabulary of the pinned text ({len(dataset.vocab)} symbols), "
+                              f"got another ({len(symbols)} symbols)")
+        return symbols
 
     # logs
     def log_path(self, step: int) -> Path:
@@ -269,7 +295,8 @@ class RunDir:
         p = self.log_path(step)
         if not p.exists():
             raise MissingArtifact(f"rounding log of step {step} missing: {p}")
-        return decode_step_log(p.read_bytes(), step, graph)
+        data = self.read_member(str(p.relative_to(self.path)), log_bytes_bound(graph), f"rounding log of step {step}")
+        return decode_step_log(data, step, graph)
 
     # checkpoints
     def ckpt_path(self, step: int) -> Path:
@@ -282,7 +309,9 @@ class RunDir:
         p = self.ckpt_path(step)
         if not p.exists():
             raise MissingArtifact(f"checkpoint of step {step} missing: {p}")
-        return decode_checkpoint(p.read_bytes(), graph, f"checkpoint {p}")
+        data = self.read_member(str(p.relative_to(self.path)), checkpoint_bytes_bound(graph),
+                                f"checkpoint of step {step}")
+        return decode_checkpoint(data, graph, f"checkpoint {p}")
 
     # roots
     def append_roots(self, step: int, loss: float, state_root: bytes, log_root: bytes) -> None:
@@ -309,17 +338,22 @@ class RunDir:
         if not p.exists():
             raise MissingArtifact(f"no roots.jsonl in run folder {self.path}")
         out: dict[int, dict] = {}
-        text = p.read_bytes().decode("utf-8", errors="replace")
+        text = self.read_member("roots.jsonl", self._roots_bound(), "roots record").decode("utf-8", errors="replace")
         lines = text.split("\n")
         if lines and lines[-1]:  # no newline yet: an append torn by a crash, not a record
             log.warning("%s: ignoring a torn last line (%d bytes)", p, len(lines[-1]))
         for n, line in enumerate(lines[:-1], 1):
             try:
                 r = json.loads(line)
-                out[int(r["step"])] = r
+                out[_roots_record(r)] = r
             except (json.JSONDecodeError, KeyError, ValueError, TypeError) as e:
                 raise CorruptArtifact(f"{p}: line {n} is not a roots record ({e})") from None
         return out
+
+    def _roots_bound(self) -> int:
+        """Most bytes of ``roots.jsonl``: one record a step of the spec, and a torn line."""
+        steps = self.read_stored_spec().steps if (self.path / "spec.json").exists() else 0
+        return _MAX_RECORD_BYTES if not steps else _ROOTS_LINE_BYTES * (steps + 1)
 
     def checkpoint_steps(self) -> list[int]:
         d = self.path / "checkpoints"
@@ -332,7 +366,10 @@ class RunDir:
         return sorted(out)
 
     def truncate_after(self, step: int) -> None:
-        """Forget everything after ``step`` (resume): roots records, logs and checkpoints."""
+        """Forget everything after ``step`` (resume): roots records, logs and checkpoints. Nothing is
+        deleted or written when ``logs`` or ``checkpoints`` leads out of the folder (CorruptArtifact)."""
+        for sub in ("logs", "checkpoints"):
+            self.member(sub, f"{sub} folder")
         roots = self.read_roots() if (self.path / "roots.jsonl").exists() else {}
         kept = "".join(json.dumps(r) + "\n" for s, r in sorted(roots.items()) if s <= step)
         atomic_write(self.path / "roots.jsonl", kept.encode())
@@ -358,6 +395,51 @@ class RunDir:
 
 #: Most bytes of a run folder's JSON record (inputs.json), checked before it is read.
 _MAX_RECORD_BYTES = 16 << 20
+#: Most bytes of one line of roots.jsonl: ``{"step": <20 digits>, "loss": <a float's repr>,
+#: "state_root": "<64 hex>", "log_root": "<64 hex>"}`` is at most 227.
+_ROOTS_LINE_BYTES = 256
+#: vocab.json: at most 16 bytes a symbol (a character escaped as a surrogate pair, quotes, ", ")
+#: and the rest of the object.
+_VOCAB_SYMBOL_BYTES = 16
+_VOCAB_OVERHEAD = 1024
+
+
+def log_bytes_bound(graph: Graph) -> int:
+    """Most bytes of a rounding log of ``graph`` (``vtrain.numerics.logfile``): a header of at most
+    32 bytes and a payload of at most 5 + 10 bytes an op + 10 bytes an element (version 2; version 1
+    and paper logs are smaller), zlib's worst-case growth included. A folder's log over it is
+    refused before it is read."""
+    payload = 5 + 10 * graph.n_ops + 10 * sum(op.numel for op in graph.ops)
+    return 32 + payload + payload // 1000 + 64
+
+
+def checkpoint_bytes_bound(graph: Graph) -> int:
+    """Most bytes of a checkpoint of ``graph`` (:func:`encode_checkpoint`): 4 bytes an element of
+    every state slot, and a safetensors header of at most 160 bytes a tensor plus its name (JSON
+    escaped) and 21 bytes a dimension; more is refused before it is read."""
+    data = sum(4 * math.prod(s.shape) for s in graph.slots)
+    header = sum(160 + 6 * len(s.name) + 21 * len(s.shape) for s in graph.slots)
+    return 16 + data + header
+
+
+def _roots_record(r: object) -> int:
+    """The step of one roots.jsonl record, checked (it may come from someone else): a positive
+    step, a number as loss, and both roots as 64 hex digits; else ValueError naming the field."""
+    if not isinstance(r, dict):
+        raise ValueError(f"expected an object, got {type(r).__name__}")
+    missing = sorted({"step", "loss", "state_root", "log_root"} - set(r))
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    step = r["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise ValueError(f"step: expected a positive integer, got {step!r:.40}")
+    if not isinstance(r["loss"], int | float) or isinstance(r["loss"], bool):
+        raise ValueError(f"loss: expected a number, got {r['loss']!r:.40}")
+    for k in ("state_root", "log_root"):
+        v = r[k]
+        if not isinstance(v, str) or len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+            raise ValueError(f"{k}: expected 64 lowercase hex digits, got {v!r:.80}")
+    return step
 
 
 def _what(rel: str) -> str:
@@ -380,4 +462,4 @@ def reset_roots(run: RunDir) -> None:
     (run.path / "roots.jsonl").unlink(missing_ok=True)
 
 
-__all__ = ["RunDir", "atomic_write", "encode_checkpoint", "decode_checkpoint", "VtrainError"]
+__all__ = ["RunDir", "atomic_write", "read_regular", "encode_checkpoint", "decode_checkpoint", "VtrainError"]

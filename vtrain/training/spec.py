@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,16 +136,16 @@ class TrainSpec:
     @staticmethod
     def from_file(path: str | Path) -> TrainSpec:
         """Read a spec file: TOML when its name ends in ``.toml``, else JSON. Errors name the file."""
+        from vtrain.errors import CorruptArtifact
+        from vtrain.training.untrusted import read_regular
+
         path = Path(path)
-        try:
-            with path.open("rb") as f:  # a spec may come from someone else: only a regular file, and small
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    raise SpecError(f"spec file {path}: not a regular file")
-                raw = f.read(MAX_SPEC_BYTES + 1)
+        try:  # a spec may come from someone else: only a regular file, and small
+            raw = read_regular(path, MAX_SPEC_BYTES, "spec file")
+        except CorruptArtifact as e:
+            raise SpecError(str(e)) from None
         except OSError as e:
             raise SpecError(f"spec file {path}: {e.strerror or e}") from None
-        if len(raw) > MAX_SPEC_BYTES:
-            raise SpecError(f"spec file {path}: expected at most {MAX_SPEC_BYTES} bytes, got more")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
