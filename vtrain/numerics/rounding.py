@@ -497,6 +497,11 @@ def apply_log(
     return out.reshape(r.shape) if native else canonical(out.reshape(r.shape))
 
 
+FAR_REACH = 4.0
+"""A directed entry is suspect when the replayed ``v'`` is farther than ``FAR_REACH * d`` from the
+midpoint it names: an honest canonical one is within ``2 Dc + d <= 4 d`` (docs/numerics.md)."""
+
+
 def _entry_bounds(d: NF.Bound | None, entries: OpLog, n: int) -> np.ndarray:
     if d is None:
         return np.zeros(n, dtype=np.float64)
@@ -526,8 +531,12 @@ def _apply_entries_np(
             return applied, np.zeros(0, dtype=np.int64)
         di = _entry_bounds(d, entries, len(idx))
         m = np.where(take_hi, m_hi, m_lo)
-        far = ~is_explicit & ((np.abs(vi - m) > 3.0 * di) | exact_op)
-        wild = is_explicit & (np.abs(entries.value.astype(np.float64) - vi) > 6.0 * di)
+        far = ~is_explicit & ((np.abs(vi - m) > FAR_REACH * di) | exact_op)
+        c = entries.value.astype(np.float32)  # wild: v' farther than d from every real rounding to c
+        c64 = c.astype(np.float64)
+        c_hi = (c64 + np.nextafter(c, np.float32(np.inf)).astype(np.float64)) * 0.5
+        c_lo = (c64 + np.nextafter(c, np.float32(-np.inf)).astype(np.float64)) * 0.5
+        wild = is_explicit & (((vi - c_hi) > di) | ((c_lo - vi) > di))
     return applied, np.flatnonzero(far | wild)
 
 
@@ -553,8 +562,11 @@ def _apply_entries_torch(
         return applied, np.zeros(0, dtype=np.int64)
     di = torch.from_numpy(_entry_bounds(d, entries, len(entries))).to(dev)
     m = torch.where(take_hi, m_hi, m_lo)
-    far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > 3.0 * di)
-    wild = (codes == int(Code.EXPLICIT)) & ((explicit.double() - vi).abs() > 6.0 * di)
+    far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > FAR_REACH * di)
+    c_lo, c_hi = _neighbours(explicit)
+    c64 = explicit.double()
+    wild = (codes == int(Code.EXPLICIT)) & (
+        ((vi - (c64 + c_hi.double()) * 0.5) > di) | (((c64 + c_lo.double()) * 0.5 - vi) > di))
     if exact_op:
         far = far | (codes != int(Code.EXPLICIT))
     return applied, (far | wild).nonzero().reshape(-1).cpu().numpy()
