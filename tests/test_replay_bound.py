@@ -1,0 +1,110 @@
+"""The checked replay's MATMUL bound: the norm bound filters, the tight bound of the exact terms
+(``canonical.tight_bound_at``) decides at the candidates and entries (docs/numerics.md, "Replay checks").
+
+- the C kernel (``csrc/numerics/replay.c``) gives numpy's bits of ``fl(S)`` and the bound is valid;
+- the replay's unlogged near-ties with ``tight`` are the reference set on the dense ``min(d, tight)``,
+  native filter and numpy path alike;
+- an honest replay of a GPT with canonical explicit MATMUL entries flags nothing (the resolver still
+  checks every entry: tests/test_exact_rule.py).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_numerics import _adversarial_values
+from vtrain.graph.step_graph import OpKind
+from vtrain.numerics import canonical, native_replay
+from vtrain.numerics import rounding as R
+from vtrain.numerics.rounding import TRAINER_BOUND_SLACK, OpLog, gamma
+
+MATMUL = SimpleNamespace(kind=OpKind.MATMUL)
+
+
+def _matmul(rng: np.random.Generator, batch: tuple[int, ...], m: int, k: int, n: int, bias: bool):
+    a = (rng.standard_normal((*batch, m, k)) * np.exp2(rng.integers(-30, 30, (*batch, m, k)))).astype(np.float32)
+    b = (rng.standard_normal((*batch, n, k)) * np.exp2(rng.integers(-30, 30, (*batch, n, k)))).astype(np.float32)
+    a[..., 0, : k // 2] = 0.0
+    ins = [torch.from_numpy(a), torch.from_numpy(b)]
+    if bias:
+        ins.append(torch.from_numpy(rng.standard_normal(n).astype(np.float32)))
+    return ins
+
+
+@pytest.mark.parametrize("shape", [((), 3, 1, 2, False), ((), 5, 7, 4, True), ((2, 3), 4, 129, 5, False),
+                                   ((2,), 6, 300, 3, True), ((), 2, 1024, 3, False)])
+def test_the_tight_bound_of_the_exact_terms_native_and_numpy(monkeypatch, shape) -> None:
+    rng = np.random.default_rng(sum(shape[1:4]))
+    ins = _matmul(rng, *shape)
+    total = int(np.prod(shape[0])) * shape[1] * shape[3]
+    idx = np.concatenate([np.arange(total), rng.integers(0, total, 20)]).astype(np.int64)
+    n = shape[2] + shape[4]
+    t, _ = canonical._terms(MATMUL, ins, torch.from_numpy(idx))
+    want = (TRAINER_BOUND_SLACK * gamma(n)) * (np.abs(t.numpy()).sum(axis=1) + n * 2.0**-149)
+    if native_replay._FN is not None:
+        assert np.array_equal(native_replay.matmul_abs_sums(ins, idx), np.abs(t.numpy()).sum(axis=1))
+        assert np.array_equal(canonical.tight_bound_at(MATMUL, ins, idx), want)
+        with pytest.raises(IndexError):
+            native_replay.matmul_abs_sums(ins, np.array([total], np.int64))
+    monkeypatch.setattr(native_replay, "_FN", None)
+    got = canonical.tight_bound_at(MATMUL, ins, idx)
+    assert np.array_equal(got, want)
+    g = Fraction(n, 2**53) / (1 - Fraction(n, 2**53))
+    for row, i in zip(t.numpy()[:12], idx[:12], strict=False):  # |v - e| <= g(n) S <= d'
+        assert g * sum(abs(Fraction(float(x))) for x in row) <= Fraction(float(got[np.flatnonzero(idx == i)[0]]))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_replays_near_ties_with_a_tight_bound_are_the_reference_set(monkeypatch, native: bool) -> None:
+    rng = np.random.default_rng(17)
+    v, d = _adversarial_values(rng, 20000)
+    factor = rng.choice([0.25, 0.5, 1.0, 3.0], v.numel())  # tighter, equal and looser than d
+    dense_tight = d.numpy().reshape(-1) * factor
+
+    def tight(index: np.ndarray) -> np.ndarray:
+        return dense_tight[index]
+
+    d_min = torch.from_numpy(np.minimum(d.numpy().reshape(-1), dense_tight))
+    rf = v.to(torch.float32)
+    _, entries = R.round_output(v, d, "x")
+    entries = OpLog(entries.index[::3].copy(), entries.code[::3].copy(), entries.value[::3].copy())
+    want = R.unlogged_near_ties_reference(v, d_min, rf, entries)
+    assert len(want) > 100 and len(want) < len(R.unlogged_near_ties_reference(v, d, rf, entries))
+    if not native:
+        monkeypatch.setattr(R.NF, "usable", lambda t: False)
+        assert np.array_equal(R.unlogged_near_ties(v, d, rf, entries, tight), want)
+    viol: list[R.LogViolation] = []
+    R.apply_log(v, d, entries, "x", violations=viol, check_finite=False, tight=tight)
+    near = sorted(x.index for x in viol if x.code == 0)
+    assert near == want.tolist()
+
+
+def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing() -> None:
+    """The benchmark's small GPT (d 64): canonical explicit MATMUL entries, each within its rounding
+    interval plus ``d`` of ``v'`` under the replay's tight bound of the exact terms; no violation."""
+    from vtrain.graph.executor import state_tensors
+    from vtrain.models.nn import GPTConfig
+    from vtrain.models.optim import AdamWConfig
+    from vtrain.torch_ref import executor_for
+    from vtrain.training.loop import batch_for, component_roots
+    from vtrain.training.spec import TrainSpec, build_job
+
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
+                              gpt=GPTConfig(n_layer=2, d_model=64, n_head=4, context=32)))
+    ex = executor_for(job, "certified")
+    state = state_tensors(job.initial_state)
+    explicit_matmul = 0
+    for step in range(1, 6):
+        res = ex.run(state, batch_for(job, step), step=step)
+        rep = ex.run(state, batch_for(job, step), log_in=res.log, step=step, check=True)
+        assert rep.violations == []
+        assert component_roots(rep.state) == component_roots(res.state)
+        explicit_matmul += sum(int((ol.code == 3).sum()) for op_id, ol in res.log.sparse.items()
+                               if job.graph.ops[op_id].kind == OpKind.MATMUL)
+        state = res.state
+    assert explicit_matmul > 0
