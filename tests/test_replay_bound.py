@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -84,10 +85,19 @@ def test_the_replays_near_ties_with_a_tight_bound_are_the_reference_set(monkeypa
     assert near == want.tolist()
 
 
-def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing() -> None:
+@pytest.mark.parametrize("norm_min", [0, None])
+def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing(monkeypatch, norm_min) -> None:
     """The benchmark's small GPT (d 64): canonical explicit MATMUL entries, each within its rounding
-    interval plus ``d`` of ``v'`` under the replay's tight bound of the exact terms; no violation."""
+    interval plus ``d`` of ``v'``; no violation, with every MATMUL on the norm bound and the tight bound
+    of the exact terms (``norm_min`` 0) and as sized (all on the FP32 ``|A| @ |B|`` at this size)."""
+    import vtrain.graph.executor as E
     from vtrain.graph.executor import state_tensors
+
+    if norm_min is not None:
+        monkeypatch.setattr(E, "_REPLAY_NORM_MIN", norm_min)
+        calls: list[int] = []
+        tight = canonical.tight_bound_at
+        monkeypatch.setattr(E, "tight_bound_at", lambda *a: calls.append(1) or tight(*a))
     from vtrain.models.nn import GPTConfig
     from vtrain.models.optim import AdamWConfig
     from vtrain.torch_ref import executor_for
@@ -108,3 +118,48 @@ def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing() -
                                if job.graph.ops[op_id].kind == OpKind.MATMUL)
         state = res.state
     assert explicit_matmul > 0
+    assert norm_min is None or len(calls) > 100  # the tight bound read at candidates and entries
+
+
+def test_a_wider_gpt_replays_on_the_norm_bound_with_no_violation_and_a_tampered_entry_is_overruled(monkeypatch) -> None:
+    """d 128, context 64: its large MATMULs (M N K >= 2^24) take the norm bound as sized; explicit MATMUL
+    entries there flag nothing (before: ``|c - v'| > 6d``), and one moved to its FP32 neighbour is
+    overruled by the auditor's resolver, whose replay keeps the trainer's (honest) state."""
+    import copy
+
+    import vtrain.graph.executor as E
+    from protocol.auditor import exact_resolver
+    from protocol.jobs import JobContext
+    from vtrain.graph.executor import state_tensors
+    from vtrain.models.nn import GPTConfig
+    from vtrain.models.optim import AdamWConfig
+    from vtrain.torch_ref import executor_for
+    from vtrain.training.loop import batch_for, component_roots
+    from vtrain.training.spec import TrainSpec
+
+    ctx = JobContext.of(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
+                                  gpt=GPTConfig(n_layer=2, d_model=128, n_head=4, context=64)))
+    job = ctx.job
+    normed = {op.id for op in job.graph.ops if op.kind == OpKind.MATMUL and op.inputs
+              and math.prod(op.shape) * job.graph.ops[op.inputs[0]].shape[-1] >= E._REPLAY_NORM_MIN}
+    assert normed
+    ex = executor_for(job, "certified")
+    state = state_tensors(job.initial_state)
+    res = ex.run(state, batch_for(job, 1), step=1)
+    overruled: list[tuple[int, int]] = []
+    aud = ex.run(state, batch_for(job, 1), log_in=res.log, step=1, check=True,
+                 resolver_factory=exact_resolver(ctx, overruled))
+    assert aud.violations == [] and overruled == []
+    assert component_roots(aud.state) == component_roots(res.state)
+    hits = [(op_id, int(ol.index[k])) for op_id, ol in res.log.sparse.items() if op_id in normed
+            for k in np.flatnonzero(ol.code == 3)]
+    assert hits, "explicit entries on a norm-bound MATMUL"
+    op_id, index = hits[0]
+    bad = copy.deepcopy(res.log)
+    ol = bad.sparse[op_id]
+    k = int(np.flatnonzero(ol.index == index)[0])
+    ol.value[k] = np.nextafter(ol.value[k], np.float32(np.inf))
+    aud = ex.run(state, batch_for(job, 1), log_in=bad, step=1, check=True,
+                 resolver_factory=exact_resolver(ctx, overruled))
+    assert overruled == [(op_id, index)]
+    assert component_roots(aud.state) == component_roots(res.state)
