@@ -619,10 +619,18 @@ def _unlogged_near_ties_at(
     ``d * 2 (1 + 2^-40)``, the same bits as ``2 d (1 + 2^-40)``): the reference test on those only."""
     if not len(cand):
         return np.zeros(0, np.int64)
-    if len(entries):  # an entry is never an unlogged near-tie: its tight bound is read once, below
-        cand = cand[~np.isin(cand, entries.index)]
+    if len(entries):  # an entry is never an unlogged near-tie (both sorted: a binary search each)
+        cand = cand[~_in_sorted(cand, entries.index)]
     near = _near_midpoint_np(vf.numpy()[cand], rf.numpy()[cand], 2.0 * _bound_at(d, cand, tight) * _CMP_SLACK)
     return cand[near]
+
+
+def _in_sorted(x: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``np.isin(x, keys)`` for sorted ``keys``, by binary search (no sort of ``x``, which may be large)."""
+    if not len(keys):
+        return np.zeros(len(x), dtype=bool)
+    pos = np.minimum(np.searchsorted(keys, x), len(keys) - 1)
+    return keys[pos] == x
 
 
 def _near_midpoint_np(vf: np.ndarray, rf: np.ndarray, reach: np.ndarray) -> np.ndarray:
