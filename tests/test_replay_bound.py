@@ -85,14 +85,17 @@ def test_the_replays_near_ties_with_a_tight_bound_are_the_reference_set(monkeypa
     assert near == want.tolist()
 
 
-@pytest.mark.parametrize("norm_min", [0, None])
-def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing(monkeypatch, norm_min) -> None:
+@pytest.mark.parametrize("norm_min,native", [(0, True), (None, True), (0, False)])
+def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing(monkeypatch, norm_min, native) -> None:
     """The benchmark's small GPT (d 64): canonical explicit MATMUL entries, each within its rounding
     interval plus ``d`` of ``v'``; no violation, with every MATMUL on the norm bound and the tight bound
-    of the exact terms (``norm_min`` 0) and as sized (all on the FP32 ``|A| @ |B|`` at this size)."""
+    of the exact terms (``norm_min`` 0) and as sized (all on the FP32 ``|A| @ |B|`` at this size); on the
+    native path and on the torch path that other devices take."""
     import vtrain.graph.executor as E
     from vtrain.graph.executor import state_tensors
 
+    if not native:  # the torch/numpy path (other devices): dense bounds, unlogged_near_ties
+        monkeypatch.setattr(R.NF, "usable", lambda t: False)
     if norm_min is not None:
         monkeypatch.setattr(E, "_REPLAY_NORM_MIN", norm_min)
         calls: list[int] = []
