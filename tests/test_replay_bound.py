@@ -166,3 +166,37 @@ def test_a_wider_gpt_replays_on_the_norm_bound_with_no_violation_and_a_tampered_
                  resolver_factory=exact_resolver(ctx, overruled))
     assert overruled == [(op_id, index)]
     assert component_roots(aud.state) == component_roots(res.state)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_matmul_on_the_lazy_norm_bound_reports_the_reference_near_ties(bias: bool) -> None:
+    """Integer MATMULs whose sums land on FP32 midpoints (odd integers in [2^24, 2^25)): the near-ties
+    the checked replay reports from the lazy norm bound and ``tight_bound_at`` are the reference set on
+    the dense ``min(d_norm, d')``."""
+    import vtrain.graph.executor as E
+
+    rng = np.random.default_rng(5 + bias)
+    # t = (a0 * 4095, 0, 0, eps): odd integers in [2^24, 2^25), FP32 midpoints, a hair off; the
+    # orthogonal 4000s make the norm bound about 2x the tight one
+    a = torch.zeros(6, 40, 4)
+    a[..., 0] = torch.from_numpy(2 * rng.integers(2049, 4096, (6, 40)).astype(np.float32) - 1)
+    a[..., 2], a[..., 3] = 4000.0, 1.0
+    b = torch.zeros(6, 24, 4)
+    b[..., 0], b[..., 1] = 4095.0, 4000.0
+    b[..., 3] = torch.from_numpy(rng.integers(0, 2**6, (6, 24)).astype(np.float32) * np.float32(2.0**-31))
+    ins = [a, b] + ([torch.from_numpy(2 * rng.integers(-3, 4, 24).astype(np.float32))] if bias else [])
+    x = [t.double() for t in ins]
+    v = torch.matmul(x[0], x[1].transpose(-1, -2))
+    d = E._norm_bound(x, v, lazy=True)  # adds the bias to v
+    assert not isinstance(d, torch.Tensor) or not R.NF.usable(v)
+    n = v.numel()
+    d_min = torch.from_numpy(np.minimum(R.NF.dense(d).reshape(-1).numpy(),
+                                        canonical.tight_bound_at(MATMUL, ins, np.arange(n))))
+    rf = v.to(torch.float32)
+    want = R.unlogged_near_ties_reference(v.reshape(-1), d_min, rf.reshape(-1), OpLog.empty())
+    loose = R.unlogged_near_ties_reference(v.reshape(-1), R.NF.dense(d).reshape(-1), rf.reshape(-1), OpLog.empty())
+    assert len(want) > 20 and len(loose) > len(want)
+    viol: list[R.LogViolation] = []
+    R.apply_log(v, d, OpLog.empty(), "x", violations=viol, check_finite=False,
+                tight=lambda i: canonical.tight_bound_at(MATMUL, ins, i))
+    assert [x.index for x in viol] == want.tolist()
