@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from test_numerics import _adversarial_values
 
-from tests.test_numerics import _adversarial_values
 from vtrain.graph.step_graph import OpKind
 from vtrain.numerics import canonical, native_replay
 from vtrain.numerics import rounding as R
