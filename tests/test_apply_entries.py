@@ -42,3 +42,21 @@ def test_numpy_entries_are_the_torch_entries(seed: int, checking: bool, exact_op
     assert np.array_equal(bad_np, bad_t)
     if checking:
         assert len(bad_np) > 0  # the cases reach the far/wild checks
+
+
+def test_the_checks_flag_an_entry_exactly_past_its_honest_reach() -> None:
+    """Explicit ``c``: flagged only when ``v'`` is farther than ``d`` from every real rounding to ``c`` (an
+    honest ``c = RN32(e)`` has ``|v' - e| <= d``); directed: farther than ``4 d`` from its midpoint
+    (``2 Dc + d <= 4 d``). Far below the old ``6 d`` for an explicit value where spacing dwarfs ``d``."""
+    c = np.float32(1.0)
+    m_hi = (1.0 + float(np.nextafter(c, np.float32(2)))) * 0.5  # 1 + 2^-24
+    d = 2.0**-40
+    v = np.array([m_hi + d, m_hi + 2 * d, 1.0 - 2.0**-25 - d, 1.0 - 2.0**-25 - 2 * d,  # explicit 1.0
+                  m_hi - 4 * d, m_hi - 4.5 * d, m_hi + 4 * d, m_hi + 4.5 * d])  # DOWN: the midpoint above 1.0
+    r = v.astype(np.float32)
+    code = np.array([3, 3, 3, 3, 1, 1, 1, 1], np.uint8)
+    entries = OpLog(np.arange(8, dtype=np.int64), code, np.where(code == 3, c, np.float32(0)).astype(np.float32))
+    dd = torch.full((8,), d, dtype=torch.float64)
+    for bad in (_apply_entries_np(v, r, dd, entries, True, False)[1],
+                _apply_entries_torch(torch.from_numpy(v), torch.from_numpy(r), dd, entries, True, False)[1]):
+        assert bad.tolist() == [1, 3, 5, 7]

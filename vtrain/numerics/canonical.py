@@ -44,7 +44,7 @@ import torch
 from vtrain.graph.step_graph import Graph, OpKind, OpNode
 from vtrain.numerics import exact as X
 from vtrain.numerics import native_filter as NF
-from vtrain.numerics import native_rows
+from vtrain.numerics import native_replay, native_rows
 from vtrain.numerics.rounding import (
     _SMALL,
     TRAINER_BOUND_SLACK,
@@ -393,6 +393,21 @@ def grid_elements(op: OpNode, ins: list[torch.Tensor], index: np.ndarray) -> np.
         return got
     t, _ = _terms(op, ins, torch.from_numpy(index).to(ins[0].device))
     return grid_exact(op.kind, t).numpy()
+
+
+def tight_bound_at(op: OpNode, ins: list[torch.Tensor], index: np.ndarray) -> np.ndarray:
+    """The tight bound ``d' = 1.01 g(n) (fl(S) + n 2^-149)`` of a MATMUL's elements at flat ``index``
+    (FP64), ``fl(S)`` the FP64 pairwise sum of ``|t_k|`` over the exact terms (``np.abs(t).sum(axis=1)``
+    of :func:`_terms`, as :func:`_tight_candidates`): a function of the exact terms alone, with
+    ``|v - e| <= g(n) S <= d'`` and ``Dc <= 1.5 d'``. The checked replay reads it at its candidates
+    and entries instead of an FP32 ``|A| @ |B|`` (whose summation order is the BLAS's)."""
+    index = np.asarray(index, np.int64)
+    n = ins[0].shape[-1] + (len(ins) == 3)
+    s_abs = native_replay.matmul_abs_sums(ins, index) if len(index) else np.zeros(0)
+    if s_abs is None:
+        t, _ = _terms(op, ins, torch.from_numpy(index).to(ins[0].device))
+        s_abs = np.abs(t.numpy()).sum(axis=1)
+    return (TRAINER_BOUND_SLACK * gamma(n)) * (s_abs + n * 2.0**-149)
 
 
 def _decide_sums(op: OpNode, ins: list[torch.Tensor], cand: torch.Tensor):

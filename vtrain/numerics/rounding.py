@@ -411,6 +411,7 @@ def apply_log(
     violations: list[LogViolation] | None = None,
     check_finite: bool = True,
     exact: Callable[[np.ndarray], np.ndarray] | None = None,
+    tight: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> torch.Tensor:
     """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to an honest trainer.
 
@@ -422,6 +423,9 @@ def apply_log(
     ``exact(indices)`` (optional) marks elements whose every honest FP64 value is exact
     (``canonical.grid_elements``: exact-grid sums carry no entry even at an exact midpoint, and
     ``RN32(v)`` is right there): an unlogged near-tie among them is no suspect.
+    ``tight(indices)`` (optional) gives another valid bound at flat indices (``canonical.tight_bound_at``:
+    a MATMUL's bound from its exact terms); the checks then use ``min(d, tight)`` elementwise: ``d``
+    (cheap, e.g. the norm bound) filters, ``tight`` is read at the candidates and entries only.
     ``check_finite=False`` leaves the NaN/Inf check to the caller. Works on any device (the entries
     are moved to ``v``'s). ``d`` may be lazy (``native_filter.Bound``); where the native filter takes
     ``v``, rounding, canonical zeros, the finiteness check and (checking) the near-tie filter are
@@ -451,9 +455,9 @@ def apply_log(
     near = None
     if checking and not exact_op:  # before the entries are applied: the filter reads RN32(v)
         if native:
-            near = _unlogged_near_ties_at(vf, d, r.reshape(-1), entries, cand)  # type: ignore[arg-type]
+            near = _unlogged_near_ties_at(vf, d, r.reshape(-1), entries, cand, tight)  # type: ignore[arg-type]
         else:
-            near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries)  # type: ignore[union-attr]
+            near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries, tight)  # type: ignore[union-attr]
     out = r.reshape(-1) if native else r.reshape(-1).clone()
     if len(entries):
         n = out.numel()
@@ -462,10 +466,10 @@ def apply_log(
         if bool(((entries.code < 1) | (entries.code > 3)).any()):
             raise VtrainError(f"{what}: invalid rounding-log code")
         if dev.type == "cpu":  # few entries: numpy, no torch cost per call (the same IEEE operations)
-            applied, bad = _apply_entries_np(vf.numpy(), out.numpy(), d, entries, checking, exact_op)
+            applied, bad = _apply_entries_np(vf.numpy(), out.numpy(), d, entries, checking, exact_op, tight)
             out.numpy()[entries.index] = applied + np.float32(0.0) if native else applied
         else:
-            applied, bad = _apply_entries_torch(vf, out, d, entries, checking, exact_op)
+            applied, bad = _apply_entries_torch(vf, out, d, entries, checking, exact_op, tight)
             out[torch.from_numpy(entries.index).to(dev)] = canonical(applied) if native else applied
             applied = applied.cpu().numpy()
         for k in bad.tolist():
@@ -497,16 +501,31 @@ def apply_log(
     return out.reshape(r.shape) if native else canonical(out.reshape(r.shape))
 
 
-def _entry_bounds(d: NF.Bound | None, entries: OpLog, n: int) -> np.ndarray:
+FAR_REACH = 4.0
+"""A directed entry is suspect when the replayed ``v'`` is farther than ``FAR_REACH * d`` from the
+midpoint it names: an honest canonical one is within ``2 Dc + d <= 4 d`` (docs/numerics.md)."""
+
+
+def _bound_at(d: NF.Bound, index: np.ndarray, tight: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
+    """``d`` at flat indices (FP64), ``min(d, tight)`` with a tighter bound."""
+    if isinstance(d, torch.Tensor):
+        got = d.reshape(-1)[torch.from_numpy(index).to(d.device)].cpu().numpy()
+    else:
+        got = np.asarray(NF.bound_at(d, index), dtype=np.float64)
+    return got if tight is None or not len(index) else np.minimum(got, tight(index))
+
+
+def _entry_bounds(
+    d: NF.Bound | None, entries: OpLog, n: int, tight: Callable[[np.ndarray], np.ndarray] | None = None
+) -> np.ndarray:
     if d is None:
         return np.zeros(n, dtype=np.float64)
-    if isinstance(d, torch.Tensor):
-        return d.reshape(-1)[torch.from_numpy(entries.index).to(d.device)].cpu().numpy()
-    return np.asarray(NF.bound_at(d, entries.index), dtype=np.float64)
+    return _bound_at(d, entries.index, tight)
 
 
 def _apply_entries_np(
-    vf: np.ndarray, rf: np.ndarray, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool
+    vf: np.ndarray, rf: np.ndarray, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool,
+    tight: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The values the entries give (FP32, zeros as computed) and, when ``checking``, the positions of
     entries far from the replayed value: :func:`_apply_entries_torch` in numpy on the CPU (the same
@@ -524,15 +543,20 @@ def _apply_entries_np(
         applied = np.where(is_explicit, entries.value.astype(np.float32), directed).astype(np.float32)
         if not checking:
             return applied, np.zeros(0, dtype=np.int64)
-        di = _entry_bounds(d, entries, len(idx))
+        di = _entry_bounds(d, entries, len(idx), tight)
         m = np.where(take_hi, m_hi, m_lo)
-        far = ~is_explicit & ((np.abs(vi - m) > 3.0 * di) | exact_op)
-        wild = is_explicit & (np.abs(entries.value.astype(np.float64) - vi) > 6.0 * di)
+        far = ~is_explicit & ((np.abs(vi - m) > FAR_REACH * di) | exact_op)
+        c = entries.value.astype(np.float32)  # wild: v' farther than d from every real rounding to c
+        c64 = c.astype(np.float64)
+        c_hi = (c64 + np.nextafter(c, np.float32(np.inf)).astype(np.float64)) * 0.5
+        c_lo = (c64 + np.nextafter(c, np.float32(-np.inf)).astype(np.float64)) * 0.5
+        wild = is_explicit & (((vi - c_hi) > di) | ((c_lo - vi) > di))
     return applied, np.flatnonzero(far | wild)
 
 
 def _apply_entries_torch(
-    vf: torch.Tensor, out: torch.Tensor, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool
+    vf: torch.Tensor, out: torch.Tensor, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool,
+    tight: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[torch.Tensor, np.ndarray]:
     """:func:`_apply_entries_np` on any device, in torch (the values stay on ``vf``'s device)."""
     dev = vf.device
@@ -551,40 +575,62 @@ def _apply_entries_torch(
     applied = torch.where(codes == int(Code.EXPLICIT), explicit, directed)
     if not checking:
         return applied, np.zeros(0, dtype=np.int64)
-    di = torch.from_numpy(_entry_bounds(d, entries, len(entries))).to(dev)
+    di = torch.from_numpy(_entry_bounds(d, entries, len(entries), tight)).to(dev)
     m = torch.where(take_hi, m_hi, m_lo)
-    far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > 3.0 * di)
-    wild = (codes == int(Code.EXPLICIT)) & ((explicit.double() - vi).abs() > 6.0 * di)
+    far = (codes != int(Code.EXPLICIT)) & ((vi - m).abs() > FAR_REACH * di)
+    c_lo, c_hi = _neighbours(explicit)
+    c64 = explicit.double()
+    wild = (codes == int(Code.EXPLICIT)) & (
+        ((vi - (c64 + c_hi.double()) * 0.5) > di) | (((c64 + c_lo.double()) * 0.5 - vi) > di))
     if exact_op:
         far = far | (codes != int(Code.EXPLICIT))
     return applied, (far | wild).nonzero().reshape(-1).cpu().numpy()
 
 
-def unlogged_near_ties(vf: torch.Tensor, df: torch.Tensor, rf: torch.Tensor, entries: OpLog) -> np.ndarray:
-    """Flat indices without an entry whose ``v`` has a midpoint within ``2d`` (sorted, int64).
+def unlogged_near_ties(
+    vf: torch.Tensor, df: torch.Tensor, rf: torch.Tensor, entries: OpLog,
+    tight: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
+    """Flat indices without an entry whose ``v`` has a midpoint within ``2d`` (sorted, int64); with
+    ``tight`` (another valid bound at flat indices), ``d = min(df, tight)``.
 
-    The fast filter (:func:`midpoint_candidates`) first, the reference test on its candidates only;
-    the same set as :func:`unlogged_near_ties_reference` (tested)."""
+    The fast filter (:func:`midpoint_candidates`, on ``df``: a superset) first, the reference test on
+    its candidates only; the same set as :func:`unlogged_near_ties_reference` on the dense
+    ``min(df, tight)`` (tested)."""
     reach = 2.0 * df * _CMP_SLACK
     cand = midpoint_candidates(vf, rf, reach)
     if cand is None:
         return np.zeros(0, np.int64)
     cand = cand.to(vf.device)
-    near = _near_midpoint(vf[cand], rf[cand], reach[cand])
+    reach_c = reach[cand]
+    if tight is not None:
+        dc = torch.from_numpy(_bound_at(df, cand.cpu().numpy(), tight)).to(vf.device)
+        reach_c = 2.0 * dc * _CMP_SLACK
+    near = _near_midpoint(vf[cand], rf[cand], reach_c)
     hits = cand[near].cpu().numpy().astype(np.int64)
     return hits[~np.isin(hits, entries.index)] if len(entries) else hits
 
 
 def _unlogged_near_ties_at(
-    vf: torch.Tensor, d: NF.Bound, rf: torch.Tensor, entries: OpLog, cand: np.ndarray
+    vf: torch.Tensor, d: NF.Bound, rf: torch.Tensor, entries: OpLog, cand: np.ndarray,
+    tight: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> np.ndarray:
     """:func:`unlogged_near_ties` given the native filter's candidates ``cand`` (reach
     ``d * 2 (1 + 2^-40)``, the same bits as ``2 d (1 + 2^-40)``): the reference test on those only."""
     if not len(cand):
         return np.zeros(0, np.int64)
-    near = _near_midpoint_np(vf.numpy()[cand], rf.numpy()[cand], 2.0 * NF.bound_at(d, cand) * _CMP_SLACK)
-    hits = cand[near]
-    return hits[~np.isin(hits, entries.index)] if len(entries) else hits
+    if len(entries):  # an entry is never an unlogged near-tie (both sorted: a binary search each)
+        cand = cand[~_in_sorted(cand, entries.index)]
+    near = _near_midpoint_np(vf.numpy()[cand], rf.numpy()[cand], 2.0 * _bound_at(d, cand, tight) * _CMP_SLACK)
+    return cand[near]
+
+
+def _in_sorted(x: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``np.isin(x, keys)`` for sorted ``keys``, by binary search (no sort of ``x``, which may be large)."""
+    if not len(keys):
+        return np.zeros(len(x), dtype=bool)
+    pos = np.minimum(np.searchsorted(keys, x), len(keys) - 1)
+    return keys[pos] == x
 
 
 def _near_midpoint_np(vf: np.ndarray, rf: np.ndarray, reach: np.ndarray) -> np.ndarray:

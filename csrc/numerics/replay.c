@@ -1,0 +1,54 @@
+/* The replay's tight MATMUL bound at a few elements (vtrain/numerics/native_replay.py).
+ *
+ * A checked replay filters with the cheap Cauchy-Schwarz bound and reads the tight bound
+ * d' = 1.01 g(n) (fl(S) + n 2^-149) only at the candidates and entries: fl(S) = np.abs(t).sum()
+ * of the element's exact FP64 terms (canonical._terms: products of FP32 values, a bias as the last
+ * term), numpy's pairwise summation from 0, the operations of rows.c's np_sum in the same order
+ * (compiled with -ffp-contract=off), so the same bits as the numpy reference. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define VT_EXPORT __attribute__((visibility("default")))
+
+/* numpy's pairwise summation of |a_i| (PW_BLOCKSIZE 128), as rows.c's pw_sum with absval. */
+static double pw_abs_sum(const double *a, int64_t n) {
+    if (n < 8) {
+        double res = -0.0;
+        for (int64_t i = 0; i < n; i++) res += fabs(a[i]);
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; j++) r[j] = fabs(a[j]);
+        int64_t i;
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += fabs(a[i + j]);
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += fabs(a[i]);
+        return res;
+    }
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pw_abs_sum(a, n2) + pw_abs_sum(a + n2, n - n2);
+}
+
+/* out[i] = fl(S) of MATMUL element idx[i] (a [.., m, k], b [.., ncols, k], bias [ncols] or NULL;
+ * `total` elements). Returns 0, -2 for an index outside [0, total), -1 when scratch is not allocated. */
+VT_EXPORT int vt_replay_matmul_abs_sums(const float *a, const float *b, const float *bias, int64_t m, int64_t k,
+                                        int64_t ncols, int64_t total, const int64_t *idx, int64_t c, double *out) {
+    for (int64_t i = 0; i < c; i++)
+        if (idx[i] < 0 || idx[i] >= total) return -2;
+    double *t = malloc((size_t)(k + 1) * sizeof(double));
+    if (!t) return -1;
+    for (int64_t i = 0; i < c; i++) {
+        int64_t j = idx[i] % ncols, row = idx[i] / ncols, batch = row / m;
+        const float *ar = a + row * k;
+        const float *br = b + (batch * ncols + j) * k;
+        for (int64_t q = 0; q < k; q++) t[q] = (double)ar[q] * (double)br[q];
+        if (bias) t[k] = (double)bias[j];
+        out[i] = 0.0 + pw_abs_sum(t, k + (bias != NULL));
+    }
+    free(t);
+    return 0;
+}
