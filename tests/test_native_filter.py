@@ -115,6 +115,20 @@ def test_relative_reach_is_the_executors_transcendental_bound(simd, scale: float
     _check(v, r, cand, finite, dense * scale)
 
 
+@pytest.mark.parametrize("k", [1, 7, 8, 9, 64, 127, 128, 129, 300, 1000])
+def test_row_norms_are_numpys_pairwise_norms(k: int) -> None:
+    """``vt_row_norms`` gives numpy's ``sqrt((x * x).sum(-1))`` bit for bit (its pairwise summation,
+    at the widths where the blocking changes), also on a transposed view and on wide-range values."""
+    rng = np.random.default_rng(k)
+    x = (rng.standard_normal((5, 13, k)) * np.ldexp(1.0, rng.integers(-140, 120, (5, 13, 1)))).astype(F32)
+    x64 = torch.from_numpy(x.astype(np.float64))
+    for t in (x64, x64.transpose(0, 1)):
+        ref = np.sqrt((np.ascontiguousarray(t.numpy()) ** 2).sum(axis=-1, keepdims=True))
+        got = NF.row_norms(t)
+        assert got.shape == (*t.shape[:-1], 1)
+        assert np.array_equal(got.numpy(), ref)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("batched", ["no", "same", "broadcast"])
 def test_norm_reach_is_the_executors_norm_bound_never_materialised(simd, bias: bool, batched: str) -> None:

@@ -335,3 +335,19 @@ VT_EXPORT int vt_rows_grid(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t 
     scratch_free(&w);
     return 0;
 }
+
+/* Row norms for MATMUL's Cauchy-Schwarz bound (executor._norm_bound, native_filter.row_norms):
+ * out[i] = sqrt(0.0 + pw_sum(x[i, :]^2)), the bits of numpy's np.sqrt((x * x).sum(axis=-1)) on a
+ * C-contiguous float64 [rows, k] array (squares of FP32 values are exact in FP64). Returns 0, or -1
+ * when the scratch row cannot be allocated. */
+VT_EXPORT int vt_row_norms(const double *x, int64_t rows, int64_t k, double *out) {
+    double *sq = malloc((size_t)(k > 0 ? k : 1) * sizeof(double));
+    if (!sq) return -1;
+    for (int64_t i = 0; i < rows; i++) {
+        const double *xr = x + i * k;
+        for (int64_t j = 0; j < k; j++) sq[j] = xr[j] * xr[j];
+        out[i] = sqrt(np_sum(sq, k, 0));
+    }
+    free(sq);
+    return 0;
+}

@@ -768,8 +768,8 @@ def _norm_bound(x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False) -> n
         m = n + (len(x) == 3)
         factor = TRAINER_BOUND_SLACK * gamma(m) * (1.0 + (m + 4) * 2.0**-52)
         return native_filter.norm_bound(x, v, factor, m * _SUBNORMAL)
-    na = x[0].mul(x[0]).sum(dim=-1, keepdim=True).sqrt_()  # [..., M, 1]
-    nb = x[1].mul(x[1]).sum(dim=-1, keepdim=True).sqrt_()  # [..., N, 1]
+    na = native_filter.row_norms(x[0])  # [..., M, 1]
+    nb = native_filter.row_norms(x[1])  # [..., N, 1]
     s = na * nb.transpose(-1, -2)
     if len(x) == 3:
         v.add_(x[2])

@@ -113,6 +113,7 @@ _SIGNATURES = {
     "vt_round_filter_norm": (_I, [_P, _I, _I, _I, _P, _P, _P, _D, _D, _D, _P, _P, _P]),
     "vt_round_filter_scaled32": (_I, [_P, _P, _I, _D, _D, _D, _P, _P, _P]),
     "vt_round_fp32": (ctypes.c_uint32, [_P, _I, _P]),
+    "vt_row_norms": (ctypes.c_int, [_P, _I, _I, _P]),
 }
 
 
@@ -167,14 +168,38 @@ def round_fp32(v: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return r, not nonfinite
 
 
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """FP64 Euclidean norms of the last axis of ``x`` (FP64 values of FP32 numbers, ``[..., R, K]``),
+    keeping it as ``[..., R, 1]``: ``sqrt(sum_k x_k^2)`` with numpy's pairwise summation on the CPU
+    (the C kernel ``vt_row_norms`` of ``csrc/numerics/rows.c`` where loaded, numpy otherwise: the same
+    bits), torch's elsewhere. Any summation order keeps ``executor._norm_bound``'s error bound."""
+    if x.device.type != "cpu":
+        return x.mul(x).sum(dim=-1, keepdim=True).sqrt_()
+    k = x.shape[-1]
+    if native.available() and x.dtype == torch.float64 and x.numel():
+        xc = x if x.is_contiguous() else x.contiguous()
+        out = torch.empty((*x.shape[:-1], 1), dtype=torch.float64)
+        if _fn("vt_row_norms")(xc.data_ptr(), xc.numel() // max(k, 1), k, out.data_ptr()):
+            raise MemoryError("native filter: row norms could not allocate a scratch row")
+        return out
+    xn = np.ascontiguousarray(x.numpy())  # rows in memory order: the kernel's summation order
+    return torch.from_numpy(np.sqrt((xn * xn).sum(axis=-1, keepdims=True)))
+
+
 def norm_bound(x: list[torch.Tensor], v: torch.Tensor, factor: float, sub: float) -> NormBound:
     """The lazy form of ``executor._norm_bound`` for FP64 inputs ``x`` (``[..., M, K]``,
-    ``[..., N, K]``, bias ``[N]``) and output ``v`` ``[..., M, N]``: the same row norms (torch, as
-    there), expanded to one per output row and one row of ``nb`` per batch."""
-    na = x[0].mul(x[0]).sum(dim=-1, keepdim=True).sqrt_()  # [..., M, 1]
-    nb = x[1].mul(x[1]).sum(dim=-1, keepdim=True).sqrt_()  # [..., N, 1]
+    ``[..., N, K]``, bias ``[N]``) and output ``v`` ``[..., M, N]``: the same row norms
+    (:func:`row_norms`), expanded to one per output row and one row of ``nb`` per batch."""
+    na = row_norms(x[0])  # [..., M, 1]
+    nb = row_norms(x[1])  # [..., N, 1]
     m, n_cols = v.shape[-2], v.shape[-1]
-    na = na.expand(*v.shape[:-1], 1).contiguous().reshape(-1)
-    nb = nb.squeeze(-1).expand(*v.shape[:-2], n_cols).contiguous().reshape(-1, n_cols)
+    if na.shape[:-1] == v.shape[:-1]:
+        na = na.reshape(-1)
+    else:
+        na = na.expand(*v.shape[:-1], 1).contiguous().reshape(-1)
+    if nb.shape[:-2] == v.shape[:-2]:
+        nb = nb.reshape(-1, n_cols)
+    else:
+        nb = nb.squeeze(-1).expand(*v.shape[:-2], n_cols).contiguous().reshape(-1, n_cols)
     bias = x[2].reshape(-1).contiguous() if len(x) == 3 else None
     return NormBound(na, nb, bias, m, sub, factor, tuple(v.shape))
