@@ -369,3 +369,58 @@ def test_lazy_bounds_only_where_the_filter_takes_v(monkeypatch: pytest.MonkeyPat
     _without_native(monkeypatch)
     _, d = E._compute_fp64(op, x, lazy=True)  # type: ignore[arg-type]
     assert isinstance(d, torch.Tensor)
+
+
+@pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN])
+def test_sum_round_filter_is_its_numpy_reference(kind: OpKind) -> None:
+    """``vt_sum_round_filter`` (the rows' FP64 pairwise sums, bound and filter in one pass) gives
+    ``canonical.sum_round_filter_np``'s ``r`` and candidates bit for bit, at the widths where the
+    pairwise blocking changes, on wide-range values, exact midpoints, cancellation and a NaN/Inf."""
+    from vtrain.numerics.canonical import sum_bound_factor, sum_round_filter_np
+
+    rng = np.random.default_rng(int(kind))
+    for n in (1, 3, 7, 8, 9, 16, 127, 128, 129, 136, 257, 1000):
+        x = (rng.standard_normal((41, n)) * np.ldexp(1.0, rng.integers(-140, 120, (41, 1)))).astype(F32)
+        x[0] = 1.0
+        x[2] = np.where(np.arange(n) % 2 == 0, F32(3e38), F32(-3e38))  # cancellation at the top of the range
+        if n >= 3:  # value 1 + 2^-24 (a midpoint), and that plus 3/4 of the reach (MEAN: n times the terms)
+            w = n if kind == OpKind.MEAN else 1
+            x[1], x[5] = 0.0, 0.0
+            x[1, :2] = x[5, :2] = (w, w * 2.0**-24)
+            x[5, 2] = w * 0.75 * sum_bound_factor(kind, n) * w * _BAND
+        if n > 3:
+            x[3, 1], x[4, 2] = np.inf, np.nan
+        ref_r, ref_c = sum_round_filter_np(x, kind)
+        r, cand, finite = NF.sum_round_filter(torch.from_numpy(x.reshape(41, 1, n)), kind == OpKind.MEAN,
+                                              sum_bound_factor(kind, n), _BAND)
+        assert r.shape == (41, 1, 1)
+        assert np.array_equal(r.numpy().reshape(-1).view(np.uint32), ref_r.view(np.uint32))
+        assert np.array_equal(cand, ref_c)
+        assert finite == bool(np.isfinite(ref_r).all())
+        if n >= 3:
+            assert {1, 5} <= set(cand.tolist())
+
+
+def test_sum_ops_of_the_canonical_trainer_match_the_fp64_path() -> None:
+    """A SUM/MEAN op through the one-pass kernel (``round_canonical_sum``) and through ``_compute_fp64``
+    with ``round_canonical``: the same outputs, entries and values, on rows with near-ties."""
+    from vtrain.graph.step_graph import OpNode
+    from vtrain.numerics.canonical import round_canonical, round_canonical_sum
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 64)).astype(F32)
+    x[:100, 1:] *= F32(2.0**-30)  # sums next to x[:, 0]
+    x[:50] = 0.0  # 1 + 2^-24 + 2^-80 (k 2^-81): next to a midpoint, off the exact grid: entries
+    x[:50, :3] = (1.0, 2.0**-24, 2.0**-80)
+    x[:50, 3] = np.arange(50) * F32(2.0**-81)
+    ins = [torch.from_numpy(x)]
+    for kind in (OpKind.SUM, OpKind.MEAN):
+        op = OpNode(1, kind, (0,), (300, 1))
+        got = round_canonical_sum(None, op, ins, "op")  # type: ignore[arg-type]
+        assert got is not None
+        v, d = E._compute_fp64(op, ins, "norm", lazy=True)
+        ref = round_canonical(None, op, ins, v, d, "op")  # type: ignore[arg-type]
+        assert torch.equal(got[0].view(torch.int32), ref[0].view(torch.int32))
+        assert len(ref[1]) > 0
+        for field in ("index", "code", "value"):
+            assert np.array_equal(getattr(got[1], field), getattr(ref[1], field))

@@ -16,6 +16,7 @@
  *             (MATMUL's tight bound from the FP32 |A| @ |B| (+ |bias|): the FP64 copy never exists)
  *   norm:     reach = ((((na[row] * nb[batch, j]) + |bias[j]|) + sub) * factor) * scale
  *             (MATMUL's Cauchy-Schwarz bound, executor._norm_bound; the [M, N] array never exists)
+ * and vt_sum_round_filter computes the FP64 values of SUM/MEAN rows itself (numpy's pairwise sums).
  * Compiled with -ffp-contract=off and without -ffast-math: no FMA, no reassociation, x + 0.0f kept. */
 #include <math.h>
 #include <stdint.h>
@@ -288,4 +289,70 @@ VT_EXPORT uint32_t vt_round_fp32(const double *v, int64_t n, float *r) {
         r[i] = f;
     }
     return nf;
+}
+
+/* pw_sum (pairwise.h) of the FP64 values of x[0..n) and of their absolute values at once: the same
+ * blocking, pairing and order, so the bits of pw_sum(t, n, 0) and pw_sum(t, n, 1) for t = (double)x. */
+static void vt_pw_sum2(const float *x, int64_t n, double *sum, double *abs_sum) {
+    if (n < 8) {
+        double res = -0.0, ares = -0.0;
+        for (int64_t i = 0; i < n; i++) {
+            res += (double)x[i];
+            ares += fabs((double)x[i]);
+        }
+        *sum = res;
+        *abs_sum = ares;
+        return;
+    }
+    if (n <= 128) {
+        double r[8], q[8];
+        for (int j = 0; j < 8; j++) {
+            r[j] = (double)x[j];
+            q[j] = fabs((double)x[j]);
+        }
+        int64_t i;
+        for (i = 8; i < n - (n % 8); i += 8) {
+            double d[8];
+            for (int j = 0; j < 8; j++) d[j] = (double)x[i + j];
+            for (int j = 0; j < 8; j++) r[j] += d[j];
+            for (int j = 0; j < 8; j++) q[j] += fabs(d[j]);
+        }
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        double ares = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+        for (; i < n; i++) {
+            res += (double)x[i];
+            ares += fabs((double)x[i]);
+        }
+        *sum = res;
+        *abs_sum = ares;
+        return;
+    }
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    double s1, a1, s2, a2;
+    vt_pw_sum2(x, n2, &s1, &a1);
+    vt_pw_sum2(x + n2, n - n2, &s2, &a2);
+    *sum = s1 + s2;
+    *abs_sum = a1 + a2;
+}
+
+/* SUM/MEAN of the rows of an FP32 x [rows, n] for the canonical trainer, with its bound and filter in
+ * one pass over x: per row (numpy's pairwise sums from 0.0 of the exact FP64 values, np_sum)
+ *     v = sum x (MEAN: sum x / n),  s = sum |x|,  reach = ((s + 0.0) * factor) * scale,
+ * then r = RN32(v) and the candidate test of vt_round_cand. The reference is
+ * canonical.sum_round_filter_np. Returns the candidate count. */
+VT_EXPORT int64_t vt_sum_round_filter(const float *x, int64_t rows, int64_t n, int32_t mean, double factor,
+                                      double scale, float *r, int64_t *idx, uint32_t *nonfinite) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        double v, s;
+        vt_pw_sum2(x + i * n, n, &v, &s);
+        v = 0.0 + v;
+        if (mean) v = v / (double)n;
+        const double reach = (((0.0 + s) + 0.0) * factor) * scale;
+        idx[k] = i;
+        k += vt_round_cand(v, reach, &r[i]);
+    }
+    *nonfinite = vt_any_nonfinite(r, idx, k);
+    return k;
 }

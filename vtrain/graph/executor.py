@@ -30,7 +30,7 @@ from vtrain.graph.step_graph import (
     bits_f32,
 )
 from vtrain.numerics import fp32_native, native_filter
-from vtrain.numerics.canonical import grid_elements, round_canonical
+from vtrain.numerics.canonical import grid_elements, round_canonical, round_canonical_sum, sum_bound_factor
 from vtrain.numerics.paper import apply_paper, hooked_ops, round_paper
 from vtrain.numerics.rounding import (
     TRAINER_BOUND_SLACK,
@@ -344,6 +344,14 @@ class StepExecutor:
             _check_finite(out.reshape(-1), f"{op.kind.name} op {op.id}")
         return out
 
+    @staticmethod
+    def _log_entries(op: OpNode, entries: OpLog, out_log: StepLog, stats: RoundingStats) -> None:
+        if len(entries):
+            out_log.sparse[op.id] = entries
+            stats.logged += len(entries)
+            stats.explicit += int((entries.code == 3).sum())
+            stats.per_op[op.id] = len(entries)
+
     def _run_op(
         self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums=None
     ) -> torch.Tensor:
@@ -387,9 +395,17 @@ class StepExecutor:
             bound_kind = "norm"  # only selects candidates for exact decisions (round_canonical)
         else:
             bound_kind = "tight"
+        what = f"{op.kind.name} op {op.id}"
+        if bound_kind == "norm" and k in (OpKind.SUM, OpKind.MEAN) and self.mode == Mode.CERTIFIED:
+            got = round_canonical_sum(self.graph, op, ins, what)  # v, d and the filter in one native pass
+            if got is not None:
+                out, entries, slow = got
+                stats.values += out.numel()
+                stats.ambiguous_resolved += slow
+                self._log_entries(op, entries, out_log, stats)
+                return out
         v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
         stats.values += v.numel()
-        what = f"{op.kind.name} op {op.id}"
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
             # the paper does not log weight gradients or the optimizer
             out, _ = round_output(v, None, what, check_finite=True if eager else sums)
@@ -413,11 +429,7 @@ class StepExecutor:
             else:
                 floor = tight_floor(op) if bound is not None else None
                 out, entries = round_output(v, bound, what, directed_floor=floor, check_finite=True if eager else sums)
-            if len(entries):
-                out_log.sparse[op.id] = entries
-                stats.logged += len(entries)
-                stats.explicit += int((entries.code == 3).sum())
-                stats.per_op[op.id] = len(entries)
+            self._log_entries(op, entries, out_log, stats)
             return out
         entries = log_in.entries(op.id)
         viol: list[LogViolation] | None = [] if check else None
@@ -731,7 +743,7 @@ def _compute_fp64(
         if bound == "none":
             return (v if k == OpKind.SUM else v / n), None
         s = ins[0].abs().sum(dim=-1, keepdim=True)
-        c = TRAINER_BOUND_SLACK * gamma(n) if k == OpKind.SUM else TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n
+        c = sum_bound_factor(k, n)
         v = v if k == OpKind.SUM else v / n
         if lazy and native_filter.usable(v):  # (fl64(s) + 0) * c: the same bits as c * fl64(s) (s >= 0)
             return v, native_filter.TightBound(s, 0.0, c)

@@ -114,6 +114,7 @@ _SIGNATURES = {
     "vt_round_filter_scaled32": (_I, [_P, _P, _I, _D, _D, _D, _P, _P, _P]),
     "vt_round_fp32": (ctypes.c_uint32, [_P, _I, _P]),
     "vt_row_norms": (ctypes.c_int, [_P, _I, _I, _P]),
+    "vt_sum_round_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P]),
 }
 
 
@@ -158,6 +159,31 @@ def round_filter(v: torch.Tensor, d: Bound, scale: float) -> tuple[torch.Tensor,
         dd = d if d.dtype == torch.float64 and d.shape == v.shape and d.is_contiguous() else (
             torch.broadcast_to(d.double(), v.shape).contiguous())
         k = _fn("vt_round_filter_dense")(_addr(v), _addr(dd), n, scale, *out)
+    return r, idx[:k].copy(), not flag.value
+
+
+def sum_round_filter(
+    x: torch.Tensor, mean: bool, factor: float, scale: float
+) -> tuple[torch.Tensor, np.ndarray, bool] | None:
+    """SUM (MEAN: ``mean``) over the last axis of an FP32 CPU ``x``, its bound and the filter in one
+    pass: ``(r, candidates, finite)`` as :func:`round_filter` gives them for ``v`` = the rows' FP64
+    sums (``/ n`` for MEAN) and ``d = (sum|x| + 0) * factor``, all sums numpy's pairwise ones
+    (reference: ``canonical.sum_round_filter_np``); ``r`` has shape ``[..., 1]``. None where the
+    kernel does not apply (not loaded, another device or dtype, an empty row)."""
+    if not native.available() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() == 0:
+        return None
+    n = x.shape[-1]
+    if n == 0:
+        return None
+    xc = x if x.is_contiguous() else x.contiguous()
+    rows = xc.numel() // n
+    r = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
+    idx = np.empty(max(rows, 1), dtype=np.int64)
+    flag = ctypes.c_uint32(0)
+    k = _fn("vt_sum_round_filter")(xc.data_ptr(), rows, n, int(mean), factor, scale, r.data_ptr(),
+                                   idx.ctypes.data, ctypes.addressof(flag))
+    if k < 0:
+        raise MemoryError("native filter: a SUM row could not be allocated")
     return r, idx[:k].copy(), not flag.value
 
 
