@@ -25,14 +25,14 @@ F32 = np.float32
 SCALES = (_BAND, 2.0 * _CMP_SLACK)
 
 
-@pytest.fixture(params=[0, 1], ids=["base", "simd"])
+@pytest.fixture(params=[0, 1, 2], ids=["base", "avx2", "avx512"])
 def simd(request: pytest.FixtureRequest):
-    """Run the test with the base-ISA loops and with the AVX2 ones (where the CPU has them)."""
+    """Run the test with the base-ISA loops, the AVX2 ones and the AVX-512 ones (where the CPU has them)."""
     f = native.lib().vt_filter_set_simd
     f.restype, f.argtypes = ctypes.c_int, [ctypes.c_int]
     f(request.param)
     yield request.param
-    f(1)
+    f(2)  # the best level the CPU has
 
 
 def _adversarial(seed: int = 0) -> np.ndarray:

@@ -120,32 +120,54 @@ __attribute__((target("avx2"))) static uint8_t vt_mask_norm_avx2(const double *v
                                                                  uint8_t *mask) {
     return vt_mask_norm(v, len, a, b, bias, sub, factor, scale, r, mask);
 }
+#define VT_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,prefer-vector-width=512"))) static
+VT_AVX512 uint8_t vt_mask_scaled32_avx512(const double *v, const float *s, int64_t len,
+                                                                     double sub, double factor, double scale,
+                                                                     float *r, uint8_t *mask) {
+    return vt_mask_scaled32(v, s, len, sub, factor, scale, r, mask);
+}
+VT_AVX512 uint8_t vt_mask_dense_avx512(const double *v, const double *d, int64_t len,
+                                                                  double scale, float *r, uint8_t *mask) {
+    return vt_mask_dense(v, d, len, scale, r, mask);
+}
+VT_AVX512 uint8_t vt_mask_relative_avx512(const double *v, int64_t len, double c,
+                                                                     double scale, float *r, uint8_t *mask) {
+    return vt_mask_relative(v, len, c, scale, r, mask);
+}
+VT_AVX512 uint8_t vt_mask_norm_avx512(const double *v, int64_t len, double a,
+                                                                 const double *b, const double *bias, double sub,
+                                                                 double factor, double scale, float *r,
+                                                                 uint8_t *mask) {
+    return vt_mask_norm(v, len, a, b, bias, sub, factor, scale, r, mask);
+}
 #else
 #define VT_HAVE_AVX2 0
 #endif
 
-static int vt_simd = -1; /* -1: not chosen yet; 0: base ISA; 1: AVX2 */
+static int vt_simd = -1; /* -1: not chosen yet; 0: base ISA; 1: AVX2; 2: AVX-512 (F, DQ, VL, BW) */
+
+static int vt_best_simd(void) {
+#if VT_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+        return 2;
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+    return 0;
+#endif
+}
 
 static int vt_use_simd(void) {
-    if (vt_simd < 0) {
-#if VT_HAVE_AVX2
-        __builtin_cpu_init();
-        vt_simd = __builtin_cpu_supports("avx2") ? 1 : 0;
-#else
-        vt_simd = 0;
-#endif
-    }
+    if (vt_simd < 0) vt_simd = vt_best_simd();
     return vt_simd;
 }
 
-/* Tests: 0 forces the base-ISA loops, 1 the AVX2 ones where the CPU has it; returns the level in use. */
+/* Tests: 0 forces the base-ISA loops, 1 the AVX2 ones, 2 the AVX-512 ones, each where the CPU has them
+ * (else the best level below); returns the level in use. */
 VT_EXPORT int vt_filter_set_simd(int on) {
-    vt_use_simd();
-#if VT_HAVE_AVX2
-    vt_simd = on && __builtin_cpu_supports("avx2") ? 1 : 0;
-#else
-    (void)on;
-#endif
+    const int best = vt_best_simd();
+    vt_simd = on < best ? (on < 0 ? 0 : on) : best;
     return vt_simd;
 }
 
@@ -182,7 +204,8 @@ VT_EXPORT int64_t vt_round_filter_dense(const double *v, const double *d, int64_
     for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
         const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
 #if VT_HAVE_AVX2
-        const uint8_t any = simd ? vt_mask_dense_avx2(v + lo, d + lo, len, scale, r + lo, mask)
+        const uint8_t any = simd == 2 ? vt_mask_dense_avx512(v + lo, d + lo, len, scale, r + lo, mask)
+                                 : simd ? vt_mask_dense_avx2(v + lo, d + lo, len, scale, r + lo, mask)
                                  : vt_mask_dense(v + lo, d + lo, len, scale, r + lo, mask);
 #else
         const uint8_t any = vt_mask_dense(v + lo, d + lo, len, scale, r + lo, mask);
@@ -206,7 +229,8 @@ VT_EXPORT int64_t vt_round_filter_relative(const double *v, int64_t n, double c,
     for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
         const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
 #if VT_HAVE_AVX2
-        const uint8_t any = simd ? vt_mask_relative_avx2(v + lo, len, c, scale, r + lo, mask)
+        const uint8_t any = simd == 2 ? vt_mask_relative_avx512(v + lo, len, c, scale, r + lo, mask)
+                                 : simd ? vt_mask_relative_avx2(v + lo, len, c, scale, r + lo, mask)
                                  : vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
 #else
         const uint8_t any = vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
@@ -230,7 +254,8 @@ VT_EXPORT int64_t vt_round_filter_scaled32(const double *v, const float *s, int6
     for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
         const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
 #if VT_HAVE_AVX2
-        const uint8_t any = simd ? vt_mask_scaled32_avx2(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
+        const uint8_t any = simd == 2 ? vt_mask_scaled32_avx512(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
+                                 : simd ? vt_mask_scaled32_avx2(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
                                  : vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
 #else
         const uint8_t any = vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
@@ -262,7 +287,8 @@ VT_EXPORT int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m,
             const int64_t at = i * ncols + lo;
             const double *bl = bias ? bias + lo : NULL;
 #if VT_HAVE_AVX2
-            const uint8_t any = simd ? vt_mask_norm_avx2(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask)
+            const uint8_t any = simd == 2 ? vt_mask_norm_avx512(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask)
+                                     : simd ? vt_mask_norm_avx2(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask)
                                      : vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
 #else
             const uint8_t any = vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
