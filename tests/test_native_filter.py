@@ -122,8 +122,9 @@ def test_row_norms_are_numpys_pairwise_norms(k: int) -> None:
     rng = np.random.default_rng(k)
     x = (rng.standard_normal((5, 13, k)) * np.ldexp(1.0, rng.integers(-140, 120, (5, 13, 1)))).astype(F32)
     x64 = torch.from_numpy(x.astype(np.float64))
-    for t in (x64, x64.transpose(0, 1)):
-        ref = np.sqrt((np.ascontiguousarray(t.numpy()) ** 2).sum(axis=-1, keepdims=True))
+    x32 = torch.from_numpy(x)
+    for t in (x64, x64.transpose(0, 1), x32, x32.transpose(0, 1)):  # read as FP64 and as FP32
+        ref = np.sqrt((np.ascontiguousarray(t.numpy(), dtype=np.float64) ** 2).sum(axis=-1, keepdims=True))
         got = NF.row_norms(t)
         assert got.shape == (*t.shape[:-1], 1)
         assert np.array_equal(got.numpy(), ref)

@@ -727,7 +727,7 @@ def _compute_fp64(
         if bound == "none":
             return (v.add_(x[2]) if len(ins) == 3 else v), None
         if bound == "norm":
-            return v, _norm_bound(x, v, lazy)
+            return v, _norm_bound(x, v, lazy, ins)
         s = torch.matmul(ins[0].abs(), ins[1].abs().transpose(-1, -2))
         n = ins[0].shape[-1]
         if len(ins) == 3:  # in place on the fresh products (large fresh buffers cost page faults)
@@ -766,22 +766,26 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.where(far, 0.0, x)).masked_fill_(far, 0.0)
 
 
-def _norm_bound(x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False) -> native_filter.Bound:
+def _norm_bound(
+    x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False, ins: list[torch.Tensor] | None = None
+) -> native_filter.Bound:
     """The trainer bound of an FP64 MATMUL (``v``, with the bias added here) from the Cauchy-Schwarz
     bound ``|a_i|_2 |b_j|_2 (+ |bias_j|) >= sum_k |t_k|`` of FP64 row norms of the FP32 inputs
     ``x``: squares of FP32 values are exact in FP64 and cannot underflow or overflow, the norms'
     sum, square root, product and bias add carry a relative error below ``(n + 4) 2^-53``, covered by
     the factor ``1 + (n + 4) 2^-52``. At least the tight bound of :func:`_compute_fp64`, elementwise.
-    ``lazy`` (where the native filter takes ``v``): the same bound unmaterialized (``NormBound``)."""
+    ``lazy`` (where the native filter takes ``v``): the same bound unmaterialized (``NormBound``).
+    ``ins``: the FP32 inputs, where the norms are read from (the same bits, half the bytes)."""
     n = x[0].shape[-1]
     if lazy and native_filter.usable(v):
         if len(x) == 3:
             v.add_(x[2])
         m = n + (len(x) == 3)
         factor = TRAINER_BOUND_SLACK * gamma(m) * (1.0 + (m + 4) * 2.0**-52)
-        return native_filter.norm_bound(x, v, factor, m * _SUBNORMAL)
-    na = native_filter.row_norms(x[0])  # [..., M, 1]
-    nb = native_filter.row_norms(x[1])  # [..., N, 1]
+        return native_filter.norm_bound(x, v, factor, m * _SUBNORMAL, ins)
+    src = ins if ins is not None else x
+    na = native_filter.row_norms(src[0])  # [..., M, 1]
+    nb = native_filter.row_norms(src[1])  # [..., N, 1]
     s = na * nb.transpose(-1, -2)
     if len(x) == 3:
         v.add_(x[2])

@@ -114,6 +114,7 @@ _SIGNATURES = {
     "vt_round_filter_scaled32": (_I, [_P, _P, _I, _D, _D, _D, _P, _P, _P]),
     "vt_round_fp32": (ctypes.c_uint32, [_P, _I, _P]),
     "vt_row_norms": (ctypes.c_int, [_P, _I, _I, _P]),
+    "vt_row_norms32": (None, [_P, _I, _I, _P]),
     "vt_sum_round_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P]),
 }
 
@@ -195,29 +196,38 @@ def round_fp32(v: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def row_norms(x: torch.Tensor) -> torch.Tensor:
-    """FP64 Euclidean norms of the last axis of ``x`` (FP64 values of FP32 numbers, ``[..., R, K]``),
+    """FP64 Euclidean norms of the last axis of ``x`` (FP32 numbers, as FP32 or FP64, ``[..., R, K]``),
     keeping it as ``[..., R, 1]``: ``sqrt(sum_k x_k^2)`` with numpy's pairwise summation on the CPU
-    (the C kernel ``vt_row_norms`` of ``csrc/numerics/rows.c`` where loaded, numpy otherwise: the same
-    bits), torch's elsewhere. Any summation order keeps ``executor._norm_bound``'s error bound."""
+    (the C kernels ``vt_row_norms``/``vt_row_norms32`` of ``csrc/numerics/rows.c`` where loaded, numpy
+    otherwise: the same bits), torch's elsewhere. Any summation order keeps ``executor._norm_bound``'s
+    error bound."""
     if x.device.type != "cpu":
+        x = x.double()
         return x.mul(x).sum(dim=-1, keepdim=True).sqrt_()
     k = x.shape[-1]
-    if native.available() and x.dtype == torch.float64 and x.numel():
+    if native.available() and x.dtype in (torch.float32, torch.float64) and x.numel():
         xc = x if x.is_contiguous() else x.contiguous()
         out = torch.empty((*x.shape[:-1], 1), dtype=torch.float64)
-        if _fn("vt_row_norms")(xc.data_ptr(), xc.numel() // max(k, 1), k, out.data_ptr()):
+        rows = xc.numel() // max(k, 1)
+        if x.dtype == torch.float32:
+            _fn("vt_row_norms32")(xc.data_ptr(), rows, k, out.data_ptr())
+        elif _fn("vt_row_norms")(xc.data_ptr(), rows, k, out.data_ptr()):
             raise MemoryError("native filter: row norms could not allocate a scratch row")
         return out
-    xn = np.ascontiguousarray(x.numpy())  # rows in memory order: the kernel's summation order
+    xn = np.ascontiguousarray(x.numpy(), dtype=np.float64)  # rows in memory order: the kernel's order
     return torch.from_numpy(np.sqrt((xn * xn).sum(axis=-1, keepdims=True)))
 
 
-def norm_bound(x: list[torch.Tensor], v: torch.Tensor, factor: float, sub: float) -> NormBound:
+def norm_bound(
+    x: list[torch.Tensor], v: torch.Tensor, factor: float, sub: float, ins: list[torch.Tensor] | None = None
+) -> NormBound:
     """The lazy form of ``executor._norm_bound`` for FP64 inputs ``x`` (``[..., M, K]``,
-    ``[..., N, K]``, bias ``[N]``) and output ``v`` ``[..., M, N]``: the same row norms
-    (:func:`row_norms`), expanded to one per output row and one row of ``nb`` per batch."""
-    na = row_norms(x[0])  # [..., M, 1]
-    nb = row_norms(x[1])  # [..., N, 1]
+    ``[..., N, K]``, bias ``[N]``; ``ins``: the same as FP32, where the norms are read from) and
+    output ``v`` ``[..., M, N]``: the same row norms (:func:`row_norms`), expanded to one per output
+    row and one row of ``nb`` per batch."""
+    src = ins if ins is not None else x
+    na = row_norms(src[0])  # [..., M, 1]
+    nb = row_norms(src[1])  # [..., N, 1]
     m, n_cols = v.shape[-2], v.shape[-1]
     if na.shape[:-1] == v.shape[:-1]:
         na = na.reshape(-1)
