@@ -25,14 +25,14 @@ F32 = np.float32
 SCALES = (_BAND, 2.0 * _CMP_SLACK)
 
 
-@pytest.fixture(params=[0, 1], ids=["base", "simd"])
+@pytest.fixture(params=[0, 1, 2], ids=["base", "avx2", "avx512"])
 def simd(request: pytest.FixtureRequest):
-    """Run the test with the base-ISA loops and with the AVX2 ones (where the CPU has them)."""
+    """Run the test with the base-ISA loops, the AVX2 ones and the AVX-512 ones (where the CPU has them)."""
     f = native.lib().vt_filter_set_simd
     f.restype, f.argtypes = ctypes.c_int, [ctypes.c_int]
     f(request.param)
     yield request.param
-    f(1)
+    f(2)  # the best level the CPU has
 
 
 def _adversarial(seed: int = 0) -> np.ndarray:
@@ -113,6 +113,21 @@ def test_relative_reach_is_the_executors_transcendental_bound(simd, scale: float
     assert np.array_equal(NF.bound_at(bound, idx), dense, equal_nan=True)
     r, cand, finite = NF.round_filter(torch.from_numpy(v), bound, scale)
     _check(v, r, cand, finite, dense * scale)
+
+
+@pytest.mark.parametrize("k", [1, 7, 8, 9, 64, 127, 128, 129, 300, 1000])
+def test_row_norms_are_numpys_pairwise_norms(k: int) -> None:
+    """``vt_row_norms`` gives numpy's ``sqrt((x * x).sum(-1))`` bit for bit (its pairwise summation,
+    at the widths where the blocking changes), also on a transposed view and on wide-range values."""
+    rng = np.random.default_rng(k)
+    x = (rng.standard_normal((5, 13, k)) * np.ldexp(1.0, rng.integers(-140, 120, (5, 13, 1)))).astype(F32)
+    x64 = torch.from_numpy(x.astype(np.float64))
+    x32 = torch.from_numpy(x)
+    for t in (x64, x64.transpose(0, 1), x32, x32.transpose(0, 1)):  # read as FP64 and as FP32
+        ref = np.sqrt((np.ascontiguousarray(t.numpy(), dtype=np.float64) ** 2).sum(axis=-1, keepdims=True))
+        got = NF.row_norms(t)
+        assert got.shape == (*t.shape[:-1], 1)
+        assert np.array_equal(got.numpy(), ref)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -355,3 +370,58 @@ def test_lazy_bounds_only_where_the_filter_takes_v(monkeypatch: pytest.MonkeyPat
     _without_native(monkeypatch)
     _, d = E._compute_fp64(op, x, lazy=True)  # type: ignore[arg-type]
     assert isinstance(d, torch.Tensor)
+
+
+@pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN])
+def test_sum_round_filter_is_its_numpy_reference(kind: OpKind) -> None:
+    """``vt_sum_round_filter`` (the rows' FP64 pairwise sums, bound and filter in one pass) gives
+    ``canonical.sum_round_filter_np``'s ``r`` and candidates bit for bit, at the widths where the
+    pairwise blocking changes, on wide-range values, exact midpoints, cancellation and a NaN/Inf."""
+    from vtrain.numerics.canonical import sum_bound_factor, sum_round_filter_np
+
+    rng = np.random.default_rng(int(kind))
+    for n in (1, 3, 7, 8, 9, 16, 127, 128, 129, 136, 257, 1000):
+        x = (rng.standard_normal((41, n)) * np.ldexp(1.0, rng.integers(-140, 120, (41, 1)))).astype(F32)
+        x[0] = 1.0
+        x[2] = np.where(np.arange(n) % 2 == 0, F32(3e38), F32(-3e38))  # cancellation at the top of the range
+        if n >= 3:  # value 1 + 2^-24 (a midpoint), and that plus 3/4 of the reach (MEAN: n times the terms)
+            w = n if kind == OpKind.MEAN else 1
+            x[1], x[5] = 0.0, 0.0
+            x[1, :2] = x[5, :2] = (w, w * 2.0**-24)
+            x[5, 2] = w * 0.75 * sum_bound_factor(kind, n) * w * _BAND
+        if n > 3:
+            x[3, 1], x[4, 2] = np.inf, np.nan
+        ref_r, ref_c = sum_round_filter_np(x, kind)
+        r, cand, finite = NF.sum_round_filter(torch.from_numpy(x.reshape(41, 1, n)), kind == OpKind.MEAN,
+                                              sum_bound_factor(kind, n), _BAND)
+        assert r.shape == (41, 1, 1)
+        assert np.array_equal(r.numpy().reshape(-1).view(np.uint32), ref_r.view(np.uint32))
+        assert np.array_equal(cand, ref_c)
+        assert finite == bool(np.isfinite(ref_r).all())
+        if n >= 3:
+            assert {1, 5} <= set(cand.tolist())
+
+
+def test_sum_ops_of_the_canonical_trainer_match_the_fp64_path() -> None:
+    """A SUM/MEAN op through the one-pass kernel (``round_canonical_sum``) and through ``_compute_fp64``
+    with ``round_canonical``: the same outputs, entries and values, on rows with near-ties."""
+    from vtrain.graph.step_graph import OpNode
+    from vtrain.numerics.canonical import round_canonical, round_canonical_sum
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 64)).astype(F32)
+    x[:100, 1:] *= F32(2.0**-30)  # sums next to x[:, 0]
+    x[:50] = 0.0  # 1 + 2^-24 + 2^-80 (k 2^-81): next to a midpoint, off the exact grid: entries
+    x[:50, :3] = (1.0, 2.0**-24, 2.0**-80)
+    x[:50, 3] = np.arange(50) * F32(2.0**-81)
+    ins = [torch.from_numpy(x)]
+    for kind in (OpKind.SUM, OpKind.MEAN):
+        op = OpNode(1, kind, (0,), (300, 1))
+        got = round_canonical_sum(None, op, ins, "op")  # type: ignore[arg-type]
+        assert got is not None
+        v, d = E._compute_fp64(op, ins, "norm", lazy=True)
+        ref = round_canonical(None, op, ins, v, d, "op")  # type: ignore[arg-type]
+        assert torch.equal(got[0].view(torch.int32), ref[0].view(torch.int32))
+        assert len(ref[1]) > 0
+        for field in ("index", "code", "value"):
+            assert np.array_equal(getattr(got[1], field), getattr(ref[1], field))

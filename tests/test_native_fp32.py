@@ -275,3 +275,21 @@ def test_a_buffer_still_viewed_is_never_recycled(monkeypatch) -> None:
     ref = _without_kernel(monkeypatch, g, "certified").run(state, torch.zeros(g.data_shape), step=1)
     assert got.loss == ref.loss == float(((state[0] + 0.5) - state[0] * 0.5).sum())
 
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (16, 16), (17, 33), (256, 64), (3, 2, 31, 18), (0, 4), (2, 0, 3)])
+def test_transpose_is_torchs_copy_bit_for_bit(shape: tuple[int, ...]) -> None:
+    """``vt_transpose32`` (PERMUTE of the last two axes) copies every bit pattern where torch's
+    ``transpose(-1, -2).contiguous()`` puts it (NaN payloads and signed zeros included), at tile
+    edges and with leading batch axes; a non-contiguous input is left to torch."""
+    rng = np.random.default_rng(len(shape))
+    a = torch.from_numpy(rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32).view(np.float32))
+    got = F.transpose(a)
+    ref = a.transpose(-1, -2).contiguous()
+    assert got is not None and got.shape == ref.shape and got.is_contiguous()
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+    view = a.transpose(-1, -2)
+    if not view.is_contiguous():
+        assert F.transpose(view) is None
+    n = a.dim()
+    assert F.swaps_last_two((*range(n - 2), n - 1, n - 2)) and not F.swaps_last_two(tuple(range(n)))

@@ -16,6 +16,7 @@
  *             (MATMUL's tight bound from the FP32 |A| @ |B| (+ |bias|): the FP64 copy never exists)
  *   norm:     reach = ((((na[row] * nb[batch, j]) + |bias[j]|) + sub) * factor) * scale
  *             (MATMUL's Cauchy-Schwarz bound, executor._norm_bound; the [M, N] array never exists)
+ * and vt_sum_round_filter computes the FP64 values of SUM/MEAN rows itself (numpy's pairwise sums).
  * Compiled with -ffp-contract=off and without -ffast-math: no FMA, no reassociation, x + 0.0f kept. */
 #include <math.h>
 #include <stdint.h>
@@ -119,32 +120,54 @@ __attribute__((target("avx2"))) static uint8_t vt_mask_norm_avx2(const double *v
                                                                  uint8_t *mask) {
     return vt_mask_norm(v, len, a, b, bias, sub, factor, scale, r, mask);
 }
+#define VT_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,prefer-vector-width=512"))) static
+VT_AVX512 uint8_t vt_mask_scaled32_avx512(const double *v, const float *s, int64_t len,
+                                                                     double sub, double factor, double scale,
+                                                                     float *r, uint8_t *mask) {
+    return vt_mask_scaled32(v, s, len, sub, factor, scale, r, mask);
+}
+VT_AVX512 uint8_t vt_mask_dense_avx512(const double *v, const double *d, int64_t len,
+                                                                  double scale, float *r, uint8_t *mask) {
+    return vt_mask_dense(v, d, len, scale, r, mask);
+}
+VT_AVX512 uint8_t vt_mask_relative_avx512(const double *v, int64_t len, double c,
+                                                                     double scale, float *r, uint8_t *mask) {
+    return vt_mask_relative(v, len, c, scale, r, mask);
+}
+VT_AVX512 uint8_t vt_mask_norm_avx512(const double *v, int64_t len, double a,
+                                                                 const double *b, const double *bias, double sub,
+                                                                 double factor, double scale, float *r,
+                                                                 uint8_t *mask) {
+    return vt_mask_norm(v, len, a, b, bias, sub, factor, scale, r, mask);
+}
 #else
 #define VT_HAVE_AVX2 0
 #endif
 
-static int vt_simd = -1; /* -1: not chosen yet; 0: base ISA; 1: AVX2 */
+static int vt_simd = -1; /* -1: not chosen yet; 0: base ISA; 1: AVX2; 2: AVX-512 (F, DQ, VL, BW) */
+
+static int vt_best_simd(void) {
+#if VT_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+        return 2;
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+    return 0;
+#endif
+}
 
 static int vt_use_simd(void) {
-    if (vt_simd < 0) {
-#if VT_HAVE_AVX2
-        __builtin_cpu_init();
-        vt_simd = __builtin_cpu_supports("avx2") ? 1 : 0;
-#else
-        vt_simd = 0;
-#endif
-    }
+    if (vt_simd < 0) vt_simd = vt_best_simd();
     return vt_simd;
 }
 
-/* Tests: 0 forces the base-ISA loops, 1 the AVX2 ones where the CPU has it; returns the level in use. */
+/* Tests: 0 forces the base-ISA loops, 1 the AVX2 ones, 2 the AVX-512 ones, each where the CPU has them
+ * (else the best level below); returns the level in use. */
 VT_EXPORT int vt_filter_set_simd(int on) {
-    vt_use_simd();
-#if VT_HAVE_AVX2
-    vt_simd = on && __builtin_cpu_supports("avx2") ? 1 : 0;
-#else
-    (void)on;
-#endif
+    const int best = vt_best_simd();
+    vt_simd = on < best ? (on < 0 ? 0 : on) : best;
     return vt_simd;
 }
 
@@ -181,7 +204,8 @@ VT_EXPORT int64_t vt_round_filter_dense(const double *v, const double *d, int64_
     for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
         const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
 #if VT_HAVE_AVX2
-        const uint8_t any = simd ? vt_mask_dense_avx2(v + lo, d + lo, len, scale, r + lo, mask)
+        const uint8_t any = simd == 2 ? vt_mask_dense_avx512(v + lo, d + lo, len, scale, r + lo, mask)
+                                 : simd ? vt_mask_dense_avx2(v + lo, d + lo, len, scale, r + lo, mask)
                                  : vt_mask_dense(v + lo, d + lo, len, scale, r + lo, mask);
 #else
         const uint8_t any = vt_mask_dense(v + lo, d + lo, len, scale, r + lo, mask);
@@ -205,7 +229,8 @@ VT_EXPORT int64_t vt_round_filter_relative(const double *v, int64_t n, double c,
     for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
         const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
 #if VT_HAVE_AVX2
-        const uint8_t any = simd ? vt_mask_relative_avx2(v + lo, len, c, scale, r + lo, mask)
+        const uint8_t any = simd == 2 ? vt_mask_relative_avx512(v + lo, len, c, scale, r + lo, mask)
+                                 : simd ? vt_mask_relative_avx2(v + lo, len, c, scale, r + lo, mask)
                                  : vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
 #else
         const uint8_t any = vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
@@ -229,7 +254,8 @@ VT_EXPORT int64_t vt_round_filter_scaled32(const double *v, const float *s, int6
     for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
         const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
 #if VT_HAVE_AVX2
-        const uint8_t any = simd ? vt_mask_scaled32_avx2(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
+        const uint8_t any = simd == 2 ? vt_mask_scaled32_avx512(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
+                                 : simd ? vt_mask_scaled32_avx2(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
                                  : vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
 #else
         const uint8_t any = vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
@@ -261,7 +287,8 @@ VT_EXPORT int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m,
             const int64_t at = i * ncols + lo;
             const double *bl = bias ? bias + lo : NULL;
 #if VT_HAVE_AVX2
-            const uint8_t any = simd ? vt_mask_norm_avx2(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask)
+            const uint8_t any = simd == 2 ? vt_mask_norm_avx512(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask)
+                                     : simd ? vt_mask_norm_avx2(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask)
                                      : vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
 #else
             const uint8_t any = vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
@@ -288,4 +315,70 @@ VT_EXPORT uint32_t vt_round_fp32(const double *v, int64_t n, float *r) {
         r[i] = f;
     }
     return nf;
+}
+
+/* pw_sum (pairwise.h) of the FP64 values of x[0..n) and of their absolute values at once: the same
+ * blocking, pairing and order, so the bits of pw_sum(t, n, 0) and pw_sum(t, n, 1) for t = (double)x. */
+static void vt_pw_sum2(const float *x, int64_t n, double *sum, double *abs_sum) {
+    if (n < 8) {
+        double res = -0.0, ares = -0.0;
+        for (int64_t i = 0; i < n; i++) {
+            res += (double)x[i];
+            ares += fabs((double)x[i]);
+        }
+        *sum = res;
+        *abs_sum = ares;
+        return;
+    }
+    if (n <= 128) {
+        double r[8], q[8];
+        for (int j = 0; j < 8; j++) {
+            r[j] = (double)x[j];
+            q[j] = fabs((double)x[j]);
+        }
+        int64_t i;
+        for (i = 8; i < n - (n % 8); i += 8) {
+            double d[8];
+            for (int j = 0; j < 8; j++) d[j] = (double)x[i + j];
+            for (int j = 0; j < 8; j++) r[j] += d[j];
+            for (int j = 0; j < 8; j++) q[j] += fabs(d[j]);
+        }
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        double ares = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+        for (; i < n; i++) {
+            res += (double)x[i];
+            ares += fabs((double)x[i]);
+        }
+        *sum = res;
+        *abs_sum = ares;
+        return;
+    }
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    double s1, a1, s2, a2;
+    vt_pw_sum2(x, n2, &s1, &a1);
+    vt_pw_sum2(x + n2, n - n2, &s2, &a2);
+    *sum = s1 + s2;
+    *abs_sum = a1 + a2;
+}
+
+/* SUM/MEAN of the rows of an FP32 x [rows, n] for the canonical trainer, with its bound and filter in
+ * one pass over x: per row (numpy's pairwise sums from 0.0 of the exact FP64 values, np_sum)
+ *     v = sum x (MEAN: sum x / n),  s = sum |x|,  reach = ((s + 0.0) * factor) * scale,
+ * then r = RN32(v) and the candidate test of vt_round_cand. The reference is
+ * canonical.sum_round_filter_np. Returns the candidate count. */
+VT_EXPORT int64_t vt_sum_round_filter(const float *x, int64_t rows, int64_t n, int32_t mean, double factor,
+                                      double scale, float *r, int64_t *idx, uint32_t *nonfinite) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        double v, s;
+        vt_pw_sum2(x + i * n, n, &v, &s);
+        v = 0.0 + v;
+        if (mean) v = v / (double)n;
+        const double reach = (((0.0 + s) + 0.0) * factor) * scale;
+        idx[k] = i;
+        k += vt_round_cand(v, reach, &r[i]);
+    }
+    *nonfinite = vt_any_nonfinite(r, idx, k);
+    return k;
 }

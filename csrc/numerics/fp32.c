@@ -170,3 +170,21 @@ static uint32_t row_sqrt(const float *a, float *out, int64_t n) {
 VT_EXPORT int vt_fp32_sqrt(const float *a, float *out, int64_t n) {
     return row_sqrt(a, out, n) ? 0 : 1;
 }
+
+/* Data movement (executor._move's PERMUTE of the last two axes): out[b, j, i] = a[b, i, j] for
+ * `batches` C-contiguous [rows, cols] matrices, in 16 x 16 tiles (bits copied, no arithmetic). */
+#define VT_TILE 16
+VT_EXPORT void vt_transpose32(const float *a, int64_t batches, int64_t rows, int64_t cols, float *out) {
+    for (int64_t b = 0; b < batches; b++) {
+        const float *ab = a + b * rows * cols;
+        float *ob = out + b * rows * cols;
+        for (int64_t i0 = 0; i0 < rows; i0 += VT_TILE) {
+            const int64_t i1 = i0 + VT_TILE < rows ? i0 + VT_TILE : rows;
+            for (int64_t j0 = 0; j0 < cols; j0 += VT_TILE) {
+                const int64_t j1 = j0 + VT_TILE < cols ? j0 + VT_TILE : cols;
+                for (int64_t j = j0; j < j1; j++)
+                    for (int64_t i = i0; i < i1; i++) ob[j * rows + i] = ab[i * cols + j];
+            }
+        }
+    }
+}

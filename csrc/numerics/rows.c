@@ -335,3 +335,50 @@ VT_EXPORT int vt_rows_grid(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t 
     scratch_free(&w);
     return 0;
 }
+
+/* pw_sum(t, n, 0) of the squares t = x^2 of FP32 values x (exact in FP64), without writing t: the same
+ * blocking, pairing and order, so the same bits. */
+static double pw_sumsq32(const float *x, int64_t n) {
+    if (n < 8) {
+        double res = -0.0;
+        for (int64_t i = 0; i < n; i++) res += (double)x[i] * (double)x[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; j++) r[j] = (double)x[j] * (double)x[j];
+        int64_t i;
+        for (i = 8; i < n - (n % 8); i += 8) {
+            double d[8];
+            for (int j = 0; j < 8; j++) d[j] = (double)x[i + j];
+            for (int j = 0; j < 8; j++) r[j] += d[j] * d[j];
+        }
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += (double)x[i] * (double)x[i];
+        return res;
+    }
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pw_sumsq32(x, n2) + pw_sumsq32(x + n2, n - n2);
+}
+
+/* Row norms for MATMUL's Cauchy-Schwarz bound (executor._norm_bound, native_filter.row_norms):
+ * out[i] = sqrt(0.0 + pw_sum(x[i, :]^2)), the bits of numpy's np.sqrt((x * x).sum(axis=-1)) on the
+ * C-contiguous FP64 values [rows, k] of FP32 numbers (their squares are exact in FP64), read as
+ * FP64 (vt_row_norms) or as the FP32 numbers themselves (vt_row_norms32). vt_row_norms returns 0,
+ * or -1 when its scratch row cannot be allocated. */
+VT_EXPORT int vt_row_norms(const double *x, int64_t rows, int64_t k, double *out) {
+    double *sq = malloc((size_t)(k > 0 ? k : 1) * sizeof(double));
+    if (!sq) return -1;
+    for (int64_t i = 0; i < rows; i++) {
+        const double *xr = x + i * k;
+        for (int64_t j = 0; j < k; j++) sq[j] = xr[j] * xr[j];
+        out[i] = sqrt(np_sum(sq, k, 0));
+    }
+    free(sq);
+    return 0;
+}
+
+VT_EXPORT void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out) {
+    for (int64_t i = 0; i < rows; i++) out[i] = sqrt(0.0 + pw_sumsq32(x + i * k, k));
+}

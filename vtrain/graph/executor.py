@@ -30,7 +30,13 @@ from vtrain.graph.step_graph import (
     bits_f32,
 )
 from vtrain.numerics import fp32_native, native_filter
-from vtrain.numerics.canonical import grid_elements, round_canonical, tight_bound_at
+from vtrain.numerics.canonical import (
+    grid_elements,
+    round_canonical,
+    round_canonical_sum,
+    sum_bound_factor,
+    tight_bound_at,
+)
 from vtrain.numerics.paper import apply_paper, hooked_ops, round_paper
 from vtrain.numerics.rounding import (
     TRAINER_BOUND_SLACK,
@@ -344,6 +350,14 @@ class StepExecutor:
             _check_finite(out.reshape(-1), f"{op.kind.name} op {op.id}")
         return out
 
+    @staticmethod
+    def _log_entries(op: OpNode, entries: OpLog, out_log: StepLog, stats: RoundingStats) -> None:
+        if len(entries):
+            out_log.sparse[op.id] = entries
+            stats.logged += len(entries)
+            stats.explicit += int((entries.code == 3).sum())
+            stats.per_op[op.id] = len(entries)
+
     def _run_op(
         self, op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums=None
     ) -> torch.Tensor:
@@ -389,9 +403,17 @@ class StepExecutor:
             bound_kind = "norm"  # checked replay: filters; apply_log's tight bound of the exact terms decides
         else:
             bound_kind = "tight"
+        what = f"{op.kind.name} op {op.id}"
+        if bound_kind == "norm" and log_in is None and k in (OpKind.SUM, OpKind.MEAN) and self.mode == Mode.CERTIFIED:
+            got = round_canonical_sum(self.graph, op, ins, what)  # v, d and the filter in one native pass
+            if got is not None:
+                out, entries, slow = got
+                stats.values += out.numel()
+                stats.ambiguous_resolved += slow
+                self._log_entries(op, entries, out_log, stats)
+                return out
         v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
         stats.values += v.numel()
-        what = f"{op.kind.name} op {op.id}"
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
             # the paper does not log weight gradients or the optimizer
             out, _ = round_output(v, None, what, check_finite=True if eager else sums)
@@ -415,11 +437,7 @@ class StepExecutor:
             else:
                 floor = tight_floor(op) if bound is not None else None
                 out, entries = round_output(v, bound, what, directed_floor=floor, check_finite=True if eager else sums)
-            if len(entries):
-                out_log.sparse[op.id] = entries
-                stats.logged += len(entries)
-                stats.explicit += int((entries.code == 3).sum())
-                stats.per_op[op.id] = len(entries)
+            self._log_entries(op, entries, out_log, stats)
             return out
         entries = log_in.entries(op.id)
         viol: list[LogViolation] | None = [] if check else None
@@ -598,6 +616,10 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
     if k in (OpKind.OUTPUT, OpKind.RESHAPE):
         return a.reshape(op.shape)
     if k == OpKind.PERMUTE:
+        if fp32_native.swaps_last_two(op.attrs):
+            out = fp32_native.transpose(a)  # a tiled copy where the kernel applies (torch's is slower)
+            if out is not None:
+                return out
         return a.permute(*op.attrs).contiguous()
     if k == OpKind.SLICE:
         axis, start = op.attrs
@@ -731,7 +753,7 @@ def _compute_fp64(
         if bound == "none":
             return (v.add_(x[2]) if len(ins) == 3 else v), None
         if bound == "norm":
-            return v, _norm_bound(x, v, lazy)
+            return v, _norm_bound(x, v, lazy, ins)
         s = torch.matmul(ins[0].abs(), ins[1].abs().transpose(-1, -2))
         n = ins[0].shape[-1]
         if len(ins) == 3:  # in place on the fresh products (large fresh buffers cost page faults)
@@ -747,7 +769,7 @@ def _compute_fp64(
         if bound == "none":
             return (v if k == OpKind.SUM else v / n), None
         s = ins[0].abs().sum(dim=-1, keepdim=True)
-        c = TRAINER_BOUND_SLACK * gamma(n) if k == OpKind.SUM else TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n
+        c = sum_bound_factor(k, n)
         v = v if k == OpKind.SUM else v / n
         if lazy and native_filter.usable(v):  # (fl64(s) + 0) * c: the same bits as c * fl64(s) (s >= 0)
             return v, native_filter.TightBound(s, 0.0, c)
@@ -770,22 +792,26 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.where(far, 0.0, x)).masked_fill_(far, 0.0)
 
 
-def _norm_bound(x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False) -> native_filter.Bound:
+def _norm_bound(
+    x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False, ins: list[torch.Tensor] | None = None
+) -> native_filter.Bound:
     """The trainer bound of an FP64 MATMUL (``v``, with the bias added here) from the Cauchy-Schwarz
     bound ``|a_i|_2 |b_j|_2 (+ |bias_j|) >= sum_k |t_k|`` of FP64 row norms of the FP32 inputs
     ``x``: squares of FP32 values are exact in FP64 and cannot underflow or overflow, the norms'
     sum, square root, product and bias add carry a relative error below ``(n + 4) 2^-53``, covered by
     the factor ``1 + (n + 4) 2^-52``. At least the tight bound of :func:`_compute_fp64`, elementwise.
-    ``lazy`` (where the native filter takes ``v``): the same bound unmaterialized (``NormBound``)."""
+    ``lazy`` (where the native filter takes ``v``): the same bound unmaterialized (``NormBound``).
+    ``ins``: the FP32 inputs, where the norms are read from (the same bits, half the bytes)."""
     n = x[0].shape[-1]
     if lazy and native_filter.usable(v):
         if len(x) == 3:
             v.add_(x[2])
         m = n + (len(x) == 3)
         factor = TRAINER_BOUND_SLACK * gamma(m) * (1.0 + (m + 4) * 2.0**-52)
-        return native_filter.norm_bound(x, v, factor, m * _SUBNORMAL)
-    na = x[0].mul(x[0]).sum(dim=-1, keepdim=True).sqrt_()  # [..., M, 1]
-    nb = x[1].mul(x[1]).sum(dim=-1, keepdim=True).sqrt_()  # [..., N, 1]
+        return native_filter.norm_bound(x, v, factor, m * _SUBNORMAL, ins)
+    src = ins if ins is not None else x
+    na = native_filter.row_norms(src[0])  # [..., M, 1]
+    nb = native_filter.row_norms(src[1])  # [..., N, 1]
     s = na * nb.transpose(-1, -2)
     if len(x) == 3:
         v.add_(x[2])

@@ -204,6 +204,51 @@ def round_canonical(
     value and certified bound, dense or lazy: only the candidate filter reads it); also returns how
     many candidates fell back to exact arithmetic."""
     r, cand, finite = round_candidates(v, d)
+    return _round_canonical_at(graph, op, ins, v, r, cand, finite, what)
+
+
+def sum_bound_factor(kind: OpKind, n: int) -> float:
+    """The trainer bound of a SUM/MEAN over ``n`` terms is this times ``sum|x|`` (``executor._compute_fp64``)."""
+    if kind == OpKind.SUM:
+        return TRAINER_BOUND_SLACK * gamma(n)
+    return TRAINER_BOUND_SLACK * (gamma(n) + 2 * U) / n
+
+
+def round_canonical_sum(
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], what: str
+) -> tuple[torch.Tensor, OpLog, int] | None:
+    """:func:`round_canonical` of a SUM/MEAN op from its FP32 input alone, its FP64 values, bound and
+    candidates in one native pass (``native_filter.sum_round_filter``: pairwise FP64 sums, a valid
+    evaluation within the bound, so the same outputs and log as from torch's ``v``); None where the
+    kernel does not apply."""
+    x = ins[0]
+    if x.dim() == 0:
+        return None
+    got = NF.sum_round_filter(x, op.kind == OpKind.MEAN, sum_bound_factor(op.kind, x.shape[-1]), _BAND)
+    if got is None:
+        return None
+    r, cand, finite = got
+    return _round_canonical_at(graph, op, ins, None, r.reshape(op.shape), torch.from_numpy(cand), finite, what)
+
+
+def sum_round_filter_np(x: np.ndarray, kind: OpKind) -> tuple[np.ndarray, np.ndarray]:
+    """The numpy reference of ``native_filter.sum_round_filter`` (``x`` FP32): ``(r, candidates)``."""
+    n = x.shape[-1]
+    x64 = np.ascontiguousarray(x, dtype=np.float64).reshape(-1, n)
+    v = x64.sum(axis=1)
+    if kind == OpKind.MEAN:
+        v = v / n
+    reach = ((np.abs(x64).sum(axis=1) + 0.0) * sum_bound_factor(kind, n)) * _BAND
+    with np.errstate(over="ignore", invalid="ignore"):
+        rf = v.astype(np.float32) + np.float32(0.0)
+    return rf, midpoint_candidates_np(v, rf, reach)
+
+
+def _round_canonical_at(
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor | None, r: torch.Tensor,
+    cand: torch.Tensor, finite: bool, what: str,
+) -> tuple[torch.Tensor, OpLog, int]:
+    """:func:`round_canonical` from ``r = RN32(v)`` and the candidates (``v`` read by MATMUL only)."""
     if cand.numel() == 0:  # also proves every element finite (a NaN/Inf margin is never > 0)
         return r, OpLog.empty(), 0
     if not finite:

@@ -35,6 +35,10 @@ _SQRT = getattr(_LIB, "vt_fp32_sqrt", None) if _LIB is not None else None
 if _SQRT is not None:
     _SQRT.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     _SQRT.restype = ctypes.c_int
+_TRANSPOSE = getattr(_LIB, "vt_transpose32", None) if _LIB is not None else None
+if _TRANSPOSE is not None:
+    _TRANSPOSE.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    _TRANSPOSE.restype = None
 
 # (shape, a's shape and strides, b's shape and strides) -> the kernel's int64 arrays (kept alive here)
 _LAYOUTS: dict[tuple, tuple[int, int, int, int, tuple]] = {}
@@ -113,3 +117,22 @@ def sqrt(a: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor
         out = out.view(a.shape)
     ok = _SQRT(a.data_ptr(), out.data_ptr(), a.numel())
     return out, ok == 1
+
+
+def swaps_last_two(perm: tuple[int, ...]) -> bool:
+    """Whether ``perm`` keeps the leading axes and swaps the last two (what :func:`transpose` moves)."""
+    n = len(perm)
+    return n >= 2 and tuple(perm) == (*range(n - 2), n - 1, n - 2)
+
+
+def transpose(a: torch.Tensor) -> torch.Tensor | None:
+    """``a`` with its last two axes swapped, as a fresh contiguous tensor: the bits of
+    ``a.transpose(-1, -2).contiguous()`` (a copy), in cache-sized tiles. ``a``: a C-contiguous FP32
+    CPU tensor of at least 2 dims; None when the kernel does not apply (use torch then)."""
+    if _TRANSPOSE is None or a.dtype is not torch.float32 or not a.is_cpu or a.dim() < 2 or not a.is_contiguous():
+        return None
+    rows, cols = a.shape[-2], a.shape[-1]
+    out = torch.empty((*a.shape[:-2], cols, rows), dtype=torch.float32)
+    if out.numel():
+        _TRANSPOSE(a.data_ptr(), a.numel() // (rows * cols), rows, cols, out.data_ptr())
+    return out

@@ -113,6 +113,9 @@ _SIGNATURES = {
     "vt_round_filter_norm": (_I, [_P, _I, _I, _I, _P, _P, _P, _D, _D, _D, _P, _P, _P]),
     "vt_round_filter_scaled32": (_I, [_P, _P, _I, _D, _D, _D, _P, _P, _P]),
     "vt_round_fp32": (ctypes.c_uint32, [_P, _I, _P]),
+    "vt_row_norms": (ctypes.c_int, [_P, _I, _I, _P]),
+    "vt_row_norms32": (None, [_P, _I, _I, _P]),
+    "vt_sum_round_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P]),
 }
 
 
@@ -160,6 +163,31 @@ def round_filter(v: torch.Tensor, d: Bound, scale: float) -> tuple[torch.Tensor,
     return r, idx[:k].copy(), not flag.value
 
 
+def sum_round_filter(
+    x: torch.Tensor, mean: bool, factor: float, scale: float
+) -> tuple[torch.Tensor, np.ndarray, bool] | None:
+    """SUM (MEAN: ``mean``) over the last axis of an FP32 CPU ``x``, its bound and the filter in one
+    pass: ``(r, candidates, finite)`` as :func:`round_filter` gives them for ``v`` = the rows' FP64
+    sums (``/ n`` for MEAN) and ``d = (sum|x| + 0) * factor``, all sums numpy's pairwise ones
+    (reference: ``canonical.sum_round_filter_np``); ``r`` has shape ``[..., 1]``. None where the
+    kernel does not apply (not loaded, another device or dtype, an empty row)."""
+    if not native.available() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() == 0:
+        return None
+    n = x.shape[-1]
+    if n == 0:
+        return None
+    xc = x if x.is_contiguous() else x.contiguous()
+    rows = xc.numel() // n
+    r = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
+    idx = np.empty(max(rows, 1), dtype=np.int64)
+    flag = ctypes.c_uint32(0)
+    k = _fn("vt_sum_round_filter")(xc.data_ptr(), rows, n, int(mean), factor, scale, r.data_ptr(),
+                                   idx.ctypes.data, ctypes.addressof(flag))
+    if k < 0:
+        raise MemoryError("native filter: a SUM row could not be allocated")
+    return r, idx[:k].copy(), not flag.value
+
+
 def round_fp32(v: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """``(RN32(v) with canonical zero, whether every element is finite)`` of ``v`` (:func:`usable`)."""
     r = torch.empty(v.shape, dtype=torch.float32)
@@ -167,14 +195,47 @@ def round_fp32(v: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return r, not nonfinite
 
 
-def norm_bound(x: list[torch.Tensor], v: torch.Tensor, factor: float, sub: float) -> NormBound:
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """FP64 Euclidean norms of the last axis of ``x`` (FP32 numbers, as FP32 or FP64, ``[..., R, K]``),
+    keeping it as ``[..., R, 1]``: ``sqrt(sum_k x_k^2)`` with numpy's pairwise summation on the CPU
+    (the C kernels ``vt_row_norms``/``vt_row_norms32`` of ``csrc/numerics/rows.c`` where loaded, numpy
+    otherwise: the same bits), torch's elsewhere. Any summation order keeps ``executor._norm_bound``'s
+    error bound."""
+    if x.device.type != "cpu":
+        x = x.double()
+        return x.mul(x).sum(dim=-1, keepdim=True).sqrt_()
+    k = x.shape[-1]
+    if native.available() and x.dtype in (torch.float32, torch.float64) and x.numel():
+        xc = x if x.is_contiguous() else x.contiguous()
+        out = torch.empty((*x.shape[:-1], 1), dtype=torch.float64)
+        rows = xc.numel() // max(k, 1)
+        if x.dtype == torch.float32:
+            _fn("vt_row_norms32")(xc.data_ptr(), rows, k, out.data_ptr())
+        elif _fn("vt_row_norms")(xc.data_ptr(), rows, k, out.data_ptr()):
+            raise MemoryError("native filter: row norms could not allocate a scratch row")
+        return out
+    xn = np.ascontiguousarray(x.numpy(), dtype=np.float64)  # rows in memory order: the kernel's order
+    return torch.from_numpy(np.sqrt((xn * xn).sum(axis=-1, keepdims=True)))
+
+
+def norm_bound(
+    x: list[torch.Tensor], v: torch.Tensor, factor: float, sub: float, ins: list[torch.Tensor] | None = None
+) -> NormBound:
     """The lazy form of ``executor._norm_bound`` for FP64 inputs ``x`` (``[..., M, K]``,
-    ``[..., N, K]``, bias ``[N]``) and output ``v`` ``[..., M, N]``: the same row norms (torch, as
-    there), expanded to one per output row and one row of ``nb`` per batch."""
-    na = x[0].mul(x[0]).sum(dim=-1, keepdim=True).sqrt_()  # [..., M, 1]
-    nb = x[1].mul(x[1]).sum(dim=-1, keepdim=True).sqrt_()  # [..., N, 1]
+    ``[..., N, K]``, bias ``[N]``; ``ins``: the same as FP32, where the norms are read from) and
+    output ``v`` ``[..., M, N]``: the same row norms (:func:`row_norms`), expanded to one per output
+    row and one row of ``nb`` per batch."""
+    src = ins if ins is not None else x
+    na = row_norms(src[0])  # [..., M, 1]
+    nb = row_norms(src[1])  # [..., N, 1]
     m, n_cols = v.shape[-2], v.shape[-1]
-    na = na.expand(*v.shape[:-1], 1).contiguous().reshape(-1)
-    nb = nb.squeeze(-1).expand(*v.shape[:-2], n_cols).contiguous().reshape(-1, n_cols)
+    if na.shape[:-1] == v.shape[:-1]:
+        na = na.reshape(-1)
+    else:
+        na = na.expand(*v.shape[:-1], 1).contiguous().reshape(-1)
+    if nb.shape[:-2] == v.shape[:-2]:
+        nb = nb.reshape(-1, n_cols)
+    else:
+        nb = nb.squeeze(-1).expand(*v.shape[:-2], n_cols).contiguous().reshape(-1, n_cols)
     bias = x[2].reshape(-1).contiguous() if len(x) == 3 else None
     return NormBound(na, nb, bias, m, sub, factor, tuple(v.shape))
