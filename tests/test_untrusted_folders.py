@@ -377,3 +377,17 @@ def test_a_deployment_file_that_is_a_device_or_huge_is_refused_unread(tmp_path: 
             f.truncate(MAX_DEPLOYMENT_BYTES + 1)
     with pytest.raises(ChainError, match="deployment file .*(not a regular file|more than the 16777216 bytes)"):
         Deployment.load(dep)
+
+
+def test_a_bound_far_above_memory_reads_only_what_the_file_holds(tmp_path: Path) -> None:
+    """A job's bound on a file (GPT-2 117M's log bound is tens of GB) is a limit, not a buffer size:
+    the old read asked for ``limit + 1`` bytes at once and raised MemoryError on a 200 KB log."""
+    from vtrain.training.untrusted import read_regular
+
+    p = tmp_path / "log"
+    blob = os.urandom(3 << 20) + b"tail"  # more than one 1 MiB piece past the first read
+    p.write_bytes(blob)
+    assert read_regular(p, 1 << 60, "log") == blob
+    assert read_regular(p, len(blob), "log") == blob
+    with pytest.raises(Exception, match="more than the"):
+        read_regular(p, len(blob) - 1, "log")

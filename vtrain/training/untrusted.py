@@ -23,7 +23,19 @@ def read_regular(path: Path, limit: int, what: str) -> bytes:
         if st.st_size > limit:
             raise CorruptArtifact(f"{what} {path}: {st.st_size} bytes, more than the {limit} bytes it can "
                                   "have (not read)")
-        data = f.read(limit + 1)
+        data = _read_upto(f, limit + 1, st.st_size + 1)
     if len(data) > limit:
         raise CorruptArtifact(f"{what} {path}: more than the {limit} bytes it can have (grew while read; not used)")
     return data
+
+
+def _read_upto(f, cap: int, hint: int) -> bytes:
+    """At most ``cap`` bytes of ``f`` up to its end, without ever asking for more memory than the
+    file holds: a first read of ``hint`` bytes (its size when checked, plus one), then 1 MiB at a
+    time while it grows (``cap`` may be far above any memory: a job's bound on its largest log)."""
+    parts = [f.read(min(cap, hint))]
+    total = len(parts[0])
+    while total < cap and len(parts[-1]):
+        parts.append(f.read(min(cap - total, 1 << 20)))
+        total += len(parts[-1])
+    return b"".join(parts)
