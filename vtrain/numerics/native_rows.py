@@ -140,10 +140,9 @@ def decide(
     return o[0, :kept], o[1, :kept], o[2, :kept], o[3, :kept] != 0
 
 
-def is_rn32(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray, claimed: np.ndarray) -> np.ndarray | None:
-    """Per element at flat ``cand``: ``YES`` when the claimed FP32 bits are RN32 of its exact value by the
-    double-double comparison, ``NO`` when they are not, ``UNDECIDED`` when too close to call. None:
-    use the numpy path."""
+def _rows_at(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray):
+    """``(source args, candidate pointer, count, kept tensors)`` for a kernel reading the rows of the
+    elements at flat ``cand`` (``keep`` holds what the pointers point into); None: use numpy."""
     if not _usable(ins):
         return None
     keep: list[torch.Tensor] = []
@@ -151,6 +150,17 @@ def is_rn32(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray, claimed: np
     if src is None:
         return None
     c_ptr, c = _index(cand, keep)
+    return src, c_ptr, c, keep
+
+
+def is_rn32(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray, claimed: np.ndarray) -> np.ndarray | None:
+    """Per element at flat ``cand``: ``YES`` when the claimed FP32 bits are RN32 of its exact value by the
+    double-double comparison, ``NO`` when they are not, ``UNDECIDED`` when too close to call. None:
+    use the numpy path."""
+    got = _rows_at(kind, ins, cand)
+    if got is None:
+        return None
+    src, c_ptr, c, keep = got
     claim = torch.from_numpy(np.ascontiguousarray(claimed, dtype=np.uint32).view(np.int32))
     verdict = np.empty(c, dtype=np.uint8)
     _check(_LIB.vt_rows_is_rn32(*src, _KIND[kind], c_ptr, c, claim.data_ptr(), _ptr(verdict)), "is_rn32", src[-1])
@@ -159,13 +169,10 @@ def is_rn32(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray, claimed: np
 
 def grid(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray) -> np.ndarray | None:
     """The exact-grid rule (``canonical.grid_exact``) of the elements at flat ``cand``; None: numpy."""
-    if not _usable(ins):
+    got = _rows_at(kind, ins, cand)
+    if got is None:
         return None
-    keep: list[torch.Tensor] = []
-    src = _source(kind, ins, None, keep)
-    if src is None:
-        return None
-    c_ptr, c = _index(cand, keep)
+    src, c_ptr, c, keep = got
     out = np.empty(c, dtype=np.bool_)
     _check(_LIB.vt_rows_grid(*src, _KIND[kind], c_ptr, c, _ptr(out)), "grid", src[-1])
     return out
