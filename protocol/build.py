@@ -45,12 +45,31 @@ SOLC_SETTINGS: dict[str, Any] = {
     "viaIR": True,
     "evmVersion": "cancun",
 }
-_OUTPUTS = ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"]
+_OUTPUTS = ["abi", "evm.bytecode.object", "evm.deployedBytecode.object", "evm.deployedBytecode.immutableReferences",
+            "evm.deployedBytecode.linkReferences"]
+_SOURCE_OUTPUTS = ["ast"]  # per file: the names and types of the immutables (protocol.codecheck checks their values)
 _MANIFEST_NAME = ".manifest.json"  # in BUILD_DIR: the build key and the contract names
 
 
 class BuildError(Exception):
     """Raised when the contracts cannot be compiled: a compiler error, or node/solc missing."""
+
+
+@dataclass(frozen=True)
+class Immutable:
+    """One immutable of a contract: its name and Solidity type (e.g. ``contract IJobRegistry``,
+    ``uint64``) and the (start, length) byte ranges of the runtime code holding its value."""
+
+    name: str
+    type: str
+    ranges: tuple[tuple[int, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.type, "ranges": [list(r) for r in self.ranges]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Immutable:
+        return cls(data["name"], data["type"], tuple((int(s), int(n)) for s, n in data["ranges"]))
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,9 @@ class ContractArtifact:
     abi: list[dict[str, Any]]
     bytecode: str  # 0x-prefixed creation code; "0x" for interfaces and abstract contracts
     deployed_bytecode: str  # 0x-prefixed runtime code
+    immutables: tuple[Immutable, ...] = ()
+    """Where the constructor writes each immutable into the runtime code (solc's
+    ``immutableReferences``: the bytes there are zero in ``deployed_bytecode``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +92,7 @@ class ContractArtifact:
             "abi": self.abi,
             "bytecode": self.bytecode,
             "deployedBytecode": self.deployed_bytecode,
+            "immutables": [i.to_json() for i in self.immutables],
             "compiler": {"version": SOLC_VERSION, "settings": SOLC_SETTINGS},
         }
 
@@ -81,6 +104,7 @@ class ContractArtifact:
             abi=data["abi"],
             bytecode=data["bytecode"],
             deployed_bytecode=data["deployedBytecode"],
+            immutables=tuple(Immutable.from_json(i) for i in data.get("immutables", [])),
         )
 
 
@@ -99,6 +123,7 @@ def _source_name(path: Path) -> str:
 def _build_key(sources: dict[str, str]) -> str:
     h = hashlib.sha256()
     header = {"solc": SOLC_VERSION, "settings": SOLC_SETTINGS, "outputs": _OUTPUTS}
+    header["source_outputs"] = _SOURCE_OUTPUTS
     h.update(json.dumps(header, sort_keys=True).encode())
     for name in sorted(sources):
         h.update(name.encode() + b"\0" + hashlib.sha256(sources[name].encode()).digest())
@@ -180,7 +205,7 @@ def _compile(sources: dict[str, str]) -> dict[str, ContractArtifact]:
     input_json = {
         "language": "Solidity",
         "sources": {name: {"content": text} for name, text in sources.items()},
-        "settings": {**SOLC_SETTINGS, "outputSelection": {"*": {"*": _OUTPUTS}}},
+        "settings": {**SOLC_SETTINGS, "outputSelection": {"*": {"*": _OUTPUTS, "": _SOURCE_OUTPUTS}}},
     }
     try:
         output = solcx.compile_standard(
@@ -193,9 +218,14 @@ def _compile(sources: dict[str, str]) -> dict[str, ContractArtifact]:
     for msg in output.get("errors", []):
         log.warning("solc: %s", msg.get("formattedMessage", msg.get("message")))
 
+    declarations = _immutable_declarations(output)
     artifacts: dict[str, ContractArtifact] = {}
     for source, contracts in sorted(output.get("contracts", {}).items()):
         for name, out in sorted(contracts.items()):
+            runtime = out["evm"]["deployedBytecode"]
+            if runtime.get("linkReferences"):  # protocol.codecheck compares whole runtime codes
+                raise BuildError(f"{source}:{name} needs linked libraries ({', '.join(runtime['linkReferences'])}); "
+                                 "the protocol's libraries must be internal")
             if name in artifacts:
                 raise BuildError(
                     f"contract name {name!r} is defined in both {artifacts[name].source} and "
@@ -207,8 +237,32 @@ def _compile(sources: dict[str, str]) -> dict[str, ContractArtifact]:
                 abi=out["abi"],
                 bytecode="0x" + out["evm"]["bytecode"]["object"],
                 deployed_bytecode="0x" + out["evm"]["deployedBytecode"]["object"],
+                immutables=tuple(
+                    Immutable(*declarations[int(ast_id)], tuple((int(r["start"]), int(r["length"])) for r in refs))
+                    for ast_id, refs in sorted(runtime.get("immutableReferences", {}).items(),
+                                               key=lambda kv: int(kv[0]))
+                ),
             )
     return artifacts
+
+
+def _immutable_declarations(output: dict[str, Any]) -> dict[int, tuple[str, str]]:
+    """AST id -> (name, type) of every immutable state variable in the compiler's ASTs."""
+    found: dict[int, tuple[str, str]] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("nodeType") == "VariableDeclaration" and node.get("mutability") == "immutable":
+                found[int(node["id"])] = (node["name"], node["typeDescriptions"]["typeString"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    for src in output.get("sources", {}).values():
+        walk(src.get("ast"))
+    return found
 
 
 def _format_errors(errors: Any) -> str:  # solc's "errors" list (py-solc-x types it a dict)
