@@ -415,6 +415,7 @@ def load_spec(path: Path):
 
 def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.0):
     """Chain and attached protocol, or a ClickException saying what is wrong."""
+    from protocol.build import BuildError
     from protocol.chain import Chain, ChainError, Deployment
     from protocol.deploy import Protocol
 
@@ -433,62 +434,39 @@ def connect(rpc: str, deployment_path: Path, retries: int, deadline: float = 60.
         chain.first_contact()
     except ChainError as e:
         raise click.ClickException(f"cannot use the JSON-RPC node at {rpc}: {e}") from None
-    try:
-        if isinstance(abis, dict) and all(isinstance(abis.get(n), list) for n in _CONTRACTS):
-            proto = attach_with_abis(chain, d, abis)
-        else:
-            proto = Protocol.attach(chain, d)
-    except ChainError as e:
+    try:  # the code at every address is this build's, bound to the others (Protocol.attach)
+        proto = Protocol.attach(chain, d)
+    except (ChainError, BuildError) as e:
         raise click.ClickException(f"deployment {deployment_path}: {e}") from None
-    # Code at the addresses is not enough: they must be one deployment (each bound to the others;
-    # Protocol.attach checks it too).
-    try:
-        proto.check_bindings()
-    except ChainError as e:
-        raise click.ClickException(f"deployment {deployment_path}: {e}") from None
+    ignore_served_abis(deployment_path, abis)
     return chain, proto
 
 
-_CONTRACTS = ("JobRegistry", "DisputeGame", "Adjudicator")
+def ignore_served_abis(deployment_path: Path, abis: object) -> None:
+    """A deployment file's ``abis`` are served data: the contracts are decoded with the ABIs of the
+    code they were verified to be (this build's). Say so when the file's differ from them."""
+    from protocol.build import load_artifact
+
+    if not isinstance(abis, dict):
+        return
+    differ = sorted(name for name, abi in abis.items()
+                    if name in _DEPLOYED and abi != load_artifact(name).abi)
+    if differ:
+        log.warning("deployment %s: its ABIs of %s differ from the verified code's; they are not used",
+                    deployment_path, ", ".join(differ))
 
 
-def attach_with_abis(chain, d, abis: dict[str, list]):
-    """Like ``Protocol.attach``, with the ABIs the deployer used (``abis`` in the deployment file)
-    instead of the current build: no compiling in every agent process when the sources changed
-    since, and no ABI of sources that are not what was deployed."""
-    from web3 import Web3
-
-    from protocol.chain import ChainError
-    from protocol.deploy import Protocol
-
-    if chain.w3.eth.chain_id != d.chain_id:
-        raise ChainError(f"deployment is for chain id {d.chain_id}, node {chain.name} has {chain.w3.eth.chain_id}")
-    contracts = []
-    for name, address in zip(_CONTRACTS, (d.registry, d.game, d.adjudicator), strict=True):
-        if not Web3.is_address(address):
-            raise ChainError(f"{name}: {address!r} is not an address")
-        address = Web3.to_checksum_address(address)
-        if len(chain._retry("eth_getCode", lambda a=address: chain.w3.eth.get_code(a))) == 0:
-            raise ChainError(f"{name}: no contract at {address} on {chain.name} (wrong address or chain?)")
-        chain.register_errors(abis[name])
-        contracts.append(chain.w3.eth.contract(address=address, abi=abis[name]))
-    availability = None
-    if d.availability and isinstance(abis.get("DataAvailability"), list):
-        chain.register_errors(abis["DataAvailability"])
-        availability = chain.w3.eth.contract(address=Web3.to_checksum_address(d.availability),
-                                             abi=abis["DataAvailability"])
-    elif d.availability:
-        availability = chain.at("DataAvailability", d.availability)
-    return Protocol(chain, *contracts, availability=availability)
+_DEPLOYED = ("JobRegistry", "DisputeGame", "Adjudicator", "DataAvailability")
 
 
 def save_deployment(proto, path: Path) -> None:
-    """The deployment file with the deployed contracts' ABIs (``attach_with_abis`` reads them)."""
+    """The deployment file: the addresses, and the deployed contracts' ABIs for other tools (vtrain's
+    agents decode with the ABIs of the code they verified, never these: ``ignore_served_abis``)."""
     from vtrain.training.rundir import atomic_write
 
     d = {
         **proto.deployment.__dict__,
-        "abis": {n: c.abi for n, c in zip(_CONTRACTS, (proto.registry, proto.game, proto.adjudicator), strict=True)},
+        "abis": {n: c.abi for n, c in zip(_DEPLOYED[:3], (proto.registry, proto.game, proto.adjudicator), strict=True)},
     }
     if proto.availability is not None:
         d["abis"]["DataAvailability"] = proto.availability.abi

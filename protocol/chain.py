@@ -179,16 +179,27 @@ class Chain:
         return self.w3.eth.contract(address=addr, abi=art.abi)
 
     def at(self, name: str, address: str) -> Contract:
-        """The deployed contract ``name`` at ``address``; fails clearly when no code is there."""
-        if not Web3.is_address(address):
+        """The deployed contract ``name`` at ``address``, once its code is checked to be the one this
+        vtrain builds (:func:`protocol.codecheck.check_code`; ``Protocol.attach`` also checks the
+        immutables that bind it to the other contracts); ChainError names what is wrong."""
+        return self.verified(name, address)[0]
+
+    def verified(self, name: str, address: str) -> tuple[Contract, dict[str, int | str]]:
+        """The contract ``name`` at ``address`` (decoded with this build's ABI, never a served one)
+        and its immutables' values, after one ``eth_getCode``: :class:`protocol.codecheck.CodeMismatch`
+        unless the code there is ``name`` as this vtrain builds it."""
+        from protocol.codecheck import CodeMismatch, check_code
+
+        if not isinstance(address, str) or not Web3.is_address(address):
             raise ChainError(f"{name}: {address!r} is not an address")
         address = Web3.to_checksum_address(address)
         code = self._retry("eth_getCode", lambda: self.w3.eth.get_code(address))
         if len(code) == 0:
-            raise ChainError(f"{name}: no contract at {address} on {self.name} (wrong address or chain?)")
+            raise CodeMismatch(f"{name}: no contract at {address} on {self.name} (wrong address or chain?)")
+        values = check_code(name, address, bytes(code))
         art = load_artifact(name)
         self.register_errors(art.abi)
-        return self.w3.eth.contract(address=address, abi=art.abi)
+        return self.w3.eth.contract(address=address, abi=art.abi), values
 
     # -- transactions -----------------------------------------------------------------------------
     def send(self, fn: Any, sender: str, value: int = 0, gas: int = DEFAULT_GAS, what: str = "") -> dict:

@@ -72,57 +72,70 @@ class Protocol:
         )
 
     def check_bindings(self) -> None:
-        """Raise ChainError unless these addresses are one deployment: the registry is a JobRegistry
-        bound to this game and this availability contract, the game is bound to this registry and
-        this adjudicator, the availability contract to this registry (each read from the contracts
-        themselves, where it is immutable or set once). A deployment file is served data: an address
-        from another deployment, or a look-alike contract (e.g. a DataAvailability that keeps demand
-        bonds and emits made-up events) is refused before anything is sent to it or read from it."""
-        from web3 import Web3
-
-        from protocol.chain import ChainError
-
-        def bound(what: str, contract: Contract, fn: str, want: str, holder: str) -> None:
-            try:
-                got = self.chain.call(getattr(contract.functions, fn)())
-            except Exception as e:  # another contract: a revert, or output that does not decode
-                raise ChainError(f"{contract.address} on {self.chain.name} is not a {holder} ({_short(e)})") from None
-            if Web3.to_checksum_address(got) != Web3.to_checksum_address(want):
-                raise ChainError(f"the {holder} at {contract.address} is bound to the {what} {got}, not {want} "
-                                 "(addresses from another deployment?)")
-
-        bound("game", self.registry, "disputeGame", self.game.address, "JobRegistry")
-        bound("registry", self.game, "registry", self.registry.address, "DisputeGame")
-        bound("adjudicator", self.game, "adjudicator", self.adjudicator.address, "DisputeGame")
-        if self.availability is not None:
-            bound("availability contract", self.registry, "availability", self.availability.address, "JobRegistry")
-            bound("registry", self.availability, "registry", self.registry.address, "DataAvailability")
+        """Raise ChainError unless these contracts are one deployment of the code this vtrain
+        builds (see :func:`verify_deployment`)."""
+        verify_deployment(self.chain, self.deployment)
 
     @staticmethod
     def attach(chain: Chain, d: Deployment) -> Protocol:
+        """The deployment ``d`` (served data: e.g. a file from whoever deployed it), once
+        :func:`verify_deployment` found it to be the contracts this vtrain builds, bound to each
+        other; decoded with this build's ABIs."""
         if chain.w3.eth.chain_id != d.chain_id:
             from protocol.chain import ChainError
 
             raise ChainError(f"deployment is for chain id {d.chain_id}, node {chain.name} has {chain.w3.eth.chain_id}")
-        proto = Protocol(
-            chain,
-            chain.at("JobRegistry", d.registry),
-            chain.at("DisputeGame", d.game),
-            chain.at("Adjudicator", d.adjudicator),
-            availability=chain.at("DataAvailability", d.availability) if d.availability else None,
-        )
-        proto.check_bindings()  # a deployment file is served data: its addresses must be one deployment
-        return proto
+        return verify_deployment(chain, d)
+
+
+def verify_deployment(chain: Chain, d: Deployment) -> Protocol:
+    """The deployment ``d`` once checked, before anything is sent to it or read from it otherwise:
+    the code at every address of the graph (the four in ``d``, the game's ChunkAdjudicator, the
+    adjudicator's Transcendental) is the runtime code this checkout compiles (one eth_getCode
+    each; ``protocol.codecheck``), and each is bound to the others: the registry (storage set
+    once by its deployer) to this game and this availability contract, the game (immutables) to
+    this registry and this adjudicator, the availability contract to this registry. So neither
+    addresses of another deployment nor a look-alike set bound to each other (an Adjudicator that
+    always rules for the trainer, a registry that pays the trainer the bonds) pass. ChainError
+    (``CodeMismatch`` for the code) names the contract, the address and the reason."""
+    from web3 import Web3
+
+    from protocol.chain import ChainError
+    from protocol.codecheck import CodeMismatch
+
+    def bound(holder: str, at: Contract, what: str, got: str, want: str) -> None:
+        if Web3.to_checksum_address(got) != Web3.to_checksum_address(want):
+            raise ChainError(f"the {holder} at {at.address} is bound to the {what} {got}, not {want} "
+                             "(addresses from another deployment?)")
+
+    def reached(name: str, address: str, via: str, at: Contract) -> None:
+        try:
+            chain.verified(name, address)
+        except CodeMismatch as e:
+            raise CodeMismatch(f"{e} (the {name} of the {via} at {at.address})") from None
+
+    registry, _ = chain.verified("JobRegistry", d.registry)
+    game, game_bindings = chain.verified("DisputeGame", d.game)
+    adjudicator, adjudicator_bindings = chain.verified("Adjudicator", d.adjudicator)
+    availability, availability_bindings = (chain.verified("DataAvailability", d.availability) if d.availability
+                                           else (None, {}))
+    # the registry's code is this build's, so its getters can be read now
+    bound("JobRegistry", registry, "game", chain.call(registry.functions.disputeGame()), game.address)
+    if availability is not None:
+        bound("JobRegistry", registry, "availability contract", chain.call(registry.functions.availability()),
+              availability.address)
+    bound("DisputeGame", game, "registry", str(game_bindings["registry"]), registry.address)
+    bound("DisputeGame", game, "adjudicator", str(game_bindings["adjudicator"]), adjudicator.address)
+    reached("ChunkAdjudicator", str(game_bindings["chunkAdjudicator"]), "DisputeGame", game)
+    reached("Transcendental", str(adjudicator_bindings["transcendental"]), "Adjudicator", adjudicator)
+    if availability is not None:
+        bound("DataAvailability", availability, "registry", str(availability_bindings["registry"]), registry.address)
+    return Protocol(chain, registry, game, adjudicator, availability=availability)
 
 
 #: Wei per gas of a demand's answer fee on a public chain (DataAvailability constructor): 4 gwei,
 #: the price the challenger-bond floor is sized at; the dev price is protocol.availability's.
 PRODUCTION_FEE_GAS_PRICE = 4 * 10**9
-
-
-def _short(e: Exception) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def deploy(chain: Chain, deployer: str, floors: Floors = DEV_FLOORS, fee_gas_price: int | None = None) -> Protocol:

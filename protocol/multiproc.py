@@ -455,7 +455,7 @@ class ProcessDemo:
             f"Adjudicator {proto.adjudicator.address}")
         work.mkdir(parents=True, exist_ok=True)
         deployment_path = work / "deployment.json"
-        save_deployment(proto, deployment_path)  # with the ABIs: agents need not compile
+        save_deployment(proto, deployment_path)
         spec = default_spec(model)
         spec_path = work / "spec.json"
         atomic_write(spec_path, spec.to_json().encode())

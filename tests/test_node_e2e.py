@@ -161,7 +161,7 @@ def test_agent_commands_report_clear_errors(demo: ProcessDemo, tmp_path: Path) -
     # a deployment whose addresses hold no contract, or other contracts
     d = json.loads(demo.deployment_path.read_text())
     for patch, msg in (({"registry": "0x" + "11" * 20}, "no contract at"),
-                       ({"registry": d["game"], "game": d["registry"]}, "is not a JobRegistry"),
+                       ({"registry": d["game"], "game": d["registry"]}, "is not the JobRegistry this vtrain builds"),
                        ({"chain_id": 1}, "chain id")):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps({**d, **patch}))
