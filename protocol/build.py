@@ -173,6 +173,13 @@ def load_artifact(name: str) -> ContractArtifact:
         ) from None
 
 
+def compile_sources(sources: dict[str, str]) -> dict[str, ContractArtifact]:
+    """Compile ``sources`` (repo-relative path -> text; imports not given are read from the
+    checkout) with this build's compiler and settings, without caching or writing artifacts: e.g.
+    a source variant, to see that ``protocol.codecheck`` refuses its code."""
+    return _compile(sources)
+
+
 def _read_cached(key: str) -> dict[str, ContractArtifact] | None:
     try:
         manifest = json.loads((BUILD_DIR / _MANIFEST_NAME).read_text())
