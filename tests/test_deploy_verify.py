@@ -225,6 +225,19 @@ def test_every_contract_object_the_protocol_makes_from_an_address_is_verified() 
                       ("deploy.py", "Protocol("): {"verify_deployment", "deploy"}}, makers
 
 
+@pytest.mark.parametrize("node", [None, pytest.param("anvil_w3", marks=pytest.mark.node),
+                                  pytest.param("hardhat_w3", marks=pytest.mark.node)])
+def test_each_chain_gives_the_builds_code_and_the_check_holds(node: str | None, request) -> None:
+    """eth-tester, anvil and hardhat: a deployment by Chain.deploy attaches (each node returns the
+    build's runtime code with the immutables written), a look-alike adjudicator is refused."""
+    chain = Chain.connect(None if node is None else request.getfixturevalue(node).provider.endpoint_uri)
+    accts = chain.accounts()
+    Protocol.attach(chain, deploy(chain, accts[0]).deployment)
+    d, at = lookalike_set(chain, accts[0], {"Adjudicator": another_build})
+    with pytest.raises(CodeMismatch, match=refusal("Adjudicator", at["Adjudicator"])):
+        Protocol.attach(chain, d)
+
+
 # -- the command line: every command that attaches, on a real node ----------------------------------
 COMMANDS = {
     "client create-job": ["client", "create-job", "--spec", "{spec}"],
