@@ -94,7 +94,9 @@ def verify_deployment(chain: Chain, d: Deployment) -> Protocol:
     adjudicator's Transcendental) is the runtime code this checkout compiles (one eth_getCode
     each; ``protocol.codecheck``), and each is bound to the others: the registry (storage set
     once by its deployer) to this game and this availability contract, the game (immutables) to
-    this registry and this adjudicator, the availability contract to this registry. So neither
+    this registry and this adjudicator, the availability contract to this registry (a deployment
+    that omits the availability contract gets the registry's, if it has one: served data cannot
+    hide it from an agent, which would then neither demand nor answer). So neither
     addresses of another deployment nor a look-alike set bound to each other (an Adjudicator that
     always rules for the trainer, a registry that pays the trainer the bonds) pass. ChainError
     (``CodeMismatch`` for the code) names the contract, the address and the reason."""
@@ -117,13 +119,17 @@ def verify_deployment(chain: Chain, d: Deployment) -> Protocol:
     registry, _ = chain.verified("JobRegistry", d.registry)
     game, game_bindings = chain.verified("DisputeGame", d.game)
     adjudicator, adjudicator_bindings = chain.verified("Adjudicator", d.adjudicator)
-    availability, availability_bindings = (chain.verified("DataAvailability", d.availability) if d.availability
-                                           else (None, {}))
     # the registry's code is this build's, so its getters can be read now
     bound("JobRegistry", registry, "game", chain.call(registry.functions.disputeGame()), game.address)
-    if availability is not None:
-        bound("JobRegistry", registry, "availability contract", chain.call(registry.functions.availability()),
-              availability.address)
+    bound_availability = chain.call(registry.functions.availability())
+    if d.availability is None and int(bound_availability, 16) != 0:  # a file without it: the registry's
+        log.info("deployment: the registry's availability contract %s (not in the deployment)", bound_availability)
+        availability, availability_bindings = chain.verified("DataAvailability", bound_availability)
+    elif d.availability is not None:
+        availability, availability_bindings = chain.verified("DataAvailability", d.availability)
+        bound("JobRegistry", registry, "availability contract", bound_availability, availability.address)
+    else:
+        availability, availability_bindings = None, {}
     bound("DisputeGame", game, "registry", str(game_bindings["registry"]), registry.address)
     bound("DisputeGame", game, "adjudicator", str(game_bindings["adjudicator"]), adjudicator.address)
     reached("ChunkAdjudicator", str(game_bindings["chunkAdjudicator"]), "DisputeGame", game)

@@ -162,6 +162,20 @@ def test_a_transcendental_compiled_from_a_changed_constant_is_refused_through_th
         Protocol.attach(chain, d)
 
 
+def test_a_deployment_omitting_its_availability_contract_gets_the_registrys_verified(world) -> None:
+    """A served file without the availability address (an older file, or one cut to keep an agent
+    from demanding data or answering demands) attaches with the one the registry is bound to, once
+    its code is checked: a look-alike there is refused all the same."""
+    chain, accts, honest = world
+    d = honest.deployment
+    cut = Deployment(d.registry, d.game, d.adjudicator, d.chain_id)
+    attached = Protocol.attach(chain, cut)
+    assert attached.availability is not None and attached.availability.address == honest.availability.address
+    fake, at = lookalike_set(chain, accts[0], {"DataAvailability": another_build})
+    with pytest.raises(CodeMismatch, match=refusal("DataAvailability", at["DataAvailability"])):
+        Protocol.attach(chain, Deployment(fake.registry, fake.game, fake.adjudicator, fake.chain_id))
+
+
 def test_immutables_edited_after_construction_are_refused(world) -> None:
     """The code outside the slots is this build's, but one slot of the game's registry holds another
     address than the rest (code written without the constructor), or the adjudicator's
