@@ -26,7 +26,7 @@ from vtrain.graph.step_graph import OpKind, OpNode
 from vtrain.numerics.canonical import _terms, candidates, decide_rows
 from vtrain.numerics.rounding import TRAINER_BOUND_SLACK, Code, OpLog, U, _check_finite, canonical, gamma
 
-from .sharding import Shard, ShardingPlan
+from .sharding import Shard, ShardingPlan, shards
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +106,31 @@ class Collective:
         return self.plan.reductions
 
     def inputs(self, op: OpNode, ins: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Cut the replicated inputs that meet a sharded one at full batch size to this shard."""
+        """Cut the replicated inputs that meet a sharded one at full batch size to this shard, and
+        all-gather the sharded ones the plan needs whole (``ShardingPlan.gather_inputs``)."""
         cuts = self.plan.slice_inputs.get(op.id)
-        if not cuts:
+        whole = self.plan.gather_inputs.get(op.id)
+        if not cuts and not whole:
             return ins
         ins = list(ins)
-        for pos, p in cuts:
+        for pos, p in cuts or ():
             ins[pos] = ins[pos].narrow(p.axis, self.shard.start * p.block, self.shard.size * p.block).contiguous()
+        for pos, p in whole or ():
+            ins[pos] = self._gather_batch(ins[pos], p)
         return ins
+
+    def _gather_batch(self, t: torch.Tensor, p) -> torch.Tensor:
+        """Every rank's shard of ``t`` along its batch axis, in rank (= sample) order: the whole tensor,
+        the same bits on every rank (a copy). Shards differ in size by one sample at most: each is
+        padded to the largest for the all-gather and cut back."""
+        sizes = [s.size * p.block for s in shards(self.shard.batch, self.shard.world)]
+        shape = list(t.shape)
+        shape[p.axis] = max(sizes)
+        buf = torch.zeros(shape, dtype=t.dtype)
+        buf.narrow(p.axis, 0, t.shape[p.axis]).copy_(t.cpu())
+        parts = self.combiner.all_gather(buf)
+        whole = torch.cat([q.narrow(p.axis, 0, w) for q, w in zip(parts, sizes, strict=True)], dim=p.axis)
+        return whole.contiguous().to(t.device)
 
     # -- a batch reduction -------------------------------------------------------------------------
     def reduce(self, op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, OpLog, int]:
