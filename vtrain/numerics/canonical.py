@@ -252,7 +252,9 @@ def _round_canonical_at(
     """:func:`round_canonical` from ``r = RN32(v)`` and the candidates (``v`` read by MATMUL only)."""
     if cand.numel() == 0:  # also proves every element finite (a NaN/Inf margin is never > 0)
         return r, OpLog.empty(), 0
-    overflow = not finite and _overflows_to_decide(op, v, r, cand, what)
+    overflow = _overflows_to_decide(op, v, r, cand, what) if not finite else None
+    if overflow is not None:  # fail fast where the first one truly overflows (a diverged run: many do)
+        _decide_exactly(graph, op, ins, overflow[:1], what)
     out = r.reshape(-1)
     n_c = cand.numel()
     bits = np.zeros(n_c, dtype=np.int64)
@@ -268,14 +270,11 @@ def _round_canonical_at(
         desc = op_desc(graph, op)
         tensors = [t.detach().cpu().numpy() for t in ins]
         cand_np = cand.cpu().numpy()
-        for k in slow.tolist():
-            try:
-                bits[k], codes[k] = decide(exact_element(desc, tensors, int(cand_np[k])))
-            except NonFiniteValue as e:
-                raise NonFiniteValue(f"{what}: element {int(cand_np[k])}: {e}") from None
+        got = _decide_exactly(graph, op, ins, cand_np[slow], what, desc, tensors)
+        bits[slow], codes[slow] = got[:, 0], got[:, 1]
     vals = bits.astype(np.uint32).view(np.float32) + np.float32(0.0)  # canonical zeros
     out[cand] = torch.from_numpy(vals).to(out.device)
-    if overflow:  # every FP32 overflow was a candidate and is now RN32(e), finite (else raised above)
+    if overflow is not None:  # every FP32 overflow was a candidate and is now RN32(e), finite (else raised above)
         _check_finite(out, what)
     keep = codes != int(Code.NONE)
     if not keep.any():
@@ -286,28 +285,46 @@ def _round_canonical_at(
     return out.reshape(r.shape), log, len(slow)
 
 
+def _decide_exactly(
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], index: np.ndarray, what: str,
+    desc: X.OpDesc | None = None, tensors: list[np.ndarray] | None = None,
+) -> np.ndarray:
+    """``[len(index), 2]`` int64: :func:`decide` of each element in exact rationals; an element whose
+    ``RN32(e)`` overflows raises :class:`NonFiniteValue` naming the op and the element."""
+    desc = op_desc(graph, op) if desc is None else desc
+    tensors = [t.detach().cpu().numpy() for t in ins] if tensors is None else tensors
+    out = np.zeros((len(index), 2), dtype=np.int64)
+    for k, i in enumerate(np.asarray(index).tolist()):
+        try:
+            out[k] = decide(exact_element(desc, tensors, int(i)))
+        except NonFiniteValue as e:
+            raise NonFiniteValue(f"{what}: expected finite values, got NaN/Inf (element {int(i)}: {e})") from None
+    return out
+
+
 def _overflows_to_decide(
     op: OpNode, v: torch.Tensor | None, r: torch.Tensor, cand: torch.Tensor, what: str
-) -> bool:
-    """Whether the non-finite elements of ``r = RN32(v)`` are FP32 overflows of a sum that the exact
-    decision settles (True), else raise :class:`NonFiniteValue` as before (a NaN, a non-finite ``v``,
-    another op kind). A MATMUL/SUM/MEAN of finite FP32 values never overflows FP64 (``|t_k| <= 2^256``,
-    ``n < 2^52``), but its ``v`` may round to or past the RN32 boundary ``2^128 - 2^103`` while ``e``
-    is below it (or the reverse): ``RN32(v)`` is then no evidence, and ``RN32(e)`` decides. Each such
-    element is a candidate (an infinite margin is never > 0), so the decision below sets it to
-    ``RN32(e)`` or raises where that overflows too."""
+) -> np.ndarray | None:
+    """The flat positions (sorted) of the non-finite elements of ``r = RN32(v)`` where they are all
+    FP32 overflows of a sum that the exact decision settles, else raise :class:`NonFiniteValue` as
+    before (a NaN, a non-finite ``v``, another op kind; None: none after all). A MATMUL/SUM/MEAN of
+    finite FP32 values never overflows FP64 (``|t_k| <= 2^256``, ``n < 2^52``), but its ``v`` may
+    round to or past the RN32 boundary ``2^128 - 2^103`` while ``e`` is below it (or the reverse):
+    ``RN32(v)`` is then no evidence, and ``RN32(e)`` decides. Each such element is a candidate (an
+    infinite margin is never > 0), so the decision sets it to ``RN32(e)`` or raises where that
+    overflows too."""
     rf = r.reshape(-1)
     if op.kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
         _check_finite(rf, what)
-        return False
+        return None
     bad = (~torch.isfinite(rf)).nonzero().reshape(-1)
     if not bad.numel():
-        return False
+        return None
     if bool(torch.isnan(rf[bad]).any()) or (v is not None and not bool(torch.isfinite(v.reshape(-1)[bad]).all())):
         _check_finite(rf, what)
     if not bool(torch.isin(bad, cand.to(bad.device)).all()):  # pragma: no cover - the filter flags every one
         _check_finite(rf, what)
-    return True
+    return bad.cpu().numpy().astype(np.int64)
 
 
 # -- the vectorised path: MATMUL, SUM, MEAN --------------------------------------------------------
