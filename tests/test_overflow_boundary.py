@@ -230,3 +230,48 @@ def test_python_rules_as_the_shared_vectors_next_to_flt_max_and_on_minus_zero(pa
             assert not right, name
         seen += 1
     assert seen == 12
+
+
+@pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["sum", "all"])
+def test_the_adjudicator_rules_as_python_on_elements_next_to_the_threshold(full: bool) -> None:
+    """The real Adjudicator (embedded chain) on whole element proofs: the canonical claim stands,
+    FLT_MAX under each code and the infinity patterns are ruled as ``exact.judge_element`` rules
+    (Python = Solidity), on both sides of the threshold, for SUM and MATMUL."""
+    import nodes
+    from protocol.build import load_artifact
+    from protocol.proofs import build_element_proof
+    from vtrain.commit.roots import op_log_root, tensor_root
+
+    w3 = nodes.eth_tester_w3()
+    art = load_artifact("Adjudicator")
+    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 12_000_000})
+    adj = w3.eth.contract(address=w3.eth.get_transaction_receipt(tx)["contractAddress"], abi=art.abi)
+    fmax = X.bits_of(FMAX)
+    stood = 0
+    for kind in (OpKind.SUM, OpKind.MATMUL) if full else (OpKind.SUM,):
+        for name, row, want in ROWS:
+            graph, op, ins = _rows(kind, [row, [-x for x in row]])
+            desc, tensors = X.OpDesc.of(op_desc(graph, op)), [t.numpy() for t in ins]
+            roots = [tensor_root(t) for t in tensors]
+            for i in (0, 1):
+                if full:
+                    claims = [(fmax, c, fmax if c == 3 else 0) for c in (0, 1, 2, 3)]
+                    claims += [(fmax | X.SIGN, c, (fmax | X.SIGN) if c == 3 else 0) for c in (0, 1, 2, 3)]
+                    claims += [(X.POS_INF, 2, 0), (X.NEG_INF, 1, 0), (X.SIGN, 0, 0)]
+                else:  # the element's side: FLT_MAX none / explicit, infinity by up
+                    m = fmax | (X.SIGN if i else 0)
+                    claims = [(m, 0, 0), (m, 3, m), (X.NEG_INF if i else X.POS_INF, 1 if i else 2, 0)]
+                if want is not None:
+                    bits, code = decide(exact_element(desc, tensors, i))
+                    claims.append((bits, code, bits if code == 3 else 0))
+                for claimed, code, value in claims:
+                    entries = [LogEntry(i, code, value)] if code else []
+                    proof = build_element_proof(desc.encode(), tensors, i, entries, None, b"\0" * 32, 1)
+                    claim = (desc.encode(), roots, i, claimed, op_log_root(entries), 1, b"\0" * 32, b"\0" * 32, 0)
+                    got = adj.functions.adjudicate(claim, proof).call({"gas": 16_000_000})
+                    py = X.judge_element(desc, tensors, i, claimed, entries[0] if entries else None)
+                    assert got == py, (kind.name, name, i, hex(claimed), code)
+                    stood += got
+                if want is not None:
+                    assert py, (kind.name, name, i)  # the canonical claim (last) stands
+    assert stood >= (12 if full else 6)
