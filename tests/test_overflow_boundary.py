@@ -275,3 +275,30 @@ def test_the_adjudicator_rules_as_python_on_elements_next_to_the_threshold(full:
                 if want is not None:
                     assert py, (kind.name, name, i)  # the canonical claim (last) stands
     assert stood >= (12 if full else 6)
+
+
+@pytest.mark.parametrize("name,row,want", [r for r in ROWS if r[2] is not None], ids=[r[0] for r in ROWS if r[2]])
+def test_a_step_trains_and_replays_next_to_the_threshold(name: str, row: list[float], want: float, path: str) -> None:
+    """Through the executor: a SUM next to the threshold trains (the native one-pass SUM or numpy)
+    and replays bit for bit, plain and checked (no violation)."""
+    from vtrain.graph.executor import StepExecutor
+    from vtrain.numerics.rounding import Mode
+
+    n = len(row)
+    g = GraphBuilder()
+    w = g.input("w", (1, n))
+    s = g.sum(g.mul(g.data((2, n)), w))  # (2, 1): row 0 and its negation
+    loss = g.mean(g.reshape(g.mul(s, g.const(np.full((2, 1), 2.0**-120, np.float32), "scale")), (1, 2)))
+    g.output(w, 0)
+    graph = g.build(loss)
+    data = torch.from_numpy(np.array([row, [-x for x in row]], np.float32))
+    state = [torch.ones((1, n), dtype=torch.float32)]
+    ex = StepExecutor(graph, Mode.CERTIFIED)
+    res = ex.run(state, data, step=1, keep_trace=True)
+    op = next(o for o in graph.ops if o.kind == OpKind.SUM)
+    assert [int(b) for b in _bits(res.trace[op.id])] == [X.bits_of(want), X.bits_of(-want)]
+    for check in (False, True):
+        rep = ex.run(state, data, log_in=res.log, check=check, step=1, keep_trace=True)
+        assert not rep.violations, (name, check)
+        assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(rep.trace, res.trace,
+                                                                                     strict=True)), (name, check)
