@@ -302,3 +302,39 @@ def test_a_step_trains_and_replays_next_to_the_threshold(name: str, row: list[fl
         assert not rep.violations, (name, check)
         assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(rep.trace, res.trace,
                                                                                      strict=True)), (name, check)
+
+
+def test_near_flt_max_terms_never_overflow_fp64_and_cancel_exactly(path: str) -> None:
+    """Products of FP32 values are below 2^256 and a sum of n < 2^52 of them below 2^308: FP64
+    never overflows, so sums of many near-FLT_MAX terms (MATMUL: products near FLT_MAX^2) that
+    cancel give their small exact value, decided on it and upheld."""
+    k = 4096
+    x = np.full(k, FMAX, np.float32)
+    x[1::2] = -FMAX
+    x[-1] = 1.5  # e = FMAX - FMAX + ... - FMAX + 1.5: the last -FMAX replaced
+    graph, op, ins = _rows(OpKind.SUM, [x.tolist(), [1.0, 2.0]])
+    v, d = _fp64(op, ins)
+    assert torch.isfinite(v).all() and torch.isfinite(d).all()
+    out, log, _ = round_canonical(graph, op, ins, v, d, "op")
+    assert [int(b) for b in _bits(out)][0] == X.bits_of(FMAX + 1.5)  # k/2 FLT_MAX, k/2 - 1 -FLT_MAX, 1.5
+    graph, op, ins = _rows(OpKind.SUM, [[FMAX] * 3, [1.0]])
+    v, d = _fp64(op, ins)
+    assert torch.isfinite(v).all()  # 3 FLT_MAX is an FP64 number: only RN32(e) overflows, and says so
+    with pytest.raises(NonFiniteValue, match="element 0: RN32 overflows"):
+        round_canonical(graph, op, ins, v, d, "op")
+    g = GraphBuilder()
+    a, b = g.input("a", (1, 3)), g.input("b", (1, 3))
+    mm = g.matmul(a, b)
+    mgraph = g.build(mm)
+    mop = mgraph.ops[mm.op]
+    mins = [torch.tensor([[FMAX, FMAX, 1.0]]), torch.tensor([[FMAX, -FMAX, 0.75]])]
+    v, _ = _compute_fp64(mop, mins)
+    assert torch.isfinite(v).all()  # FLT_MAX^2 is exact in FP64 (48 bits); 0.75 may be lost by the order
+    s = float((mins[0].double().abs() * mins[1].double().abs()).sum())
+    d = torch.tensor([[TRAINER_BOUND_SLACK * gamma(3) * (s + 3 * 2.0**-149)]], dtype=torch.float64)
+    out, log, _ = round_canonical(mgraph, mop, mins, v, d, "op")
+    assert int(_bits(out)[0]) == X.bits_of(0.75)
+    desc = X.OpDesc.of(op_desc(mgraph, mop))
+    code = int(log.code[0]) if len(log) else 0
+    entry = LogEntry(0, code, X.bits_of(0.75) if code == 3 else 0) if code else None
+    assert X.judge_element(desc, [t.numpy() for t in mins], 0, X.bits_of(0.75), entry)
