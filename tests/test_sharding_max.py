@@ -82,3 +82,35 @@ def test_the_gathered_tree_trains_bit_identically_to_one_process(batch: int, wor
         assert loss == want.loss
         assert encode_step_log(log, 1, graph) == encode_step_log(want.log, 1, graph)
         assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(st, want.state, strict=True))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_batch_sum_next_to_the_fp32_overflow_threshold_is_decided_on_its_exact_value(world: int) -> None:
+    """A SUM over the batch whose exact value is within an FP64 ulp of 2^128 - 2^103: a rank's
+    all-reduced v may round onto the threshold (RN32(v) = inf) while RN32(e) = FLT_MAX; the ranks
+    decide it on e, as one process does (before: NonFiniteValue on the ranks whose v overflowed).
+    Past the threshold every rank raises NonFiniteValue."""
+    from vtrain.errors import NonFiniteValue
+
+    fmax = float(np.finfo(np.float32).max)
+    for terms, ok in (([fmax, 2.0**103, -(2.0**50), 0.0, 0.0, 0.0], True), ([fmax, 2.0**103, 2.0**50, 0.0], False)):
+        batch = len(terms)
+        g = GraphBuilder()
+        w = g.input("w", (1, 1))
+        s = g.sum(g.reshape(g.mul(g.data((batch, 1)), w), (1, batch)))  # the batch is the summed axis
+        g.output(w, 0)
+        graph = g.build(g.mean(g.mul(s, g.const(np.full((1, 1), 2.0**-120, np.float32), "scale"))))
+        data = torch.tensor([[t] for t in terms], dtype=torch.float32)
+        state = [torch.ones((1, 1), dtype=torch.float32)]
+        assert any(graph.ops[i].kind == OpKind.SUM for i in analyse(graph).reductions)
+        if not ok:
+            with pytest.raises(NonFiniteValue):
+                StepExecutor(graph, Mode.CERTIFIED).run([t.clone() for t in state], data, step=1)
+            with pytest.raises(NonFiniteValue, match="expected finite values"):
+                _run_ranks(graph, world, state, data)
+            continue
+        want = StepExecutor(graph, Mode.CERTIFIED).run([t.clone() for t in state], data, step=1)
+        assert want.loss == float(np.float32(np.float32(fmax) * np.float32(2.0**-120)))
+        for _, loss, log in _run_ranks(graph, world, state, data):
+            assert loss == want.loss
+            assert encode_step_log(log, 1, graph) == encode_step_log(want.log, 1, graph)

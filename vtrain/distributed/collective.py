@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from vtrain.errors import VtrainError
+from vtrain.errors import NonFiniteValue, VtrainError
 from vtrain.graph.executor import StepLog
 from vtrain.graph.step_graph import OpKind, OpNode
 from vtrain.numerics.canonical import _terms, candidates, decide_rows
@@ -174,7 +174,11 @@ class Collective:
     def _round(self, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, d: torch.Tensor):
         what = f"{op.kind.name} op {op.id}"
         r = v.to(torch.float32)
-        _check_finite(r.reshape(-1), what)
+        bad = ~torch.isfinite(r)
+        if bool(bad.any()) and (bool(torch.isnan(r[bad]).any()) or not bool(torch.isfinite(v[bad]).all())):
+            _check_finite(r.reshape(-1), what)
+        # an FP32 overflow of a finite v (next to 2^128 - 2^103) is a candidate, decided on e below
+        # (canonical._overflows_to_decide): RN32(e) or NonFiniteValue, the same on every rank
         out = canonical(r).reshape(-1).clone()
         mask = torch.zeros(out.numel(), dtype=torch.int32)
         mask[candidates(v, d)] = 1
@@ -183,9 +187,13 @@ class Collective:
             return out.reshape(r.shape), OpLog.empty(), 0
         rows, _ = _terms(op, ins, cand)  # this shard's exact terms of each candidate [C, n_r]
         rows = self._gather_rows(rows)
-        bits, codes, slow = decide_rows(op.kind, rows)
+        try:
+            bits, codes, slow = decide_rows(op.kind, rows)
+        except NonFiniteValue as e:
+            raise NonFiniteValue(f"{what}: expected finite values, got NaN/Inf ({e})") from None
         vals = torch.from_numpy(bits.numpy().astype(np.uint32).view(np.float32).copy())
         out[cand] = canonical(vals)
+        _check_finite(out, what)  # every overflow was a candidate, now RN32(e)
         keep = codes != int(Code.NONE)
         idx = cand[keep]
         code = codes[keep].to(torch.uint8)
