@@ -1,7 +1,12 @@
-"""A MAX whose reduced axis runs over the batch, longer than one ruling reads (``MAX_ROW_ELEMENTS``):
-the builder lowers it as a tree that slices, pads and reshapes that axis (``GraphBuilder._row_tree``),
-which moves entries between samples; the sharding plan all-gathers the row where the tree starts
-(``ShardingPlan.gather_inputs``), so the tree runs replicated, bit-identical to one process."""
+"""Data-parallel edge cases of the batch axis.
+
+- A MAX whose reduced axis runs over the batch, longer than one ruling reads (``MAX_ROW_ELEMENTS``):
+  the builder lowers it as a tree that slices, pads and reshapes that axis (``GraphBuilder._row_tree``),
+  which moves entries between samples; the sharding plan all-gathers the row where the tree starts
+  (``ShardingPlan.gather_inputs``), so the tree runs replicated, bit-identical to one process.
+- A SUM over the batch next to the FP32 overflow threshold is decided on its exact value on every
+  rank, as in one process (``Collective._round``).
+"""
 
 from __future__ import annotations
 
