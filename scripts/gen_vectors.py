@@ -465,6 +465,26 @@ def rule_cases() -> list[tuple[str, Any, int, int, int]]:
     div_enc = X.enclosure(D(K.DIV, (0, 1), (1, 1), ((1, 1), (1, 1)), ()), [f32(1.0), f32(3.0)], 0)
     c_div = X.rn32(div_enc.bounds[0])
     N, DN, UP, EX = X.NONE, X.DOWN, X.UP, X.EXPLICIT
+    fmax = float(np.finfo(np.float32).max)
+    b_fmax, b_inf = X.bits_of(fmax), X.POS_INF
+    # next to the overflow threshold 2^128 - 2^103 (the midpoint of FLT_MAX and the virtual 2^128)
+    below = sum_enc(fmax, 2.0**103 - 2.0**80, 2.0**80 - 2.0**76, 1.0)  # e = 2^128 - 2^103 - 2^76 + 1
+    above = sum_enc(fmax, 2.0**103, 2.0**50)  # e = 2^128 - 2^103 + 2^50: RN32(e) overflows
+    below_neg = sum_enc(-fmax, -(2.0**103 - 2.0**80), -(2.0**80 - 2.0**76), -1.0)
+    edge = [
+        ("near overflow: none FLT_MAX", below, b_fmax, N, 0),
+        ("near overflow: down FLT_MAX", below, b_fmax, DN, 0),
+        ("near overflow: explicit FLT_MAX", below, b_fmax, EX, b_fmax),
+        ("near overflow: up (the virtual 2^128)", below, b_inf, UP, 0),
+        ("near overflow: explicit FLT_MAX - 1 ulp", below, up(b_fmax, -1), EX, up(b_fmax, -1)),
+        ("near overflow, negative: up -FLT_MAX", below_neg, b_fmax | X.SIGN, UP, 0),
+        ("near overflow, negative: down -FLT_MAX (wrong code)", below_neg, b_fmax | X.SIGN, DN, 0),
+        ("past overflow: none FLT_MAX", above, b_fmax, N, 0),
+        ("past overflow: down FLT_MAX", above, b_fmax, DN, 0),
+        ("past overflow: explicit FLT_MAX", above, b_fmax, EX, b_fmax),
+        ("zero: none -0", zero, X.SIGN, N, 0),
+        ("zero: explicit -0", zero, X.SIGN, EX, X.SIGN),
+    ]
     return [
         ("tie down: none", tie_down, e24, N, 0),
         ("tie down: down, RN32(e)", tie_down, e24, DN, 0),
@@ -487,7 +507,7 @@ def rule_cases() -> list[tuple[str, Any, int, int, int]]:
         ("exp: explicit neighbour", exp_enc, up(c_exp), EX, up(c_exp)),
         ("div 1/3: explicit RN32(e)", div_enc, c_div, EX, c_div),
         ("div 1/3: down on an exact op", div_enc, c_div, DN, 0),
-    ]
+    ] + edge
 
 
 def rule_vectors() -> dict[str, Any]:

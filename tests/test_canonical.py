@@ -237,8 +237,9 @@ def test_the_correctly_rounded_sum_path_agrees_with_exact_arithmetic(kind: OpKin
 def test_the_numpy_candidate_filter_is_the_torch_one_and_non_finite_values_raise() -> None:
     """Small ops run the candidate filter in numpy (canonical._candidates_np): the same set as the
     rounding module's torch filter on the same values (random values, near-midpoints, zeros,
-    subnormals, FP32 overflow, NaN/Inf); and a NaN/Inf or FP32 overflow raises on either path (an
-    op without candidates skips the finiteness check: the filter flags every non-finite value)."""
+    subnormals, FP32 overflow, NaN/Inf); and a NaN/Inf raises on either path (an op without
+    candidates skips the finiteness check: the filter flags every non-finite value), while an FP32
+    overflow of a finite v is decided on the exact value."""
     from vtrain.numerics.canonical import _BAND, _candidates_np
     from vtrain.numerics.rounding import NonFiniteValue, midpoint_candidates
 
@@ -261,10 +262,17 @@ def test_the_numpy_candidate_filter_is_the_torch_one_and_non_finite_values_raise
     for shape in ((8, 3), (8, 3000)):  # the numpy path (<= 4096 elements) and the torch one
         v = torch.zeros(shape, dtype=torch.float64)
         d = torch.zeros(shape, dtype=torch.float64)
-        for bad in (float("nan"), float("inf"), 1e39):
+        for bad in (float("nan"), float("inf")):
             v[3, 1] = bad
             with pytest.raises(NonFiniteValue):
                 round_canonical(graph, op, ins, v, d, "SUM op")
+    # a finite v that overflows FP32 is no evidence (tests/test_overflow_boundary.py): the element is
+    # decided on its exact value, here an ordinary one
+    v, d = _compute_fp64(op, ins)
+    want, _, _ = round_canonical(graph, op, ins, v, d, "SUM op")
+    v[3, 0] = 1e39
+    out, _, _ = round_canonical(graph, op, ins, v, d, "SUM op")
+    assert torch.equal(out.view(torch.int32), want.view(torch.int32))
 
 
 def test_the_chunked_candidate_filter_finds_the_same_elements(monkeypatch: pytest.MonkeyPatch) -> None:

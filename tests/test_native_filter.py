@@ -101,10 +101,22 @@ def test_dense_reach_gives_the_reference_rounding_and_candidates(simd, scale: fl
     assert 0 < len(cand) < len(v)  # the values are adversarial: some are in reach, others are not
 
 
+def _around_reach(c: float, seed: int = 3) -> np.ndarray:
+    """FP64 values ``k`` FP64 ulps from FP32 midpoints, ``k`` up to 64: for a relative bound ``c |v|``
+    (``c = 4u``) the reach ``c |v| scale`` is 8-16 ulps at ``scale = 4`` and 4-8 at ``scale = 2``, so
+    these fall below, between and beyond 1x-4x the reach, where a wrong scale moves the candidate set."""
+    rng = np.random.default_rng(seed)
+    r = np.concatenate([rng.standard_normal(200), np.ldexp(1.0, rng.integers(-120, 120, 50))]).astype(F32)
+    r = np.concatenate([r, -r])
+    m = (r.astype(np.float64) + np.nextafter(r, F32(np.inf)).astype(np.float64)) / 2
+    k = rng.integers(-64, 65, len(m)).astype(np.float64)
+    return m + k * np.spacing(np.abs(m))
+
+
 @pytest.mark.parametrize("scale", SCALES)
 def test_relative_reach_is_the_executors_transcendental_bound(simd, scale: float) -> None:
-    v = _adversarial(2)
     c = 4.0 * U
+    v = np.concatenate([_adversarial(2), _around_reach(c)])
     bound = NF.RelativeBound(torch.from_numpy(v), c)
     with np.errstate(invalid="ignore"):
         dense = c * np.abs(v)
@@ -113,6 +125,9 @@ def test_relative_reach_is_the_executors_transcendental_bound(simd, scale: float
     assert np.array_equal(NF.bound_at(bound, idx), dense, equal_nan=True)
     r, cand, finite = NF.round_filter(torch.from_numpy(v), bound, scale)
     _check(v, r, cand, finite, dense * scale)
+    # the values can tell the scale: 1/2, 4/5, 5/4 or 2 times it gives another candidate set
+    for wrong in (scale / 2, scale * 0.8, scale * 1.25, scale * 2, 1.0):
+        assert not np.array_equal(_reference(v, dense * wrong)[1], cand), wrong
 
 
 @pytest.mark.parametrize("k", [1, 7, 8, 9, 64, 127, 128, 129, 300, 1000])

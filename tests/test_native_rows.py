@@ -439,5 +439,6 @@ def test_is_exact_rounding_of_special_claims_is_the_numpy_path(kind: OpKind, mon
     monkeypatch.setattr(native_rows, "_LIB", None)
     ref = C.is_exact_rounding(op, desc, ins, index, special)
     assert np.array_equal(nat, ref)
-    # -0 is RN32(0) as a value (outputs are canonicalised to +0 where they are written)
-    assert nat.tolist() == [False, False, False, True, True, False, False, False]
+    # -0 is not RN32(0): a zero result is +0, and the contract's rule rejects a -0 claim
+    # (tests/vectors/rule.json, "zero: -0")
+    assert nat.tolist() == [False, False, False, False, True, False, False, False]

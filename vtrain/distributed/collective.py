@@ -20,13 +20,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from vtrain.errors import VtrainError
+from vtrain.errors import NonFiniteValue, VtrainError
 from vtrain.graph.executor import StepLog
 from vtrain.graph.step_graph import OpKind, OpNode
 from vtrain.numerics.canonical import _terms, candidates, decide_rows
 from vtrain.numerics.rounding import TRAINER_BOUND_SLACK, Code, OpLog, U, _check_finite, canonical, gamma
 
-from .sharding import Shard, ShardingPlan
+from .sharding import Shard, ShardingPlan, shards
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +106,31 @@ class Collective:
         return self.plan.reductions
 
     def inputs(self, op: OpNode, ins: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Cut the replicated inputs that meet a sharded one at full batch size to this shard."""
+        """Cut the replicated inputs that meet a sharded one at full batch size to this shard, and
+        all-gather the sharded ones the plan needs whole (``ShardingPlan.gather_inputs``)."""
         cuts = self.plan.slice_inputs.get(op.id)
-        if not cuts:
+        whole = self.plan.gather_inputs.get(op.id)
+        if not cuts and not whole:
             return ins
         ins = list(ins)
-        for pos, p in cuts:
+        for pos, p in cuts or ():
             ins[pos] = ins[pos].narrow(p.axis, self.shard.start * p.block, self.shard.size * p.block).contiguous()
+        for pos, p in whole or ():
+            ins[pos] = self._gather_batch(ins[pos], p)
         return ins
+
+    def _gather_batch(self, t: torch.Tensor, p) -> torch.Tensor:
+        """Every rank's shard of ``t`` along its batch axis, in rank (= sample) order: the whole tensor,
+        the same bits on every rank (a copy). Shards differ in size by one sample at most: each is
+        padded to the largest for the all-gather and cut back."""
+        sizes = [s.size * p.block for s in shards(self.shard.batch, self.shard.world)]
+        shape = list(t.shape)
+        shape[p.axis] = max(sizes)
+        buf = torch.zeros(shape, dtype=t.dtype)
+        buf.narrow(p.axis, 0, t.shape[p.axis]).copy_(t.cpu())
+        parts = self.combiner.all_gather(buf)
+        whole = torch.cat([q.narrow(p.axis, 0, w) for q, w in zip(parts, sizes, strict=True)], dim=p.axis)
+        return whole.contiguous().to(t.device)
 
     # -- a batch reduction -------------------------------------------------------------------------
     def reduce(self, op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, OpLog, int]:
@@ -157,7 +174,11 @@ class Collective:
     def _round(self, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, d: torch.Tensor):
         what = f"{op.kind.name} op {op.id}"
         r = v.to(torch.float32)
-        _check_finite(r.reshape(-1), what)
+        bad = ~torch.isfinite(r)
+        if bool(bad.any()) and (bool(torch.isnan(r[bad]).any()) or not bool(torch.isfinite(v[bad]).all())):
+            _check_finite(r.reshape(-1), what)
+        # an FP32 overflow of a finite v (next to 2^128 - 2^103) is a candidate, decided on e below
+        # (canonical._overflows_to_decide): RN32(e) or NonFiniteValue, the same on every rank
         out = canonical(r).reshape(-1).clone()
         mask = torch.zeros(out.numel(), dtype=torch.int32)
         mask[candidates(v, d)] = 1
@@ -166,9 +187,13 @@ class Collective:
             return out.reshape(r.shape), OpLog.empty(), 0
         rows, _ = _terms(op, ins, cand)  # this shard's exact terms of each candidate [C, n_r]
         rows = self._gather_rows(rows)
-        bits, codes, slow = decide_rows(op.kind, rows)
+        try:
+            bits, codes, slow = decide_rows(op.kind, rows)
+        except NonFiniteValue as e:
+            raise NonFiniteValue(f"{what}: expected finite values, got NaN/Inf ({e})") from None
         vals = torch.from_numpy(bits.numpy().astype(np.uint32).view(np.float32).copy())
         out[cand] = canonical(vals)
+        _check_finite(out, what)  # every overflow was a candidate, now RN32(e)
         keep = codes != int(Code.NONE)
         idx = cand[keep]
         code = codes[keep].to(torch.uint8)

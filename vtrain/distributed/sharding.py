@@ -12,7 +12,10 @@ The analysis propagates the batch axis from DATA through every op and classifies
   computes FP64 partial sums of its shard and :mod:`vtrain.distributed.collective` combines them.
 
 A replicated input that meets a sharded one at full batch size (e.g. the EXPAND of the loss
-gradient over the batch) is sliced to the rank's shard (``slice_inputs``). Anything the analysis
+gradient over the batch) is sliced to the rank's shard (``slice_inputs``). A MAX row tree
+(``GraphBuilder._row_tree``: a row longer than one ruling reads, cut into chunks) over a row whose
+axis runs over the batch starts from the whole row, all-gathered (``gather_inputs``): the tree's
+SLICE, PAD and RESHAPE move entries between samples, so it runs replicated. Anything the analysis
 cannot place (a state slot written from one shard, a SLICE across samples, two inputs sharded on
 different axes) raises :class:`~vtrain.errors.GraphError` naming the op.
 """
@@ -71,6 +74,11 @@ class ShardingPlan:
     """Ops that reduce over the batch (output replicated, combined across ranks)."""
     slice_inputs: dict[int, list[tuple[int, Placement]]] = field(default_factory=dict)
     """op -> (input position, placement) of replicated inputs to cut to the rank's shard."""
+    gather_inputs: dict[int, list[tuple[int, Placement]]] = field(default_factory=dict)
+    """op -> (input position, placement) of sharded inputs every rank all-gathers whole before the op
+    (which then runs replicated): where a MAX row tree starts on a row whose axis runs over the batch."""
+    tree_reads: dict[int, list[int]] = field(default_factory=dict)
+    """op -> input positions where a MAX row tree (``GraphBuilder._row_tree``) reads its row."""
 
     def local_shape(self, shape: Shape, p: Placement | None, shard: Shard) -> Shape:
         if p is None:
@@ -96,12 +104,41 @@ def analyse(graph: Graph) -> ShardingPlan:
     if not graph.data_shape:
         raise GraphError("sharding: the graph has no DATA op")
     batch = graph.data_shape[0]
-    plan = ShardingPlan(graph, batch, [None] * graph.n_ops)
+    plan = ShardingPlan(graph, batch, [None] * graph.n_ops, tree_reads=_row_tree_reads(graph))
     for op in graph.ops:
         plan.placement[op.id] = _place(plan, op)
     if plan.placement[graph.loss_op] is not None:
         raise GraphError(f"sharding: the loss (op {graph.loss_op}) is per sample; expected a reduction over the batch")
     return plan
+
+
+def _row_tree_reads(graph: Graph) -> dict[int, list[int]]:
+    """The ops that read the row of a MAX row tree (``GraphBuilder._row_tree``): a MAX over the last
+    axis of ``RESHAPE(row, (..., m, c))``, ``row`` of shape ``(..., n)`` with ``c < n <= m c``, where
+    ``row`` is the tree's input ``x`` (``m c = n``) or its padding ``SELECT(CONST, PAD(x), SLICE(x))``
+    (copies of ``x``'s element 0 past ``n``). Those ops cut ``x``'s last axis into chunks or copy
+    its first element to the end: when that axis runs over the batch they need the whole row."""
+    ops = graph.ops
+    out: dict[int, list[int]] = {}
+    for mx in ops:
+        if mx.kind != OpKind.MAX or ops[mx.inputs[0]].kind != OpKind.RESHAPE:
+            continue
+        rs = ops[mx.inputs[0]]
+        row = ops[rs.inputs[0]]
+        if len(rs.shape) < 2 or rs.shape[:-2] != row.shape[:-1]:
+            continue
+        m, c = rs.shape[-2], rs.shape[-1]
+        if row.shape[-1] != m * c or m < 2:
+            continue
+        if row.kind == OpKind.SELECT and len(row.inputs) == 3 and ops[row.inputs[0]].kind == OpKind.CONST:
+            pad, first = ops[row.inputs[1]], ops[row.inputs[2]]
+            if pad.kind == OpKind.PAD and first.kind == OpKind.SLICE and pad.inputs[0] == first.inputs[0]:
+                if c < ops[pad.inputs[0]].shape[-1] < m * c:  # x's row of n, padded to m c
+                    out[pad.id] = [0]
+                    out[first.id] = [0]
+                continue
+        out[rs.id] = [0]  # x itself, cut into m chunks of c
+    return out
 
 
 def _err(op: OpNode, why: str) -> GraphError:
@@ -156,6 +193,16 @@ def _place(plan: ShardingPlan, op: OpNode) -> Placement | None:  # noqa: C901 (o
         return None
     if k == K.OUTPUT:
         raise _err(op, "writes a state slot from one shard of the batch (the state must not depend on the split)")
+    tree = plan.tree_reads.get(op.id)
+    if tree is not None:  # a MAX row tree over a batch axis: its row gathered whole, the tree replicated
+        gathered: list[tuple[int, Placement]] = []
+        for pos in tree:
+            p = ins[pos]
+            if p is not None and p.axis == len(g.ops[op.inputs[pos]].shape) - 1:
+                gathered.append((pos, p))
+        if gathered and len(gathered) == sum(p is not None for p in ins):
+            plan.gather_inputs[op.id] = gathered
+            return None
     if k in (K.SUM, K.MEAN, K.MAX):
         p = ins[0]
         assert p is not None

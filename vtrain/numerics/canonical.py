@@ -41,6 +41,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+from vtrain.errors import NonFiniteValue
 from vtrain.graph.step_graph import Graph, OpKind, OpNode
 from vtrain.numerics import exact as X
 from vtrain.numerics import native_filter as NF
@@ -251,8 +252,9 @@ def _round_canonical_at(
     """:func:`round_canonical` from ``r = RN32(v)`` and the candidates (``v`` read by MATMUL only)."""
     if cand.numel() == 0:  # also proves every element finite (a NaN/Inf margin is never > 0)
         return r, OpLog.empty(), 0
-    if not finite:
-        _check_finite(r.reshape(-1), what)
+    overflow = _overflows_to_decide(op, v, r, cand, what) if not finite else None
+    if overflow is not None:  # fail fast where the first one truly overflows (a diverged run: many do)
+        _decide_exactly(graph, op, ins, overflow[:1], what)
     out = r.reshape(-1)
     n_c = cand.numel()
     bits = np.zeros(n_c, dtype=np.int64)
@@ -268,10 +270,12 @@ def _round_canonical_at(
         desc = op_desc(graph, op)
         tensors = [t.detach().cpu().numpy() for t in ins]
         cand_np = cand.cpu().numpy()
-        for k in slow.tolist():
-            bits[k], codes[k] = decide(exact_element(desc, tensors, int(cand_np[k])))
+        got = _decide_exactly(graph, op, ins, cand_np[slow], what, desc, tensors)
+        bits[slow], codes[slow] = got[:, 0], got[:, 1]
     vals = bits.astype(np.uint32).view(np.float32) + np.float32(0.0)  # canonical zeros
     out[cand] = torch.from_numpy(vals).to(out.device)
+    if overflow is not None:  # every FP32 overflow was a candidate and is now RN32(e), finite (else raised above)
+        _check_finite(out, what)
     keep = codes != int(Code.NONE)
     if not keep.any():
         return out.reshape(r.shape), OpLog.empty(), len(slow)
@@ -279,6 +283,48 @@ def _round_canonical_at(
     value = np.where(code == int(Code.EXPLICIT), vals[keep], np.float32(0.0)).astype(np.float32)
     log = OpLog(cand.cpu().numpy()[keep].astype(np.int64), code, value)
     return out.reshape(r.shape), log, len(slow)
+
+
+def _decide_exactly(
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], index: np.ndarray, what: str,
+    desc: X.OpDesc | None = None, tensors: list[np.ndarray] | None = None,
+) -> np.ndarray:
+    """``[len(index), 2]`` int64: :func:`decide` of each element in exact rationals; an element whose
+    ``RN32(e)`` overflows raises :class:`NonFiniteValue` naming the op and the element."""
+    desc = op_desc(graph, op) if desc is None else desc
+    tensors = [t.detach().cpu().numpy() for t in ins] if tensors is None else tensors
+    out = np.zeros((len(index), 2), dtype=np.int64)
+    for k, i in enumerate(np.asarray(index).tolist()):
+        try:
+            out[k] = decide(exact_element(desc, tensors, int(i)))
+        except NonFiniteValue as e:
+            raise NonFiniteValue(f"{what}: expected finite values, got NaN/Inf (element {int(i)}: {e})") from None
+    return out
+
+
+def _overflows_to_decide(
+    op: OpNode, v: torch.Tensor | None, r: torch.Tensor, cand: torch.Tensor, what: str
+) -> np.ndarray | None:
+    """The flat positions (sorted) of the non-finite elements of ``r = RN32(v)`` where they are all
+    FP32 overflows of a sum that the exact decision settles, else raise :class:`NonFiniteValue` as
+    before (a NaN, a non-finite ``v``, another op kind; None: none after all). A MATMUL/SUM/MEAN of
+    finite FP32 values never overflows FP64 (``|t_k| <= 2^256``, ``n < 2^52``), but its ``v`` may
+    round to or past the RN32 boundary ``2^128 - 2^103`` while ``e`` is below it (or the reverse):
+    ``RN32(v)`` is then no evidence, and ``RN32(e)`` decides. Each such element is a candidate (an
+    infinite margin is never > 0), so the decision sets it to ``RN32(e)`` or raises where that
+    overflows too."""
+    rf = r.reshape(-1)
+    if op.kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
+        _check_finite(rf, what)
+        return None
+    bad = (~torch.isfinite(rf)).nonzero().reshape(-1)
+    if not bad.numel():
+        return None
+    if bool(torch.isnan(rf[bad]).any()) or (v is not None and not bool(torch.isfinite(v.reshape(-1)[bad]).all())):
+        _check_finite(rf, what)
+    if not bool(torch.isin(bad, cand.to(bad.device)).all()):  # pragma: no cover - the filter flags every one
+        _check_finite(rf, what)
+    return bad.cpu().numpy().astype(np.int64)
 
 
 # -- the vectorised path: MATMUL, SUM, MEAN --------------------------------------------------------
@@ -555,6 +601,20 @@ def _decide_dd(kind: OpKind, t: np.ndarray, s_abs: np.ndarray, n: int, scale: fl
     return bits, code.astype(np.int64), decided
 
 
+_FLT_MAX = float(np.finfo(np.float32).max)
+#: The virtual FP32 neighbour beyond FLT_MAX (the contract's ``exact.midpoint``): RN32 overflows at
+#: the midpoint ``2^128 - 2^103`` between it and FLT_MAX, so near-overflow decisions compare with that.
+_VIRTUAL_INF = 2.0**128
+
+
+def _neighbours_virtual(c: np.float32) -> tuple[float, float]:
+    """The FP32 neighbours of finite ``c`` as FP64 numbers, ``+-2^128`` beyond ``+-FLT_MAX``."""
+    inf = np.float32(np.inf)
+    with np.errstate(over="ignore"):
+        lo_n, hi_n = float(np.nextafter(c, -inf)), float(np.nextafter(c, inf))
+    return max(lo_n, -_VIRTUAL_INF), min(hi_n, _VIRTUAL_INF)
+
+
 def _decide_fsum(op: OpNode | OpKind, terms: list[float]) -> tuple[int, int] | None:
     """The canonical ``(bits, code)`` of one sum element from its exact FP64 terms, by correctly
     rounded sums (``math.fsum``: the sign of a sum of terms is exact): settles exact ties and values
@@ -564,13 +624,16 @@ def _decide_fsum(op: OpNode | OpKind, terms: list[float]) -> tuple[int, int] | N
     kind = op if isinstance(op, OpKind) else op.kind
     n = len(terms)
     scale = float(n) if kind == OpKind.MEAN else 1.0
-    c = np.float32(math.fsum(terms) / scale)
+    with np.errstate(over="ignore"):
+        c = np.float32(math.fsum(terms) / scale)
+    if np.isinf(c):  # the FP64 sum overflows FP32: RN32(e) is FLT_MAX or beyond (the signs below say)
+        c = np.float32(np.copysign(_FLT_MAX, c))
     inf = np.float32(np.inf)
 
     def mids(c: np.float32) -> tuple[float, float, float, float]:
-        lo_n, hi_n = np.nextafter(c, -inf), np.nextafter(c, inf)
+        lo_n, hi_n = _neighbours_virtual(c)
         c64 = float(c)
-        return (c64 + float(lo_n)) / 2, (c64 + float(hi_n)) / 2, c64 - float(lo_n), float(hi_n) - c64
+        return (c64 + lo_n) / 2, (c64 + hi_n) / 2, c64 - lo_n, hi_n - c64
 
     def sign_minus(m: float) -> int:  # sign of (scale * e - scale * m), exact
         x = math.fsum([*terms, -m * scale])
@@ -581,14 +644,15 @@ def _decide_fsum(op: OpNode | OpKind, terms: list[float]) -> tuple[int, int] | N
             return None
         m_lo, m_hi, _, _ = mids(c)
         below, above = sign_minus(m_lo), sign_minus(m_hi)
-        if below < 0:
-            c = np.nextafter(c, -inf)
-        elif above > 0:
-            c = np.nextafter(c, inf)
-        else:
-            if below == 0 or above == 0:  # e is exactly a midpoint: ties to even (numpy's RN32)
-                c = np.float32(m_lo if below == 0 else m_hi)
-            break
+        with np.errstate(over="ignore"):
+            if below < 0:
+                c = np.nextafter(c, -inf)
+            elif above > 0:
+                c = np.nextafter(c, inf)
+            else:
+                if below == 0 or above == 0:  # e is exactly a midpoint: ties to even (numpy's RN32)
+                    c = np.float32(m_lo if below == 0 else m_hi)  # the boundary 2^128 - 2^103 ties to inf
+                break
     else:
         return None
     if not np.isfinite(c):
@@ -680,11 +744,19 @@ def is_exact_rounding(
     entry it applies with this, so a near-tie logged on the wrong side or a wrong explicit value is
     caught where it is applied. Sums compare ``e`` with the claim's two midpoints: the double-double
     sum and its bound first (the comparison of :func:`_decide_rows`), ``math.fsum`` signs next, exact
-    rationals last; other kinds use exact arithmetic (``exact.exact_value``)."""
+    rationals last; other kinds use exact arithmetic (``exact.exact_value``). A ``-0`` claim is never
+    ``RN32(e)`` (a zero result is +0, and the contract's rule rejects ``-0``), whatever the kind."""
     index = np.asarray(index, dtype=np.int64)
     claimed = np.asarray(claimed, dtype=np.uint32)
     if not len(index):
         return np.zeros(0, dtype=bool)
+    return _is_exact_rounding(op, desc, ins, index, claimed) & (claimed != np.uint32(X.SIGN))
+
+
+def _is_exact_rounding(
+    op: OpNode, desc: X.OpDesc, ins: list[torch.Tensor], index: np.ndarray, claimed: np.ndarray
+) -> np.ndarray:
+    """:func:`is_exact_rounding` on at least one element, ``-0`` compared as ``+0``."""
     if op.kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
         tensors = [t.detach().cpu().numpy() for t in ins]
         exact = [X.rn32(X.exact_value(desc, tensors, int(i))) for i in index.tolist()]
@@ -739,19 +811,19 @@ def _is_exact_rounding_rest(
 def _is_rn32_fsum(terms: list[float], scale: float, c: np.float32) -> bool | None:
     """Whether ``c`` is RN32 of ``sum(terms) / scale`` from exact signs (``math.fsum`` is correctly
     rounded, so its sign is the exact sum's; FP32 midpoints times ``scale`` are exact in FP64), ties
-    to even; None where a neighbour of ``c`` is not finite (exact rationals decide)."""
-    inf = np.float32(np.inf)
-    lo_n, hi_n = np.nextafter(c, -inf), np.nextafter(c, inf)
-    if not (np.isfinite(c) and np.isfinite(lo_n) and np.isfinite(hi_n)):
-        return None
+    to even; False for a non-finite ``c`` (no claim the contract takes). Next to +-FLT_MAX the
+    neighbour is the virtual +-2^128 (the contract's), so RN32 overflows from ``2^128 - 2^103`` on."""
+    if not np.isfinite(c):
+        return False
+    lo_n, hi_n = _neighbours_virtual(c)
     even = not int(c.view(np.uint32)) & 1
 
     def sign_minus(m: float) -> int:  # sign of (scale * e - scale * m), exact
         x = math.fsum([*terms, -m * scale])
         return (x > 0) - (x < 0)
 
-    below = sign_minus((float(c) + float(lo_n)) / 2)
-    above = sign_minus((float(c) + float(hi_n)) / 2)
+    below = sign_minus((float(c) + lo_n) / 2)
+    above = sign_minus((float(c) + hi_n) / 2)
     if below < 0 or above > 0:
         return False
     return even if below == 0 or above == 0 else True

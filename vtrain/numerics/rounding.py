@@ -440,16 +440,21 @@ def apply_log(
             r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
         else:
             r, finite = NF.round_fp32(v)
-        if check_finite and not finite:
-            _check_finite(r.reshape(-1), what)
+        overflow = _replay_overflows(v, r, entries, resolver is not None, what) if check_finite and not finite else None
     else:
         d = NF.dense(d) if checking and d is not None else d  # a lazy d is read at entries only otherwise
         r = v.to(torch.float32)
-        if check_finite:
-            _check_finite(r.reshape(-1), what)
+        overflow = None
+        if check_finite and not all_finite(r):
+            overflow = _replay_overflows(v, r, entries, resolver is not None, what)
     dev = v.device
     suspect: dict[int, tuple[int, str]] = {}
     vf = v.reshape(-1)
+    if overflow is not None:  # the entries and the resolver read FLT_MAX there (its virtual neighbour 2^128)
+        ot = torch.from_numpy(overflow).to(dev)
+        r.reshape(-1)[ot] = torch.copysign(torch.tensor(_FLT_MAX, dtype=torch.float32, device=dev), vf[ot].float())
+        for k in overflow[~np.isin(overflow, entries.index)].tolist():
+            suspect[int(k)] = (0, "replayed value overflows FP32")
     if not len(entries) and not checking:
         return r if native else canonical(r)
     near = None
@@ -498,7 +503,37 @@ def apply_log(
             proposed = out[kt].cpu().numpy().copy()
         res = torch.from_numpy(resolver(keys, proposed, codes_np, flagged).astype(np.float32)).to(dev)
         out[kt] = canonical(res) if native else res
+    if overflow is not None:  # the entries (or the resolver) settled the FP32 overflows of v, or this raises
+        _check_finite(out, what)
     return out.reshape(r.shape) if native else canonical(out.reshape(r.shape))
+
+
+def _replay_overflows(
+    v: torch.Tensor, r: torch.Tensor, entries: OpLog, resolving: bool, what: str
+) -> np.ndarray | None:
+    """:func:`apply_log`'s finiteness check where ``r = RN32(v)`` is not finite: the flat positions
+    (sorted) where every such element is an FP32 overflow of a finite ``v`` that an entry (or, with
+    ``resolving``, the exact resolver) settles, else raise :class:`NonFiniteValue`. Near the RN32
+    boundary ``2^128 - 2^103`` an honest ``v'`` may round to infinity while ``RN32(e)`` is FLT_MAX:
+    the trainer then logs the near-tie (``down`` at +FLT_MAX, ``up`` at -FLT_MAX) or an explicit
+    value, which applied to FLT_MAX give that value; an unlogged one is a suspect the resolver rules
+    on. The caller checks the final output again (an ``up`` at +FLT_MAX claims infinity)."""
+    rf, vf = r.reshape(-1), v.reshape(-1)
+    bad = (~torch.isfinite(rf)).nonzero().reshape(-1)
+    if not bad.numel():
+        return None
+    if bool(torch.isnan(rf[bad]).any()) or not bool(torch.isfinite(vf[bad]).all()):
+        _check_finite(rf, what)
+    pos = bad.cpu().numpy().astype(np.int64)
+    if not resolving and not bool(np.isin(pos, entries.index).all()):
+        _check_finite(rf, what)
+    return pos
+
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+_TWO128 = 2.0**128
+"""The virtual FP32 neighbour beyond FLT_MAX (the contract's, ``exact.midpoint``): the midpoints
+next to +-FLT_MAX are +-(2^128 - 2^103), where RN32 overflows."""
 
 
 FAR_REACH = 4.0
@@ -535,8 +570,8 @@ def _apply_entries_np(
     with np.errstate(over="ignore", invalid="ignore"):
         hi_n, lo_n = np.nextafter(ri, np.float32(np.inf)), np.nextafter(ri, np.float32(-np.inf))
         r64 = ri.astype(np.float64)
-        m_hi = (r64 + hi_n.astype(np.float64)) * 0.5
-        m_lo = (r64 + lo_n.astype(np.float64)) * 0.5
+        m_hi = (r64 + np.minimum(hi_n.astype(np.float64), _TWO128)) * 0.5  # next to FLT_MAX: 2^128 - 2^103
+        m_lo = (r64 + np.maximum(lo_n.astype(np.float64), -_TWO128)) * 0.5
         take_hi = (m_hi - vi) <= (vi - m_lo)
         directed = np.where(entries.code == int(Code.DOWN), np.where(take_hi, ri, lo_n), np.where(take_hi, hi_n, ri))
         is_explicit = entries.code == int(Code.EXPLICIT)
@@ -565,8 +600,8 @@ def _apply_entries_torch(
     vi, ri = vf[idx], out[idx]
     lo_n, hi_n = _neighbours(ri)
     r64 = ri.double()
-    m_hi = (r64 + hi_n.double()) * 0.5
-    m_lo = (r64 + lo_n.double()) * 0.5
+    m_hi = (r64 + hi_n.double().clamp_max(_TWO128)) * 0.5  # next to FLT_MAX: 2^128 - 2^103
+    m_lo = (r64 + lo_n.double().clamp_min(-_TWO128)) * 0.5
     take_hi = (m_hi - vi) <= (vi - m_lo)
     below = torch.where(take_hi, ri, lo_n)  # FP32 neighbours of the chosen midpoint
     above = torch.where(take_hi, hi_n, ri)
@@ -638,15 +673,17 @@ def _near_midpoint_np(vf: np.ndarray, rf: np.ndarray, reach: np.ndarray) -> np.n
     inf = np.float32(np.inf)
     r64 = rf.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        hi = (r64 + np.nextafter(rf, inf).astype(np.float64)) * 0.5 - vf <= reach
-        lo = vf - (r64 + np.nextafter(rf, -inf).astype(np.float64)) * 0.5 <= reach
+        hi = (r64 + np.minimum(np.nextafter(rf, inf).astype(np.float64), _TWO128)) * 0.5 - vf <= reach
+        lo = vf - (r64 + np.maximum(np.nextafter(rf, -inf).astype(np.float64), -_TWO128)) * 0.5 <= reach
     return hi | lo
 
 
 def _near_midpoint(vf: torch.Tensor, rf: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
     lo_n, hi_n = _neighbours(rf)
     r64 = rf.double()
-    return (((r64 + hi_n.double()) * 0.5 - vf) <= reach) | ((vf - (r64 + lo_n.double()) * 0.5) <= reach)
+    m_hi = (r64 + hi_n.double().clamp_max(_TWO128)) * 0.5  # next to FLT_MAX: 2^128 - 2^103
+    m_lo = (r64 + lo_n.double().clamp_min(-_TWO128)) * 0.5
+    return ((m_hi - vf) <= reach) | ((vf - m_lo) <= reach)
 
 
 def unlogged_near_ties_reference(

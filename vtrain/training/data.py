@@ -86,15 +86,22 @@ def text_dataset(text: str, context: int) -> Dataset:
     return Dataset(np.ascontiguousarray(ids[: n * L].reshape(n, L)), vocab)
 
 
+#: Most bytes of a text dataset file (read whole, then tokenised): checked before a byte is read.
+MAX_TEXT_BYTES = 1 << 30
+
+
 def load_text_file(path: Path, context: int) -> Dataset:
     """A user's UTF-8 text file as character-level samples; DatasetError names the file and problem.
     Only a regular file is read (a spec may come from someone else: a device such as /dev/zero
     would be read without end before the data could be checked against the job's dataRoot)."""
+    from vtrain.errors import CorruptArtifact
+    from vtrain.training.untrusted import read_regular
+
     p = Path(path)
-    if p.exists() and not p.is_file():
-        raise DatasetError(f"text dataset {path}: not a regular file")
-    try:
-        raw = p.read_bytes()
+    try:  # one open, checked on its descriptor: a regular file of at most MAX_TEXT_BYTES
+        raw = read_regular(p, MAX_TEXT_BYTES, "text dataset")
+    except CorruptArtifact as e:
+        raise DatasetError(str(e)) from None
     except FileNotFoundError as e:
         raise MissingDataset(f"text dataset {path}: {e.strerror or e}") from None
     except OSError as e:

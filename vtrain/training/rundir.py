@@ -13,6 +13,9 @@ Layout of ``<run>/``::
     checkpoints/step_000000.safetensors   state at each interval start (step 0, K, 2K, ...)
 
 Every file is written atomically (temp file + rename), so a crash never leaves half a file.
+The folder may come from someone else: every read and write of it goes through
+``vtrain.training.untrusted`` (one open, checked on its descriptor; no link inside the folder
+followed, and a link out of it refused by name first: :meth:`RunDir.member`).
 The folder is self-contained: a replay from any directory finds the data in it, and data that
 changed since training is reported (the file and both sha256) before any step runs.
 """
@@ -41,7 +44,14 @@ from vtrain.graph.step_graph import Graph
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
 from vtrain.training.data import Dataset, dataset_sha256
 from vtrain.training.spec import TrainSpec
-from vtrain.training.untrusted import read_regular
+from vtrain.training.untrusted import (
+    hash_beneath,
+    open_append_beneath,
+    open_dir_beneath,
+    read_beneath,
+    read_regular,
+    write_beneath,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +105,26 @@ class RunDir:
 
     # spec
     def write_spec(self, spec: TrainSpec) -> None:
-        atomic_write(self.path / "spec.json", spec.to_json().encode())
+        self.write_member("spec.json", spec.to_json().encode(), "spec")
 
     def read_stored_spec(self) -> TrainSpec:
         """spec.json as stored (a pinned text file's path relative to the run folder)."""
+        from vtrain.errors import SpecError
+        from vtrain.training.spec import MAX_SPEC_BYTES
+
         p = self.path / "spec.json"
         if not p.exists():
             raise MissingArtifact(f"no spec.json in run folder {self.path}")
-        return TrainSpec.from_file(self.member("spec.json", "spec"))  # regular file, bounded: from_file
+        try:  # one open, regular, bounded (as TrainSpec.from_file), no link followed inside the folder
+            raw = self.read_member("spec.json", MAX_SPEC_BYTES, "spec file")
+        except CorruptArtifact as e:
+            raise SpecError(str(e)) from None
+        try:
+            return TrainSpec.from_json(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise SpecError(f"spec file {p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except SpecError as e:
+            raise SpecError(f"spec file {p}: {e}") from None
 
     def read_spec(self) -> TrainSpec:
         """The spec, ready to build the job from any working directory: pinned files' paths are
@@ -148,7 +170,7 @@ class RunDir:
             raise DataChanged(f"model source {src} is not the pinned one: sha256 "
                               f"{hashlib.sha256(raw).hexdigest()}, the spec pins {spec.model_sha256}")
         rel = f"model/{src.name}"
-        atomic_write(self.path / rel, raw)
+        self.write_member(rel, raw, "model source")
         out = dataclasses.replace(spec, model=f"{rel}:{factory}", model_sha256=hashlib.sha256(raw).hexdigest())
         if spec.checkpoint is not None:
             ck = Path(spec.checkpoint)
@@ -162,7 +184,7 @@ class RunDir:
             crel = f"model/{ck.name}"
             if crel == rel:
                 raise MissingArtifact(f"checkpoint {ck} and model source {src} have one file name; rename one")
-            atomic_write(self.path / crel, data)
+            self.write_member(crel, data, "checkpoint")
             out = dataclasses.replace(out, checkpoint=crel, checkpoint_sha256=digest)
         return out
 
@@ -178,15 +200,15 @@ class RunDir:
         if spec.text_path is not None:
             raw = Path(spec.text_path).read_bytes()
             rel = f"data/{Path(spec.text_path).name}"
-            atomic_write(self.path / rel, raw)
+            self.write_member(rel, raw, "data file")
             files[rel] = hashlib.sha256(raw).hexdigest()
             spec = dataclasses.replace(spec, text_path=rel)
         if dataset.vocab is not None:
             vocab = {"kind": "characters", "symbols": list(dataset.vocab)}
-            atomic_write(self.path / "vocab.json", json.dumps(vocab, ensure_ascii=False).encode())
+            self.write_member("vocab.json", json.dumps(vocab, ensure_ascii=False).encode(), "vocabulary")
         inputs = {"files": files, "dataset_sha256": dataset_sha256(dataset),
                   "dataset_shape": list(dataset.samples.shape), "spec": spec.to_dict()}
-        atomic_write(self.path / "inputs.json", json.dumps(inputs, indent=1).encode())
+        self.write_member("inputs.json", json.dumps(inputs, indent=1).encode(), "inputs record")
         return spec
 
     def read_inputs(self) -> dict | None:
@@ -211,8 +233,8 @@ class RunDir:
                 raise MissingArtifact(f"pinned {_what(rel)} {p} missing from the run folder")
             if not p.is_file():  # a device or a FIFO would be read without end
                 raise CorruptArtifact(f"{self.path / 'inputs.json'}: pinned {_what(rel)} {p} is not a regular file")
-            with p.open("rb") as f:
-                got = hashlib.file_digest(f, "sha256").hexdigest()  # streamed, not held in memory
+            root, inside = self._inside(rel, f"{self.path / 'inputs.json'}: pinned file")
+            got = hash_beneath(root, inside, f"pinned {_what(rel)}")  # streamed, bounded by its size, one open
             if got != want:
                 raise DataChanged(f"{_what(rel)} {p} changed since training: sha256 {got}, recorded {want}")
 
@@ -231,6 +253,25 @@ class RunDir:
             raise CorruptArtifact(f"{what} {rel!r} leads out of the run folder (to {p.resolve()})")
         return p
 
+    def _inside(self, rel: object, what: str) -> tuple[Path, Path]:
+        """``(root, inside)``: the folder resolved and ``rel``'s resolved path relative to it (links
+        inside the folder resolved once, by name); a path that resolves out of it is CorruptArtifact.
+        The file is then opened beneath ``root`` along ``inside`` following no link, so a link
+        swapped in after this check is refused, not followed."""
+        p = self.member(rel, what)
+        root = self.path.resolve()
+        real = p.resolve()
+        if not real.is_relative_to(root) or real == root:
+            raise CorruptArtifact(f"{what} {rel!r} leads out of the run folder (to {real})")
+        return root, real.relative_to(root)
+
+    def write_member(self, rel: str, data: bytes, what: str) -> None:
+        """Write the folder's file ``rel`` atomically (``untrusted.write_beneath``): never through a
+        link planted in the folder (one leading out is refused by name; a swap is not followed)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        root, inside = self._inside(rel, what)
+        write_beneath(root, inside, data, what)
+
     def read_member(self, rel: str, limit: int, what: str) -> bytes:
         """The bytes of the folder's file ``rel``, the one guard of every read of a run folder (it
         may come from someone else): a regular file (never a device or a FIFO, which would be read
@@ -238,7 +279,8 @@ class RunDir:
         byte is read (CorruptArtifact naming the file and the limit); absent: MissingArtifact."""
         p = self.member(rel, what)
         try:
-            return read_regular(p, limit, what)
+            root, inside = self._inside(rel, what)
+            return read_beneath(root, inside, limit, what)
         except FileNotFoundError:
             raise MissingArtifact(f"{what} {p} missing from the run folder") from None
 
@@ -288,7 +330,7 @@ class RunDir:
 
     def write_log(self, step: int, log: StepLog, graph: Graph) -> int:
         data = encode_step_log(log, step, graph)
-        atomic_write(self.log_path(step), data)
+        self.write_member(str(self.log_path(step).relative_to(self.path)), data, f"rounding log of step {step}")
         return len(data)
 
     def read_log(self, step: int, graph: Graph) -> StepLog:
@@ -303,7 +345,8 @@ class RunDir:
         return self.path / "checkpoints" / f"step_{step:06d}.safetensors"
 
     def write_checkpoint(self, step: int, graph: Graph, state: list[torch.Tensor]) -> None:
-        atomic_write(self.ckpt_path(step), encode_checkpoint(graph, state))
+        self.write_member(str(self.ckpt_path(step).relative_to(self.path)), encode_checkpoint(graph, state),
+                          f"checkpoint of step {step}")
 
     def read_checkpoint(self, step: int, graph: Graph) -> list[torch.Tensor]:
         p = self.ckpt_path(step)
@@ -318,9 +361,9 @@ class RunDir:
         """Append one record. A record is complete once its newline is on disk; a torn last line
         (a crash mid-append) is cut off first, so the file only ever holds whole records."""
         line = json.dumps({"step": step, "loss": loss, "state_root": state_root.hex(), "log_root": log_root.hex()})
-        p = self.path / "roots.jsonl"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with open(p, "a+b") as f:
+        self.path.mkdir(parents=True, exist_ok=True)
+        root, inside = self._inside("roots.jsonl", "roots record")
+        with os.fdopen(open_append_beneath(root, inside, "roots record"), "a+b") as f:
             size = f.seek(0, os.SEEK_END)
             if size:
                 f.seek(max(0, size - 4096))
@@ -372,19 +415,45 @@ class RunDir:
             self.member(sub, f"{sub} folder")
         roots = self.read_roots() if (self.path / "roots.jsonl").exists() else {}
         kept = "".join(json.dumps(r) + "\n" for s, r in sorted(roots.items()) if s <= step)
-        atomic_write(self.path / "roots.jsonl", kept.encode())
-        for sub, pattern in (("logs", "step_*.vtlog"), ("checkpoints", "step_*.safetensors")):
-            for p in (self.path / sub).glob(pattern) if (self.path / sub).exists() else []:
+        self.write_member("roots.jsonl", kept.encode(), "roots record")
+        for sub, suffix in (("logs", ".vtlog"), ("checkpoints", ".safetensors")):
+            if not (self.path / sub).exists():
+                continue
+            for name in self._names_in(sub):  # names deleted in the folder opened, never through a link
+                if not (name.startswith("step_") and name.endswith(suffix)):
+                    continue
                 try:
-                    s = int(p.name.split("_")[1].split(".")[0])
+                    s = int(name.split("_")[1].split(".")[0])
                 except (IndexError, ValueError):
                     continue
                 if s > step:
-                    p.unlink()
-        for pattern in (".step_*", ".roots.jsonl.*"):  # temp files of writes cut short (atomic_write's prefix)
-            for p in self.path.rglob(pattern):
-                if p.is_file():
-                    p.unlink()
+                    self._unlink_in(sub, name)
+        # temp files of writes cut short (write_beneath's prefix), in the folder and its subfolders (no link followed)
+        for top, _dirs, names in os.walk(self.path, followlinks=False):
+            rel = Path(top).relative_to(self.path)
+            for name in names:
+                if name.startswith((".step_", ".roots.jsonl.")) and (Path(top) / name).is_file():
+                    self._unlink_in(str(rel), name)
+
+    def _names_in(self, sub: str) -> list[str]:
+        """The names in the folder's subfolder ``sub`` (opened following no link)."""
+        root, inside = self._inside(sub, f"{sub} folder")
+        fd = open_dir_beneath(root, inside, f"{sub} folder")
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    def _unlink_in(self, sub: str, name: str) -> None:
+        """Delete the name ``name`` of the folder's subfolder ``sub`` (``""``/``"."``: the folder),
+        the folder opened following no link: a name is removed, never a file through a link."""
+        root = self.path.resolve()
+        inside = Path() if sub in ("", ".") else self._inside(sub, f"{sub} folder")[1]
+        fd = open_dir_beneath(root, inside, f"{sub} folder")
+        try:
+            os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
 
     def last_checkpoint_at_or_before(self, step: int, interval: int) -> int:
         s = (step // interval) * interval
