@@ -138,7 +138,9 @@ class StepExecutor:
 
     def _make_plan(self) -> list[_PlanStep]:
         """Per op, once (:class:`_PlanStep`), so that the step loop does little per op. Classes:
-        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
+        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_RESHAPE`` (RESHAPE/OUTPUT: a view, handled
+        inline by the step loop), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a
+        broadcast view where the loop allows, else a copy), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
         only by CONCATs),
         ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`; native operands
         ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_SQRT`` (SQRT in one
@@ -148,6 +150,7 @@ class StepExecutor:
         exact_modes = self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG)
         native = self.device.type == "cpu" and fp32_native.available()
         reductions = self.collective.reductions if self.collective is not None else set()
+        broadcast_readers = set(_NATIVE_FP32) & self._fp32_exact  # kernels that read any strides
         consumers: list[set[OpKind]] = [set() for _ in g.ops]
         for op in g.ops:
             for i in op.inputs:
@@ -162,6 +165,10 @@ class StepExecutor:
                 cls = _PLAN_PARTS
             elif k == OpKind.CONCAT:
                 cls = _PLAN_CONCAT
+            elif k in (OpKind.RESHAPE, OpKind.OUTPUT):
+                cls = _PLAN_RESHAPE
+            elif k == OpKind.EXPAND and native and exact_modes and consumers[op.id] <= broadcast_readers:
+                cls = _PLAN_BROADCAST  # read in place by the native kernels (stride 0): no copy
             elif k not in ROUNDING_KINDS:
                 cls = _PLAN_MOVE
             elif k == OpKind.SQRT and exact_modes and native:
@@ -263,12 +270,30 @@ class StepExecutor:
         pool: dict[int, list[torch.Tensor]] | None = (  # recycled buffers by element count
             {} if parts and resolver_factory is None and not check else None
         )
+        # An EXPAND read only by native FP32 kernels is passed on as a broadcast view, except where a
+        # caller sees the values (trace, hook) or a replay may take its consumers' FP64 path.
+        views = trace is None and op_hook is None and collective is None and log_in is None
         for op, cls, inputs, frees, slot, nat, recycle in self._plan:
+            if cls == _PLAN_RESHAPE and collective is None:
+                out = vals[inputs[0]].reshape(op.shape)
+                if op_hook is not None:
+                    out = op_hook(op, [vals[inputs[0]]], out, out_log)
+                vals[op.id] = out
+                if trace is not None:
+                    trace.append(out)
+                else:
+                    for i in frees:
+                        vals[i] = None
+                if slot >= 0:
+                    new_state[slot] = out
+                continue
             ins = [vals[i] for i in inputs]
             if collective is not None:
                 ins = collective.inputs(op, ins)
             try:
-                if cls == _PLAN_MOVE:
+                if cls == _PLAN_BROADCAST and views:
+                    out = ins[0].expand(op.shape)
+                elif cls == _PLAN_MOVE or cls == _PLAN_RESHAPE or cls == _PLAN_BROADCAST:
                     out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
                     out = torch.cat(_flat_parts(ins))
@@ -541,7 +566,7 @@ _RECYCLE_MIN = 1 << 20
 """Elements (4 MiB) from which a dead native output's buffer is reused within the step."""
 _NON_ALIASING = ROUNDING_KINDS
 """Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
-_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT = range(6)
+_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT, _PLAN_RESHAPE, _PLAN_BROADCAST = range(8)
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:
