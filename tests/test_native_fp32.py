@@ -293,3 +293,98 @@ def test_transpose_is_torchs_copy_bit_for_bit(shape: tuple[int, ...]) -> None:
         assert F.transpose(view) is None
     n = a.dim()
     assert F.swaps_last_two((*range(n - 2), n - 1, n - 2)) and not F.swaps_last_two(tuple(range(n)))
+
+
+# -- fused chains (vt_fp32_chain) -------------------------------------------------------------------
+def _chain_reference(steps, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], bool]:
+    """The chain's registers one op at a time through the single-op kernels (binary, sqrt)."""
+    regs = list(inputs)
+    finite = True
+    for code, a, b in steps:
+        if code == F.SQRT:
+            out, ok = F.sqrt(regs[a].contiguous())
+        else:
+            x, y = regs[a], regs[b]
+            shape = tuple(max(p, q) for p, q in zip(x.reshape(-1).shape, y.reshape(-1).shape, strict=True))
+            out, ok = F.binary(code, x.reshape(-1), y.reshape(-1), shape)
+        regs.append(out)
+        finite = finite and ok
+    return regs, finite
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_chain_gives_each_ops_bits(seed: int) -> None:
+    """Random chains of add/sub/mul/div/sqrt over hard values and scalars (either side), crossing the
+    kernel's 1024-element blocks: every output the bits of the single-op kernels, the same finiteness."""
+    rng = np.random.default_rng(seed)
+    n = 2500
+    inputs = [_hard_values(n, seed), _hard_values(n, seed + 10).abs(), torch.tensor([0.9], dtype=torch.float32),
+              torch.tensor(1e-8, dtype=torch.float32).reshape(())]
+    scalars = {2, 3}
+    steps = []
+    for k in range(12):
+        hi = len(inputs) + k
+        code = int(rng.integers(0, 5))
+        a = int(rng.integers(0, hi))
+        while code == F.SQRT and a in scalars:
+            a = int(rng.integers(0, hi))
+        b = int(rng.integers(0, hi))
+        if a in scalars and b in scalars:
+            b = int(rng.integers(len(inputs), hi)) if hi > len(inputs) else 0
+        steps.append((code, a, b))
+    outputs = [len(inputs) + k for k in range(12) if k % 3 == 2] + [len(inputs) + 11]
+    outputs = sorted(set(outputs))
+    chain = F.Chain(n, len(inputs), scalars, steps, outputs)
+    got, finite = chain(inputs, (n,))
+    regs, ref_finite = _chain_reference(steps, [t.reshape(-1) if t.numel() > 1 else t for t in inputs])
+    for r, t in zip(outputs, got, strict=True):
+        assert torch.equal(t.view(torch.int32), regs[r].reshape(-1).view(torch.int32)), f"register {r}"
+    assert finite == ref_finite
+
+
+def test_a_chain_reports_a_non_finite_inner_value() -> None:
+    """An Inf that only an inner (never written) value holds still makes the chain report non-finite."""
+    a = torch.tensor([1.0, 3e38, 2.0], dtype=torch.float32)
+    c = torch.tensor(10.0).reshape(())
+    chain = F.Chain(3, 2, {1}, [(F.MUL, 0, 1), (F.DIV, 2, 2)], [3])  # (a*10) / (a*10): Inf/Inf inside
+    (out,), finite = chain([a, c], (3,))
+    assert not finite and torch.isnan(out[1]) and out[0] == 1.0
+
+
+def test_fused_groups_keep_the_steps_bits(monkeypatch) -> None:
+    """The trainer's plain steps run chains of FP32-exact ops fused (most of AdamW's update, the
+    elementwise backward); the same states, losses and logs as the op-by-op loop (a trace turns
+    fusion off), and as the executor without the kernels."""
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    ex = StepExecutor(job.graph, "certified")
+    fused = [p.group for p in ex._plan if p.group is not None and p.group is not E._FUSED_MEMBER]
+    assert len(fused) >= 10 and max(len(x.members) for x in fused) >= 16
+    calls = []
+    run_group = ex._run_group
+    monkeypatch.setattr(ex, "_run_group", lambda *a: (calls.append(1), run_group(*a))[1])
+    slow = _without_kernel(monkeypatch, job.graph, "certified")
+    sa = sb = sc = state_tensors(job.initial_state)
+    for s in (1, 2, 3):
+        data = batch_for(job, s)
+        a, b = ex.run(sa, data, step=s), ex.run(sb, data, step=s, keep_trace=True)
+        c = slow.run(sc, data, step=s)
+        assert _bits(a.state) == _bits(b.state) == _bits(c.state) and a.loss == b.loss == c.loss
+        assert encode_step_log(a.log, s, job.graph) == encode_step_log(b.log, s, job.graph)
+        assert a.stats.values == b.stats.values
+        sa, sb, sc = a.state, b.state, c.state
+    assert len(calls) == 3 * len(fused)
+
+
+def test_a_fused_group_falls_back_to_its_ops_on_a_strided_input(monkeypatch) -> None:
+    """Where the chain kernel does not take an input (here: none at all), the group's members run one
+    by one: the same bits."""
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    ex = StepExecutor(job.graph, "certified")
+    state, data = state_tensors(job.initial_state), batch_for(job, 1)
+    ref = ex.run(state, data, step=1)
+    monkeypatch.setattr(F.Chain, "__call__", lambda self, inputs, shape: None)
+    got = ex.run(state, data, step=1)
+    assert _bits(got.state) == _bits(ref.state) and got.loss == ref.loss
+    assert encode_step_log(got.log, 1, job.graph) == encode_step_log(ref.log, 1, job.graph)

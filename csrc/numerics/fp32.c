@@ -188,3 +188,67 @@ VT_EXPORT void vt_transpose32(const float *a, int64_t batches, int64_t rows, int
         }
     }
 }
+
+/* A chain of FP32-exact ops over n elements in one pass (fp32_native.Chain, the executor's fused
+ * elementwise groups): the same row functions as vt_fp32_binary and vt_fp32_sqrt, run block by block
+ * so that the chain's inner values stay in cache and are never written out. Registers 0..n_regs-1:
+ * reg_step[r] 1 (element i at reg_ptr[r][i]: an input, or an output buffer the chain writes), 0 (one
+ * value read for all elements: a scalar) or -1 (scratch: an inner value). ops: 4 int32 per op
+ * (code, dst, a, b), code VT_ADD..VT_DIV or VT_SQRT (b unused; a not a scalar); each dst is written
+ * once, by one op, before any op reads it. Returns 1 when every op's output is finite, 0 when some is
+ * NaN/Inf, -1 on a bad argument or when the scratch cannot be allocated. */
+#include <stdlib.h>
+enum { VT_SQRT = 4 };
+#define VT_CHAIN_BLOCK 1024
+VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, const int32_t *reg_step,
+                            int32_t n_ops, const int32_t *ops) {
+    if (n < 0 || n_regs <= 0 || n_ops <= 0) return -1;
+    int32_t n_scratch = 0;
+    int32_t *slot = malloc((size_t)n_regs * sizeof *slot);
+    if (!slot) return -1;
+    for (int32_t r = 0; r < n_regs; r++) slot[r] = reg_step[r] < 0 ? n_scratch++ : -1;
+    float *scratch = n_scratch ? malloc((size_t)n_scratch * VT_CHAIN_BLOCK * sizeof(float)) : NULL;
+    if (n_scratch && !scratch) {
+        free(slot);
+        return -1;
+    }
+    for (int32_t k = 0; k < n_ops; k++) {
+        const int32_t *o = ops + 4 * k;
+        if (o[0] < VT_ADD || o[0] > VT_SQRT || o[1] < 0 || o[1] >= n_regs || o[2] < 0 || o[2] >= n_regs ||
+            (o[0] != VT_SQRT && (o[3] < 0 || o[3] >= n_regs)) || reg_step[o[1]] == 0 ||
+            (o[0] == VT_SQRT && reg_step[o[2]] == 0)) {
+            free(scratch);
+            free(slot);
+            return -1;
+        }
+    }
+    uint32_t bad = 0;
+    for (int64_t lo = 0; lo < n; lo += VT_CHAIN_BLOCK) {
+        const int64_t len = n - lo < VT_CHAIN_BLOCK ? n - lo : VT_CHAIN_BLOCK;
+        for (int32_t k = 0; k < n_ops; k++) {
+            const int32_t *o = ops + 4 * k;
+#define VT_REG(r, S) (reg_step[r] < 0 ? ((S) = 1, scratch + (int64_t)slot[r] * VT_CHAIN_BLOCK) \
+                      : reg_step[r] == 0 ? ((S) = 0, reg_ptr[r]) : ((S) = 1, reg_ptr[r] + lo))
+            int64_t sd, sa, sb = 0;
+            float *d = VT_REG(o[1], sd);
+            const float *a = VT_REG(o[2], sa);
+            switch (o[0]) {
+            case VT_SQRT: bad |= row_sqrt(a, d, len); break;
+            default: {
+                const float *b = VT_REG(o[3], sb);
+                switch (o[0]) {
+                case VT_ADD: bad |= row_add(a, sa, b, sb, d, len); break;
+                case VT_SUB: bad |= row_sub(a, sa, b, sb, d, len); break;
+                case VT_MUL: bad |= row_mul(a, sa, b, sb, d, len); break;
+                default: bad |= row_div(a, sa, b, sb, d, len); break;
+                }
+            }
+            }
+#undef VT_REG
+            (void)sd;
+        }
+    }
+    free(scratch);
+    free(slot);
+    return bad ? 0 : 1;
+}

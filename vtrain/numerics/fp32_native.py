@@ -6,7 +6,8 @@ is finite, in one pass: the bits of ``torch.<op>(a, b) + 0.0`` on the CPU (both 
 rounded FP32 operation per element), without torch's two extra passes (the zero and the min/max
 probe) and its fixed cost per call. ``sqrt(a)``: ``RN32(sqrt(a)) + 0.0`` and finiteness, the bits
 of the FP64 path (``torch.sqrt`` of the FP64 input rounded to FP32: both square roots are correctly
-rounded and the double rounding is innocuous).
+rounded and the double rounding is innocuous). :class:`Chain`: a fixed chain of those ops over
+one shape in one pass (block by block, the inner values never written out): each op's bits.
 
 The torch / FP64 paths stay the fallback (:func:`available` False: library absent or
 ``VTRAIN_NATIVE_NUMERICS=0``); tests compare the two bit for bit (``tests/test_native_fp32.py``).
@@ -39,6 +40,15 @@ _TRANSPOSE = getattr(_LIB, "vt_transpose32", None) if _LIB is not None else None
 if _TRANSPOSE is not None:
     _TRANSPOSE.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     _TRANSPOSE.restype = None
+
+_CHAIN = getattr(_LIB, "vt_fp32_chain", None) if _LIB is not None else None
+if _CHAIN is not None:
+    _CHAIN.argtypes = [ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
+                       ctypes.c_void_p]
+    _CHAIN.restype = ctypes.c_int
+
+SQRT = 4
+"""Op code of a :class:`Chain` step (besides ADD, SUB, MUL, DIV)."""
 
 # (shape, a's shape and strides, b's shape and strides) -> the kernel's int64 arrays (kept alive here)
 _LAYOUTS: dict[tuple, tuple[int, int, int, int, tuple]] = {}
@@ -136,3 +146,53 @@ def transpose(a: torch.Tensor) -> torch.Tensor | None:
     if out.numel():
         _TRANSPOSE(a.data_ptr(), a.numel() // (rows * cols), rows, cols, out.data_ptr())
     return out
+
+
+class Chain:
+    """A fixed chain of FP32-exact ops over tensors of one shape, in one native pass
+    (``vt_fp32_chain``): per element exactly :func:`binary`'s and :func:`sqrt`'s operations, in
+    order, so every output has their bits; the inner values are never written to memory.
+
+    ``n_inputs`` registers come first (each a contiguous FP32 tensor of ``numel`` elements, or one
+    of a single element read for all: ``scalar_inputs``), then one register per step. ``steps``:
+    ``(code, a, b)`` with ``code`` ADD/SUB/MUL/DIV/SQRT and ``a``, ``b`` register numbers (``b``
+    ignored by SQRT); ``outputs``: the step registers written to fresh tensors."""
+
+    def __init__(
+        self, numel: int, n_inputs: int, scalar_inputs: set[int], steps: list[tuple[int, int, int]], outputs: list[int]
+    ) -> None:
+        import numpy as np
+
+        n_regs = n_inputs + len(steps)
+        self.numel, self.n_inputs, self.n_regs, self.n_steps = numel, n_inputs, n_regs, len(steps)
+        self.outputs = list(outputs)
+        step_kind = np.full(n_regs, -1, dtype=np.int32)  # scratch unless an input or an output
+        for r in range(n_inputs):
+            step_kind[r] = 0 if r in scalar_inputs else 1
+        for r in self.outputs:
+            step_kind[r] = 1
+        self._steps = step_kind
+        self._ops = np.array([(c, n_inputs + k, a, b) for k, (c, a, b) in enumerate(steps)], dtype=np.int32)
+        self._ptrs = np.zeros(n_regs, dtype=np.uint64)
+        self._args = (self._ptrs.ctypes.data, self._steps.ctypes.data, self._ops.ctypes.data)
+
+    def __call__(self, inputs: list[torch.Tensor], shape: tuple[int, ...]) -> tuple[list[torch.Tensor], bool] | None:
+        """``(outputs, all finite)``: the output tensors (``shape``, in ``outputs`` order) and whether
+        every step's values are finite; None when the kernel is not loaded or an input is not a
+        contiguous FP32 CPU tensor of the expected size (the caller runs the steps one by one then)."""
+        if _CHAIN is None:
+            return None
+        ptrs = self._ptrs
+        for r, t in enumerate(inputs):
+            if t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous():
+                return None
+            if t.numel() != (1 if self._steps[r] == 0 else self.numel):
+                return None
+            ptrs[r] = t.data_ptr()
+        outs = [torch.empty(shape, dtype=torch.float32) for _ in self.outputs]
+        for r, t in zip(self.outputs, outs, strict=True):
+            ptrs[r] = t.data_ptr()
+        ok = _CHAIN(self.numel, self.n_regs, *self._args[:2], self.n_steps, self._args[2])
+        if ok < 0:
+            raise ValueError(f"fp32 chain kernel: bad arguments or no memory ({self.n_steps} steps)")
+        return outs, ok == 1
