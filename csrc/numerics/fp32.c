@@ -191,22 +191,32 @@ VT_EXPORT void vt_transpose32(const float *a, int64_t batches, int64_t rows, int
 
 /* A chain of FP32-exact ops over n elements in one pass (fp32_native.Chain, the executor's fused
  * elementwise groups): the same row functions as vt_fp32_binary and vt_fp32_sqrt, run block by block
- * so that the chain's inner values stay in cache and are never written out. Registers 0..n_regs-1:
- * reg_step[r] 1 (element i at reg_ptr[r][i]: an input, or an output buffer the chain writes), 0 (one
- * value read for all elements: a scalar) or -1 (scratch: an inner value). ops: 4 int32 per op
- * (code, dst, a, b), code VT_ADD..VT_DIV or VT_SQRT (b unused; a not a scalar); each dst is written
- * once, by one op, before any op reads it. Returns 1 when every op's output is finite, 0 when some is
- * NaN/Inf, -1 on a bad argument or when the scratch cannot be allocated. */
+ * so that the chain's inner values stay in cache and are never written out. Registers 0..n_regs-1,
+ * by reg_kind[r]: 1 (element i at reg_ptr[r][i]: an input, or an output buffer the chain writes),
+ * 0 (one value read for all elements: a scalar), 2 (element i at reg_ptr[r][i / reg_param[r]]: one
+ * value per row of reg_param[r] elements), 3 (element i at reg_ptr[r][i % reg_param[r]]: a tile
+ * repeated), -1 (scratch: an inner value). Kinds 2 and 3 are copied block by block into scratch (bits
+ * copied, no arithmetic). ops: 4 int32 per op (code, dst, a, b), code VT_ADD..VT_DIV or VT_SQRT (b
+ * unused; a not a scalar); each dst is written once, by one op, before any op reads it. Returns 1
+ * when every op's output is finite, 0 when some is NaN/Inf, -1 on a bad argument or when the scratch
+ * cannot be allocated. */
 #include <stdlib.h>
 enum { VT_SQRT = 4 };
 #define VT_CHAIN_BLOCK 1024
-VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, const int32_t *reg_step,
-                            int32_t n_ops, const int32_t *ops) {
+VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, const int32_t *reg_kind,
+                            const int64_t *reg_param, int32_t n_ops, const int32_t *ops) {
     if (n < 0 || n_regs <= 0 || n_ops <= 0) return -1;
     int32_t n_scratch = 0;
     int32_t *slot = malloc((size_t)n_regs * sizeof *slot);
     if (!slot) return -1;
-    for (int32_t r = 0; r < n_regs; r++) slot[r] = reg_step[r] < 0 ? n_scratch++ : -1;
+    for (int32_t r = 0; r < n_regs; r++) {
+        const int32_t kind = reg_kind[r];
+        if (kind < -1 || kind > 3 || (kind >= 2 && reg_param[r] <= 0)) {
+            free(slot);
+            return -1;
+        }
+        slot[r] = kind < 0 || kind >= 2 ? n_scratch++ : -1;
+    }
     float *scratch = n_scratch ? malloc((size_t)n_scratch * VT_CHAIN_BLOCK * sizeof(float)) : NULL;
     if (n_scratch && !scratch) {
         free(slot);
@@ -215,8 +225,8 @@ VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, co
     for (int32_t k = 0; k < n_ops; k++) {
         const int32_t *o = ops + 4 * k;
         if (o[0] < VT_ADD || o[0] > VT_SQRT || o[1] < 0 || o[1] >= n_regs || o[2] < 0 || o[2] >= n_regs ||
-            (o[0] != VT_SQRT && (o[3] < 0 || o[3] >= n_regs)) || reg_step[o[1]] == 0 ||
-            (o[0] == VT_SQRT && reg_step[o[2]] == 0)) {
+            (o[0] != VT_SQRT && (o[3] < 0 || o[3] >= n_regs)) || (reg_kind[o[1]] != 1 && reg_kind[o[1]] != -1) ||
+            (o[0] == VT_SQRT && reg_kind[o[2]] == 0)) {
             free(scratch);
             free(slot);
             return -1;
@@ -225,10 +235,33 @@ VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, co
     uint32_t bad = 0;
     for (int64_t lo = 0; lo < n; lo += VT_CHAIN_BLOCK) {
         const int64_t len = n - lo < VT_CHAIN_BLOCK ? n - lo : VT_CHAIN_BLOCK;
+        for (int32_t r = 0; r < n_regs; r++) { /* broadcast inputs: this block's elements */
+            if (reg_kind[r] < 2) continue;
+            float *dst = scratch + (int64_t)slot[r] * VT_CHAIN_BLOCK;
+            const float *src = reg_ptr[r];
+            const int64_t p = reg_param[r];
+            if (reg_kind[r] == 2) {
+                int64_t row = lo / p, off = lo % p;
+                for (int64_t j = 0; j < len; j++) {
+                    dst[j] = src[row];
+                    if (++off == p) {
+                        off = 0;
+                        row++;
+                    }
+                }
+            } else {
+                int64_t at = lo % p;
+                for (int64_t j = 0; j < len; j++) {
+                    dst[j] = src[at];
+                    if (++at == p) at = 0;
+                }
+            }
+        }
         for (int32_t k = 0; k < n_ops; k++) {
             const int32_t *o = ops + 4 * k;
-#define VT_REG(r, S) (reg_step[r] < 0 ? ((S) = 1, scratch + (int64_t)slot[r] * VT_CHAIN_BLOCK) \
-                      : reg_step[r] == 0 ? ((S) = 0, reg_ptr[r]) : ((S) = 1, reg_ptr[r] + lo))
+#define VT_REG(r, S) (reg_kind[r] == 0 ? ((S) = 0, reg_ptr[r]) \
+                      : reg_kind[r] == 1 ? ((S) = 1, reg_ptr[r] + lo) \
+                      : ((S) = 1, scratch + (int64_t)slot[r] * VT_CHAIN_BLOCK))
             int64_t sd, sa, sb = 0;
             float *d = VT_REG(o[1], sd);
             const float *a = VT_REG(o[2], sa);

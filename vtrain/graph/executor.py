@@ -241,10 +241,7 @@ class StepExecutor:
                 return False
             if math.prod(op.shape) < 2:
                 return False
-            return all(
-                cls_of[i] != _PLAN_BROADCAST and (g.ops[i].shape == op.shape or math.prod(g.ops[i].shape) == 1)
-                for i in op.inputs
-            )
+            return all(fp32_native.broadcast_kind(self._source_shape(i, cls_of), op.shape) for i in op.inputs)
 
         # Greedy in graph order: an op joins the groups of its same-shape fusable operands when no value
         # of the merged group is read by an op outside it before this op (where the group would run).
@@ -264,9 +261,14 @@ class StepExecutor:
             members[m] = merged
             for x in merged:
                 group_of[x] = m
-        return [self._fused_group(ms, users) for ms in members.values() if len(ms) >= 2]
+        return [self._fused_group(ms, users, cls_of) for ms in members.values() if len(ms) >= 2]
 
-    def _fused_group(self, ms: list[int], users: list[list[int]]) -> _FusedGroup:
+    def _source_shape(self, i: int, cls_of: dict[int, int]) -> tuple[int, ...]:
+        """The shape of the tensor behind value ``i`` in the fused loop (an EXPAND there is a view)."""
+        op = self.graph.ops[i]
+        return self.graph.ops[op.inputs[0]].shape if cls_of[i] == _PLAN_BROADCAST else op.shape
+
+    def _fused_group(self, ms: list[int], users: list[list[int]], cls_of: dict[int, int]) -> _FusedGroup:
         g = self.graph
         inner = set(ms)
         ext: list[int] = []
@@ -288,14 +290,19 @@ class StepExecutor:
                 if what == "v" and i not in inner and i not in ext:
                     ext.append(i)
             operands.append((code, srcs))
-        scalar_regs = {r for r, i in enumerate(ext) if math.prod(g.ops[i].shape) == 1}
+        shape = g.ops[ms[0]].shape
+        kinds = []
+        for i in ext:
+            src = self._source_shape(i, cls_of)
+            kind, param = fp32_native.broadcast_kind(src, shape)  # type: ignore[misc]
+            kinds.append((src, kind, param))
         const_reg: dict[int, int] = {}
         for m in ms:
             if m in self._scalars and g.ops[m].kind != OpKind.SQRT and self._plan_native(g.ops[m])[2] is not None:
                 const_reg[m] = len(ext) + len(consts)
                 consts.append(self._scalars[m].reshape(()))
+                kinds.append(((), fp32_native.SCALAR, 1))
         n_inputs = len(ext) + len(consts)
-        scalar_regs |= set(const_reg.values())
         for k, m in enumerate(ms):
             reg[m] = n_inputs + k
         steps = []
@@ -304,9 +311,8 @@ class StepExecutor:
                     for what, i in srcs]
             steps.append((code, regs[0], regs[1] if len(regs) > 1 else 0))
         outs = [m for m in ms if m == g.loss_op or any(u not in inner for u in users[m])]
-        numel = math.prod(g.ops[ms[0]].shape)
-        chain = fp32_native.Chain(numel, n_inputs, scalar_regs, steps, [reg[m] for m in outs])
-        return _FusedGroup(tuple(ms), tuple(ext), tuple(consts), tuple(outs), chain, g.ops[ms[0]].shape)
+        chain = fp32_native.Chain(shape, kinds, steps, [reg[m] for m in outs])
+        return _FusedGroup(tuple(ms), tuple(ext), tuple(consts), tuple(outs), chain, shape)
 
     def _plan_native(self, op: OpNode) -> tuple | None:
         if op.kind == OpKind.SQRT:
@@ -479,7 +485,7 @@ class StepExecutor:
         """A fused group (:meth:`_fused_groups`): its outputs into ``vals``; where the chain kernel
         does not take an input (not contiguous), its members one by one (the same bits)."""
         ins = [vals[i] for i in group.inputs]
-        got = group.chain([*ins, *group.consts], group.shape)
+        got = group.chain([*ins, *group.consts])
         if got is not None:
             outs, finite = got
             if not finite:  # the caller's eager rerun names the op

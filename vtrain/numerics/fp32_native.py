@@ -16,6 +16,7 @@ The torch / FP64 paths stay the fallback (:func:`available` False: library absen
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 
@@ -43,12 +44,34 @@ if _TRANSPOSE is not None:
 
 _CHAIN = getattr(_LIB, "vt_fp32_chain", None) if _LIB is not None else None
 if _CHAIN is not None:
-    _CHAIN.argtypes = [ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
-                       ctypes.c_void_p]
+    _CHAIN.argtypes = [ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_int32, ctypes.c_void_p]
     _CHAIN.restype = ctypes.c_int
 
 SQRT = 4
 """Op code of a :class:`Chain` step (besides ADD, SUB, MUL, DIV)."""
+
+SCALAR, FULL, ROWS, TILE = 0, 1, 2, 3
+"""How a :class:`Chain` input is read: one value for all elements; element ``i`` at ``i``; at
+``i // param`` (one value per row of ``param`` elements); at ``i % param`` (a tile repeated)."""
+
+
+def broadcast_kind(src: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(kind, param)`` of a :class:`Chain` input of shape ``src`` broadcast to ``shape`` (same rank),
+    or None when it is none of the four forms."""
+    n = math.prod(shape)
+    if tuple(src) == tuple(shape):
+        return FULL, n
+    if math.prod(src) == 1:
+        return SCALAR, 1
+    if len(src) != len(shape):
+        return None
+    for k in range(len(shape) + 1):
+        if tuple(src[:k]) == tuple(shape[:k]) and all(d == 1 for d in src[k:]):
+            return ROWS, math.prod(shape[k:])
+        if all(d == 1 for d in src[:k]) and tuple(src[k:]) == tuple(shape[k:]):
+            return TILE, math.prod(src)
+    return None
 
 # (shape, a's shape and strides, b's shape and strides) -> the kernel's int64 arrays (kept alive here)
 _LAYOUTS: dict[tuple, tuple[int, int, int, int, tuple]] = {}
@@ -153,46 +176,60 @@ class Chain:
     (``vt_fp32_chain``): per element exactly :func:`binary`'s and :func:`sqrt`'s operations, in
     order, so every output has their bits; the inner values are never written to memory.
 
-    ``n_inputs`` registers come first (each a contiguous FP32 tensor of ``numel`` elements, or one
-    of a single element read for all: ``scalar_inputs``), then one register per step. ``steps``:
-    ``(code, a, b)`` with ``code`` ADD/SUB/MUL/DIV/SQRT and ``a``, ``b`` register numbers (``b``
-    ignored by SQRT); ``outputs``: the step registers written to fresh tensors."""
+    ``inputs``: one ``(source shape, kind, param)`` per input register (:func:`broadcast_kind`), read
+    from a contiguous tensor of the source shape or from its broadcast view (``expand``) to ``shape``;
+    then one register per step. ``steps``: ``(code, a, b)`` with ``code`` ADD/SUB/MUL/DIV/SQRT and
+    ``a``, ``b`` register numbers (``b`` ignored by SQRT); ``outputs``: the step registers written to
+    fresh tensors of ``shape``."""
 
     def __init__(
-        self, numel: int, n_inputs: int, scalar_inputs: set[int], steps: list[tuple[int, int, int]], outputs: list[int]
+        self, shape: tuple[int, ...], inputs: list[tuple[tuple[int, ...], int, int]],
+        steps: list[tuple[int, int, int]], outputs: list[int],
     ) -> None:
         import numpy as np
 
+        n_inputs = len(inputs)
         n_regs = n_inputs + len(steps)
-        self.numel, self.n_inputs, self.n_regs, self.n_steps = numel, n_inputs, n_regs, len(steps)
-        self.outputs = list(outputs)
-        step_kind = np.full(n_regs, -1, dtype=np.int32)  # scratch unless an input or an output
-        for r in range(n_inputs):
-            step_kind[r] = 0 if r in scalar_inputs else 1
+        self.shape, self.numel = tuple(shape), math.prod(shape)
+        self.n_regs, self.n_steps, self.outputs = n_regs, len(steps), list(outputs)
+        kinds = np.full(n_regs, -1, dtype=np.int32)  # scratch unless an input or an output
+        params = np.zeros(n_regs, dtype=np.int64)
+        self._checks = []
+        for r, (src, kind, param) in enumerate(inputs):
+            kinds[r], params[r] = kind, param
+            strides, acc = [], 1
+            for d in reversed(src):
+                strides.append(acc)
+                acc *= d
+            view = tuple(0 if d == 1 and m != 1 else st for d, m, st in zip(src, shape, reversed(strides)))
+            self._checks.append((math.prod(src), view if len(src) == len(shape) else None))
         for r in self.outputs:
-            step_kind[r] = 1
-        self._steps = step_kind
+            kinds[r] = FULL
+        self._kinds, self._params = kinds, params
         self._ops = np.array([(c, n_inputs + k, a, b) for k, (c, a, b) in enumerate(steps)], dtype=np.int32)
         self._ptrs = np.zeros(n_regs, dtype=np.uint64)
-        self._args = (self._ptrs.ctypes.data, self._steps.ctypes.data, self._ops.ctypes.data)
+        self._args = (self._ptrs.ctypes.data, kinds.ctypes.data, params.ctypes.data, self._ops.ctypes.data)
 
-    def __call__(self, inputs: list[torch.Tensor], shape: tuple[int, ...]) -> tuple[list[torch.Tensor], bool] | None:
-        """``(outputs, all finite)``: the output tensors (``shape``, in ``outputs`` order) and whether
-        every step's values are finite; None when the kernel is not loaded or an input is not a
-        contiguous FP32 CPU tensor of the expected size (the caller runs the steps one by one then)."""
+    def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], bool] | None:
+        """``(outputs, all finite)``: the output tensors (in ``outputs`` order) and whether every
+        step's values are finite; None when the kernel is not loaded or an input is neither a
+        contiguous FP32 CPU tensor of its source's size nor its broadcast view (the caller runs the
+        steps one by one then)."""
         if _CHAIN is None:
             return None
         ptrs = self._ptrs
-        for r, t in enumerate(inputs):
-            if t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous():
+        for r, (t, (size, view)) in enumerate(zip(inputs, self._checks, strict=True)):
+            if t.dtype is not torch.float32 or not t.is_cpu:
                 return None
-            if t.numel() != (1 if self._steps[r] == 0 else self.numel):
+            if not ((t.numel() == size and t.is_contiguous()) or (view is not None and t.stride() == view
+                                                                   and tuple(t.shape) == self.shape)):
                 return None
             ptrs[r] = t.data_ptr()
-        outs = [torch.empty(shape, dtype=torch.float32) for _ in self.outputs]
+        outs = [torch.empty(self.shape, dtype=torch.float32) for _ in self.outputs]
         for r, t in zip(self.outputs, outs, strict=True):
             ptrs[r] = t.data_ptr()
-        ok = _CHAIN(self.numel, self.n_regs, *self._args[:2], self.n_steps, self._args[2])
+        a = self._args
+        ok = _CHAIN(self.numel, self.n_regs, a[0], a[1], a[2], self.n_steps, a[3])
         if ok < 0:
             raise ValueError(f"fp32 chain kernel: bad arguments or no memory ({self.n_steps} steps)")
         return outs, ok == 1
