@@ -277,12 +277,28 @@ def test_a_buffer_still_viewed_is_never_recycled(monkeypatch) -> None:
 
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (16, 16), (17, 33), (256, 64), (3, 2, 31, 18), (0, 4), (2, 0, 3)])
-def test_transpose_is_torchs_copy_bit_for_bit(shape: tuple[int, ...]) -> None:
+@pytest.fixture(params=[0, 1], ids=["tiles", "avx2"])
+def transpose_simd(request: pytest.FixtureRequest):
+    """Run with the scalar tiles and with the AVX2 8 x 8 blocks (where the CPU has them)."""
+    import ctypes
+
+    from vtrain.numerics import native
+
+    f = native.lib().vt_transpose_set_simd
+    f.restype, f.argtypes = ctypes.c_int, [ctypes.c_int]
+    f(request.param)
+    yield request.param
+    f(1)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (16, 16), (17, 33), (256, 64), (3, 2, 31, 18), (0, 4), (2, 0, 3),
+                                   (8, 8), (9, 8), (8, 9), (2, 24, 40), (64, 7), (7, 64)])
+def test_transpose_is_torchs_copy_bit_for_bit(shape: tuple[int, ...], transpose_simd: int) -> None:
     """``vt_transpose32`` (PERMUTE of the last two axes) copies every bit pattern where torch's
     ``transpose(-1, -2).contiguous()`` puts it (NaN payloads and signed zeros included), at tile
-    edges and with leading batch axes; a non-contiguous input is left to torch."""
-    rng = np.random.default_rng(len(shape))
+    and 8 x 8 block edges and with leading batch axes, with and without AVX2; a non-contiguous
+    input is left to torch."""
+    rng = np.random.default_rng(len(shape) + sum(shape))
     a = torch.from_numpy(rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32).view(np.float32))
     got = F.transpose(a)
     ref = a.transpose(-1, -2).contiguous()
