@@ -411,3 +411,22 @@ def test_a_fused_group_falls_back_to_its_ops_on_a_strided_input(monkeypatch) -> 
     got = ex.run(state, data, step=1)
     assert _bits(got.state) == _bits(ref.state) and got.loss == ref.loss
     assert encode_step_log(got.log, 1, job.graph) == encode_step_log(ref.log, 1, job.graph)
+
+
+def test_a_fused_groups_fallback_still_finds_a_non_finite_value(monkeypatch) -> None:
+    """A group (MUL_S then MUL, its Inf only written to the state) through its members one by one and
+    torch's FP32 ops (chain and single-op kernels refused): the deferred NaN/Inf probes still catch
+    the Inf and the eager rerun names op 1."""
+    gb = GraphBuilder()
+    x = gb.input("x", (2, 3))
+    z = gb.mul(gb.mul_s(x, 2.0), x)  # op 1 overflows; z is only written to the state (no later check)
+    gb.output(z, 0)
+    g = gb.build(gb.sum(gb.reshape(x, (1, 6))))
+    ex = StepExecutor(g, "certified")
+    assert any(p.group is not None and p.group is not E._FUSED_MEMBER for p in ex._plan)
+    monkeypatch.setattr(F.Chain, "__call__", lambda self, inputs: None)
+    monkeypatch.setattr(F, "binary", lambda *a, **k: None)
+    state = [torch.tensor([[1.0, 2.0, 3e38], [4.0, 5.0, 6.0]], dtype=torch.float32)]
+    with pytest.raises(NonFiniteValue) as e:
+        ex.run(state, torch.zeros(g.data_shape), step=3)
+    assert str(e.value).startswith("step 3, op 1 (MUL_S")

@@ -199,10 +199,11 @@ class StepExecutor:
             p = at.get(op.id, op.id)
             for i in op.inputs:
                 last_f[i] = max(last_f[i], p)
+        runs_at = {grp.members[-1]: grp for grp in groups}
         steps = []
         for entry in plan:
             op = entry[0]
-            grp = next((x for x in groups if x.members[-1] == op.id), None) if op.id in at else None
+            grp = runs_at.get(op.id)
             if op.id in at and grp is None:
                 ffrees: tuple[int, ...] = ()
                 group: _FusedGroup | None = _FUSED_MEMBER
@@ -407,7 +408,7 @@ class StepExecutor:
             if fused and group is not None:
                 if group is _FUSED_MEMBER:
                     continue
-                self._run_group(group, vals, stats, pool)
+                self._run_group(group, vals, stats, sums, pool)
                 frees, recycle = ffrees, frecycle
                 for i in frees:
                     t, vals[i] = vals[i], None
@@ -481,9 +482,10 @@ class StepExecutor:
         return StepResult(new_state, float(loss_t.reshape(-1)[0]), out_log, stats, trace, violations)  # type: ignore[arg-type]
 
     # -- one op -----------------------------------------------------------------------------------
-    def _run_group(self, group: _FusedGroup, vals: list, stats: RoundingStats, pool) -> None:
+    def _run_group(self, group: _FusedGroup, vals: list, stats: RoundingStats, sums: list, pool) -> None:
         """A fused group (:meth:`_fused_groups`): its outputs into ``vals``; where the chain kernel
-        does not take an input (not contiguous), its members one by one (the same bits)."""
+        does not take an input (not contiguous), its members one by one (the same bits; their NaN/Inf
+        probes into the step's ``sums``)."""
         ins = [vals[i] for i in group.inputs]
         got = group.chain([*ins, *group.consts])
         if got is not None:
@@ -501,9 +503,9 @@ class StepExecutor:
             mins = [local[i] for i in op.inputs]
             out = self._sqrt_fp32(op, mins, stats, pool) if op.kind == OpKind.SQRT else None
             if out is None and op.kind == OpKind.SQRT:
-                out = self._run_op(op, mins, None, None, None, StepLog(self.mode), stats, None, False, [], [])
+                out = self._run_op(op, mins, None, None, None, StepLog(self.mode), stats, None, False, [], sums)
             elif out is None:
-                out = self._exact_fp32(op, mins, self._plan_native(op), stats, [], pool)
+                out = self._exact_fp32(op, mins, self._plan_native(op), stats, sums, pool)
             local[m] = out
         for i in group.outputs:
             vals[i] = local[i]
