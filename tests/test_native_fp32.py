@@ -430,3 +430,23 @@ def test_a_fused_groups_fallback_still_finds_a_non_finite_value(monkeypatch) -> 
     with pytest.raises(NonFiniteValue) as e:
         ex.run(state, torch.zeros(g.data_shape), step=3)
     assert str(e.value).startswith("step 3, op 1 (MUL_S")
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 5, 2), (2, 0, 3), (8, 9, 16), (1, 17, 1, 9)])
+def test_block_swap_permutes_are_torchs_copy_bit_for_bit(shape: tuple[int, ...], transpose_simd: int) -> None:
+    """Every permutation that swaps two blocks of axes after kept leading ones (attention's head
+    split and merge, ``(2, 0, 1)``, ``(2, 3, 0, 1)``) goes through the transpose kernel with torch's
+    ``permute(...).contiguous()`` bits; the others are left to torch."""
+    import itertools
+
+    rng = np.random.default_rng(sum(shape))
+    for n in range(1, len(shape) + 1):
+        a = torch.from_numpy(rng.integers(0, 2**32, shape[:n], dtype=np.uint64).astype(np.uint32).view(np.float32))
+        for perm in itertools.permutations(range(n)):
+            got, ref = F.permute(a, perm), a.permute(*perm).contiguous()
+            if F.block_swap(perm) is None:
+                assert got is None
+                continue
+            assert got is not None and got.shape == ref.shape
+            assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), perm
+    assert F.block_swap((2, 0, 1)) == (0, 2) and F.block_swap((0, 2, 1, 3)) is None

@@ -835,10 +835,9 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
     if k in (OpKind.OUTPUT, OpKind.RESHAPE):
         return a.reshape(op.shape)
     if k == OpKind.PERMUTE:
-        if fp32_native.swaps_last_two(op.attrs):
-            out = fp32_native.transpose(a)  # a tiled copy where the kernel applies (torch's is slower)
-            if out is not None:
-                return out
+        out = fp32_native.permute(a, op.attrs)  # a tiled transpose where it is one (torch's is slower)
+        if out is not None:
+            return out
         return a.permute(*op.attrs).contiguous()
     if k == OpKind.SLICE:
         axis, start = op.attrs

@@ -158,6 +158,36 @@ def swaps_last_two(perm: tuple[int, ...]) -> bool:
     return n >= 2 and tuple(perm) == (*range(n - 2), n - 1, n - 2)
 
 
+def block_swap(perm: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(lead, split)`` where ``perm`` keeps the axes before ``lead`` and swaps the blocks of axes
+    ``[lead, split)`` and ``[split, n)`` (a transpose of ``[rows, cols]`` matrices once those blocks
+    are merged: :func:`permute`); None for any other permutation."""
+    n = len(perm)
+    perm = tuple(perm)
+    for lead in range(n - 1):
+        if perm[:lead] != tuple(range(lead)):
+            break
+        for split in range(lead + 1, n):
+            if perm[lead:] == (*range(split, n), *range(lead, split)):
+                return lead, split
+    return None
+
+
+def permute(a: torch.Tensor, perm: tuple[int, ...]) -> torch.Tensor | None:
+    """``a.permute(*perm).contiguous()`` (the bits copied) by :func:`transpose` where ``perm`` is a
+    :func:`block_swap`; None where it is not, or the kernel does not apply (use torch then)."""
+    got = block_swap(perm)
+    if got is None or _TRANSPOSE is None or a.dtype is not torch.float32 or not a.is_cpu or not a.is_contiguous():
+        return None
+    lead, split = got
+    shape = tuple(a.shape)
+    rows, cols = math.prod(shape[lead:split]), math.prod(shape[split:])
+    out = torch.empty(tuple(shape[i] for i in perm), dtype=torch.float32)
+    if out.numel():
+        _TRANSPOSE(a.data_ptr(), a.numel() // (rows * cols), rows, cols, out.data_ptr())
+    return out
+
+
 def transpose(a: torch.Tensor) -> torch.Tensor | None:
     """``a`` with its last two axes swapped, as a fresh contiguous tensor: the bits of
     ``a.transpose(-1, -2).contiguous()`` (a copy), in cache-sized tiles. ``a``: a C-contiguous FP32
