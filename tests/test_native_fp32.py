@@ -277,12 +277,28 @@ def test_a_buffer_still_viewed_is_never_recycled(monkeypatch) -> None:
 
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (16, 16), (17, 33), (256, 64), (3, 2, 31, 18), (0, 4), (2, 0, 3)])
-def test_transpose_is_torchs_copy_bit_for_bit(shape: tuple[int, ...]) -> None:
+@pytest.fixture(params=[0, 1], ids=["tiles", "avx2"])
+def transpose_simd(request: pytest.FixtureRequest):
+    """Run with the scalar tiles and with the AVX2 8 x 8 blocks (where the CPU has them)."""
+    import ctypes
+
+    from vtrain.numerics import native
+
+    f = native.lib().vt_transpose_set_simd
+    f.restype, f.argtypes = ctypes.c_int, [ctypes.c_int]
+    f(request.param)
+    yield request.param
+    f(1)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (16, 16), (17, 33), (256, 64), (3, 2, 31, 18), (0, 4), (2, 0, 3),
+                                   (8, 8), (9, 8), (8, 9), (2, 24, 40), (64, 7), (7, 64)])
+def test_transpose_is_torchs_copy_bit_for_bit(shape: tuple[int, ...], transpose_simd: int) -> None:
     """``vt_transpose32`` (PERMUTE of the last two axes) copies every bit pattern where torch's
     ``transpose(-1, -2).contiguous()`` puts it (NaN payloads and signed zeros included), at tile
-    edges and with leading batch axes; a non-contiguous input is left to torch."""
-    rng = np.random.default_rng(len(shape))
+    and 8 x 8 block edges and with leading batch axes, with and without AVX2; a non-contiguous
+    input is left to torch."""
+    rng = np.random.default_rng(len(shape) + sum(shape))
     a = torch.from_numpy(rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32).view(np.float32))
     got = F.transpose(a)
     ref = a.transpose(-1, -2).contiguous()
@@ -293,3 +309,144 @@ def test_transpose_is_torchs_copy_bit_for_bit(shape: tuple[int, ...]) -> None:
         assert F.transpose(view) is None
     n = a.dim()
     assert F.swaps_last_two((*range(n - 2), n - 1, n - 2)) and not F.swaps_last_two(tuple(range(n)))
+
+
+# -- fused chains (vt_fp32_chain) -------------------------------------------------------------------
+def _chain_reference(steps, inputs: list[torch.Tensor], shape) -> tuple[list[torch.Tensor], bool]:
+    """The chain's registers one op at a time through the single-op kernels (binary, sqrt)."""
+    regs = list(inputs)
+    finite = True
+    for code, a, b in steps:
+        if code == F.SQRT:
+            out, ok = F.sqrt(regs[a].expand(shape).contiguous())
+        else:
+            out, ok = F.binary(code, regs[a], regs[b], shape)
+        regs.append(out)
+        finite = finite and ok
+    return regs, finite
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_chain_gives_each_ops_bits(seed: int) -> None:
+    """Random chains of add/sub/mul/div/sqrt over hard values, scalars (either side), one value per
+    row, a repeated tile and a broadcast view, crossing the kernel's 1024-element blocks: every output
+    the bits of the single-op kernels, the same finiteness."""
+    rng = np.random.default_rng(seed)
+    shape = (5, 7, 100)
+    n = 3500
+    full = [_hard_values(n, seed).reshape(shape), _hard_values(n, seed + 10).abs().reshape(shape)]
+    rows = _hard_values(200, seed + 20)[:35].reshape(5, 7, 1)
+    tile = _hard_values(700, seed + 30).reshape(1, 7, 100)
+    view = _hard_values(200, seed + 40)[:5].reshape(5, 1, 1).expand(shape)
+    inputs = [*full, torch.tensor([[[0.9]]], dtype=torch.float32), torch.tensor(1e-8).reshape(()), rows, tile, view]
+    kinds = [(shape, F.FULL, n), (shape, F.FULL, n), ((1, 1, 1), F.SCALAR, 1), ((), F.SCALAR, 1),
+             ((5, 7, 1), F.ROWS, 100), ((1, 7, 100), F.TILE, 700), ((5, 1, 1), F.ROWS, 700)]
+    for src, kind, param in kinds:
+        assert F.broadcast_kind(src, shape) == (kind, param) or src == ()
+    scalars = {2, 3}
+    steps = [(F.MUL, 0, 4), (F.SUB, 5, 1), (F.ADD, 6, 0), (F.DIV, 2, 0), (F.SUB, 3, 1)]  # every input read
+    for k in range(5, 14):
+        hi = len(inputs) + k
+        code = int(rng.integers(0, 5))
+        a = int(rng.integers(0, hi))
+        while code == F.SQRT and a in scalars:
+            a = int(rng.integers(0, hi))
+        b = int(rng.integers(0, hi))
+        if a in scalars and b in scalars:
+            b = 0
+        steps.append((code, a, b))
+    outputs = sorted({len(inputs) + k for k in range(14) if k % 3 == 2 or k < 5} | {len(inputs) + 13})
+    chain = F.Chain(shape, kinds, steps, outputs)
+    got, finite = chain(inputs)
+    regs, ref_finite = _chain_reference(steps, inputs, shape)
+    for r, t in zip(outputs, got, strict=True):
+        _same_bits(t, regs[r])  # (NaN payloads aside: a NaN never leaves a step, it reruns eagerly)
+    assert finite == ref_finite
+    assert chain([inputs[0].transpose(0, 1).contiguous().transpose(0, 1), *inputs[1:]]) is None  # strided
+
+
+def test_a_chain_reports_a_non_finite_inner_value() -> None:
+    """An Inf that only an inner (never written) value holds still makes the chain report non-finite."""
+    a = torch.tensor([1.0, 3e38, 2.0], dtype=torch.float32)
+    c = torch.tensor(10.0).reshape(())
+    chain = F.Chain((3,), [((3,), F.FULL, 3), ((), F.SCALAR, 1)], [(F.MUL, 0, 1), (F.DIV, 2, 2)], [3])
+    (out,), finite = chain([a, c])  # (a*10) / (a*10): Inf/Inf inside
+    assert not finite and torch.isnan(out[1]) and out[0] == 1.0
+
+
+def test_fused_groups_keep_the_steps_bits(monkeypatch) -> None:
+    """The trainer's plain steps run chains of FP32-exact ops fused (most of AdamW's update, the
+    elementwise backward); the same states, losses and logs as the op-by-op loop (a trace turns
+    fusion off), and as the executor without the kernels."""
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    ex = StepExecutor(job.graph, "certified")
+    fused = [p.group for p in ex._plan if p.group is not None and p.group is not E._FUSED_MEMBER]
+    assert len(fused) >= 20 and max(len(x.members) for x in fused) >= 16
+    calls = []
+    run_group = ex._run_group
+    monkeypatch.setattr(ex, "_run_group", lambda *a: (calls.append(1), run_group(*a))[1])
+    slow = _without_kernel(monkeypatch, job.graph, "certified")
+    sa = sb = sc = state_tensors(job.initial_state)
+    for s in (1, 2, 3):
+        data = batch_for(job, s)
+        a, b = ex.run(sa, data, step=s), ex.run(sb, data, step=s, keep_trace=True)
+        c = slow.run(sc, data, step=s)
+        assert _bits(a.state) == _bits(b.state) == _bits(c.state) and a.loss == b.loss == c.loss
+        assert encode_step_log(a.log, s, job.graph) == encode_step_log(b.log, s, job.graph)
+        assert a.stats.values == b.stats.values
+        sa, sb, sc = a.state, b.state, c.state
+    assert len(calls) == 3 * len(fused)
+
+
+def test_a_fused_group_falls_back_to_its_ops_on_a_strided_input(monkeypatch) -> None:
+    """Where the chain kernel does not take an input (here: none at all), the group's members run one
+    by one: the same bits."""
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    ex = StepExecutor(job.graph, "certified")
+    state, data = state_tensors(job.initial_state), batch_for(job, 1)
+    ref = ex.run(state, data, step=1)
+    monkeypatch.setattr(F.Chain, "__call__", lambda self, inputs: None)
+    got = ex.run(state, data, step=1)
+    assert _bits(got.state) == _bits(ref.state) and got.loss == ref.loss
+    assert encode_step_log(got.log, 1, job.graph) == encode_step_log(ref.log, 1, job.graph)
+
+
+def test_a_fused_groups_fallback_still_finds_a_non_finite_value(monkeypatch) -> None:
+    """A group (MUL_S then MUL, its Inf only written to the state) through its members one by one and
+    torch's FP32 ops (chain and single-op kernels refused): the deferred NaN/Inf probes still catch
+    the Inf and the eager rerun names op 1."""
+    gb = GraphBuilder()
+    x = gb.input("x", (2, 3))
+    z = gb.mul(gb.mul_s(x, 2.0), x)  # op 1 overflows; z is only written to the state (no later check)
+    gb.output(z, 0)
+    g = gb.build(gb.sum(gb.reshape(x, (1, 6))))
+    ex = StepExecutor(g, "certified")
+    assert any(p.group is not None and p.group is not E._FUSED_MEMBER for p in ex._plan)
+    monkeypatch.setattr(F.Chain, "__call__", lambda self, inputs: None)
+    monkeypatch.setattr(F, "binary", lambda *a, **k: None)
+    state = [torch.tensor([[1.0, 2.0, 3e38], [4.0, 5.0, 6.0]], dtype=torch.float32)]
+    with pytest.raises(NonFiniteValue) as e:
+        ex.run(state, torch.zeros(g.data_shape), step=3)
+    assert str(e.value).startswith("step 3, op 1 (MUL_S")
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 5, 2), (2, 0, 3), (8, 9, 16), (1, 17, 1, 9)])
+def test_block_swap_permutes_are_torchs_copy_bit_for_bit(shape: tuple[int, ...], transpose_simd: int) -> None:
+    """Every permutation that swaps two blocks of axes after kept leading ones (attention's head
+    split and merge, ``(2, 0, 1)``, ``(2, 3, 0, 1)``) goes through the transpose kernel with torch's
+    ``permute(...).contiguous()`` bits; the others are left to torch."""
+    import itertools
+
+    rng = np.random.default_rng(sum(shape))
+    for n in range(1, len(shape) + 1):
+        a = torch.from_numpy(rng.integers(0, 2**32, shape[:n], dtype=np.uint64).astype(np.uint32).view(np.float32))
+        for perm in itertools.permutations(range(n)):
+            got, ref = F.permute(a, perm), a.permute(*perm).contiguous()
+            if F.block_swap(perm) is None:
+                assert got is None
+                continue
+            assert got is not None and got.shape == ref.shape
+            assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), perm
+    assert F.block_swap((2, 0, 1)) == (0, 2) and F.block_swap((0, 2, 1, 3)) is None

@@ -172,19 +172,181 @@ VT_EXPORT int vt_fp32_sqrt(const float *a, float *out, int64_t n) {
 }
 
 /* Data movement (executor._move's PERMUTE of the last two axes): out[b, j, i] = a[b, i, j] for
- * `batches` C-contiguous [rows, cols] matrices, in 16 x 16 tiles (bits copied, no arithmetic). */
+ * `batches` C-contiguous [rows, cols] matrices, in 16 x 16 tiles (bits copied, no arithmetic); on
+ * x86-64 with AVX2 the full 8 x 8 blocks go through vector registers (loads, shuffles, stores: the
+ * bits moved, NaN payloads included). */
 #define VT_TILE 16
+static void vt_transpose_tile(const float *ab, int64_t rows, int64_t cols, float *ob, int64_t i0, int64_t i1,
+                              int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; j++)
+        for (int64_t i = i0; i < i1; i++) ob[j * rows + i] = ab[i * cols + j];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) static void vt_t8x8(const float *a, int64_t lda, float *o, int64_t ldo) {
+    __m256 r0 = _mm256_loadu_ps(a), r1 = _mm256_loadu_ps(a + lda), r2 = _mm256_loadu_ps(a + 2 * lda),
+           r3 = _mm256_loadu_ps(a + 3 * lda), r4 = _mm256_loadu_ps(a + 4 * lda), r5 = _mm256_loadu_ps(a + 5 * lda),
+           r6 = _mm256_loadu_ps(a + 6 * lda), r7 = _mm256_loadu_ps(a + 7 * lda);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+           t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+           t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+           s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)),
+           s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)), s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2)),
+           s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)), s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    _mm256_storeu_ps(o, _mm256_permute2f128_ps(s0, s4, 0x20));
+    _mm256_storeu_ps(o + ldo, _mm256_permute2f128_ps(s1, s5, 0x20));
+    _mm256_storeu_ps(o + 2 * ldo, _mm256_permute2f128_ps(s2, s6, 0x20));
+    _mm256_storeu_ps(o + 3 * ldo, _mm256_permute2f128_ps(s3, s7, 0x20));
+    _mm256_storeu_ps(o + 4 * ldo, _mm256_permute2f128_ps(s0, s4, 0x31));
+    _mm256_storeu_ps(o + 5 * ldo, _mm256_permute2f128_ps(s1, s5, 0x31));
+    _mm256_storeu_ps(o + 6 * ldo, _mm256_permute2f128_ps(s2, s6, 0x31));
+    _mm256_storeu_ps(o + 7 * ldo, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+
+__attribute__((target("avx2"))) static void vt_transpose_avx2(const float *ab, int64_t rows, int64_t cols, float *ob) {
+    const int64_t r8 = rows - rows % 8, c8 = cols - cols % 8;
+    for (int64_t i0 = 0; i0 < r8; i0 += VT_TILE) {
+        const int64_t i1 = i0 + VT_TILE < r8 ? i0 + VT_TILE : r8;
+        for (int64_t j0 = 0; j0 < c8; j0 += VT_TILE) {
+            const int64_t j1 = j0 + VT_TILE < c8 ? j0 + VT_TILE : c8;
+            for (int64_t i = i0; i < i1; i += 8)
+                for (int64_t j = j0; j < j1; j += 8) vt_t8x8(ab + i * cols + j, cols, ob + j * rows + i, rows);
+        }
+    }
+    if (c8 < cols) vt_transpose_tile(ab, rows, cols, ob, 0, rows, c8, cols); /* the last columns */
+    if (r8 < rows) vt_transpose_tile(ab, rows, cols, ob, r8, rows, 0, c8);   /* the last rows */
+}
+#endif
+
+static int vt_transpose_simd = -1; /* -1: not chosen yet; 0: tiles; 1: AVX2 blocks */
+
+/* Tests: 0 forces the scalar tiles, 1 the AVX2 blocks where the CPU has them; returns the level in use. */
+VT_EXPORT int vt_transpose_set_simd(int on) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    vt_transpose_simd = on && __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+    (void)on;
+    vt_transpose_simd = 0;
+#endif
+    return vt_transpose_simd;
+}
+
 VT_EXPORT void vt_transpose32(const float *a, int64_t batches, int64_t rows, int64_t cols, float *out) {
+    if (vt_transpose_simd < 0) vt_transpose_set_simd(1);
     for (int64_t b = 0; b < batches; b++) {
         const float *ab = a + b * rows * cols;
         float *ob = out + b * rows * cols;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (vt_transpose_simd == 1) {
+            vt_transpose_avx2(ab, rows, cols, ob);
+            continue;
+        }
+#endif
         for (int64_t i0 = 0; i0 < rows; i0 += VT_TILE) {
             const int64_t i1 = i0 + VT_TILE < rows ? i0 + VT_TILE : rows;
             for (int64_t j0 = 0; j0 < cols; j0 += VT_TILE) {
                 const int64_t j1 = j0 + VT_TILE < cols ? j0 + VT_TILE : cols;
-                for (int64_t j = j0; j < j1; j++)
-                    for (int64_t i = i0; i < i1; i++) ob[j * rows + i] = ab[i * cols + j];
+                vt_transpose_tile(ab, rows, cols, ob, i0, i1, j0, j1);
             }
         }
     }
+}
+
+/* A chain of FP32-exact ops over n elements in one pass (fp32_native.Chain, the executor's fused
+ * elementwise groups): the same row functions as vt_fp32_binary and vt_fp32_sqrt, run block by block
+ * so that the chain's inner values stay in cache and are never written out. Registers 0..n_regs-1,
+ * by reg_kind[r]: 1 (element i at reg_ptr[r][i]: an input, or an output buffer the chain writes),
+ * 0 (one value read for all elements: a scalar), 2 (element i at reg_ptr[r][i / reg_param[r]]: one
+ * value per row of reg_param[r] elements), 3 (element i at reg_ptr[r][i % reg_param[r]]: a tile
+ * repeated), -1 (scratch: an inner value). Kinds 2 and 3 are copied block by block into scratch (bits
+ * copied, no arithmetic). ops: 4 int32 per op (code, dst, a, b), code VT_ADD..VT_DIV or VT_SQRT (b
+ * unused; a not a scalar); each dst is written once, by one op, before any op reads it. Returns 1
+ * when every op's output is finite, 0 when some is NaN/Inf, -1 on a bad argument or when the scratch
+ * cannot be allocated. */
+#include <stdlib.h>
+enum { VT_SQRT = 4 };
+#define VT_CHAIN_BLOCK 1024
+VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, const int32_t *reg_kind,
+                            const int64_t *reg_param, int32_t n_ops, const int32_t *ops) {
+    if (n < 0 || n_regs <= 0 || n_ops <= 0) return -1;
+    int32_t n_scratch = 0;
+    int32_t *slot = malloc((size_t)n_regs * sizeof *slot);
+    if (!slot) return -1;
+    for (int32_t r = 0; r < n_regs; r++) {
+        const int32_t kind = reg_kind[r];
+        if (kind < -1 || kind > 3 || (kind >= 2 && reg_param[r] <= 0)) {
+            free(slot);
+            return -1;
+        }
+        slot[r] = kind < 0 || kind >= 2 ? n_scratch++ : -1;
+    }
+    float *scratch = n_scratch ? malloc((size_t)n_scratch * VT_CHAIN_BLOCK * sizeof(float)) : NULL;
+    if (n_scratch && !scratch) {
+        free(slot);
+        return -1;
+    }
+    for (int32_t k = 0; k < n_ops; k++) {
+        const int32_t *o = ops + 4 * k;
+        if (o[0] < VT_ADD || o[0] > VT_SQRT || o[1] < 0 || o[1] >= n_regs || o[2] < 0 || o[2] >= n_regs ||
+            (o[0] != VT_SQRT && (o[3] < 0 || o[3] >= n_regs)) || (reg_kind[o[1]] != 1 && reg_kind[o[1]] != -1) ||
+            (o[0] == VT_SQRT && reg_kind[o[2]] == 0)) {
+            free(scratch);
+            free(slot);
+            return -1;
+        }
+    }
+    uint32_t bad = 0;
+    for (int64_t lo = 0; lo < n; lo += VT_CHAIN_BLOCK) {
+        const int64_t len = n - lo < VT_CHAIN_BLOCK ? n - lo : VT_CHAIN_BLOCK;
+        for (int32_t r = 0; r < n_regs; r++) { /* broadcast inputs: this block's elements */
+            if (reg_kind[r] < 2) continue;
+            float *dst = scratch + (int64_t)slot[r] * VT_CHAIN_BLOCK;
+            const float *src = reg_ptr[r];
+            const int64_t p = reg_param[r];
+            if (reg_kind[r] == 2) {
+                int64_t row = lo / p, off = lo % p;
+                for (int64_t j = 0; j < len; j++) {
+                    dst[j] = src[row];
+                    if (++off == p) {
+                        off = 0;
+                        row++;
+                    }
+                }
+            } else {
+                int64_t at = lo % p;
+                for (int64_t j = 0; j < len; j++) {
+                    dst[j] = src[at];
+                    if (++at == p) at = 0;
+                }
+            }
+        }
+        for (int32_t k = 0; k < n_ops; k++) {
+            const int32_t *o = ops + 4 * k;
+#define VT_REG(r, S) (reg_kind[r] == 0 ? ((S) = 0, reg_ptr[r]) \
+                      : reg_kind[r] == 1 ? ((S) = 1, reg_ptr[r] + lo) \
+                      : ((S) = 1, scratch + (int64_t)slot[r] * VT_CHAIN_BLOCK))
+            int64_t sd, sa, sb = 0;
+            float *d = VT_REG(o[1], sd);
+            const float *a = VT_REG(o[2], sa);
+            switch (o[0]) {
+            case VT_SQRT: bad |= row_sqrt(a, d, len); break;
+            default: {
+                const float *b = VT_REG(o[3], sb);
+                switch (o[0]) {
+                case VT_ADD: bad |= row_add(a, sa, b, sb, d, len); break;
+                case VT_SUB: bad |= row_sub(a, sa, b, sb, d, len); break;
+                case VT_MUL: bad |= row_mul(a, sa, b, sb, d, len); break;
+                default: bad |= row_div(a, sa, b, sb, d, len); break;
+                }
+            }
+            }
+#undef VT_REG
+            (void)sd;
+        }
+    }
+    free(scratch);
+    free(slot);
+    return bad ? 0 : 1;
 }

@@ -138,7 +138,9 @@ class StepExecutor:
 
     def _make_plan(self) -> list[_PlanStep]:
         """Per op, once (:class:`_PlanStep`), so that the step loop does little per op. Classes:
-        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
+        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_RESHAPE`` (RESHAPE/OUTPUT: a view, handled
+        inline by the step loop), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a
+        broadcast view where the loop allows, else a copy), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
         only by CONCATs),
         ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`; native operands
         ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_SQRT`` (SQRT in one
@@ -148,6 +150,7 @@ class StepExecutor:
         exact_modes = self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG)
         native = self.device.type == "cpu" and fp32_native.available()
         reductions = self.collective.reductions if self.collective is not None else set()
+        broadcast_readers = set(_NATIVE_FP32) & self._fp32_exact  # kernels that read any strides
         consumers: list[set[OpKind]] = [set() for _ in g.ops]
         for op in g.ops:
             for i in op.inputs:
@@ -162,6 +165,10 @@ class StepExecutor:
                 cls = _PLAN_PARTS
             elif k == OpKind.CONCAT:
                 cls = _PLAN_CONCAT
+            elif k in (OpKind.RESHAPE, OpKind.OUTPUT):
+                cls = _PLAN_RESHAPE
+            elif k == OpKind.EXPAND and native and exact_modes and consumers[op.id] <= broadcast_readers:
+                cls = _PLAN_BROADCAST  # read in place by the native kernels (stride 0): no copy
             elif k not in ROUNDING_KINDS:
                 cls = _PLAN_MOVE
             elif k == OpKind.SQRT and exact_modes and native:
@@ -184,7 +191,135 @@ class StepExecutor:
             if entry[5] is not None and math.prod(entry[0].shape) >= _RECYCLE_MIN
             and entry[0].id != g.loss_op and consumers[entry[0].id] and consumers[entry[0].id] <= _NON_ALIASING
         }
-        return [_PlanStep(*entry[:6], tuple(i for i in entry[3] if i in recyclable)) for entry in plan]
+        groups = self._fused_groups(plan, reductions)
+        # the fused loop runs a group at its last member: every input of a member lives until then
+        at = {m: grp.members[-1] for grp in groups for m in grp.members}
+        last_f = list(range(g.n_ops))
+        for op in g.ops:
+            p = at.get(op.id, op.id)
+            for i in op.inputs:
+                last_f[i] = max(last_f[i], p)
+        runs_at = {grp.members[-1]: grp for grp in groups}
+        steps = []
+        for entry in plan:
+            op = entry[0]
+            grp = runs_at.get(op.id)
+            if op.id in at and grp is None:
+                ffrees: tuple[int, ...] = ()
+                group: _FusedGroup | None = _FUSED_MEMBER
+            elif grp is not None:
+                inner = set(grp.members)
+                ffrees = tuple(sorted({
+                    i for m in grp.members for i in g.ops[m].inputs
+                    if i not in inner and last_f[i] == op.id and i != g.loss_op
+                }))
+                group = grp
+            else:
+                ffrees = tuple(sorted({i for i in op.inputs if last_f[i] == op.id and i != g.loss_op}))
+                group = None
+            steps.append(_PlanStep(
+                *entry[:6], tuple(i for i in entry[3] if i in recyclable),
+                group, ffrees, tuple(i for i in ffrees if i in recyclable),
+            ))
+        return steps
+
+    def _fused_groups(self, plan: list[list], reductions) -> list[_FusedGroup]:
+        """Chains of native FP32-exact ops (and SQRT) of one shape, run in one native pass by the fused
+        step loop (:class:`fp32_native.Chain`: each op's bits, the inner values never written out).
+        An operand is a value of the same shape or a single element; a group's values read by other
+        ops are read only after its last member (it runs there), else the group is not fused."""
+        g = self.graph
+        cls_of = {entry[0].id: entry[1] for entry in plan}
+        nat_of = {entry[0].id: entry[5] for entry in plan}
+        users: list[list[int]] = [[] for _ in g.ops]
+        for op in g.ops:
+            for i in op.inputs:
+                users[i].append(op.id)
+
+        def fusable(op: OpNode) -> bool:
+            cls = cls_of[op.id]
+            if op.id in reductions or not (cls == _PLAN_SQRT or (cls == _PLAN_EXACT and nat_of[op.id] is not None)):
+                return False
+            if math.prod(op.shape) < 2:
+                return False
+            return all(fp32_native.broadcast_kind(self._source_shape(i, cls_of), op.shape) for i in op.inputs)
+
+        # Greedy in graph order: an op joins the groups of its same-shape fusable operands when no value
+        # of the merged group is read by an op outside it before this op (where the group would run).
+        group_of: dict[int, int] = {}  # member -> group key
+        members: dict[int, list[int]] = {}
+        for op in g.ops:
+            if not fusable(op):
+                continue
+            m = op.id
+            keys = sorted({group_of[j] for j in op.inputs if j in group_of and g.ops[j].shape == op.shape})
+            merged = sorted({x for key in keys for x in members[key]} | {m})
+            inside = set(merged)
+            if keys and any(u not in inside and u < m for x in merged for u in users[x]):
+                keys, merged = [], [m]  # m starts a group of its own (its operands are read as outputs)
+            for key in keys:
+                del members[key]
+            members[m] = merged
+            for x in merged:
+                group_of[x] = m
+        return [self._fused_group(ms, users, cls_of) for ms in members.values() if len(ms) >= 2]
+
+    def _source_shape(self, i: int, cls_of: dict[int, int]) -> tuple[int, ...]:
+        """The shape of the tensor behind value ``i`` in the fused loop (an EXPAND there is a view)."""
+        op = self.graph.ops[i]
+        return self.graph.ops[op.inputs[0]].shape if cls_of[i] == _PLAN_BROADCAST else op.shape
+
+    def _fused_group(self, ms: list[int], users: list[list[int]], cls_of: dict[int, int]) -> _FusedGroup:
+        g = self.graph
+        inner = set(ms)
+        ext: list[int] = []
+        consts: list[torch.Tensor] = []
+        reg: dict[int, int] = {}  # member id -> step register (numbered after every input)
+        operands: list[tuple[int, tuple]] = []
+        for m in ms:
+            op = g.ops[m]
+            nat = self._plan_native(op)
+            if op.kind == OpKind.SQRT:
+                code, srcs = fp32_native.SQRT, (("v", op.inputs[0]),)
+            else:
+                code, scalar_first, c = nat
+                if c is None:
+                    srcs = (("v", op.inputs[0]), ("v", op.inputs[1]))
+                else:
+                    srcs = (("c", op.id), ("v", op.inputs[0])) if scalar_first else (("v", op.inputs[0]), ("c", op.id))
+            for what, i in srcs:
+                if what == "v" and i not in inner and i not in ext:
+                    ext.append(i)
+            operands.append((code, srcs))
+        shape = g.ops[ms[0]].shape
+        kinds = []
+        for i in ext:
+            src = self._source_shape(i, cls_of)
+            kind, param = fp32_native.broadcast_kind(src, shape)  # type: ignore[misc]
+            kinds.append((src, kind, param))
+        const_reg: dict[int, int] = {}
+        for m in ms:
+            if m in self._scalars and g.ops[m].kind != OpKind.SQRT and self._plan_native(g.ops[m])[2] is not None:
+                const_reg[m] = len(ext) + len(consts)
+                consts.append(self._scalars[m].reshape(()))
+                kinds.append(((), fp32_native.SCALAR, 1))
+        n_inputs = len(ext) + len(consts)
+        for k, m in enumerate(ms):
+            reg[m] = n_inputs + k
+        steps = []
+        for code, srcs in operands:
+            regs = [reg[i] if what == "v" and i in inner else ext.index(i) if what == "v" else const_reg[i]
+                    for what, i in srcs]
+            steps.append((code, regs[0], regs[1] if len(regs) > 1 else 0))
+        outs = [m for m in ms if m == g.loss_op or any(u not in inner for u in users[m])]
+        chain = fp32_native.Chain(shape, kinds, steps, [reg[m] for m in outs])
+        return _FusedGroup(tuple(ms), tuple(ext), tuple(consts), tuple(outs), chain, shape)
+
+    def _plan_native(self, op: OpNode) -> tuple | None:
+        if op.kind == OpKind.SQRT:
+            return ()
+        code, scalar_first = _NATIVE_FP32[op.kind]
+        return (code, scalar_first, self._scalars.get(op.id))
 
     def _compute_last_use(self) -> list[int]:
         last = list(range(self.graph.n_ops))
@@ -263,12 +398,46 @@ class StepExecutor:
         pool: dict[int, list[torch.Tensor]] | None = (  # recycled buffers by element count
             {} if parts and resolver_factory is None and not check else None
         )
-        for op, cls, inputs, frees, slot, nat, recycle in self._plan:
+        # An EXPAND read only by native FP32 kernels is passed on as a broadcast view, except where a
+        # caller sees the values (trace, hook) or a replay may take its consumers' FP64 path.
+        views = trace is None and op_hook is None and collective is None and log_in is None
+        # The fused loop (the trainer's plain steps): chains of FP32-exact ops run as one native pass
+        # each (:meth:`_fused_groups`); a NaN/Inf there makes the caller rerun eagerly, op by op.
+        fused = views and sums is not None
+        for op, cls, inputs, frees, slot, nat, recycle, group, ffrees, frecycle in self._plan:
+            if fused and group is not None:
+                if group is _FUSED_MEMBER:
+                    continue
+                self._run_group(group, vals, stats, sums, pool)
+                frees, recycle = ffrees, frecycle
+                for i in frees:
+                    t, vals[i] = vals[i], None
+                    if pool is not None and i in recycle and sys.getrefcount(t) == 2:
+                        pool.setdefault(t.numel(), []).append(t)
+                t = None
+                continue
+            if fused:
+                frees, recycle = ffrees, frecycle
+            if cls == _PLAN_RESHAPE and collective is None:
+                out = vals[inputs[0]].reshape(op.shape)
+                if op_hook is not None:
+                    out = op_hook(op, [vals[inputs[0]]], out, out_log)
+                vals[op.id] = out
+                if trace is not None:
+                    trace.append(out)
+                else:
+                    for i in frees:
+                        vals[i] = None
+                if slot >= 0:
+                    new_state[slot] = out
+                continue
             ins = [vals[i] for i in inputs]
             if collective is not None:
                 ins = collective.inputs(op, ins)
             try:
-                if cls == _PLAN_MOVE:
+                if cls == _PLAN_BROADCAST and views:
+                    out = ins[0].expand(op.shape)
+                elif cls == _PLAN_MOVE or cls == _PLAN_RESHAPE or cls == _PLAN_BROADCAST:
                     out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
                     out = torch.cat(_flat_parts(ins))
@@ -313,6 +482,34 @@ class StepExecutor:
         return StepResult(new_state, float(loss_t.reshape(-1)[0]), out_log, stats, trace, violations)  # type: ignore[arg-type]
 
     # -- one op -----------------------------------------------------------------------------------
+    def _run_group(self, group: _FusedGroup, vals: list, stats: RoundingStats, sums: list, pool) -> None:
+        """A fused group (:meth:`_fused_groups`): its outputs into ``vals``; where the chain kernel
+        does not take an input (not contiguous), its members one by one (the same bits; their NaN/Inf
+        probes into the step's ``sums``)."""
+        ins = [vals[i] for i in group.inputs]
+        got = group.chain([*ins, *group.consts])
+        if got is not None:
+            outs, finite = got
+            if not finite:  # the caller's eager rerun names the op
+                what = f"fused ops {group.members[0]}..{group.members[-1]}"
+                raise NonFiniteValue(f"{what}: expected finite values, got NaN/Inf")
+            stats.values += group.chain.numel * len(group.members)
+            for i, t in zip(group.outputs, outs, strict=True):
+                vals[i] = t
+            return
+        local = dict(zip(group.inputs, ins, strict=True))
+        for m in group.members:
+            op = self.graph.ops[m]
+            mins = [local[i] for i in op.inputs]
+            out = self._sqrt_fp32(op, mins, stats, pool) if op.kind == OpKind.SQRT else None
+            if out is None and op.kind == OpKind.SQRT:
+                out = self._run_op(op, mins, None, None, None, StepLog(self.mode), stats, None, False, [], sums)
+            elif out is None:
+                out = self._exact_fp32(op, mins, self._plan_native(op), stats, sums, pool)
+            local[m] = out
+        for i in group.outputs:
+            vals[i] = local[i]
+
     def _exact_fp32(self, op, ins, nat, stats, sums, pool=None) -> torch.Tensor:
         """A single FP32 add/sub/mul/div (FP32-exact: its FP32 result is RN32 of the exact value) with
         canonical zeros; NaN/Inf raises :class:`NonFiniteValue` (eager) or is probed (``sums``).
@@ -525,8 +722,27 @@ _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV
 _SOURCE_KINDS = frozenset({OpKind.INPUT, OpKind.DATA, OpKind.CONST}) | GENERATED_KINDS
 
 
+@dataclass(frozen=True)
+class _FusedGroup:
+    """A chain of FP32-exact ops run in one native pass by the fused step loop
+    (:meth:`StepExecutor._fused_groups`): ``members`` in graph order, ``inputs`` the values it reads
+    (then ``consts``, the ops' scalars), ``outputs`` the members read by other ops (or the loss)."""
+
+    members: tuple[int, ...]
+    inputs: tuple[int, ...]
+    consts: tuple[torch.Tensor, ...]
+    outputs: tuple[int, ...]
+    chain: fp32_native.Chain
+    shape: tuple[int, ...]
+
+
+_FUSED_MEMBER = _FusedGroup((), (), (), (), None, ())  # type: ignore[arg-type]
+"""The plan's mark of a fused group's member other than its last (where the group runs)."""
+
+
 class _PlanStep(NamedTuple):
-    """What the step loop needs of one op (:meth:`StepExecutor._make_plan`)."""
+    """What the step loop needs of one op (:meth:`StepExecutor._make_plan`). ``group``, ``ffrees``
+    and ``frecycle``: the fused loop's (its group, or :data:`_FUSED_MEMBER`; its frees and recycles)."""
 
     op: OpNode
     cls: int
@@ -535,13 +751,16 @@ class _PlanStep(NamedTuple):
     slot: int
     native: tuple | None
     recycle: tuple[int, ...]
+    group: _FusedGroup | None = None
+    ffrees: tuple[int, ...] = ()
+    frecycle: tuple[int, ...] = ()
 
 
 _RECYCLE_MIN = 1 << 20
 """Elements (4 MiB) from which a dead native output's buffer is reused within the step."""
 _NON_ALIASING = ROUNDING_KINDS
 """Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
-_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT = range(6)
+_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT, _PLAN_RESHAPE, _PLAN_BROADCAST = range(8)
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:
@@ -616,10 +835,9 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
     if k in (OpKind.OUTPUT, OpKind.RESHAPE):
         return a.reshape(op.shape)
     if k == OpKind.PERMUTE:
-        if fp32_native.swaps_last_two(op.attrs):
-            out = fp32_native.transpose(a)  # a tiled copy where the kernel applies (torch's is slower)
-            if out is not None:
-                return out
+        out = fp32_native.permute(a, op.attrs)  # a tiled transpose where it is one (torch's is slower)
+        if out is not None:
+            return out
         return a.permute(*op.attrs).contiguous()
     if k == OpKind.SLICE:
         axis, start = op.attrs

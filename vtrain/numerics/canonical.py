@@ -256,24 +256,29 @@ def _round_canonical_at(
     if overflow is not None:  # fail fast where the first one truly overflows (a diverged run: many do)
         _decide_exactly(graph, op, ins, overflow[:1], what)
     out = r.reshape(-1)
-    n_c = cand.numel()
-    bits = np.zeros(n_c, dtype=np.int64)
-    codes = np.zeros(n_c, dtype=np.int64)
-    undecided = np.ones(n_c, dtype=bool)
+    got = None
     if op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
         got = _decide_candidates(op, ins, v, out, cand)
         if got is None:  # the MATMUL tight bound cleared every candidate
             return out.reshape(r.shape), OpLog.empty(), 0
         cand, bits, codes, undecided = got
-    slow = np.flatnonzero(undecided)
+        slow = np.flatnonzero(undecided)
+    else:
+        n_c = cand.numel()
+        bits = np.zeros(n_c, dtype=np.int64)
+        codes = np.zeros(n_c, dtype=np.int64)
+        slow = np.arange(n_c)
+    cand_np = cand.cpu().numpy()
     if len(slow):
         desc = op_desc(graph, op)
         tensors = [t.detach().cpu().numpy() for t in ins]
-        cand_np = cand.cpu().numpy()
         got = _decide_exactly(graph, op, ins, cand_np[slow], what, desc, tensors)
         bits[slow], codes[slow] = got[:, 0], got[:, 1]
     vals = bits.astype(np.uint32).view(np.float32) + np.float32(0.0)  # canonical zeros
-    out[cand] = torch.from_numpy(vals).to(out.device)
+    if out.device.type == "cpu":
+        out.numpy()[cand_np] = vals  # (out: the fresh contiguous RN32 output, written in place)
+    else:
+        out[cand] = torch.from_numpy(vals).to(out.device)
     if overflow is not None:  # every FP32 overflow was a candidate and is now RN32(e), finite (else raised above)
         _check_finite(out, what)
     keep = codes != int(Code.NONE)
@@ -281,7 +286,7 @@ def _round_canonical_at(
         return out.reshape(r.shape), OpLog.empty(), len(slow)
     code = codes[keep].astype(np.uint8)
     value = np.where(code == int(Code.EXPLICIT), vals[keep], np.float32(0.0)).astype(np.float32)
-    log = OpLog(cand.cpu().numpy()[keep].astype(np.int64), code, value)
+    log = OpLog(cand_np[keep].astype(np.int64), code, value)
     return out.reshape(r.shape), log, len(slow)
 
 

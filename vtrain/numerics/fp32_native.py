@@ -6,7 +6,8 @@ is finite, in one pass: the bits of ``torch.<op>(a, b) + 0.0`` on the CPU (both 
 rounded FP32 operation per element), without torch's two extra passes (the zero and the min/max
 probe) and its fixed cost per call. ``sqrt(a)``: ``RN32(sqrt(a)) + 0.0`` and finiteness, the bits
 of the FP64 path (``torch.sqrt`` of the FP64 input rounded to FP32: both square roots are correctly
-rounded and the double rounding is innocuous).
+rounded and the double rounding is innocuous). :class:`Chain`: a fixed chain of those ops over
+one shape in one pass (block by block, the inner values never written out): each op's bits.
 
 The torch / FP64 paths stay the fallback (:func:`available` False: library absent or
 ``VTRAIN_NATIVE_NUMERICS=0``); tests compare the two bit for bit (``tests/test_native_fp32.py``).
@@ -15,6 +16,7 @@ The torch / FP64 paths stay the fallback (:func:`available` False: library absen
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 
@@ -39,6 +41,37 @@ _TRANSPOSE = getattr(_LIB, "vt_transpose32", None) if _LIB is not None else None
 if _TRANSPOSE is not None:
     _TRANSPOSE.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     _TRANSPOSE.restype = None
+
+_CHAIN = getattr(_LIB, "vt_fp32_chain", None) if _LIB is not None else None
+if _CHAIN is not None:
+    _CHAIN.argtypes = [ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_int32, ctypes.c_void_p]
+    _CHAIN.restype = ctypes.c_int
+
+SQRT = 4
+"""Op code of a :class:`Chain` step (besides ADD, SUB, MUL, DIV)."""
+
+SCALAR, FULL, ROWS, TILE = 0, 1, 2, 3
+"""How a :class:`Chain` input is read: one value for all elements; element ``i`` at ``i``; at
+``i // param`` (one value per row of ``param`` elements); at ``i % param`` (a tile repeated)."""
+
+
+def broadcast_kind(src: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(kind, param)`` of a :class:`Chain` input of shape ``src`` broadcast to ``shape`` (same rank),
+    or None when it is none of the four forms."""
+    n = math.prod(shape)
+    if tuple(src) == tuple(shape):
+        return FULL, n
+    if math.prod(src) == 1:
+        return SCALAR, 1
+    if len(src) != len(shape):
+        return None
+    for k in range(len(shape) + 1):
+        if tuple(src[:k]) == tuple(shape[:k]) and all(d == 1 for d in src[k:]):
+            return ROWS, math.prod(shape[k:])
+        if all(d == 1 for d in src[:k]) and tuple(src[k:]) == tuple(shape[k:]):
+            return TILE, math.prod(src)
+    return None
 
 # (shape, a's shape and strides, b's shape and strides) -> the kernel's int64 arrays (kept alive here)
 _LAYOUTS: dict[tuple, tuple[int, int, int, int, tuple]] = {}
@@ -125,6 +158,36 @@ def swaps_last_two(perm: tuple[int, ...]) -> bool:
     return n >= 2 and tuple(perm) == (*range(n - 2), n - 1, n - 2)
 
 
+def block_swap(perm: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(lead, split)`` where ``perm`` keeps the axes before ``lead`` and swaps the blocks of axes
+    ``[lead, split)`` and ``[split, n)`` (a transpose of ``[rows, cols]`` matrices once those blocks
+    are merged: :func:`permute`); None for any other permutation."""
+    n = len(perm)
+    perm = tuple(perm)
+    for lead in range(n - 1):
+        if perm[:lead] != tuple(range(lead)):
+            break
+        for split in range(lead + 1, n):
+            if perm[lead:] == (*range(split, n), *range(lead, split)):
+                return lead, split
+    return None
+
+
+def permute(a: torch.Tensor, perm: tuple[int, ...]) -> torch.Tensor | None:
+    """``a.permute(*perm).contiguous()`` (the bits copied) by :func:`transpose` where ``perm`` is a
+    :func:`block_swap`; None where it is not, or the kernel does not apply (use torch then)."""
+    got = block_swap(perm)
+    if got is None or _TRANSPOSE is None or a.dtype is not torch.float32 or not a.is_cpu or not a.is_contiguous():
+        return None
+    lead, split = got
+    shape = tuple(a.shape)
+    rows, cols = math.prod(shape[lead:split]), math.prod(shape[split:])
+    out = torch.empty(tuple(shape[i] for i in perm), dtype=torch.float32)
+    if out.numel():
+        _TRANSPOSE(a.data_ptr(), a.numel() // (rows * cols), rows, cols, out.data_ptr())
+    return out
+
+
 def transpose(a: torch.Tensor) -> torch.Tensor | None:
     """``a`` with its last two axes swapped, as a fresh contiguous tensor: the bits of
     ``a.transpose(-1, -2).contiguous()`` (a copy), in cache-sized tiles. ``a``: a C-contiguous FP32
@@ -136,3 +199,67 @@ def transpose(a: torch.Tensor) -> torch.Tensor | None:
     if out.numel():
         _TRANSPOSE(a.data_ptr(), a.numel() // (rows * cols), rows, cols, out.data_ptr())
     return out
+
+
+class Chain:
+    """A fixed chain of FP32-exact ops over tensors of one shape, in one native pass
+    (``vt_fp32_chain``): per element exactly :func:`binary`'s and :func:`sqrt`'s operations, in
+    order, so every output has their bits; the inner values are never written to memory.
+
+    ``inputs``: one ``(source shape, kind, param)`` per input register (:func:`broadcast_kind`), read
+    from a contiguous tensor of the source shape or from its broadcast view (``expand``) to ``shape``;
+    then one register per step. ``steps``: ``(code, a, b)`` with ``code`` ADD/SUB/MUL/DIV/SQRT and
+    ``a``, ``b`` register numbers (``b`` ignored by SQRT); ``outputs``: the step registers written to
+    fresh tensors of ``shape``."""
+
+    def __init__(
+        self, shape: tuple[int, ...], inputs: list[tuple[tuple[int, ...], int, int]],
+        steps: list[tuple[int, int, int]], outputs: list[int],
+    ) -> None:
+        import numpy as np
+
+        n_inputs = len(inputs)
+        n_regs = n_inputs + len(steps)
+        self.shape, self.numel = tuple(shape), math.prod(shape)
+        self.n_regs, self.n_steps, self.outputs = n_regs, len(steps), list(outputs)
+        kinds = np.full(n_regs, -1, dtype=np.int32)  # scratch unless an input or an output
+        params = np.zeros(n_regs, dtype=np.int64)
+        self._checks = []
+        for r, (src, kind, param) in enumerate(inputs):
+            kinds[r], params[r] = kind, param
+            strides, acc = [], 1
+            for d in reversed(src):
+                strides.append(acc)
+                acc *= d
+            view = tuple(0 if d == 1 and m != 1 else st for d, m, st in zip(src, shape, reversed(strides)))
+            self._checks.append((math.prod(src), view if len(src) == len(shape) else None))
+        for r in self.outputs:
+            kinds[r] = FULL
+        self._kinds, self._params = kinds, params
+        self._ops = np.array([(c, n_inputs + k, a, b) for k, (c, a, b) in enumerate(steps)], dtype=np.int32)
+        self._ptrs = np.zeros(n_regs, dtype=np.uint64)
+        self._args = (self._ptrs.ctypes.data, kinds.ctypes.data, params.ctypes.data, self._ops.ctypes.data)
+
+    def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], bool] | None:
+        """``(outputs, all finite)``: the output tensors (in ``outputs`` order) and whether every
+        step's values are finite; None when the kernel is not loaded or an input is neither a
+        contiguous FP32 CPU tensor of its source's size nor its broadcast view (the caller runs the
+        steps one by one then)."""
+        if _CHAIN is None:
+            return None
+        ptrs = self._ptrs
+        for r, (t, (size, view)) in enumerate(zip(inputs, self._checks, strict=True)):
+            if t.dtype is not torch.float32 or not t.is_cpu:
+                return None
+            if not ((t.numel() == size and t.is_contiguous()) or (view is not None and t.stride() == view
+                                                                   and tuple(t.shape) == self.shape)):
+                return None
+            ptrs[r] = t.data_ptr()
+        outs = [torch.empty(self.shape, dtype=torch.float32) for _ in self.outputs]
+        for r, t in zip(self.outputs, outs, strict=True):
+            ptrs[r] = t.data_ptr()
+        a = self._args
+        ok = _CHAIN(self.numel, self.n_regs, a[0], a[1], a[2], self.n_steps, a[3])
+        if ok < 0:
+            raise ValueError(f"fp32 chain kernel: bad arguments or no memory ({self.n_steps} steps)")
+        return outs, ok == 1
