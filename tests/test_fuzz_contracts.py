@@ -1320,8 +1320,11 @@ def test_fuzz_demands_small_budget():
     assert c["demand.answered"] > 0 and c["drained"] == stats.sequences, c
 
 
-#: Small budget for the sabotage runs: a failure is reported as found, not shrunk.
-SABOTAGE_BUDGET = settings(FAST, max_examples=20, stateful_step_count=20, phases=[HPhase.generate])
+#: Budget for the sabotage runs: a failure is reported as found, not shrunk. A run stops at its first
+#: violation (a few sequences when the sabotage is found), so the cap costs time only when it is not;
+#: 60, not 20: the floor sabotage was missed once within 20 in a full suite on a loaded machine
+#: (sequences that depend on the chain's clock draw other terms there), and passed alone.
+SABOTAGE_BUDGET = settings(FAST, max_examples=60, stateful_step_count=20, phases=[HPhase.generate])
 
 
 @pytest.mark.parametrize(
