@@ -244,6 +244,30 @@ def sum_round_filter_np(x: np.ndarray, kind: OpKind) -> tuple[np.ndarray, np.nda
     return rf, midpoint_candidates_np(v, rf, reach)
 
 
+def sum_values_np(x: np.ndarray, kind: OpKind) -> tuple[np.ndarray, np.ndarray]:
+    """The numpy reference of ``native_filter.sum_values`` (``x`` FP32): flat FP64 ``(v, d)``, the
+    same pairwise sums as :func:`sum_round_filter_np`."""
+    n = x.shape[-1]
+    x64 = np.ascontiguousarray(x, dtype=np.float64).reshape(-1, n)
+    v = x64.sum(axis=1)
+    if kind == OpKind.MEAN:
+        v = v / n
+    return v, (np.abs(x64).sum(axis=1) + 0.0) * sum_bound_factor(kind, n)
+
+
+def replay_sum_values(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The checked replay's FP64 ``(v, d)`` of a SUM/MEAN op from its FP32 input in one native pass
+    (``native_filter.sum_values``: the canonical trainer's sums and bound, ``d`` dense, one value per
+    output element); None where the kernel does not apply (the caller computes them with torch)."""
+    x = ins[0]
+    if x.dim() == 0:
+        return None
+    got = NF.sum_values(x, op.kind == OpKind.MEAN, sum_bound_factor(op.kind, x.shape[-1]))
+    if got is None:
+        return None
+    return got[0].reshape(op.shape), got[1].reshape(op.shape)
+
+
 def _round_canonical_at(
     graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor | None, r: torch.Tensor,
     cand: torch.Tensor, finite: bool, what: str,
@@ -528,8 +552,8 @@ def _decide_dd(kind: OpKind, t: np.ndarray, s_abs: np.ndarray, n: int, scale: fl
     lo_n, hi_n = np.nextafter(c32, -inf), np.nextafter(c32, inf)
     c64 = c32.astype(np.float64)
     lo64, hi64 = lo_n.astype(np.float64), hi_n.astype(np.float64)
-    m_lo = (c64 + lo64) * 0.5
-    m_hi = (c64 + hi64) * 0.5
+    m_lo = (c64 + lo64)
+    m_hi = (c64 + hi64)
     # distances n*(e - m_lo) and n*(m_hi - e) from the double-double sum (exact differences where
     # Sterbenz applies; the bound covers the rest)
     d_lo = (hi - m_lo * scale) + lo
