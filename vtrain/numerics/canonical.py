@@ -552,8 +552,8 @@ def _decide_dd(kind: OpKind, t: np.ndarray, s_abs: np.ndarray, n: int, scale: fl
     lo_n, hi_n = np.nextafter(c32, -inf), np.nextafter(c32, inf)
     c64 = c32.astype(np.float64)
     lo64, hi64 = lo_n.astype(np.float64), hi_n.astype(np.float64)
-    m_lo = (c64 + lo64)
-    m_hi = (c64 + hi64)
+    m_lo = (c64 + lo64) * 0.5
+    m_hi = (c64 + hi64) * 0.5
     # distances n*(e - m_lo) and n*(m_hi - e) from the double-double sum (exact differences where
     # Sterbenz applies; the bound covers the rest)
     d_lo = (hi - m_lo * scale) + lo
