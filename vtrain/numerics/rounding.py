@@ -434,12 +434,10 @@ def apply_log(
     exact_op = d is None
     checking = violations is not None or resolver is not None
     native = NF.usable(v)
-    cand = None
+    if native and checking and not exact_op:
+        return _apply_log_checked(v, d, entries, what, resolver, violations, check_finite, exact, tight)  # type: ignore[arg-type]
     if native:  # r already canonical: only the positions written below are canonicalised
-        if checking and not exact_op:
-            r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
-        else:
-            r, finite = NF.round_fp32(v)
+        r, finite = NF.round_fp32(v)
         if check_finite and not finite:
             _check_finite(r.reshape(-1), what)
     else:
@@ -454,10 +452,7 @@ def apply_log(
         return r if native else canonical(r)
     near = None
     if checking and not exact_op:  # before the entries are applied: the filter reads RN32(v)
-        if native:
-            near = _unlogged_near_ties_at(vf, d, r.reshape(-1), entries, cand, tight)  # type: ignore[arg-type]
-        else:
-            near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries, tight)  # type: ignore[union-attr]
+        near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries, tight)  # type: ignore[union-attr]
     out = r.reshape(-1) if native else r.reshape(-1).clone()
     if len(entries):
         n = out.numel()
@@ -501,6 +496,76 @@ def apply_log(
     return out.reshape(r.shape) if native else canonical(out.reshape(r.shape))
 
 
+def _apply_log_checked(
+    v: torch.Tensor,
+    d: NF.Bound,
+    entries: OpLog,
+    what: str,
+    resolver: AmbiguityResolver | None,
+    violations: list[LogViolation] | None,
+    check_finite: bool,
+    exact: Callable[[np.ndarray], np.ndarray] | None,
+    tight: Callable[[np.ndarray], np.ndarray] | None,
+) -> torch.Tensor:
+    """:func:`apply_log` checking a logging op's ``v`` where the native filter takes it: the same
+    outputs, violations and resolver calls, with ``d`` (and ``tight``) read once, at the candidates
+    and the entries together, and numpy on those few points only (no per-element array beyond the
+    filter's pass)."""
+    r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
+    if check_finite and not finite:
+        _check_finite(r.reshape(-1), what)
+    n_e = len(entries)
+    if not len(cand) and not n_e:
+        return r  # no entry, no element within 2d of a midpoint: nothing to check or resolve
+    out = r.reshape(-1)
+    vn, rn = v.reshape(-1).numpy(), out.numpy()
+    if n_e:
+        n = out.numel()
+        if int(entries.index.max()) >= n or int(entries.index.min()) < 0:
+            raise VtrainError(f"{what}: log index out of range for {n} elements")
+        if bool(((entries.code < 1) | (entries.code > 3)).any()):
+            raise VtrainError(f"{what}: invalid rounding-log code")
+        if len(cand):  # an entry is never an unlogged near-tie (both sorted: a binary search each)
+            cand = cand[~_in_sorted(cand, entries.index)]
+    n_c = len(cand)
+    # d (and the tight bound: elementwise, so one call on both sets gives each its bits) at the points
+    at = cand if not n_e else entries.index if not n_c else np.concatenate([cand, entries.index])
+    d_at = _bound_at(d, at, tight)
+    near = cand[_near_midpoint_np(vn[cand], rn[cand], 2.0 * d_at[:n_c] * _CMP_SLACK)] if n_c else cand
+    suspect: dict[int, tuple[int, str]] = {}
+    applied = None
+    if n_e:  # after the near-tie test: it reads RN32(v)
+        applied, bad = _apply_entries_np(vn, rn, d, entries, True, False, di=d_at[n_c:])
+        rn[entries.index] = applied + np.float32(0.0)
+        for k in bad.tolist():
+            suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
+    if exact is not None and len(near):
+        near = near[~np.asarray(exact(near), dtype=bool)]
+    for k in near.tolist():
+        suspect[int(k)] = (0, "unlogged element near a midpoint")
+    flagged_keys = np.array(sorted(suspect), dtype=np.int64)
+    if violations is not None:
+        violations.extend(LogViolation(int(k), suspect[int(k)][0], suspect[int(k)][1]) for k in flagged_keys)
+    if resolver is not None and (suspect or n_e):
+        # every applied entry goes to the resolver too: its value must be RN32(e) (the contract's rule)
+        if not n_e:
+            keys = flagged_keys
+        elif not suspect and (n_e == 1 or bool((entries.index[1:] > entries.index[:-1]).all())):
+            keys = entries.index.astype(np.int64)  # np.union1d's result: sorted, unique already
+        else:
+            keys = np.union1d(flagged_keys, entries.index.astype(np.int64))
+        codes_np = np.zeros(len(keys), dtype=np.uint8)
+        proposed = torch.from_numpy(vn[keys]).to(torch.float32).numpy()  # RN32(v), zeros as they are
+        if n_e:
+            pos = np.searchsorted(keys, entries.index)
+            codes_np[pos] = entries.code
+            proposed[pos] = applied
+        flagged = _in_sorted(keys, flagged_keys)
+        res = resolver(keys, proposed, codes_np, flagged).astype(np.float32)
+        rn[keys] = res + np.float32(0.0)
+    return r
+
+
 FAR_REACH = 4.0
 """A directed entry is suspect when the replayed ``v'`` is farther than ``FAR_REACH * d`` from the
 midpoint it names: an honest canonical one is within ``2 Dc + d <= 4 d`` (docs/numerics.md)."""
@@ -525,11 +590,12 @@ def _entry_bounds(
 
 def _apply_entries_np(
     vf: np.ndarray, rf: np.ndarray, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool,
-    tight: Callable[[np.ndarray], np.ndarray] | None = None,
+    tight: Callable[[np.ndarray], np.ndarray] | None = None, di: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The values the entries give (FP32, zeros as computed) and, when ``checking``, the positions of
     entries far from the replayed value: :func:`_apply_entries_torch` in numpy on the CPU (the same
-    IEEE operations, so the same bits; tested against it)."""
+    IEEE operations, so the same bits; tested against it). ``di``: the bound at the entries when the
+    caller has read it already (``min(d, tight)``)."""
     idx = entries.index
     vi, ri = vf[idx], rf[idx]
     with np.errstate(over="ignore", invalid="ignore"):
@@ -543,7 +609,7 @@ def _apply_entries_np(
         applied = np.where(is_explicit, entries.value.astype(np.float32), directed).astype(np.float32)
         if not checking:
             return applied, np.zeros(0, dtype=np.int64)
-        di = _entry_bounds(d, entries, len(idx), tight)
+        di = _entry_bounds(d, entries, len(idx), tight) if di is None else di
         m = np.where(take_hi, m_hi, m_lo)
         far = ~is_explicit & ((np.abs(vi - m) > FAR_REACH * di) | exact_op)
         c = entries.value.astype(np.float32)  # wild: v' farther than d from every real rounding to c
@@ -609,20 +675,6 @@ def unlogged_near_ties(
     near = _near_midpoint(vf[cand], rf[cand], reach_c)
     hits = cand[near].cpu().numpy().astype(np.int64)
     return hits[~np.isin(hits, entries.index)] if len(entries) else hits
-
-
-def _unlogged_near_ties_at(
-    vf: torch.Tensor, d: NF.Bound, rf: torch.Tensor, entries: OpLog, cand: np.ndarray,
-    tight: Callable[[np.ndarray], np.ndarray] | None = None,
-) -> np.ndarray:
-    """:func:`unlogged_near_ties` given the native filter's candidates ``cand`` (reach
-    ``d * 2 (1 + 2^-40)``, the same bits as ``2 d (1 + 2^-40)``): the reference test on those only."""
-    if not len(cand):
-        return np.zeros(0, np.int64)
-    if len(entries):  # an entry is never an unlogged near-tie (both sorted: a binary search each)
-        cand = cand[~_in_sorted(cand, entries.index)]
-    near = _near_midpoint_np(vf.numpy()[cand], rf.numpy()[cand], 2.0 * _bound_at(d, cand, tight) * _CMP_SLACK)
-    return cand[near]
 
 
 def _in_sorted(x: np.ndarray, keys: np.ndarray) -> np.ndarray:
