@@ -114,3 +114,28 @@ def test_the_native_checked_replay_is_the_fallback_paths(monkeypatch, seed: int,
     for a, b in zip(c1[0], c2[0], strict=True):
         assert np.array_equal(a, b)
     assert not with_tight or tight_calls
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("checking", [False, True])
+@pytest.mark.parametrize("exact_op", [False, True])
+def test_the_c_entries_are_the_numpy_entries(seed: int, checking: bool, exact_op: bool) -> None:
+    """``vt_replay_apply_entries`` (``native_replay.apply_entries``) gives ``_apply_entries_np``'s values
+    and far/wild positions bit for bit on the adversarial cases (midpoints, a hair inside, zeros of both
+    signs, subnormals, the top of the range, explicit values one step off)."""
+    from vtrain.numerics import native, native_replay
+    from vtrain.numerics.rounding import FAR_REACH, _entry_bounds
+
+    if not native.available():
+        pytest.skip("native numerics kernels not built (make native)")
+    v, d, r, entries = _case(seed)
+    dd = None if exact_op else d
+    want_a, want_bad = _apply_entries_np(v.numpy(), r.numpy(), dd, entries, checking, exact_op)
+    di = _entry_bounds(dd, entries, len(entries)) if checking else None
+    got = native_replay.apply_entries(v.numpy(), r.numpy(), entries.index, entries.code, entries.value, di,
+                                      FAR_REACH, exact_op)
+    assert got is not None
+    assert np.array_equal(got[0].view(np.uint32), want_a.view(np.uint32))
+    assert np.array_equal(got[1], want_bad)
+    if checking:
+        assert len(want_bad) > 0

@@ -18,6 +18,7 @@ import torch
 
 from vtrain.errors import NonFiniteValue, VtrainError
 from vtrain.numerics import native_filter as NF
+from vtrain.numerics import native_replay
 
 log = logging.getLogger(__name__)
 
@@ -461,7 +462,7 @@ def apply_log(
         if bool(((entries.code < 1) | (entries.code > 3)).any()):
             raise VtrainError(f"{what}: invalid rounding-log code")
         if dev.type == "cpu":  # few entries: numpy, no torch cost per call (the same IEEE operations)
-            applied, bad = _apply_entries_np(vf.numpy(), out.numpy(), d, entries, checking, exact_op, tight)
+            applied, bad = _apply_entries_cpu(vf.numpy(), out.numpy(), d, entries, checking, exact_op, tight)
             out.numpy()[entries.index] = applied + np.float32(0.0) if native else applied
         else:
             applied, bad = _apply_entries_torch(vf, out, d, entries, checking, exact_op, tight)
@@ -535,7 +536,7 @@ def _apply_log_checked(
     suspect: dict[int, tuple[int, str]] = {}
     applied = None
     if n_e:  # after the near-tie test: it reads RN32(v)
-        applied, bad = _apply_entries_np(vn, rn, d, entries, True, False, di=d_at[n_c:])
+        applied, bad = _apply_entries_cpu(vn, rn, d, entries, True, False, di=d_at[n_c:])
         rn[entries.index] = applied + np.float32(0.0)
         for k in bad.tolist():
             suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
@@ -586,6 +587,21 @@ def _entry_bounds(
     if d is None:
         return np.zeros(n, dtype=np.float64)
     return _bound_at(d, entries.index, tight)
+
+
+def _apply_entries_cpu(
+    vf: np.ndarray, rf: np.ndarray, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool,
+    tight: Callable[[np.ndarray], np.ndarray] | None = None, di: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_apply_entries_np` in C where the kernel is loaded (``native_replay.apply_entries``, the
+    same bits: tested), numpy otherwise."""
+    if checking and di is None:
+        di = _entry_bounds(d, entries, len(entries), tight)
+    got = native_replay.apply_entries(vf, rf, entries.index, entries.code, entries.value,
+                                      di if checking else None, FAR_REACH, exact_op)
+    if got is not None:
+        return got
+    return _apply_entries_np(vf, rf, d, entries, checking, exact_op, tight, di=di)
 
 
 def _apply_entries_np(
