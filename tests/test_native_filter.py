@@ -429,9 +429,10 @@ def test_sum_ops_of_the_canonical_trainer_match_the_fp64_path() -> None:
 
 @pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN])
 def test_sum_values_are_their_numpy_reference(kind: OpKind) -> None:
-    """``vt_sum_values`` (the checked replay's SUM/MEAN ``v`` and ``d`` in one pass) gives
-    ``canonical.sum_values_np``'s bits at the widths where the pairwise blocking changes, on wide-range
-    values, cancellation and a NaN/Inf; and RN32 of its ``v`` is ``vt_sum_round_filter``'s ``r``."""
+    """``vt_sum_values_filter`` (the checked replay's SUM/MEAN ``v``, ``d`` and filter in one pass) gives
+    ``canonical.sum_values_np``'s bits and ``midpoint_candidates_np``'s candidates of them at the widths
+    where the pairwise blocking changes, on wide-range values, cancellation, near-ties and a NaN/Inf;
+    and its ``r`` is ``vt_sum_round_filter``'s."""
     from vtrain.numerics.canonical import sum_bound_factor, sum_values_np
 
     rng = np.random.default_rng(10 + int(kind))
@@ -441,16 +442,28 @@ def test_sum_values_are_their_numpy_reference(kind: OpKind) -> None:
         x[2] = np.where(np.arange(n) % 2 == 0, F32(3e38), F32(-3e38))
         if n > 3:
             x[3, 1], x[4, 2] = np.inf, np.nan
+        if n >= 3:  # near a midpoint: candidates
+            x[5], x[6] = 0.0, 0.0
+            x[5, :2] = x[6, :2] = (1.0, 2.0**-24)
+            x[6, 2] = 2.0**-52  # within 2 d of the midpoint (d >= 1.01 g(3))
         ref_v, ref_d = sum_values_np(x, kind)
-        got = NF.sum_values(torch.from_numpy(x.reshape(41, 1, n)), kind == OpKind.MEAN, sum_bound_factor(kind, n))
-        assert got is not None
-        v, d = got
-        assert v.shape == d.shape == (41, 1, 1)
-        assert np.array_equal(v.numpy().reshape(-1).view(np.uint64), ref_v.view(np.uint64))
-        assert np.array_equal(d.numpy().reshape(-1).view(np.uint64), ref_d.view(np.uint64))
-        r, _, _ = NF.sum_round_filter(torch.from_numpy(x), kind == OpKind.MEAN, sum_bound_factor(kind, n), _BAND)
-        with np.errstate(over="ignore", invalid="ignore"):
-            assert np.array_equal((ref_v.astype(F32) + F32(0.0)).view(np.uint32), r.numpy().reshape(-1).view(np.uint32))
+        for scale in SCALES:
+            got = NF.sum_values_filter(torch.from_numpy(x.reshape(41, 1, n)), kind == OpKind.MEAN,
+                                       sum_bound_factor(kind, n), scale)
+            assert got is not None
+            v, d, r, cand, finite = got
+            assert v.shape == d.shape == r.shape == (41, 1, 1)
+            assert np.array_equal(v.numpy().reshape(-1).view(np.uint64), ref_v.view(np.uint64))
+            assert np.array_equal(d.numpy().reshape(-1).view(np.uint64), ref_d.view(np.uint64))
+            with np.errstate(over="ignore", invalid="ignore"):
+                ref_r = ref_v.astype(F32) + F32(0.0)
+            assert np.array_equal(r.numpy().reshape(-1).view(np.uint32), ref_r.view(np.uint32))
+            assert np.array_equal(cand, midpoint_candidates_np(ref_v, ref_r, ref_d * scale))
+            assert finite == bool(np.isfinite(ref_r).all())
+            if n >= 3 and kind == OpKind.SUM:
+                assert {5, 6} <= set(cand.tolist())
+        r2, _, _ = NF.sum_round_filter(torch.from_numpy(x), kind == OpKind.MEAN, sum_bound_factor(kind, n), _BAND)
+        assert np.array_equal(ref_r.view(np.uint32), r2.numpy().reshape(-1).view(np.uint32))
 
 
 def _tampered_sum_logs(log: OpLog, n_out: int, rng: np.random.Generator) -> list[OpLog]:
@@ -506,7 +519,7 @@ def test_the_checked_replay_of_a_sum_from_the_kernel_is_the_torch_paths(kind: Op
     v_ref, d_ref = E._compute_fp64(op, ins, "tight", lazy=True)
     for log in _tampered_sum_logs(honest[1], 300, rng):
         seen = []
-        for v, d in (got, (v_ref, d_ref)):
+        for v, d, filtered in (got, (v_ref, d_ref, None)):
             calls: list[tuple[np.ndarray, ...]] = []
 
             def resolver(keys, proposed, codes, flagged, calls=calls):
@@ -514,7 +527,7 @@ def test_the_checked_replay_of_a_sum_from_the_kernel_is_the_torch_paths(kind: Op
                 return proposed
 
             viol: list = []
-            out = apply_log(v, d, log, "op", resolver, viol, exact=partial(grid_elements, op, ins))
+            out = apply_log(v, d, log, "op", resolver, viol, exact=partial(grid_elements, op, ins), filtered=filtered)
             seen.append((out.view(torch.int32).numpy().copy(), [(x.index, x.code, x.detail) for x in viol], calls))
         (o1, v1, c1), (o2, v2, c2) = seen
         assert np.array_equal(o1, o2)

@@ -31,6 +31,10 @@ TRAINER_BOUND_SLACK = 1.01
 _CMP_SLACK = 1.0 + 2.0**-40
 """Slack on FP64 comparisons so every decision stays on the safe side of the proof."""
 
+REPLAY_SCALE = 2.0 * _CMP_SLACK
+"""The checked replay's filter reach is ``d * REPLAY_SCALE``: the bits of the near-tie test's
+``2 d (1 + 2^-40)`` (the doubling is exact)."""
+
 
 class Mode(str, enum.Enum):
     """How a run rounds and logs. ``certified`` is the default and the only replayable-by-proof mode."""
@@ -413,6 +417,7 @@ def apply_log(
     check_finite: bool = True,
     exact: Callable[[np.ndarray], np.ndarray] | None = None,
     tight: Callable[[np.ndarray], np.ndarray] | None = None,
+    filtered: tuple[torch.Tensor, np.ndarray, bool] | None = None,
 ) -> torch.Tensor:
     """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to an honest trainer.
 
@@ -430,13 +435,15 @@ def apply_log(
     ``check_finite=False`` leaves the NaN/Inf check to the caller. Works on any device (the entries
     are moved to ``v``'s). ``d`` may be lazy (``native_filter.Bound``); where the native filter takes
     ``v``, rounding, canonical zeros, the finiteness check and (checking) the near-tie filter are
-    one pass.
+    one pass; ``filtered`` (checking there) is that pass's ``(r, candidates, finite)`` at reach
+    ``d * REPLAY_SCALE`` where the caller has it already (SUM/MEAN: with ``v`` and ``d``).
     """
     exact_op = d is None
     checking = violations is not None or resolver is not None
     native = NF.usable(v)
     if native and checking and not exact_op:
-        return _apply_log_checked(v, d, entries, what, resolver, violations, check_finite, exact, tight)  # type: ignore[arg-type]
+        return _apply_log_checked(v, d, entries, what, resolver, violations, check_finite, exact, tight,  # type: ignore[arg-type]
+                                  filtered)
     if native:  # r already canonical: only the positions written below are canonicalised
         r, finite = NF.round_fp32(v)
         if check_finite and not finite:
@@ -507,12 +514,13 @@ def _apply_log_checked(
     check_finite: bool,
     exact: Callable[[np.ndarray], np.ndarray] | None,
     tight: Callable[[np.ndarray], np.ndarray] | None,
+    filtered: tuple[torch.Tensor, np.ndarray, bool] | None = None,
 ) -> torch.Tensor:
     """:func:`apply_log` checking a logging op's ``v`` where the native filter takes it: the same
     outputs, violations and resolver calls, with ``d`` (and ``tight``) read once, at the candidates
     and the entries together, and numpy on those few points only (no per-element array beyond the
-    filter's pass)."""
-    r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
+    filter's pass, or none: ``filtered``)."""
+    r, cand, finite = NF.round_filter(v, d, REPLAY_SCALE) if filtered is None else filtered
     if check_finite and not finite:
         _check_finite(r.reshape(-1), what)
     n_e = len(entries)
