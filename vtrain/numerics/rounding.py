@@ -564,7 +564,8 @@ def _apply_log_checked(
         else:
             keys = np.union1d(flagged_keys, entries.index.astype(np.int64))
         codes_np = np.zeros(len(keys), dtype=np.uint8)
-        proposed = torch.from_numpy(vn[keys]).to(torch.float32).numpy()  # RN32(v), zeros as they are
+        with np.errstate(over="ignore"):
+            proposed = vn[keys].astype(np.float32)  # RN32(v), zeros as they are (torch's .to's bits)
         if n_e:
             pos = np.searchsorted(keys, entries.index)
             codes_np[pos] = entries.code
@@ -582,7 +583,9 @@ midpoint it names: an honest canonical one is within ``2 Dc + d <= 4 d`` (docs/n
 
 def _bound_at(d: NF.Bound, index: np.ndarray, tight: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
     """``d`` at flat indices (FP64), ``min(d, tight)`` with a tighter bound."""
-    if isinstance(d, torch.Tensor):
+    if isinstance(d, torch.Tensor) and d.device.type == "cpu":
+        got = d.detach().reshape(-1).numpy()[index]  # a gather: torch's indexing's values, without its cost per call
+    elif isinstance(d, torch.Tensor):
         got = d.reshape(-1)[torch.from_numpy(index).to(d.device)].cpu().numpy()
     else:
         got = np.asarray(NF.bound_at(d, index), dtype=np.float64)
