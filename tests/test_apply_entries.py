@@ -139,3 +139,6 @@ def test_the_c_entries_are_the_numpy_entries(seed: int, checking: bool, exact_op
     assert np.array_equal(got[1], want_bad)
     if checking:
         assert len(want_bad) > 0
+    with pytest.raises(IndexError, match="entry indices"):  # the kernel never reads outside v
+        native_replay.apply_entries(v.numpy(), r.numpy(), entries.index + len(v), entries.code, entries.value, di,
+                                    FAR_REACH, exact_op)

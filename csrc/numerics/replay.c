@@ -61,10 +61,13 @@ VT_EXPORT int vt_replay_matmul_abs_sums(const float *a, const float *b, const fl
  *     applied = explicit ? value : down ? (take_hi ? r : prev) : (take_hi ? next : r),
  *     far  = !explicit && (|v - (take_hi ? m_hi : m_lo)| > far_reach d || exact_op),
  *     wild = explicit && ((v - c_hi) > d || (c_lo - v) > d), c_hi, c_lo the midpoints around value.
- * Returns the number of entries flagged (bad[i] = far | wild). */
-VT_EXPORT int64_t vt_replay_apply_entries(const double *v, const float *r, int64_t c, const int64_t *idx,
+ * Returns the number of entries flagged (bad[i] = far | wild), or -2 (nothing written) for an index
+ * outside [0, n). */
+VT_EXPORT int64_t vt_replay_apply_entries(const double *v, const float *r, int64_t n, int64_t c, const int64_t *idx,
                                           const uint8_t *code, const float *value, const double *di,
                                           double far_reach, int32_t exact_op, float *applied, uint8_t *bad) {
+    for (int64_t i = 0; i < c; i++)
+        if (idx[i] < 0 || idx[i] >= n) return -2;
     int64_t flagged = 0;
     for (int64_t i = 0; i < c; i++) {
         const double vi = v[idx[i]];
