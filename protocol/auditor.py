@@ -105,7 +105,7 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
         def _explicit_at_rn32(indices: np.ndarray, bits: np.ndarray, codes: np.ndarray, rule: np.ndarray) -> np.ndarray:
             """Flagged explicit entries of a sum whose claim is ``RN32(e)``: the rule upholds them."""
             upheld = np.zeros(len(indices), dtype=bool)
-            if op.kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
+            if op.kind not in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) or not rule.any():
                 return upheld
             finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
             pick = np.flatnonzero(rule & (codes == 3) & finite & (bits != np.uint32(SIGN)))

@@ -60,3 +60,85 @@ def test_the_checks_flag_an_entry_exactly_past_its_honest_reach() -> None:
     for bad in (_apply_entries_np(v, r, dd, entries, True, False)[1],
                 _apply_entries_torch(torch.from_numpy(v), torch.from_numpy(r), dd, entries, True, False)[1]):
         assert bad.tolist() == [1, 3, 5, 7]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("with_tight", [False, True])
+def test_the_native_checked_replay_is_the_fallback_paths(monkeypatch, seed: int, with_tight: bool) -> None:
+    """``apply_log`` checking on the native filter (``d`` and ``tight`` read once at candidates and
+    entries together) and on the fallback path: the same output bits, violations and resolver calls, on
+    logs with wrong codes, wrong explicit values, entries far from a tie and unlogged near-ties, with and
+    without a tighter bound and exact-grid elements."""
+    from vtrain.numerics import native
+    from vtrain.numerics import rounding as R
+
+    if not native.available():
+        pytest.skip("native numerics kernels not built (make native)")
+    v, d, _, entries = _case(seed)
+    v[~torch.isfinite(v.float())] = 1.0  # the values round to finite FP32 numbers (checked replay: eager check)
+    v[v == 0] = 0.0  # the fallback hands the resolver an entry's value at v = -0 with its sign (native: +0)
+    tight_calls: list[int] = []
+
+    def tight(index: np.ndarray) -> np.ndarray:  # another valid bound: half of d at every third element
+        tight_calls.append(len(index))
+        dn = d.numpy()[index]
+        return np.where(index % 3 == 0, dn * 0.5, dn * 2.0)
+
+    def exact(index: np.ndarray) -> np.ndarray:
+        return index % 5 == 0
+
+    got = []
+    for on in (True, False):
+        if not on:
+            monkeypatch.setattr(R.NF, "usable", lambda t: False)
+        calls: list = []
+
+        def resolver(keys, proposed, codes, flagged, calls=calls):
+            calls.append((keys.copy(), proposed.view(np.uint32).copy(), codes.copy(), flagged.copy()))
+            out = proposed.copy()
+            out[::7] = np.float32(-0.0)  # resolved values are written, zeros made canonical
+            return out
+
+        viol: list = []
+        out = R.apply_log(v, d, entries, "t", resolver, viol, exact=exact, tight=tight if with_tight else None)
+        plain: list = []
+        out2 = R.apply_log(v, d, OpLog.empty(), "t", violations=plain, tight=tight if with_tight else None)
+        got.append((out.numpy().view(np.uint32).copy(), [(x.index, x.code, x.detail) for x in viol], calls,
+                    out2.numpy().view(np.uint32).copy(), [(x.index, x.code, x.detail) for x in plain]))
+    (o1, v1, c1, p1, q1), (o2, v2, c2, p2, q2) = got
+    assert np.array_equal(o1, o2) and np.array_equal(p1, p2)
+    assert v1 == v2 and q1 == q2
+    kinds = {x[2] for x in v1}
+    assert kinds == {"entry far from the replayed value", "unlogged element near a midpoint"}
+    assert len(c1) == len(c2) == 1
+    for a, b in zip(c1[0], c2[0], strict=True):
+        assert np.array_equal(a, b)
+    assert not with_tight or tight_calls
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("checking", [False, True])
+@pytest.mark.parametrize("exact_op", [False, True])
+def test_the_c_entries_are_the_numpy_entries(seed: int, checking: bool, exact_op: bool) -> None:
+    """``vt_replay_apply_entries`` (``native_replay.apply_entries``) gives ``_apply_entries_np``'s values
+    and far/wild positions bit for bit on the adversarial cases (midpoints, a hair inside, zeros of both
+    signs, subnormals, the top of the range, explicit values one step off)."""
+    from vtrain.numerics import native, native_replay
+    from vtrain.numerics.rounding import FAR_REACH, _entry_bounds
+
+    if not native.available():
+        pytest.skip("native numerics kernels not built (make native)")
+    v, d, r, entries = _case(seed)
+    dd = None if exact_op else d
+    want_a, want_bad = _apply_entries_np(v.numpy(), r.numpy(), dd, entries, checking, exact_op)
+    di = _entry_bounds(dd, entries, len(entries)) if checking else None
+    got = native_replay.apply_entries(v.numpy(), r.numpy(), entries.index, entries.code, entries.value, di,
+                                      FAR_REACH, exact_op)
+    assert got is not None
+    assert np.array_equal(got[0].view(np.uint32), want_a.view(np.uint32))
+    assert np.array_equal(got[1], want_bad)
+    if checking:
+        assert len(want_bad) > 0
+    with pytest.raises(IndexError, match="entry indices"):  # the kernel never reads outside v
+        native_replay.apply_entries(v.numpy(), r.numpy(), entries.index + len(v), entries.code, entries.value, di,
+                                    FAR_REACH, exact_op)

@@ -440,3 +440,114 @@ def test_sum_ops_of_the_canonical_trainer_match_the_fp64_path() -> None:
         assert len(ref[1]) > 0
         for field in ("index", "code", "value"):
             assert np.array_equal(getattr(got[1], field), getattr(ref[1], field))
+
+
+@pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN])
+def test_sum_values_are_their_numpy_reference(kind: OpKind) -> None:
+    """``vt_sum_values_filter`` (the checked replay's SUM/MEAN ``v``, ``d`` and filter in one pass) gives
+    ``canonical.sum_values_np``'s bits and ``midpoint_candidates_np``'s candidates of them at the widths
+    where the pairwise blocking changes, on wide-range values, cancellation, near-ties and a NaN/Inf;
+    and its ``r`` is ``vt_sum_round_filter``'s."""
+    from vtrain.numerics.canonical import sum_bound_factor, sum_values_np
+
+    rng = np.random.default_rng(10 + int(kind))
+    for n in (1, 3, 7, 8, 9, 16, 127, 128, 129, 136, 257, 1000):
+        x = (rng.standard_normal((41, n)) * np.ldexp(1.0, rng.integers(-140, 120, (41, 1)))).astype(F32)
+        x[0] = 0.0
+        x[2] = np.where(np.arange(n) % 2 == 0, F32(3e38), F32(-3e38))
+        if n > 3:
+            x[3, 1], x[4, 2] = np.inf, np.nan
+        if n >= 3:  # near a midpoint: candidates
+            x[5], x[6] = 0.0, 0.0
+            x[5, :2] = x[6, :2] = (1.0, 2.0**-24)
+            x[6, 2] = 2.0**-52  # within 2 d of the midpoint (d >= 1.01 g(3))
+        ref_v, ref_d = sum_values_np(x, kind)
+        for scale in SCALES:
+            got = NF.sum_values_filter(torch.from_numpy(x.reshape(41, 1, n)), kind == OpKind.MEAN,
+                                       sum_bound_factor(kind, n), scale)
+            assert got is not None
+            v, d, r, cand, finite = got
+            assert v.shape == d.shape == r.shape == (41, 1, 1)
+            assert np.array_equal(v.numpy().reshape(-1).view(np.uint64), ref_v.view(np.uint64))
+            assert np.array_equal(d.numpy().reshape(-1).view(np.uint64), ref_d.view(np.uint64))
+            with np.errstate(over="ignore", invalid="ignore"):
+                ref_r = ref_v.astype(F32) + F32(0.0)
+            assert np.array_equal(r.numpy().reshape(-1).view(np.uint32), ref_r.view(np.uint32))
+            assert np.array_equal(cand, midpoint_candidates_np(ref_v, ref_r, ref_d * scale))
+            assert finite == bool(np.isfinite(ref_r).all())
+            if n >= 3 and kind == OpKind.SUM:
+                assert {5, 6} <= set(cand.tolist())
+        r2, _, _ = NF.sum_round_filter(torch.from_numpy(x), kind == OpKind.MEAN, sum_bound_factor(kind, n), _BAND)
+        assert np.array_equal(ref_r.view(np.uint32), r2.numpy().reshape(-1).view(np.uint32))
+
+
+def _tampered_sum_logs(log: OpLog, n_out: int, rng: np.random.Generator) -> list[OpLog]:
+    """The honest log of a SUM op and ways to abuse it: each entry's code flipped, explicit values moved
+    one FP32 step, entries dropped, and directed/explicit entries added on elements far from a tie."""
+    logs = [log, OpLog.empty()]
+    flip = log.code.copy()
+    flip[flip == 1], flip[flip == 2] = 9, 1
+    flip[flip == 9] = 2
+    logs.append(OpLog(log.index, flip, log.value))
+    moved = np.where(log.code == 3, np.nextafter(log.value, F32(np.inf)), log.value).astype(F32)
+    logs.append(OpLog(log.index, log.code, moved))
+    logs.append(OpLog(log.index[::2], log.code[::2], log.value[::2]))
+    extra = np.setdiff1d(np.union1d(rng.choice(n_out, 40, replace=False), np.arange(60, 70)), log.index)
+    for code in (1, 2, 3):
+        idx = np.union1d(log.index, extra)
+        codes = np.full(len(idx), code, np.uint8)
+        vals = np.where(codes == 3, F32(0.5), F32(0.0)).astype(F32)
+        pos = np.searchsorted(idx, log.index)
+        codes[pos], vals[pos] = log.code, log.value
+        logs.append(OpLog(idx.astype(np.int64), codes, vals))
+    return logs
+
+
+@pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN])
+def test_the_checked_replay_of_a_sum_from_the_kernel_is_the_torch_paths(kind: OpKind) -> None:
+    """A SUM/MEAN op's checked replay from ``replay_sum_values`` (one native pass) and from
+    ``_compute_fp64`` (torch's FP64 sums, FP32 ``sum|x|``): the same output bits, the same violations
+    and the same calls to the resolver, on the honest log (near-ties, exact-grid rows) and on tampered ones."""
+    from functools import partial
+
+    from vtrain.graph.step_graph import OpNode
+    from vtrain.numerics.canonical import grid_elements, replay_sum_values, round_canonical_sum, sum_values_np
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((300, 64)).astype(F32)
+    x[:100, 1:] *= F32(2.0**-30)
+    x[:50] = 0.0  # next to a midpoint, off the exact grid: entries
+    x[:50, :3] = (1.0, 2.0**-24, 2.0**-80)
+    x[:50, 3] = np.arange(50) * F32(2.0**-81)
+    x[50:60] = 0.0  # an exact midpoint on the exact grid: no entry, and not a suspect
+    x[50:60, :2] = (1.0, 2.0**-24)
+    w = 64.0 if kind == OpKind.MEAN else 1.0  # 1 + 2^-24 + 1.5 d and + 3 d: within 2 d and 4 d of the midpoint
+    x[60:70] = 0.0
+    x[60:70, :2] = (w, w * 2.0**-24)
+    x[60:70, 2] = w * sum_values_np(x[60:61], kind)[1][0] * np.repeat([1.5, 3.0], 5)
+    ins = [torch.from_numpy(x)]
+    op = OpNode(1, kind, (0,), (300, 1))
+    honest = round_canonical_sum(None, op, ins, "op")  # type: ignore[arg-type]
+    assert honest is not None and len(honest[1]) > 0
+    got = replay_sum_values(op, ins)
+    assert got is not None
+    v_ref, d_ref = E._compute_fp64(op, ins, "tight", lazy=True)
+    for log in _tampered_sum_logs(honest[1], 300, rng):
+        seen = []
+        for v, d, filtered in (got, (v_ref, d_ref, None)):
+            calls: list[tuple[np.ndarray, ...]] = []
+
+            def resolver(keys, proposed, codes, flagged, calls=calls):
+                calls.append((keys.copy(), proposed.view(np.uint32).copy(), codes.copy(), flagged.copy()))
+                return proposed
+
+            viol: list = []
+            out = apply_log(v, d, log, "op", resolver, viol, exact=partial(grid_elements, op, ins), filtered=filtered)
+            seen.append((out.view(torch.int32).numpy().copy(), [(x.index, x.code, x.detail) for x in viol], calls))
+        (o1, v1, c1), (o2, v2, c2) = seen
+        assert np.array_equal(o1, o2)
+        assert v1 == v2
+        assert len(c1) == len(c2)
+        for a, b in zip(c1, c2, strict=True):
+            assert all(np.array_equal(p, q) for p, q in zip(a, b, strict=True))
+    assert v1  # the last log (explicit entries far from a tie) is caught

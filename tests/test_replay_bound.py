@@ -121,7 +121,7 @@ def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing(mon
                                if job.graph.ops[op_id].kind == OpKind.MATMUL)
         state = res.state
     assert explicit_matmul > 0
-    assert norm_min is None or len(calls) > 100  # the tight bound read at candidates and entries
+    assert norm_min is None or len(calls) > 50  # the tight bound read at candidates and entries (one call each op)
 
 
 def test_a_wider_gpt_replays_on_the_norm_bound_with_no_violation_and_a_tampered_entry_is_overruled(monkeypatch) -> None:

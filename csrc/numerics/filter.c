@@ -382,3 +382,28 @@ VT_EXPORT int64_t vt_sum_round_filter(const float *x, int64_t rows, int64_t n, i
     *nonfinite = vt_any_nonfinite(r, idx, k);
     return k;
 }
+
+/* The FP64 values and bounds of SUM/MEAN rows of an FP32 x [rows, n] for the checked replay, with its
+ * filter, in one pass over x: per row, v and s as in vt_sum_round_filter (numpy's pairwise sums from 0.0),
+ *     v[i] = sum x (MEAN: / n),  d[i] = ((s + 0.0) + 0.0) * factor,
+ * the bits of canonical.sum_values_np, then r = RN32(v) and the candidate test of vt_round_cand at
+ * reach d[i] * scale (vt_round_filter_dense's operations on v and d). The replay's rounding-log checks
+ * read v and d at their candidates and entries: the [rows, n] FP64 copy never exists. Returns the
+ * candidate count. */
+VT_EXPORT int64_t vt_sum_values_filter(const float *x, int64_t rows, int64_t n, int32_t mean, double factor,
+                                       double scale, double *v, double *d, float *r, int64_t *idx,
+                                       uint32_t *nonfinite) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        double vi, s;
+        vt_pw_sum2(x + i * n, n, &vi, &s);
+        vi = 0.0 + vi;
+        if (mean) vi = vi / (double)n;
+        v[i] = vi;
+        d[i] = ((0.0 + s) + 0.0) * factor;
+        idx[k] = i;
+        k += vt_round_cand(vi, d[i] * scale, &r[i]);
+    }
+    *nonfinite = vt_any_nonfinite(r, idx, k);
+    return k;
+}

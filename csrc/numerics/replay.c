@@ -52,3 +52,49 @@ VT_EXPORT int vt_replay_matmul_abs_sums(const float *a, const float *b, const fl
     free(t);
     return 0;
 }
+
+/* The values the rounding-log entries give and, with bounds `di` (NULL: not checking), which entries
+ * are far from the replayed value: rounding._apply_entries_np entry by entry, the same IEEE operations
+ * in the same order (nextafterf is numpy's np.nextafter on float32). Per entry i at element idx[i]
+ * (codes 1 down, 2 up, 3 explicit, checked by the caller; indices in range):
+ *     m_hi, m_lo = (r + next(r, +-inf)) / 2 in FP64,  take_hi = (m_hi - v) <= (v - m_lo),
+ *     applied = explicit ? value : down ? (take_hi ? r : prev) : (take_hi ? next : r),
+ *     far  = !explicit && (|v - (take_hi ? m_hi : m_lo)| > far_reach d || exact_op),
+ *     wild = explicit && ((v - c_hi) > d || (c_lo - v) > d), c_hi, c_lo the midpoints around value.
+ * Returns the number of entries flagged (bad[i] = far | wild), or -2 (nothing written) for an index
+ * outside [0, n). */
+VT_EXPORT int64_t vt_replay_apply_entries(const double *v, const float *r, int64_t n, int64_t c, const int64_t *idx,
+                                          const uint8_t *code, const float *value, const double *di,
+                                          double far_reach, int32_t exact_op, float *applied, uint8_t *bad) {
+    for (int64_t i = 0; i < c; i++)
+        if (idx[i] < 0 || idx[i] >= n) return -2;
+    int64_t flagged = 0;
+    for (int64_t i = 0; i < c; i++) {
+        const double vi = v[idx[i]];
+        const float ri = r[idx[i]];
+        const float hi_n = nextafterf(ri, INFINITY), lo_n = nextafterf(ri, -INFINITY);
+        const double r64 = (double)ri;
+        /* next to +-FLT_MAX the neighbour is the virtual +-2^128 (the contract's): the midpoint is
+           +-(2^128 - 2^103); a NaN stays NaN (numpy's minimum/maximum) */
+        double hi64 = (double)hi_n, lo64 = (double)lo_n;
+        if (hi64 > 0x1p128) hi64 = 0x1p128;
+        if (lo64 < -0x1p128) lo64 = -0x1p128;
+        const double m_hi = (r64 + hi64) * 0.5;
+        const double m_lo = (r64 + lo64) * 0.5;
+        const int take_hi = (m_hi - vi) <= (vi - m_lo);
+        const int explicit_ = code[i] == 3;
+        const float directed = code[i] == 1 ? (take_hi ? ri : lo_n) : (take_hi ? hi_n : ri);
+        applied[i] = explicit_ ? value[i] : directed;
+        if (!di) continue;
+        const double m = take_hi ? m_hi : m_lo;
+        const int far = !explicit_ && ((fabs(vi - m) > far_reach * di[i]) || exact_op);
+        const float cv = value[i];
+        const double c64 = (double)cv;
+        const double c_hi = (c64 + (double)nextafterf(cv, INFINITY)) * 0.5;
+        const double c_lo = (c64 + (double)nextafterf(cv, -INFINITY)) * 0.5;
+        const int wild = explicit_ && (((vi - c_hi) > di[i]) || ((c_lo - vi) > di[i]));
+        bad[i] = (uint8_t)(far | wild);
+        flagged += far | wild;
+    }
+    return flagged;
+}

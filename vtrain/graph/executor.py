@@ -32,6 +32,7 @@ from vtrain.graph.step_graph import (
 from vtrain.numerics import fp32_native, native_filter
 from vtrain.numerics.canonical import (
     grid_elements,
+    replay_sum_values,
     round_canonical,
     round_canonical_sum,
     sum_bound_factor,
@@ -609,6 +610,14 @@ class StepExecutor:
                 stats.ambiguous_resolved += slow
                 self._log_entries(op, entries, out_log, stats)
                 return out
+        checked_sum = bound_kind == "tight" and log_in is not None and k in (OpKind.SUM, OpKind.MEAN)
+        if checked_sum and self.mode == Mode.CERTIFIED:
+            # checked replay: v, d and the filter in one native pass (the trainer's sums)
+            got = replay_sum_values(op, ins)
+            if got is not None:
+                stats.values += got[0].numel()
+                return self._replay_op(op, ins, got[0], got[1], log_in, resolver_factory, check, violations, sums,
+                                       bound_kind, filtered=got[2])
         v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
         stats.values += v.numel()
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
@@ -636,6 +645,16 @@ class StepExecutor:
                 out, entries = round_output(v, bound, what, directed_floor=floor, check_finite=True if eager else sums)
             self._log_entries(op, entries, out_log, stats)
             return out
+        return self._replay_op(op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind)
+
+    def _replay_op(
+        self, op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind, filtered=None
+    ) -> torch.Tensor:
+        """The certified replay of one rounding op from its FP64 ``v`` and bound (None: exact op);
+        ``filtered``: the native filter's pass where the caller made it (``rounding.apply_log``)."""
+        k = op.kind
+        what = f"{op.kind.name} op {op.id}"
+        eager = sums is None
         entries = log_in.entries(op.id)
         viol: list[LogViolation] | None = [] if check else None
         resolver = None
@@ -646,7 +665,8 @@ class StepExecutor:
             exact = partial(grid_elements, op, ins)  # exact-grid sums: no entry, and none is due
             if bound_kind == "norm":  # d filters; the checks read min(d, d') at candidates and entries
                 tight = partial(tight_bound_at, op, ins)
-        out = apply_log(v, bound, entries, what, resolver, viol, check_finite=eager, exact=exact, tight=tight)
+        out = apply_log(v, bound, entries, what, resolver, viol, check_finite=eager, exact=exact, tight=tight,
+                        filtered=filtered)
         if not eager:
             sums.extend(finite_probe(out))
         if viol:

@@ -48,6 +48,7 @@ from vtrain.numerics import native_filter as NF
 from vtrain.numerics import native_replay, native_rows
 from vtrain.numerics.rounding import (
     _SMALL,
+    REPLAY_SCALE,
     TRAINER_BOUND_SLACK,
     Code,
     OpLog,
@@ -243,6 +244,37 @@ def sum_round_filter_np(x: np.ndarray, kind: OpKind) -> tuple[np.ndarray, np.nda
     with np.errstate(over="ignore", invalid="ignore"):
         rf = v.astype(np.float32) + np.float32(0.0)
     return rf, midpoint_candidates_np(v, rf, reach)
+
+
+def sum_values_np(x: np.ndarray, kind: OpKind) -> tuple[np.ndarray, np.ndarray]:
+    """The numpy reference of ``native_filter.sum_values_filter``'s ``v`` and ``d`` (``x`` FP32): flat
+    FP64 arrays, the same pairwise sums as :func:`sum_round_filter_np`."""
+    n = x.shape[-1]
+    x64 = np.ascontiguousarray(x, dtype=np.float64).reshape(-1, n)
+    v = x64.sum(axis=1)
+    if kind == OpKind.MEAN:
+        v = v / n
+    return v, (np.abs(x64).sum(axis=1) + 0.0) * sum_bound_factor(kind, n)
+
+
+ReplayFiltered = tuple[torch.Tensor, np.ndarray, bool]
+"""``(r, candidates, finite)`` of the native filter (``native_filter.round_filter``'s result)."""
+
+
+def replay_sum_values(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, ReplayFiltered] | None:
+    """The checked replay's FP64 ``v``, dense ``d`` and filter (reach ``d * REPLAY_SCALE``, what
+    ``rounding.apply_log`` takes as ``filtered``) of a SUM/MEAN op from its FP32
+    input in one native pass (``native_filter.sum_values_filter``: the canonical trainer's sums and
+    bound, one value per output element); None where the kernel does not apply (the caller computes
+    them with torch)."""
+    x = ins[0]
+    if x.dim() == 0:
+        return None
+    got = NF.sum_values_filter(x, op.kind == OpKind.MEAN, sum_bound_factor(op.kind, x.shape[-1]), REPLAY_SCALE)
+    if got is None:
+        return None
+    v, d, r, cand, finite = got
+    return v.reshape(op.shape), d.reshape(op.shape), (r.reshape(op.shape), cand, finite)
 
 
 def _round_canonical_at(

@@ -116,6 +116,7 @@ _SIGNATURES = {
     "vt_row_norms": (ctypes.c_int, [_P, _I, _I, _P]),
     "vt_row_norms32": (None, [_P, _I, _I, _P]),
     "vt_sum_round_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P]),
+    "vt_sum_values_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P, _P, _P]),
 }
 
 
@@ -186,6 +187,33 @@ def sum_round_filter(
     if k < 0:
         raise MemoryError("native filter: a SUM row could not be allocated")
     return r, idx[:k].copy(), not flag.value
+
+
+def sum_values_filter(
+    x: torch.Tensor, mean: bool, factor: float, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, bool] | None:
+    """SUM (MEAN: ``mean``) over the last axis of an FP32 CPU ``x``, its bound and the filter in one pass,
+    for the checked replay: ``(v, d, r, candidates, finite)``, ``v`` the rows' FP64 sums (``/ n`` for
+    MEAN) and ``d = (sum|x| + 0) * factor`` (FP64, shape ``[..., 1]``), the sums numpy's pairwise ones
+    as :func:`sum_round_filter` computes them (reference: ``canonical.sum_values_np``), and
+    :func:`round_filter`'s ``(r, candidates, finite)`` of ``v`` and dense ``d`` at ``scale``. None where
+    the kernel does not apply (not loaded, another device or dtype, an empty row)."""
+    if not native.available() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() == 0:
+        return None
+    n = x.shape[-1]
+    if n == 0:
+        return None
+    xc = x if x.is_contiguous() else x.contiguous()
+    rows = xc.numel() // n
+    shape = (*x.shape[:-1], 1)
+    v = torch.empty(shape, dtype=torch.float64)
+    d = torch.empty(shape, dtype=torch.float64)
+    r = torch.empty(shape, dtype=torch.float32)
+    idx = np.empty(max(rows, 1), dtype=np.int64)
+    flag = ctypes.c_uint32(0)
+    k = _fn("vt_sum_values_filter")(xc.data_ptr(), rows, n, int(mean), factor, scale, v.data_ptr(), d.data_ptr(),
+                                    r.data_ptr(), idx.ctypes.data, ctypes.addressof(flag))
+    return v, d, r, idx[:k].copy(), not flag.value
 
 
 def round_fp32(v: torch.Tensor) -> tuple[torch.Tensor, bool]:

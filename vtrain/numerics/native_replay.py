@@ -1,4 +1,5 @@
-"""The replay's tight MATMUL bound at a few elements in C (``csrc/numerics/replay.c``).
+"""The replay's work at a few elements in C (``csrc/numerics/replay.c``): the tight MATMUL bound and
+the application of rounding-log entries.
 
 :func:`matmul_abs_sums` gives ``fl(S) = np.abs(t).sum(axis=1)`` of the exact FP64 terms of MATMUL elements
 (``canonical._terms``): the same operations in the same order, so the same bits (tested), without
@@ -28,6 +29,46 @@ def _bind():
 
 
 _FN = _bind()
+
+
+def _bind_entries():
+    lib = native.lib()
+    if lib is None or not hasattr(lib, "vt_replay_apply_entries"):
+        return None
+    f = lib.vt_replay_apply_entries
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    f.argtypes = [p, p, i64, i64, p, p, p, p, ctypes.c_double, ctypes.c_int32, p, p]
+    f.restype = i64
+    return f
+
+
+_ENTRIES = _bind_entries()
+
+
+def apply_entries(
+    vf: np.ndarray, rf: np.ndarray, index: np.ndarray, code: np.ndarray, value: np.ndarray,
+    di: np.ndarray | None, far_reach: float, exact_op: bool,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``rounding._apply_entries_np`` in C: ``(applied, positions of entries far from the replayed
+    value)`` for flat FP64 ``vf`` and FP32 ``rf`` and the entries (codes 1-3: the caller checks them;
+    an index outside ``vf`` raises ``IndexError``), ``di`` the bound at the entries (None: not
+    checking). None: use numpy."""
+    if _ENTRIES is None or not native.available() or vf.dtype != np.float64 or rf.dtype != np.float32:
+        return None
+    if not (vf.flags.c_contiguous and rf.flags.c_contiguous) or len(vf) != len(rf):
+        return None
+    c = len(index)
+    idx = np.ascontiguousarray(index, dtype=np.int64)
+    cd = np.ascontiguousarray(code, dtype=np.uint8)
+    val = np.ascontiguousarray(value, dtype=np.float32)
+    d = None if di is None else np.ascontiguousarray(di, dtype=np.float64)
+    applied = np.empty(c, dtype=np.float32)
+    bad = np.zeros(c, dtype=np.uint8)
+    rc = _ENTRIES(vf.ctypes.data, rf.ctypes.data, len(vf), c, idx.ctypes.data, cd.ctypes.data, val.ctypes.data,
+                  None if d is None else d.ctypes.data, far_reach, int(exact_op), applied.ctypes.data, bad.ctypes.data)
+    if rc == -2:
+        raise IndexError(f"native replay: expected entry indices in [0, {len(vf)}), got one outside")
+    return applied, (np.flatnonzero(bad) if d is not None else np.zeros(0, dtype=np.int64))
 
 
 def matmul_abs_sums(ins: list[torch.Tensor], index: np.ndarray) -> np.ndarray | None:

@@ -18,6 +18,7 @@ import torch
 
 from vtrain.errors import NonFiniteValue, VtrainError
 from vtrain.numerics import native_filter as NF
+from vtrain.numerics import native_replay
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,10 @@ TRAINER_BOUND_SLACK = 1.01
 
 _CMP_SLACK = 1.0 + 2.0**-40
 """Slack on FP64 comparisons so every decision stays on the safe side of the proof."""
+
+REPLAY_SCALE = 2.0 * _CMP_SLACK
+"""The checked replay's filter reach is ``d * REPLAY_SCALE``: the bits of the near-tie test's
+``2 d (1 + 2^-40)`` (the doubling is exact)."""
 
 
 class Mode(str, enum.Enum):
@@ -412,6 +417,7 @@ def apply_log(
     check_finite: bool = True,
     exact: Callable[[np.ndarray], np.ndarray] | None = None,
     tight: Callable[[np.ndarray], np.ndarray] | None = None,
+    filtered: tuple[torch.Tensor, np.ndarray, bool] | None = None,
 ) -> torch.Tensor:
     """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to an honest trainer.
 
@@ -429,17 +435,17 @@ def apply_log(
     ``check_finite=False`` leaves the NaN/Inf check to the caller. Works on any device (the entries
     are moved to ``v``'s). ``d`` may be lazy (``native_filter.Bound``); where the native filter takes
     ``v``, rounding, canonical zeros, the finiteness check and (checking) the near-tie filter are
-    one pass.
+    one pass; ``filtered`` (checking there) is that pass's ``(r, candidates, finite)`` at reach
+    ``d * REPLAY_SCALE`` where the caller has it already (SUM/MEAN: with ``v`` and ``d``).
     """
     exact_op = d is None
     checking = violations is not None or resolver is not None
     native = NF.usable(v)
-    cand = None
+    if native and checking and not exact_op:
+        return _apply_log_checked(v, d, entries, what, resolver, violations, check_finite, exact, tight,  # type: ignore[arg-type]
+                                  filtered)
     if native:  # r already canonical: only the positions written below are canonicalised
-        if checking and not exact_op:
-            r, cand, finite = NF.round_filter(v, d, 2.0 * _CMP_SLACK)  # unlogged_near_ties' reach
-        else:
-            r, finite = NF.round_fp32(v)
+        r, finite = NF.round_fp32(v)
         overflow = _replay_overflows(v, r, entries, resolver is not None, what) if check_finite and not finite else None
     else:
         d = NF.dense(d) if checking and d is not None else d  # a lazy d is read at entries only otherwise
@@ -459,10 +465,7 @@ def apply_log(
         return r if native else canonical(r)
     near = None
     if checking and not exact_op:  # before the entries are applied: the filter reads RN32(v)
-        if native:
-            near = _unlogged_near_ties_at(vf, d, r.reshape(-1), entries, cand, tight)  # type: ignore[arg-type]
-        else:
-            near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries, tight)  # type: ignore[union-attr]
+        near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries, tight)  # type: ignore[union-attr]
     out = r.reshape(-1) if native else r.reshape(-1).clone()
     if len(entries):
         n = out.numel()
@@ -471,7 +474,7 @@ def apply_log(
         if bool(((entries.code < 1) | (entries.code > 3)).any()):
             raise VtrainError(f"{what}: invalid rounding-log code")
         if dev.type == "cpu":  # few entries: numpy, no torch cost per call (the same IEEE operations)
-            applied, bad = _apply_entries_np(vf.numpy(), out.numpy(), d, entries, checking, exact_op, tight)
+            applied, bad = _apply_entries_cpu(vf.numpy(), out.numpy(), d, entries, checking, exact_op, tight)
             out.numpy()[entries.index] = applied + np.float32(0.0) if native else applied
         else:
             applied, bad = _apply_entries_torch(vf, out, d, entries, checking, exact_op, tight)
@@ -536,6 +539,83 @@ _TWO128 = 2.0**128
 next to +-FLT_MAX are +-(2^128 - 2^103), where RN32 overflows."""
 
 
+def _apply_log_checked(
+    v: torch.Tensor,
+    d: NF.Bound,
+    entries: OpLog,
+    what: str,
+    resolver: AmbiguityResolver | None,
+    violations: list[LogViolation] | None,
+    check_finite: bool,
+    exact: Callable[[np.ndarray], np.ndarray] | None,
+    tight: Callable[[np.ndarray], np.ndarray] | None,
+    filtered: tuple[torch.Tensor, np.ndarray, bool] | None = None,
+) -> torch.Tensor:
+    """:func:`apply_log` checking a logging op's ``v`` where the native filter takes it: the same
+    outputs, violations and resolver calls, with ``d`` (and ``tight``) read once, at the candidates
+    and the entries together, and numpy on those few points only (no per-element array beyond the
+    filter's pass, or none: ``filtered``)."""
+    r, cand, finite = NF.round_filter(v, d, REPLAY_SCALE) if filtered is None else filtered
+    overflow = _replay_overflows(v, r, entries, resolver is not None, what) if check_finite and not finite else None
+    n_e = len(entries)
+    if not len(cand) and not n_e and overflow is None:
+        return r  # no entry, no element within 2d of a midpoint: nothing to check or resolve
+    out = r.reshape(-1)
+    vn, rn = v.reshape(-1).numpy(), out.numpy()
+    suspect: dict[int, tuple[int, str]] = {}
+    if overflow is not None:  # the entries and the resolver read FLT_MAX there (its virtual neighbour 2^128)
+        rn[overflow] = np.copysign(np.float32(_FLT_MAX), vn[overflow]).astype(np.float32)
+        for k in overflow[~np.isin(overflow, entries.index)].tolist():
+            suspect[int(k)] = (0, "replayed value overflows FP32")
+    if n_e:
+        n = out.numel()
+        if int(entries.index.max()) >= n or int(entries.index.min()) < 0:
+            raise VtrainError(f"{what}: log index out of range for {n} elements")
+        if bool(((entries.code < 1) | (entries.code > 3)).any()):
+            raise VtrainError(f"{what}: invalid rounding-log code")
+        if len(cand):  # an entry is never an unlogged near-tie (both sorted: a binary search each)
+            cand = cand[~_in_sorted(cand, entries.index)]
+    n_c = len(cand)
+    # d (and the tight bound: elementwise, so one call on both sets gives each its bits) at the points
+    at = cand if not n_e else entries.index if not n_c else np.concatenate([cand, entries.index])
+    d_at = _bound_at(d, at, tight)
+    near = cand[_near_midpoint_np(vn[cand], rn[cand], 2.0 * d_at[:n_c] * _CMP_SLACK)] if n_c else cand
+    applied = None
+    if n_e:  # after the near-tie test: it reads RN32(v)
+        applied, bad = _apply_entries_cpu(vn, rn, d, entries, True, False, di=d_at[n_c:])
+        rn[entries.index] = applied + np.float32(0.0)
+        for k in bad.tolist():
+            suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
+    if exact is not None and len(near):
+        near = near[~np.asarray(exact(near), dtype=bool)]
+    for k in near.tolist():
+        suspect[int(k)] = (0, "unlogged element near a midpoint")
+    flagged_keys = np.array(sorted(suspect), dtype=np.int64)
+    if violations is not None:
+        violations.extend(LogViolation(int(k), suspect[int(k)][0], suspect[int(k)][1]) for k in flagged_keys)
+    if resolver is not None and (suspect or n_e):
+        # every applied entry goes to the resolver too: its value must be RN32(e) (the contract's rule)
+        if not n_e:
+            keys = flagged_keys
+        elif not suspect and (n_e == 1 or bool((entries.index[1:] > entries.index[:-1]).all())):
+            keys = entries.index.astype(np.int64)  # np.union1d's result: sorted, unique already
+        else:
+            keys = np.union1d(flagged_keys, entries.index.astype(np.int64))
+        codes_np = np.zeros(len(keys), dtype=np.uint8)
+        with np.errstate(over="ignore"):
+            proposed = vn[keys].astype(np.float32)  # RN32(v), zeros as they are (torch's .to's bits)
+        if n_e:
+            pos = np.searchsorted(keys, entries.index)
+            codes_np[pos] = entries.code
+            proposed[pos] = applied
+        flagged = _in_sorted(keys, flagged_keys)
+        res = resolver(keys, proposed, codes_np, flagged).astype(np.float32)
+        rn[keys] = res + np.float32(0.0)
+    if overflow is not None:  # the entries (or the resolver) settled the FP32 overflows of v, or this raises
+        _check_finite(out, what)
+    return r
+
+
 FAR_REACH = 4.0
 """A directed entry is suspect when the replayed ``v'`` is farther than ``FAR_REACH * d`` from the
 midpoint it names: an honest canonical one is within ``2 Dc + d <= 4 d`` (docs/numerics.md)."""
@@ -543,7 +623,9 @@ midpoint it names: an honest canonical one is within ``2 Dc + d <= 4 d`` (docs/n
 
 def _bound_at(d: NF.Bound, index: np.ndarray, tight: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
     """``d`` at flat indices (FP64), ``min(d, tight)`` with a tighter bound."""
-    if isinstance(d, torch.Tensor):
+    if isinstance(d, torch.Tensor) and d.device.type == "cpu":
+        got = d.detach().reshape(-1).numpy()[index]  # a gather: torch's indexing's values, without its cost per call
+    elif isinstance(d, torch.Tensor):
         got = d.reshape(-1)[torch.from_numpy(index).to(d.device)].cpu().numpy()
     else:
         got = np.asarray(NF.bound_at(d, index), dtype=np.float64)
@@ -558,13 +640,29 @@ def _entry_bounds(
     return _bound_at(d, entries.index, tight)
 
 
+def _apply_entries_cpu(
+    vf: np.ndarray, rf: np.ndarray, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool,
+    tight: Callable[[np.ndarray], np.ndarray] | None = None, di: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_apply_entries_np` in C where the kernel is loaded (``native_replay.apply_entries``, the
+    same bits: tested), numpy otherwise."""
+    if checking and di is None:
+        di = _entry_bounds(d, entries, len(entries), tight)
+    got = native_replay.apply_entries(vf, rf, entries.index, entries.code, entries.value,
+                                      di if checking else None, FAR_REACH, exact_op)
+    if got is not None:
+        return got
+    return _apply_entries_np(vf, rf, d, entries, checking, exact_op, tight, di=di)
+
+
 def _apply_entries_np(
     vf: np.ndarray, rf: np.ndarray, d: NF.Bound | None, entries: OpLog, checking: bool, exact_op: bool,
-    tight: Callable[[np.ndarray], np.ndarray] | None = None,
+    tight: Callable[[np.ndarray], np.ndarray] | None = None, di: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The values the entries give (FP32, zeros as computed) and, when ``checking``, the positions of
     entries far from the replayed value: :func:`_apply_entries_torch` in numpy on the CPU (the same
-    IEEE operations, so the same bits; tested against it)."""
+    IEEE operations, so the same bits; tested against it). ``di``: the bound at the entries when the
+    caller has read it already (``min(d, tight)``)."""
     idx = entries.index
     vi, ri = vf[idx], rf[idx]
     with np.errstate(over="ignore", invalid="ignore"):
@@ -578,7 +676,7 @@ def _apply_entries_np(
         applied = np.where(is_explicit, entries.value.astype(np.float32), directed).astype(np.float32)
         if not checking:
             return applied, np.zeros(0, dtype=np.int64)
-        di = _entry_bounds(d, entries, len(idx), tight)
+        di = _entry_bounds(d, entries, len(idx), tight) if di is None else di
         m = np.where(take_hi, m_hi, m_lo)
         far = ~is_explicit & ((np.abs(vi - m) > FAR_REACH * di) | exact_op)
         c = entries.value.astype(np.float32)  # wild: v' farther than d from every real rounding to c
@@ -644,20 +742,6 @@ def unlogged_near_ties(
     near = _near_midpoint(vf[cand], rf[cand], reach_c)
     hits = cand[near].cpu().numpy().astype(np.int64)
     return hits[~np.isin(hits, entries.index)] if len(entries) else hits
-
-
-def _unlogged_near_ties_at(
-    vf: torch.Tensor, d: NF.Bound, rf: torch.Tensor, entries: OpLog, cand: np.ndarray,
-    tight: Callable[[np.ndarray], np.ndarray] | None = None,
-) -> np.ndarray:
-    """:func:`unlogged_near_ties` given the native filter's candidates ``cand`` (reach
-    ``d * 2 (1 + 2^-40)``, the same bits as ``2 d (1 + 2^-40)``): the reference test on those only."""
-    if not len(cand):
-        return np.zeros(0, np.int64)
-    if len(entries):  # an entry is never an unlogged near-tie (both sorted: a binary search each)
-        cand = cand[~_in_sorted(cand, entries.index)]
-    near = _near_midpoint_np(vf.numpy()[cand], rf.numpy()[cand], 2.0 * _bound_at(d, cand, tight) * _CMP_SLACK)
-    return cand[near]
 
 
 def _in_sorted(x: np.ndarray, keys: np.ndarray) -> np.ndarray:
