@@ -142,3 +142,26 @@ def test_the_c_entries_are_the_numpy_entries(seed: int, checking: bool, exact_op
     with pytest.raises(IndexError, match="entry indices"):  # the kernel never reads outside v
         native_replay.apply_entries(v.numpy(), r.numpy(), entries.index + len(v), entries.code, entries.value, di,
                                     FAR_REACH, exact_op)
+
+
+def test_the_c_entries_read_flt_maxs_virtual_neighbour_as_numpy_does() -> None:
+    """Next to +-FLT_MAX the neighbour is the contract's virtual +-2^128 (the midpoint +-(2^128 - 2^103)):
+    the C kernel takes the same side and flags the same entries as ``_apply_entries_np`` there."""
+    from vtrain.numerics import native, native_replay
+    from vtrain.numerics.rounding import FAR_REACH, _entry_bounds
+
+    if not native.available():
+        pytest.skip("native numerics kernels not built (make native)")
+    top = float(np.finfo(np.float32).max)
+    mid = 2.0**128 - 2.0**103
+    r = np.array([top, -top, top, -top, top, -top], dtype=np.float32)
+    v = np.array([mid, -mid, mid - 2.0**80, -mid + 2.0**80, top, -top], dtype=np.float64)
+    d = np.full(6, 2.0**78)
+    entries = OpLog(np.arange(6, dtype=np.int64), np.array([1, 2, 1, 2, 1, 2], dtype=np.uint8), np.zeros(6, np.float32))
+    for checking in (False, True):
+        want_a, want_bad = _apply_entries_np(v, r, torch.from_numpy(d), entries, checking, False)
+        di = _entry_bounds(torch.from_numpy(d), entries, 6) if checking else None
+        got = native_replay.apply_entries(v, r, entries.index, entries.code, entries.value, di, FAR_REACH, False)
+        assert got is not None
+        assert np.array_equal(got[0].view(np.uint32), want_a.view(np.uint32))
+        assert np.array_equal(got[1], want_bad)
