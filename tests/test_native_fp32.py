@@ -450,3 +450,58 @@ def test_block_swap_permutes_are_torchs_copy_bit_for_bit(shape: tuple[int, ...],
             assert got is not None and got.shape == ref.shape
             assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), perm
     assert F.block_swap((2, 0, 1)) == (0, 2) and F.block_swap((0, 2, 1, 3)) is None
+
+
+def test_replays_run_the_fused_groups_with_the_trainers_bits(monkeypatch) -> None:
+    """Plain and checked replays run the fused groups too: the same states, losses and (no)
+    violations as the op-by-op loop (a trace turns fusion off). A log with an entry on a direct-FP32
+    op (only a tampered one has it) runs op by op, and that op is flagged as before."""
+    from vtrain.numerics.rounding import Code, OpLog
+
+    job = build_job(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    ex = StepExecutor(job.graph, "certified")
+    n_groups = sum(1 for p in ex._plan if p.group is not None and p.group is not E._FUSED_MEMBER)
+    calls = []
+    run_group = ex._run_group
+    monkeypatch.setattr(ex, "_run_group", lambda *a: (calls.append(1), run_group(*a))[1])
+    state = state_tensors(job.initial_state)
+    for s in (1, 2):
+        data = batch_for(job, s)
+        trained = ex.run(state, data, step=s)
+        for check in (False, True):
+            calls.clear()
+            a = ex.run(state, data, log_in=trained.log, step=s, check=check)
+            assert len(calls) == n_groups
+            b = ex.run(state, data, log_in=trained.log, step=s, check=check, keep_trace=True)
+            assert _bits(a.state) == _bits(b.state) == _bits(trained.state) and a.loss == b.loss == trained.loss
+            assert a.violations == b.violations == []
+        state = trained.state
+    # a forged entry on a fused member: that step runs unfused and the entry is reported
+    member = next(p.op for p in ex._plan if p.group is E._FUSED_MEMBER)
+    data = batch_for(job, 3)
+    trained = ex.run(state, data, step=3)
+    forged = trained.log
+    forged.sparse[member.id] = OpLog(np.array([0], dtype=np.int64), np.array([int(Code.UP)], dtype=np.uint8),
+                                     np.zeros(1, dtype=np.float32))
+    calls.clear()
+    a = ex.run(state, data, log_in=forged, step=3, check=True)
+    b = ex.run(state, data, log_in=forged, step=3, check=True, keep_trace=True)
+    assert not calls and [op for op, _ in a.violations] == [member.id] and a.violations == b.violations
+    assert _bits(a.state) == _bits(b.state)
+
+
+def test_an_eager_run_names_the_op_of_a_fused_groups_non_finite_value() -> None:
+    """The chain kernel finds the Inf: the deferred run's caller reruns eagerly, where the group runs
+    op by op and the error names op 1 as the unfused loop does (a checked replay is eager at once)."""
+    gb = GraphBuilder()
+    x = gb.input("x", (2, 3))
+    z = gb.mul(gb.mul_s(x, 2.0), x)  # op 1 overflows
+    gb.output(z, 0)
+    g = gb.build(gb.sum(gb.reshape(x, (1, 6))))
+    ex = StepExecutor(g, "certified")
+    assert any(p.group is not None and p.group is not E._FUSED_MEMBER for p in ex._plan)
+    state = [torch.tensor([[1.0, 2.0, 3e38], [4.0, 5.0, 6.0]], dtype=torch.float32)]
+    with pytest.raises(NonFiniteValue) as e:
+        ex.run(state, torch.zeros(g.data_shape), step=3)
+    assert str(e.value).startswith("step 3, op 1 (MUL_S")

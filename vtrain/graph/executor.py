@@ -193,6 +193,9 @@ class StepExecutor:
             and entry[0].id != g.loss_op and consumers[entry[0].id] and consumers[entry[0].id] <= _NON_ALIASING
         }
         groups = self._fused_groups(plan, reductions)
+        # ops on the direct FP32 path (fused or broadcast-read): a replay whose log has an entry on one
+        # takes that op's FP64 path (and flags it), so it runs them one by one, without views
+        self._native_ids = frozenset(entry[0].id for entry in plan if entry[1] in (_PLAN_EXACT, _PLAN_SQRT))
         # the fused loop runs a group at its last member: every input of a member lives until then
         at = {m: grp.members[-1] for grp in groups for m in grp.members}
         last_f = list(range(g.n_ops))
@@ -400,16 +403,19 @@ class StepExecutor:
             {} if parts and resolver_factory is None and not check else None
         )
         # An EXPAND read only by native FP32 kernels is passed on as a broadcast view, except where a
-        # caller sees the values (trace, hook) or a replay may take its consumers' FP64 path.
-        views = trace is None and op_hook is None and collective is None and log_in is None
-        # The fused loop (the trainer's plain steps): chains of FP32-exact ops run as one native pass
-        # each (:meth:`_fused_groups`); a NaN/Inf there makes the caller rerun eagerly, op by op.
-        fused = views and sums is not None
+        # caller sees the values (trace, hook) or a replay takes one of its consumers' FP64 path (an
+        # entry on a direct-FP32 op: only a tampered log has one).
+        direct = log_in is None or not any(i in self._native_ids for i in logged)
+        views = trace is None and op_hook is None and collective is None and direct
+        # The fused loop (steps and replays, plain and checked): chains of FP32-exact ops run as one
+        # native pass each (:meth:`_fused_groups`); a NaN/Inf there makes a deferred run's caller rerun
+        # eagerly, and an eager run reruns that group op by op, which names the op.
+        fused = views
         for op, cls, inputs, frees, slot, nat, recycle, group, ffrees, frecycle in self._plan:
             if fused and group is not None:
                 if group is _FUSED_MEMBER:
                     continue
-                self._run_group(group, vals, stats, sums, pool)
+                self._run_group(group, vals, stats, sums, pool, where)
                 frees, recycle = ffrees, frecycle
                 for i in frees:
                     t, vals[i] = vals[i], None
@@ -483,30 +489,37 @@ class StepExecutor:
         return StepResult(new_state, float(loss_t.reshape(-1)[0]), out_log, stats, trace, violations)  # type: ignore[arg-type]
 
     # -- one op -----------------------------------------------------------------------------------
-    def _run_group(self, group: _FusedGroup, vals: list, stats: RoundingStats, sums: list, pool) -> None:
+    def _run_group(
+        self, group: _FusedGroup, vals: list, stats: RoundingStats, sums: list | None, pool, where: str = "step"
+    ) -> None:
         """A fused group (:meth:`_fused_groups`): its outputs into ``vals``; where the chain kernel
-        does not take an input (not contiguous), its members one by one (the same bits; their NaN/Inf
-        probes into the step's ``sums``)."""
+        does not take an input (not contiguous), or finds a NaN/Inf in an eager run (``sums`` None),
+        its members one by one (the same bits; their NaN/Inf probes into the step's ``sums``, or the
+        first one raises naming its op as the unfused loop does)."""
         ins = [vals[i] for i in group.inputs]
         got = group.chain([*ins, *group.consts])
         if got is not None:
             outs, finite = got
-            if not finite:  # the caller's eager rerun names the op
+            if finite:
+                stats.values += group.chain.numel * len(group.members)
+                for i, t in zip(group.outputs, outs, strict=True):
+                    vals[i] = t
+                return
+            if sums is not None:  # the caller's eager rerun names the op
                 what = f"fused ops {group.members[0]}..{group.members[-1]}"
                 raise NonFiniteValue(f"{what}: expected finite values, got NaN/Inf")
-            stats.values += group.chain.numel * len(group.members)
-            for i, t in zip(group.outputs, outs, strict=True):
-                vals[i] = t
-            return
         local = dict(zip(group.inputs, ins, strict=True))
         for m in group.members:
             op = self.graph.ops[m]
             mins = [local[i] for i in op.inputs]
-            out = self._sqrt_fp32(op, mins, stats, pool) if op.kind == OpKind.SQRT else None
-            if out is None and op.kind == OpKind.SQRT:
-                out = self._run_op(op, mins, None, None, None, StepLog(self.mode), stats, None, False, [], sums)
-            elif out is None:
-                out = self._exact_fp32(op, mins, self._plan_native(op), stats, sums, pool)
+            try:
+                out = self._sqrt_fp32(op, mins, stats, pool) if op.kind == OpKind.SQRT else None
+                if out is None and op.kind == OpKind.SQRT:
+                    out = self._run_op(op, mins, None, None, None, StepLog(self.mode), stats, None, False, [], sums)
+                elif out is None:
+                    out = self._exact_fp32(op, mins, self._plan_native(op), stats, sums, pool)
+            except NonFiniteValue as e:
+                raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}") from None
             local[m] = out
         for i in group.outputs:
             vals[i] = local[i]
