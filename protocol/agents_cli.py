@@ -303,6 +303,24 @@ def _apply_threads(ctx: click.Context, param: click.Parameter, value: int | None
     apply(ctx, param, value)
 
 
+def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from vtrain.cli import _check_device as check  # lazy: torch is not needed for --help
+
+    return check(ctx, param, value)
+
+
+def device_option(f):
+    """``--device cpu|cuda[:N]`` for an agent's steps (training or replay): FP64 on either, and the
+    logs, roots and rulings do not depend on it."""
+    return click.option(
+        "--device",
+        default="cpu",
+        show_default=True,
+        callback=_check_device,
+        help="cpu or cuda[:N]: where the steps compute (FP64 on either; a log from one replays on the other).",
+    )(f)
+
+
 def agent_options(f):
     f = click.option(
         "--threads",
@@ -805,6 +823,7 @@ def _withdraw(chain, proto, acct: str) -> int:
 @click.option("--account-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train each interval on this many data-parallel ranks (same artifacts and roots).")
+@device_option
 @policy_options("trainer")
 @click.option(
     "--serve-store",
@@ -837,6 +856,7 @@ def trainer_cmd(
     poll: float,
     events: bool,
     nproc: int = 1,
+    device: str = "cpu",
 ) -> None:
     """Train JOB and post its intervals, defend every game, finalize and withdraw."""
     from protocol.cheats import CHEATS
@@ -871,7 +891,8 @@ def trainer_cmd(
         raise click.ClickException("--cheat runs in one process: drop --nproc")
     policy = TermsPolicy("trainer", move_seconds, interval_seconds, margin=term_margin,
                          max_stake_ratio=max_stake_ratio, min_bond=min_bond)
-    agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj, policy=policy, nproc=nproc)
+    agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj, policy=policy, nproc=nproc,
+                         device=device)
     if agent.status() == "open":  # not staked yet: the job's terms decide whether to take it
         reasons = agent.refusals()
         if reasons:
@@ -993,6 +1014,7 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
 )
 @click.option("--account-index", type=int, default=3, show_default=True, help="The auditor's unlocked account.")
 @policy_options("auditor")
+@device_option
 @agent_options
 @clean_errors
 def auditor_cmd(
@@ -1013,6 +1035,7 @@ def auditor_cmd(
     timeout: float,
     poll: float,
     events: bool,
+    device: str = "cpu",
 ) -> None:
     """Audit JOB: replay each posted interval, challenge a mismatch, play the game, withdraw."""
     from protocol.auditor import AuditorAgent
@@ -1042,7 +1065,7 @@ def auditor_cmd(
             state = ArtifactStore(state_dir)
         except (OSError, VtrainError) as e:
             raise click.ClickException(f"--state-dir {state_dir}: {e}") from None
-    agent = AuditorAgent(proto, me, ctx, reader, job_id, honest=not false_challenger, state=state)
+    agent = AuditorAgent(proto, me, ctx, reader, job_id, honest=not false_challenger, state=state, device=device)
     if agent.verified:
         out.say(f"resuming: intervals 0..{agent.verified - 1} audited before the restart ({state_dir})")
     guard_moves(agent)

@@ -246,6 +246,7 @@ class AuditorAgent:
     job_id: int
     honest: bool = True
     sample: float = 1.0
+    device: str = "cpu"  # where the replays compute (cpu or cuda[:N]); the rule is device independent
     """Fraction of intervals to replay (1.0: all). A skipped interval is trusted; the next sampled
     one starts from the trainer's checkpoint, checked against the trainer's committed step leaf."""
     book: StepBook = field(init=False)
@@ -671,6 +672,7 @@ class AuditorAgent:
                     data.logs.__getitem__,
                     check=True,
                     resolver_factory=exact_resolver(self.ctx, overruled),
+                    device=self.device,
                 ):
                     self.book.records[o.step] = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
                     state = o.state
@@ -739,12 +741,14 @@ class AuditorAgent:
             raise VtrainError(f"auditor has no replayed state before step {first}")
         if s > first:
             for o in replay_steps(
-                self.ctx.job, state, first, s - 1, self._logs, resolver_factory=exact_resolver(self.ctx)
+                self.ctx.job, state, first, s - 1, self._logs, resolver_factory=exact_resolver(self.ctx),
+                device=self.device,
             ):
                 state = o.state
         (o,) = list(
             replay_steps(
-                self.ctx.job, state, s, s, self._logs, resolver_factory=exact_resolver(self.ctx), keep_trace=True
+                self.ctx.job, state, s, s, self._logs, resolver_factory=exact_resolver(self.ctx), keep_trace=True,
+                device=self.device,
             )
         )
         return StepTrace.of(s, self.ctx.job.graph, o.result)

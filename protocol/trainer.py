@@ -41,6 +41,7 @@ class TrainerAgent:
     job_id: int
     cheat: Cheat | None = None
     nproc: int = 1
+    device: str = "cpu"  # where the steps compute (cpu or cuda[:N]); logs and roots are device independent
     """Data-parallel ranks for training an interval (vtrain.distributed): the same artifacts and roots."""
     policy: TermsPolicy = field(default_factory=lambda: TermsPolicy("trainer"))
     """What this trainer requires of a job's terms before it stakes (``accept`` checks it)."""
@@ -132,8 +133,8 @@ class TrainerAgent:
         if self.nproc > 1:
             from vtrain.distributed.launch import train_span
 
-            return train_span(self.ctx.job, state, first, last, self.nproc)
-        return train_steps(self.ctx.job, state, first, last, cheat=self.cheat)
+            return train_span(self.ctx.job, state, first, last, self.nproc, self.device)
+        return train_steps(self.ctx.job, state, first, last, cheat=self.cheat, device=self.device)
 
     def _state_at(self, step: int) -> list[torch.Tensor]:
         """State after ``step`` (an interval boundary): initial state or the stored checkpoint. A
@@ -154,7 +155,7 @@ class TrainerAgent:
             state = state_tensors(self.ctx.job.initial_state)
         while i < target:
             first, n = self.ctx.interval_span(i)
-            for o in train_steps(self.ctx.job, state, first, first + n - 1, cheat=self.cheat):
+            for o in train_steps(self.ctx.job, state, first, first + n - 1, cheat=self.cheat, device=self.device):
                 state = o.state
             i += 1
             self.store.put_checkpoint(self.job_id, i, checkpoint_bytes(self.ctx, state), replace=True)
@@ -185,7 +186,7 @@ class TrainerAgent:
             state = self._state_at(first - 1)
             self.store.put_checkpoint(self.job_id, i, checkpoint_bytes(self.ctx, state), replace=True)
             leaves = []
-            for o in train_steps(self.ctx.job, state, first, first + n - 1, cheat=self.cheat):
+            for o in train_steps(self.ctx.job, state, first, first + n - 1, cheat=self.cheat, device=self.device):
                 self.store.put_log(self.job_id, o.step, encode_step_log(o.log, o.step, self.ctx.job.graph),
                                    replace=True)
                 rec = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
@@ -244,9 +245,9 @@ class TrainerAgent:
         first, _ = self.ctx.interval_span(i)
         state = self._state_at(first - 1)
         if s > first:
-            for o in train_steps(self.ctx.job, state, first, s - 1, cheat=self.cheat):
+            for o in train_steps(self.ctx.job, state, first, s - 1, cheat=self.cheat, device=self.device):
                 state = o.state
-        (o,) = list(train_steps(self.ctx.job, state, s, s, cheat=self.cheat, keep_trace=True))
+        (o,) = list(train_steps(self.ctx.job, state, s, s, cheat=self.cheat, keep_trace=True, device=self.device))
         return StepTrace.of(s, self.ctx.job.graph, o.result)
 
     def answer_demands(self) -> int:

@@ -188,3 +188,43 @@ def test_game_moves_bound_grows_with_the_trees_of_the_job() -> None:
     base = game_moves(g, 4)
     assert base > FIXED_MOVES + 2 + (g.n_ops - 1).bit_length() - 1
     assert game_moves(g, 8) == base + 1 and game_moves(g, 1) == base - 2
+
+
+def test_agents_compute_on_their_device(world, monkeypatch) -> None:
+    """``device`` reaches every step the agents run: the trainer's training and the auditor's checked
+    replays build their executors on it (here ``cpu``, spied; the same graph, logs and roots on any
+    device: tests/test_executor.py)."""
+    import vtrain.training.loop as L
+
+    seen: list[str | None] = []
+    make = L.executor_for
+    monkeypatch.setattr(L, "executor_for", lambda job, mode, device=None: (seen.append(device), make(job, mode, device))[1])
+    proto, store, a = world
+    ctx = JobContext.of(default_spec("mlp"))
+    job = create_job(proto, a[1], a[2], ctx, TERMS)
+    trainer = TrainerAgent(proto, a[2], ctx, store, job, device="cpu")
+    trainer.accept(TERMS)
+    assert trainer.run_interval() is not None
+    assert seen and set(seen) == {"cpu"}
+    seen.clear()
+    auditor = AuditorAgent(proto, a[3], ctx, store, job, device="cpu")
+    auditor.audit()
+    assert seen and set(seen) == {"cpu"}
+
+
+def test_a_data_parallel_span_runs_its_ranks_on_its_device(monkeypatch) -> None:
+    """``train_span`` (the trainer agent's ``nproc > 1``) hands its device to every rank's worker."""
+    import vtrain.distributed.launch as launch
+    from vtrain.graph.executor import state_tensors
+
+    got: dict = {}
+
+    def fake(run, nproc, **kw):
+        got.update(kw, nproc=nproc)
+        raise RuntimeError("stop after the launch call")
+
+    monkeypatch.setattr(launch, "launch", fake)
+    ctx = JobContext.of(default_spec("mlp"))
+    with pytest.raises(RuntimeError, match="stop after"):
+        next(launch.train_span(ctx.job, state_tensors(ctx.job.initial_state), 1, 1, 2, "cuda:1"))
+    assert got["device"] == "cuda:1" and got["nproc"] == 2

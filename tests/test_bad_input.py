@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner, Result
 
 from protocol.cli import main
@@ -585,3 +586,15 @@ def test_attaching_to_a_deployment_file_with_another_deployments_availability_is
     Protocol.attach(chain, d)
     with pytest.raises(ChainError, match=f"bound to the availability contract {a.availability.address}"):
         Protocol.attach(chain, Deployment(d.registry, d.game, d.adjudicator, d.chain_id, b.availability.address))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+@pytest.mark.parametrize("agent", ["trainer", "auditor"])
+def test_an_agent_asked_for_cuda_without_it_says_so_before_the_node(agent_files, tmp_path: Path, agent: str) -> None:
+    spec, dep = agent_files
+    if agent == "trainer":
+        r = _trainer(spec, dep, tmp_path, "--device", "cuda")
+    else:
+        r = run("auditor", "--rpc", "http://127.0.0.1:9", "--rpc-retries", "0", "--deployment", str(dep),
+                "--spec", str(spec), "--job", "1", "--store-url", "http://127.0.0.1:9/", "--device", "cuda")
+    fails(r, "--device", "CUDA is not available", code=2)

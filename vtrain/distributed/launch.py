@@ -148,14 +148,16 @@ def _wait(procs: list[subprocess.Popen]) -> list[int]:
         time.sleep(0.05)
 
 
-def train_span(job: Job, state: list[torch.Tensor], first: int, last: int, nproc: int) -> Iterator[StepOutcome]:
-    """Steps ``first..last`` from ``state`` on ``nproc`` local ranks: the same outcomes as
-    ``vtrain.training.loop.train_steps`` in one process (``result`` is None: no trace)."""
+def train_span(
+    job: Job, state: list[torch.Tensor], first: int, last: int, nproc: int, device: str = "cpu"
+) -> Iterator[StepOutcome]:
+    """Steps ``first..last`` from ``state`` on ``nproc`` local ranks (``device``: as :func:`launch`): the
+    same outcomes as ``vtrain.training.loop.train_steps`` in one process (``result`` is None: no trace)."""
     with tempfile.TemporaryDirectory(prefix="vtrain-span-") as tmp:
         run = RunDir(Path(tmp))
         run.write_spec(job.spec)
         run.write_checkpoint(first - 1, job.graph, state)
-        launch(run.path, nproc, span=(first, last))
+        launch(run.path, nproc, span=(first, last), device=device)
         roots = run.read_roots()
         for s in range(first, last + 1):
             st = run.read_checkpoint(s, job.graph)
