@@ -198,7 +198,8 @@ def test_agents_compute_on_their_device(world, monkeypatch) -> None:
 
     seen: list[str | None] = []
     make = L.executor_for
-    monkeypatch.setattr(L, "executor_for", lambda job, mode, device=None: (seen.append(device), make(job, mode, device))[1])
+    monkeypatch.setattr(L, "executor_for",
+                        lambda job, mode, device=None: (seen.append(device), make(job, mode, device))[1])
     proto, store, a = world
     ctx = JobContext.of(default_spec("mlp"))
     job = create_job(proto, a[1], a[2], ctx, TERMS)
