@@ -164,6 +164,18 @@ def round_filter(v: torch.Tensor, d: Bound, scale: float) -> tuple[torch.Tensor,
     return r, idx[:k].copy(), not flag.value
 
 
+def _sum_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:
+    """``(contiguous x, rows, row length)`` of a SUM/MEAN kernel's FP32 CPU input over its last axis;
+    None where the kernels do not apply (not loaded, another device or dtype, a scalar, an empty row)."""
+    if not native.available() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() == 0:
+        return None
+    n = x.shape[-1]
+    if n == 0:
+        return None
+    xc = x if x.is_contiguous() else x.contiguous()
+    return xc, xc.numel() // n, n
+
+
 def sum_round_filter(
     x: torch.Tensor, mean: bool, factor: float, scale: float
 ) -> tuple[torch.Tensor, np.ndarray, bool] | None:
@@ -172,13 +184,10 @@ def sum_round_filter(
     sums (``/ n`` for MEAN) and ``d = (sum|x| + 0) * factor``, all sums numpy's pairwise ones
     (reference: ``canonical.sum_round_filter_np``); ``r`` has shape ``[..., 1]``. None where the
     kernel does not apply (not loaded, another device or dtype, an empty row)."""
-    if not native.available() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() == 0:
+    got = _sum_rows(x)
+    if got is None:
         return None
-    n = x.shape[-1]
-    if n == 0:
-        return None
-    xc = x if x.is_contiguous() else x.contiguous()
-    rows = xc.numel() // n
+    xc, rows, n = got
     r = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
     idx = np.empty(max(rows, 1), dtype=np.int64)
     flag = ctypes.c_uint32(0)
@@ -198,13 +207,10 @@ def sum_values_filter(
     as :func:`sum_round_filter` computes them (reference: ``canonical.sum_values_np``), and
     :func:`round_filter`'s ``(r, candidates, finite)`` of ``v`` and dense ``d`` at ``scale``. None where
     the kernel does not apply (not loaded, another device or dtype, an empty row)."""
-    if not native.available() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() == 0:
+    got = _sum_rows(x)
+    if got is None:
         return None
-    n = x.shape[-1]
-    if n == 0:
-        return None
-    xc = x if x.is_contiguous() else x.contiguous()
-    rows = xc.numel() // n
+    xc, rows, n = got
     shape = (*x.shape[:-1], 1)
     v = torch.empty(shape, dtype=torch.float64)
     d = torch.empty(shape, dtype=torch.float64)

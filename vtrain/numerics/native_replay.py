@@ -17,32 +17,21 @@ import torch
 from vtrain.numerics import native
 
 
-def _bind():
+def _bind(name: str, argtypes: list, restype):
+    """The kernel ``name`` of the native library with its C signature; None where it is not loaded."""
     lib = native.lib()
-    if lib is None or not hasattr(lib, "vt_replay_matmul_abs_sums"):
+    if lib is None or not hasattr(lib, name):
         return None
-    f = lib.vt_replay_matmul_abs_sums
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    f.argtypes = [p, p, p, i64, i64, i64, i64, p, i64, p]
-    f.restype = ctypes.c_int
+    f = getattr(lib, name)
+    f.argtypes = argtypes
+    f.restype = restype
     return f
 
 
-_FN = _bind()
-
-
-def _bind_entries():
-    lib = native.lib()
-    if lib is None or not hasattr(lib, "vt_replay_apply_entries"):
-        return None
-    f = lib.vt_replay_apply_entries
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    f.argtypes = [p, p, i64, i64, p, p, p, p, ctypes.c_double, ctypes.c_int32, p, p]
-    f.restype = i64
-    return f
-
-
-_ENTRIES = _bind_entries()
+_p, _i64 = ctypes.c_void_p, ctypes.c_int64
+_FN = _bind("vt_replay_matmul_abs_sums", [_p, _p, _p, _i64, _i64, _i64, _i64, _p, _i64, _p], ctypes.c_int)
+_ENTRIES = _bind("vt_replay_apply_entries",
+                 [_p, _p, _i64, _i64, _p, _p, _p, _p, ctypes.c_double, ctypes.c_int32, _p, _p], _i64)
 
 
 def apply_entries(

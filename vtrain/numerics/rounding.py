@@ -468,11 +468,7 @@ def apply_log(
         near = unlogged_near_ties(vf, d.reshape(-1), r.reshape(-1), entries, tight)  # type: ignore[union-attr]
     out = r.reshape(-1) if native else r.reshape(-1).clone()
     if len(entries):
-        n = out.numel()
-        if int(entries.index.max()) >= n or int(entries.index.min()) < 0:
-            raise VtrainError(f"{what}: log index out of range for {n} elements")
-        if bool(((entries.code < 1) | (entries.code > 3)).any()):
-            raise VtrainError(f"{what}: invalid rounding-log code")
+        _check_entries(entries, out.numel(), what)
         if dev.type == "cpu":  # few entries: numpy, no torch cost per call (the same IEEE operations)
             applied, bad = _apply_entries_cpu(vf.numpy(), out.numpy(), d, entries, checking, exact_op, tight)
             out.numpy()[entries.index] = applied + np.float32(0.0) if native else applied
@@ -509,6 +505,15 @@ def apply_log(
     if overflow is not None:  # the entries (or the resolver) settled the FP32 overflows of v, or this raises
         _check_finite(out, what)
     return out.reshape(r.shape) if native else canonical(out.reshape(r.shape))
+
+
+def _check_entries(entries: OpLog, n: int, what: str) -> None:
+    """A replay's entries for an op of ``n`` elements: every index inside it, every code 1-3, else
+    :class:`VtrainError` naming the op (read before any entry is applied)."""
+    if int(entries.index.max()) >= n or int(entries.index.min()) < 0:
+        raise VtrainError(f"{what}: log index out of range for {n} elements")
+    if bool(((entries.code < 1) | (entries.code > 3)).any()):
+        raise VtrainError(f"{what}: invalid rounding-log code")
 
 
 def _replay_overflows(
@@ -568,11 +573,7 @@ def _apply_log_checked(
         for k in overflow[~np.isin(overflow, entries.index)].tolist():
             suspect[int(k)] = (0, "replayed value overflows FP32")
     if n_e:
-        n = out.numel()
-        if int(entries.index.max()) >= n or int(entries.index.min()) < 0:
-            raise VtrainError(f"{what}: log index out of range for {n} elements")
-        if bool(((entries.code < 1) | (entries.code > 3)).any()):
-            raise VtrainError(f"{what}: invalid rounding-log code")
+        _check_entries(entries, out.numel(), what)
         if len(cand):  # an entry is never an unlogged near-tie (both sorted: a binary search each)
             cand = cand[~_in_sorted(cand, entries.index)]
     n_c = len(cand)
