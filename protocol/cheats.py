@@ -390,6 +390,78 @@ class TamperAttention(Cheat):
         return hook
 
 
+@dataclass
+class SaturateOverflow(Cheat):
+    """Trains on past a divergence: from step ``step`` on, an op whose value overflows FP32 (or has
+    none: 0/0, log 0) posts ``+-FLT_MAX`` there (0 for NaN) instead of stopping, as a trainer
+    clamping its outputs would; every other element keeps the FP64 value cast to FP32 (RN32 of the
+    exact value for the single IEEE ops). The honest trainer stops with NonFiniteValue at the first
+    such op, so every posted step from there is a fraud the auditor must win.
+
+    Each overflowing op ``j`` is found by running the step (the op after the last hooked output);
+    on the rerun the hook after op ``j - 1`` sets ``j``'s inputs to harmless values in place (so
+    the executor computes ``j`` without stopping), and the hook after ``j`` restores them and
+    replaces ``j``'s output by the clamped FP64 value of the honest inputs."""
+
+    step: int
+    max_ops: int = 4096
+
+    def run(self, ex, state, data, step, keep_trace):
+        if step < self.step:
+            return super().run(ex, state, data, step, keep_trace)
+        from vtrain.errors import NonFiniteValue
+
+        known: set[int] = set()
+        for _ in range(self.max_ops):
+            hook = _Saturating(ex.graph, known)
+            try:
+                return ex.run(state, data, step=step, op_hook=hook, keep_trace=keep_trace)
+            except NonFiniteValue:
+                j = len(hook.seen)
+                if j in known:
+                    raise
+                known.add(j)
+            finally:
+                hook.restore()
+        raise NonFiniteValue(f"step {step}: more than {self.max_ops} ops overflow")
+
+
+class _Saturating:
+    """The op hook of one :class:`SaturateOverflow` run (see there); :meth:`restore` puts back any
+    input still holding harmless values (the step stopped before the op that reads them)."""
+
+    def __init__(self, graph: Graph, known: set[int]) -> None:
+        self.graph, self.known = graph, known
+        self.seen: list[int] = []
+        self.held: dict[int, torch.Tensor] = {}  # op id -> its output tensor (what later ops read)
+        self.honest: dict[int, torch.Tensor] = {}  # op id -> its true output, while harmless values stand in
+
+    def restore(self) -> None:
+        for i, vals in self.honest.items():
+            self.held[i].copy_(vals)
+        self.honest.clear()
+
+    def __call__(self, op: OpNode, ins, out: torch.Tensor, log: StepLog) -> torch.Tensor:
+        from vtrain.graph.executor import _compute_fp64
+
+        self.seen.append(op.id)
+        if op.id in self.known:
+            self.restore()  # ins are the held tensors: the op's honest inputs again
+            fmax = float(np.finfo(np.float32).max)
+            v = _compute_fp64(op, list(ins), "none")[0]
+            v = torch.nan_to_num(v, nan=0.0, posinf=fmax, neginf=-fmax).clamp(-fmax, fmax)
+            out = v.to(torch.float32).add_(0.0).reshape(op.shape)
+            log.sparse.pop(op.id, None)  # entries made from the harmless inputs
+        self.held[op.id] = out
+        nxt = op.id + 1
+        if nxt in self.known:
+            fill = 1.0 if self.graph.ops[nxt].kind in (OpKind.DIV, OpKind.DIV_S, OpKind.LOG) else 0.0
+            for i in dict.fromkeys(self.graph.ops[nxt].inputs):
+                self.honest[i] = self.held[i].clone()
+                self.held[i].fill_(fill)
+        return out
+
+
 CHEATS = {
     "tamper-weight": lambda spec, s: TamperWeight(s),
     "poison-sample": lambda spec, s: PoisonSample(s),

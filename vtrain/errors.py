@@ -18,7 +18,30 @@ class MissingArtifact(VtrainError):
 
 
 class NonFiniteValue(VtrainError):
-    """Raised when an op produces NaN or an infinity (never a valid FP32 training value)."""
+    """Raised when an op produces NaN or an infinity (never a valid FP32 training value).
+
+    ``op`` and ``index`` (the op id and the flat output element), when the raiser knows them, say
+    where: an auditor disputes exactly that element (its correct value has no finite FP32 value,
+    so no finite claim of it stands). :func:`nonfinite_origin` finds them through re-raises."""
+
+    def __init__(self, message: str, *, op: int | None = None, index: int | None = None) -> None:
+        super().__init__(message)
+        self.op = op
+        self.index = index
+
+
+def nonfinite_origin(e: BaseException) -> NonFiniteValue | None:
+    """The first :class:`NonFiniteValue` in ``e``'s context chain (``e`` itself included) that
+    names its element (``index`` set): re-raises that add the step or op to the message keep the
+    original as their ``__context__``. None when none does."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, NonFiniteValue) and cur.index is not None:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 class CorruptLog(CorruptArtifact):

@@ -902,6 +902,25 @@ def judge(enc: Enclosure | None, claimed: int, code: int, value: int = 0) -> boo
     return False
 
 
+def has_no_finite_value(enc: Enclosure | None) -> bool:
+    """True when no finite claim can stand for enclosure ``enc`` (None: ``e`` is undefined, e.g. a
+    division by zero, log of x <= 0, sqrt of a negative, exp(x) for x >= 89): ``e`` is undefined or
+    ``RN32(e)`` overflows to +-inf at both ends (the exact second pass's value where it decided).
+    The honest trainer never posts such an element (it stops with NonFiniteValue), so an auditor
+    disputes it: the rule (:func:`judge`, RoundingRule.judgeEnds) rejects every claim there."""
+    if enc is None:
+        return True
+    r_lo, r_hi = (enc.rounded, enc.rounded) if enc.rounded is not None else _ends(enc)
+    return r_lo == r_hi and not is_finite(r_lo)
+
+
+def no_finite_value(
+    desc: Any, tensors: Sequence[np.ndarray], index: int, data: DataContext | None = None
+) -> bool:
+    """:func:`has_no_finite_value` of element ``index``: its correct value is not a finite FP32 value."""
+    return has_no_finite_value(enclosure(desc, tensors, index, data))
+
+
 def judge_element(
     desc: Any,
     tensors: Sequence[np.ndarray],

@@ -20,8 +20,9 @@ from vtrain.commit.roots import (
     step_log_root,
     tensor_roots,
 )
-from vtrain.graph.executor import StepLog, StepResult, state_tensors
-from vtrain.graph.step_graph import Graph
+from vtrain.errors import NonFiniteValue, VtrainError, nonfinite_origin
+from vtrain.graph.executor import StepExecutor, StepLog, StepResult, state_tensors
+from vtrain.graph.step_graph import ROUNDING_KINDS, Graph
 from vtrain.numerics.rounding import Mode
 from vtrain.torch_ref import executor_for
 from vtrain.training.spec import Job
@@ -54,6 +55,11 @@ class Cheat:
 
     def after_step(self, step: int, result: StepResult) -> None:
         return None
+
+    def run(self, ex: StepExecutor, state: list[torch.Tensor], data: torch.Tensor, step: int,
+            keep_trace: bool) -> StepResult:
+        """Execute step ``step`` (the honest call with :meth:`op_hook`; a cheat may run it otherwise)."""
+        return ex.run(state, data, step=step, op_hook=self.op_hook(step), keep_trace=keep_trace)
 
 
 def batch_for(job: Job, step: int) -> torch.Tensor:
@@ -103,12 +109,10 @@ def train_steps(
     ex = executor_for(job, mode or job.spec.mode, device)  # fp32: plain torch (TorchReference)
     for s in range(first, last + 1):
         data = batch_for(job, s)
-        hook = None
-        if cheat is not None:
-            data = cheat.data(s, data)
-            hook = cheat.op_hook(s)
-        res = ex.run(state, data, step=s, op_hook=hook, keep_trace=keep_trace)
-        if cheat is not None:
+        if cheat is None:
+            res = ex.run(state, data, step=s, keep_trace=keep_trace)
+        else:
+            res = cheat.run(ex, state, cheat.data(s, data), s, keep_trace)
             cheat.after_step(s, res)
         out = _outcome(s, res, job.graph)
         log.debug("step %d loss %.6f logged %d", s, res.loss, res.log.n_entries)
@@ -146,3 +150,78 @@ def replay_steps(
             res.log = log_in
         yield _outcome(s, res, job.graph)
         state = res.state
+
+
+@dataclass(frozen=True)
+class NonFiniteSite:
+    """The first element of a step whose correct value has no finite FP32 value: op ``op``'s flat
+    output element ``index`` of step ``step``, computed from ``outputs`` (every op before ``op``,
+    flat FP32, as the replay computed them). The honest trainer stops there (NonFiniteValue), so
+    any step the trainer posted from here on is a fraud, and this element is where it is proven."""
+
+    step: int
+    op: int
+    index: int
+    outputs: tuple[np.ndarray, ...]
+
+
+#: Elements of the failing op checked exactly, in order, for one whose value is not finite.
+MAX_NONFINITE_CANDIDATES = 256
+
+
+def locate_nonfinite(
+    job: Job,
+    state: list[torch.Tensor],
+    step: int,
+    log_in: StepLog,
+    resolver_factory=None,
+    device: str | None = None,
+) -> NonFiniteSite | None:
+    """Replay step ``step`` from ``state`` with ``log_in`` (checked, as the auditor does) and, if it
+    stops with NonFiniteValue, the element where: the failing op is the one after the last output
+    the replay produced; its element is the one the raiser named (a resolver overruling a claim
+    whose exact value overflows) or else the first one, in index order among those whose FP64 value
+    is not finite or within 2^-20 of FLT_MAX, whose exact value has no finite FP32 value
+    (:func:`vtrain.numerics.exact.no_finite_value`, the contract's rule). None when the step replays,
+    or no such element is found (e.g. an op kind the contract does not rule on)."""
+    from vtrain.graph.executor import _compute_fp64
+    from vtrain.numerics import exact as X
+    from vtrain.numerics.canonical import op_desc
+
+    ex = executor_for(job, job.spec.mode, device)
+    outs: list[np.ndarray] = []
+
+    def keep(op, ins, out, _log):
+        outs.append(out.detach().cpu().reshape(-1).numpy().astype(np.float32, copy=True))
+        return out
+
+    try:
+        ex.run(state, batch_for(job, step), log_in=log_in, check=True, resolver_factory=resolver_factory,
+               step=step, op_hook=keep)
+    except NonFiniteValue as e:
+        origin = nonfinite_origin(e)
+        graph = job.graph
+        if len(outs) >= graph.n_ops:
+            return None
+        op = graph.ops[len(outs)]
+        if op.kind not in ROUNDING_KINDS:
+            return None
+        ins = [outs[i].reshape(graph.ops[i].shape) for i in op.inputs]
+        desc = op_desc(graph, op)
+        if origin is not None and origin.op in (None, op.id):
+            candidates = np.array([origin.index], dtype=np.int64)
+        else:
+            with np.errstate(all="ignore"):
+                v = _compute_fp64(op, [torch.from_numpy(a).double() for a in ins], "none")[0]
+                v = v.detach().cpu().reshape(-1).numpy()
+                near = ~np.isfinite(v) | (np.abs(v) >= np.float64(np.finfo(np.float32).max) * (1 - 2.0**-20))
+            candidates = np.flatnonzero(near)[:MAX_NONFINITE_CANDIDATES]
+        for i in candidates.tolist():
+            try:
+                if X.no_finite_value(desc, ins, int(i)):
+                    log.info("step %d: op %d (%s) element %d has no finite value", step, op.id, op.kind.name, i)
+                    return NonFiniteSite(step, op.id, int(i), tuple(outs))
+            except VtrainError:
+                return None  # a kind or input the rule does not take: not provable this way
+        return None
+    return None
