@@ -31,6 +31,7 @@ from vtrain.errors import (
     LogEntryError,
     LogFramingError,
     MissingArtifact,
+    NonFiniteValue,
     NotCommitted,
     VtrainError,
 )
@@ -39,7 +40,7 @@ from vtrain.graph.step_graph import OpKind, OpNode
 from vtrain.numerics.exact import Partial
 from vtrain.numerics.logfile import FramedLog, check_step_log, encode_step_log, frame_step_log
 from vtrain.numerics.rounding import Mode, OpLog
-from vtrain.training.loop import component_roots, replay_steps
+from vtrain.training.loop import NonFiniteSite, component_roots, locate_nonfinite, replay_steps
 from vtrain.training.rundir import atomic_write
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
     not -0), which ``claimed = RN32(e)`` meets (RN32 is monotone). The replay flags such entries
     whenever FP32 spacing dwarfs the tight bound (d 256 GPT: ~100 a step, 1.5 ms each in rationals)."""
     from vtrain.numerics.canonical import is_exact_rounding
-    from vtrain.numerics.exact import SIGN, UnsupportedOp, exact_value, judge_element, rn32
+    from vtrain.numerics.exact import SIGN, UnsupportedOp, exact_value, judge_element, no_finite_value, rn32
 
     descs = ctx.graph.descriptors
 
@@ -95,9 +96,15 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
                 try:
                     if judge_element(descs[op.id], tensors(), i, int(bits[k]), entry):
                         continue
-                    out[k] = np.array(rn32(exact_value(descs[op.id], tensors(), i)), np.uint32).view(np.float32)
                     if overruled is not None:
                         overruled.append((op.id, i))
+                    if no_finite_value(descs[op.id], tensors(), i):
+                        # The claim does not stand and no finite one would: the honest trainer stops
+                        # here, so this element is the dispute target (loop.locate_nonfinite).
+                        raise NonFiniteValue(
+                            f"{op.kind.name} op {op.id}: element {i}: the trainer's claim {int(bits[k]):#010x} "
+                            "does not stand and the exact value has no finite FP32 value", op=op.id, index=i)
+                    out[k] = np.array(rn32(exact_value(descs[op.id], tensors(), i)), np.uint32).view(np.float32)
                 except UnsupportedOp:
                     continue  # a kind the adjudicator does not rule on (none rounds today): follow the log
             return out
@@ -275,6 +282,10 @@ class AuditorAgent:
     copy. Whatever they serve is verified exactly like the reader's (see :meth:`_verified_step_data`)."""
     flagged: list[int] = field(default_factory=list)
     """Intervals the replay found wrong (returned by :meth:`audit`)."""
+    nonfinite: dict[int, NonFiniteSite] = field(default_factory=dict)
+    """Flagged intervals whose correct computation has no finite value at an element the trainer
+    posted (interval -> where): the game descends to that element (steps from it on, ops from it
+    on, disagreed) and the contract rules the claim there false (docs/protocol.md)."""
     _states: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     _committed: dict[int, dict[int, StepRecord]] = field(default_factory=dict)
     _verified: dict[int, VerifiedInterval] = field(default_factory=dict)
@@ -649,6 +660,8 @@ class AuditorAgent:
                 self.verified += 1
                 self._save(roots, None)
                 continue
+            if i in self.nonfinite:  # found before: its game needs no second replay
+                return i
             data = self._verified_step_data(i)
             if not isinstance(data, VerifiedInterval):
                 self._block(i, data)
@@ -663,6 +676,7 @@ class AuditorAgent:
             state = self._states[first - 1]
             overruled: list[tuple[int, int]] = []
             self._verified = {i: data, **{k: v for k, v in self._verified.items() if k in self.flagged}}
+            done = first - 1  # the last step replayed
             try:
                 for o in replay_steps(
                     self.ctx.job,
@@ -675,7 +689,7 @@ class AuditorAgent:
                     device=self.device,
                 ):
                     self.book.records[o.step] = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
-                    state = o.state
+                    state, done = o.state, o.step
                     if overruled:
                         self.overruled_steps[o.step] = list(overruled)
                         log.info(
@@ -686,8 +700,22 @@ class AuditorAgent:
                         )
                         overruled.clear()
             except VtrainError as e:  # verified inputs that cannot be replayed (e.g. a non-finite value)
-                self._block(i, Unavailable(i, "replay", first, type(e).__name__, str(e)))
-                return None
+                site = None
+                if isinstance(e, NonFiniteValue):
+                    site = locate_nonfinite(self.ctx.job, state, done + 1, data.logs[done + 1],
+                                            exact_resolver(self.ctx), self.device)
+                if site is None:
+                    self._block(i, Unavailable(i, "replay", first, type(e).__name__, str(e)))
+                    return None
+                # The correct computation has no finite value there: the honest trainer stopped, this
+                # one posted the step anyway. A fraud to dispute, not an unavailable artifact.
+                log.info("job %d: step %d: op %d element %d has no finite value (%s); the trainer posted it",
+                         self.job_id, site.step, site.op, site.index, e)
+                self.nonfinite[i] = site
+                self.unavailable.pop(i, None)
+                self.withheld.pop(i, None)
+                self.flagged.append(i)
+                return i
             self._states[first + n - 1] = state
             mine = interval_root([self.book.records[s].leaf() for s in range(first, first + n)])
             self.verified += 1
@@ -736,6 +764,12 @@ class AuditorAgent:
     def _regenerate(self, s: int) -> StepTrace:
         i = (s - 1) // self.ctx.spec.interval
         first, _ = self.ctx.interval_span(i)
+        site = self.nonfinite.get(i)
+        if site is not None and s >= site.step:
+            if s > site.step:
+                raise VtrainError(f"step {s} follows step {site.step}, which has no finite value: no trace")
+            # The trace up to the op with no finite value (ChallengerStrategy reads no further).
+            return StepTrace(s, self.ctx.job.graph, list(site.outputs), self._logs(s))
         state = self._states.get(first - 1)
         if state is None:
             raise VtrainError(f"auditor has no replayed state before step {first}")
@@ -785,6 +819,7 @@ class AuditorAgent:
             honest=self.honest,
             target_step=self._target_step,
             partials_of=self._partials,
+            nonfinite_of=self.nonfinite.get,
         )
         sent = 0
         for gid in self.disputed:

@@ -18,6 +18,7 @@ from vtrain.commit.roots import CHUNK_ELEMS, chunk_bytes, interval_tree, roots_t
 from vtrain.commit.trace import StepTrace, op_log_entries
 from vtrain.graph.step_graph import OpKind
 from vtrain.numerics.exact import Partial, element_partials, first_wrong_chunk, is_chunked
+from vtrain.training.loop import NonFiniteSite
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +265,10 @@ class ChallengerStrategy:
     honest: bool = True
     target_step: Callable[[int], int | None] | None = None  # interval -> a step with an overruled log entry
     partials_of: Callable[[int], list[Partial] | None] | None = None  # game -> the posted partials
+    nonfinite_of: Callable[[int], NonFiniteSite | None] | None = None
+    """interval -> the element of it whose correct value has no finite FP32 value (the replay stopped
+    there): every step from its step on, every op from its op on, is disagreed, and its chunk and
+    element are picked; ``trace`` of its step holds the ops before it only."""
 
     def move(self, gid: int, v: GameView) -> Move | None:
         if v.status != STATUS_IN_PROGRESS or v.to_move != PARTY_CHALLENGER:
@@ -277,7 +282,10 @@ class ChallengerStrategy:
             if chunk is None:
                 return None
             off = 0
-            if self.honest:
+            site = self._site(v)
+            if self.honest and site is not None and v.step == site.step and v.op == site.op:
+                off = site.index - v.lo * CHUNK_ELEMS
+            elif self.honest:
                 theirs = np.frombuffer(chunk, "<u4")
                 mine = self.trace(v.step).outputs[v.op].view(np.uint32)
                 c0 = v.lo * CHUNK_ELEMS  # the opened chunk is the leaf the descent ended on
@@ -291,8 +299,38 @@ class ChallengerStrategy:
             return partials_move(self.ctx, self.trace(v.step), v, posted, self.honest)
         return None
 
+    def _site(self, v: GameView) -> NonFiniteSite | None:
+        return self.nonfinite_of(v.interval) if self.nonfinite_of is not None else None
+
+    def _toward_nonfinite(self, v: GameView, site: NonFiniteSite) -> bool | None:
+        """The choice towards ``site`` (True: the right half), or None where it does not decide.
+        Steps and ops before the site's are compared as usual (the first differing one is disputed
+        instead: it comes first); from the site's on there is nothing to compare: disagree."""
+        k = split(v.size)
+        if v.phase == PHASE_STEPS:
+            first, _ = self.ctx.interval_span(v.interval)
+            target = site.step - first
+            if v.lo + k > target:
+                return False
+            leaves = [self.book.records[s].leaf() for s in range(first, site.step)]
+            return v.left == interval_tree(leaves).range_root(v.lo, v.lo + k)
+        if v.step != site.step:
+            return None
+        if v.phase == PHASE_TRACE:
+            if v.lo + k > site.op:
+                return False
+            return v.left == self.trace(v.step).tree.range_root(v.lo, v.lo + k)
+        if v.phase == PHASE_ELEMENT and v.op == site.op:
+            return site.index // CHUNK_ELEMS >= v.lo + k
+        return None
+
     def _go_right(self, gid: int, v: GameView) -> bool:
         k = split(v.size)
+        site = self._site(v)
+        if site is not None:
+            toward = self._toward_nonfinite(v, site)
+            if toward is not None:
+                return toward
         if v.phase == PHASE_STEPS:
             mine = self.book.interval_tree(v.interval)
         elif v.phase == PHASE_TRACE:

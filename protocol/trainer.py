@@ -22,7 +22,7 @@ from protocol.rulability import UnrulableJob, check_rulable
 from protocol.store import ArtifactStore, StepRecord
 from vtrain.commit.roots import interval_root
 from vtrain.commit.trace import StepTrace
-from vtrain.errors import CorruptArtifact, MissingArtifact
+from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
 from vtrain.graph.executor import state_tensors
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
 from vtrain.training.loop import Cheat, train_steps
@@ -265,6 +265,14 @@ class TrainerAgent:
         """One pass over this job's games (at most one move each) and its open demands. Returns moves sent."""
         strategy = TrainerStrategy(self.ctx, self.book(), self._trace)
         sent = self.answer_demands()
+
+        def move(gid: int, v):
+            try:
+                return strategy.move(v)
+            except VtrainError as e:  # e.g. a step this trainer cannot recompute (no finite value)
+                log.warning("job %d game %d: no answer from this trainer's artifacts: %s", self.job_id, gid, e)
+                return None
+
         for gid in self.player.games_of(self.job_id):
-            sent += self.player.step(gid, lambda g, v: strategy.move(v))
+            sent += self.player.step(gid, move)
         return sent

@@ -1,0 +1,180 @@
+"""A step whose correct value is not finite is disputed and won on-chain (docs/protocol.md,
+"Steps with no finite value").
+
+The honest trainer stops with NonFiniteValue at the first op whose value overflows FP32 (or has
+none); a trainer that posts the step anyway (e.g. clamping to FLT_MAX, :class:`SaturateOverflow`)
+commits a claim no rule upholds. The auditor's checked replay stops there too: it locates the
+element (:func:`vtrain.training.loop.locate_nonfinite`), challenges, disagrees with every step and
+op from it on and wins the element ruling (the contract rules every finite claim of it false).
+
+- on the embedded chain: real MLP training with a huge learning rate, real agents and contracts;
+- the resolver overrules a FLT_MAX claim whose exact value overflows, naming the element;
+- Solidity = Python on tests/vectors/nonfinite.json (sum past the threshold, EXP overflow,
+  division by zero, LOG of 0 and of a negative, MUL overflow, SQRT of a negative).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import game_harness as H
+import nodes
+from protocol.auditor import AuditorAgent, exact_resolver
+from protocol.build import load_artifact
+from protocol.cheats import SaturateOverflow
+from protocol.game import PHASE_ONE_STEP, STATUS_CHALLENGER_WON, STATUS_IN_PROGRESS
+from protocol.jobs import JobContext, Terms
+from protocol.trainer import TrainerAgent
+from vtrain.commit.roots import LogEntry, op_log_root
+from vtrain.commit.trace import op_descriptors
+from vtrain.errors import NonFiniteValue, nonfinite_origin
+from vtrain.graph.step_graph import GraphBuilder, OpKind
+from vtrain.numerics import exact as X
+from vtrain.training.spec import TrainSpec
+
+VECTORS = Path(__file__).resolve().parent / "vectors" / "nonfinite.json"
+CALL_GAS = 16_000_000
+FMAX = float(np.finfo(np.float32).max)
+#: lr 1e6 on the demo's MLP: step 3's MUL (the squared error) overflows; steps 1-2 are finite.
+DIVERGING = TrainSpec(model="mlp", batch_size=16, steps=4, interval=4)
+DIVERGING = replace(DIVERGING, optimizer=replace(DIVERGING.optimizer, lr=1e6))
+TERMS = Terms()
+
+
+# ------------------------------------------------------------------ on the embedded chain
+
+
+def test_an_honest_trainer_stops_where_the_step_has_no_finite_value(demo_world) -> None:
+    proto, store, accounts = demo_world
+    from protocol.demo import create_job
+
+    ctx = JobContext.of(DIVERGING)
+    job = create_job(proto, accounts["client"], accounts["trainer"], ctx, TERMS)
+    trainer = TrainerAgent(proto, accounts["trainer"], ctx, store, job)
+    trainer.accept(TERMS)
+    with pytest.raises(NonFiniteValue, match="step 3, op 17"):
+        trainer.run_interval()
+
+
+def test_a_trainer_posting_saturated_values_past_an_overflow_loses_the_element_ruling(demo_world) -> None:
+    proto, store, accounts = demo_world
+    from protocol.demo import create_job
+
+    chain = proto.chain
+    ctx = JobContext.of(DIVERGING)
+    job = create_job(proto, accounts["client"], accounts["trainer"], ctx, TERMS)
+    trainer = TrainerAgent(proto, accounts["trainer"], ctx, store, job, cheat=SaturateOverflow(3))
+    trainer.accept(TERMS)
+    auditor = AuditorAgent(proto, accounts["auditor"], ctx, store, job)
+    assert trainer.run_interval() == 0  # steps 1-4 posted: 3 and 4 hold FLT_MAX where the values overflow
+    assert auditor.audit() == 0  # before: blocked as "unavailable", never challenged
+    site = auditor.nonfinite[0]
+    assert (site.step, site.op) == (3, 17) and not auditor.signed_off()
+    gid = auditor.challenge(0, TERMS)
+    phases = []
+    for _ in range(200):
+        sent = trainer.play() + auditor.play()
+        v = auditor.player.view(gid)
+        if v.status != STATUS_IN_PROGRESS:
+            break
+        phases.append((v.phase, v.step, v.op, v.index))
+        if not sent:
+            chain.advance_time(TERMS.clock + 1)
+    assert v.status == STATUS_CHALLENGER_WON
+    ev = proto.game.events.GameResolved.get_logs(from_block=0, argument_filters={"game": gid})
+    assert int(ev[-1]["args"]["ruling"]) == 3  # adjudicated: the contract ruled the claim, no timeout
+    assert (PHASE_ONE_STEP, 3, 17, site.index) in phases  # the element with no finite value was ruled
+    owed = int(chain.call(proto.registry.functions.owed(accounts["auditor"])))
+    assert owed == TERMS.challenger_bond + H.bounty(TERMS.trainer_stake)  # bond back and the bounty
+    assert int(chain.call(proto.registry.functions.owed(accounts["trainer"]))) == 0
+
+
+# ------------------------------------------------------------------ the resolver
+
+
+def _sum_graph(row: list[float]):
+    g = GraphBuilder()
+    y = g.sum(g.input("x", (1, len(row))))
+    graph = g.build(y)
+    return graph, graph.ops[y.op], np.array([row], np.float32)
+
+
+def _resolve(row: list[float], claimed: float, code: int, overruled: list) -> np.ndarray:
+    """The auditor's resolver on a one-element SUM over ``row`` whose log claims ``claimed`` (flagged)."""
+    graph, op, x = _sum_graph(row)
+    ctx = SimpleNamespace(graph=SimpleNamespace(descriptors=op_descriptors(graph)))
+    resolve = exact_resolver(ctx, overruled)(op, [torch.from_numpy(x)])
+    return resolve(np.array([0]), np.array([claimed], np.float32), np.array([code], np.uint8), np.array([True]))
+
+
+def test_the_resolver_overrules_a_flt_max_claim_whose_exact_value_overflows() -> None:
+    """e = FLT_MAX + 2^103 + 2^50 > FLT_MAX + ulp/2: RN32(e) is +inf. The trainer's FLT_MAX claim
+    (explicit or down) does not stand; the resolver overrules it and names the element (before:
+    its ``rn32(exact_value)`` raised a bare NonFiniteValue, and the auditor never challenged)."""
+    for code in (3, 1):
+        overruled: list[tuple[int, int]] = []
+        with pytest.raises(NonFiniteValue) as info:
+            _resolve([FMAX, 2.0**103, 2.0**50], FMAX, code, overruled)
+        origin = nonfinite_origin(info.value)
+        assert origin is not None and (origin.op, origin.index) == (1, 0), info.value
+        assert overruled == [(1, 0)]
+    graph, op, x = _sum_graph([FMAX, 2.0**103, 2.0**50])
+    assert X.no_finite_value(op_descriptors(graph)[op.id], [x], 0)
+    # one term lower (e = FLT_MAX + 2^103 - 2^50 rounds to FLT_MAX) the explicit claim stands
+    overruled = []
+    got = _resolve([FMAX, 2.0**103, -(2.0**50)], FMAX, 3, overruled)
+    assert float(got[0]) == FMAX and not overruled
+
+
+# ------------------------------------------------------------------ Solidity = Python
+
+
+@pytest.fixture(scope="module")
+def adj():
+    w3 = nodes.eth_tester_w3()
+    art = load_artifact("Adjudicator")
+    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 12_000_000})
+    return w3.eth.contract(address=w3.eth.get_transaction_receipt(tx)["contractAddress"], abi=art.abi)
+
+
+def _vectors() -> list[dict]:
+    return json.loads(VECTORS.read_text())["cases"]
+
+
+def _claim(c: dict, claimed: int, entries: list[LogEntry]) -> tuple:
+    roots = [bytes.fromhex(r) for r in c["input_roots"]]
+    return (bytes.fromhex(c["descriptor"]), roots, c["index"], claimed, op_log_root(entries), 1, bytes(32), bytes(32), 0)
+
+
+def test_nonfinite_vectors_cover_the_kinds() -> None:
+    kinds = {X.OpDesc.of(bytes.fromhex(c["descriptor"])).kind for c in _vectors()}
+    assert {OpKind.SUM, OpKind.EXP, OpKind.DIV, OpKind.LOG, OpKind.MUL, OpKind.SQRT} <= kinds
+
+
+def test_python_rules_no_finite_claim_on_the_nonfinite_vectors() -> None:
+    for c in _vectors():
+        desc = bytes.fromhex(c["descriptor"])
+        inputs = [np.frombuffer(bytes.fromhex(t), "<f4").reshape(s) for t, s in zip(c["inputs"], c["in_shapes"],
+                                                                                      strict=True)]
+        assert X.no_finite_value(desc, inputs, c["index"]) == c["no_finite_value"], c["name"]
+        for claim in c["claims"]:
+            entry = LogEntry(c["index"], claim["code"], claim["value"]) if claim["code"] else None
+            assert X.judge_element(desc, inputs, c["index"], claim["bits"], entry) == claim["stands"], (c["name"], claim)
+
+
+def test_the_contract_rules_as_python_on_the_nonfinite_vectors(adj) -> None:
+    """Every finite claim of an element with no finite value is ruled false (never a revert: a
+    revert would leave the challenger unable to win); the control rows' RN32(e) stands."""
+    for c in _vectors():
+        for claim in c["claims"]:
+            entries = [LogEntry(c["index"], claim["code"], claim["value"])] if claim["code"] else []
+            proof = bytes.fromhex(claim["proof"])
+            got = adj.functions.adjudicate(_claim(c, claim["bits"], entries), proof).call({"gas": CALL_GAS})
+            assert got == claim["stands"], (c["name"], claim)
