@@ -611,6 +611,88 @@ def wide_vectors() -> dict[str, Any]:
     }
 
 
+def nonfinite_cases() -> list[tuple[str, Any, list[np.ndarray], int]]:
+    """``(name, descriptor, inputs, index)`` of nonfinite.json: elements whose exact value is
+    undefined or rounds past FLT_MAX (and, as controls, neighbours that round to a finite value)."""
+    from vtrain.graph.step_graph import OpKind as K
+
+    fmax = float(np.finfo(np.float32).max)
+
+    def f32(*xs: float) -> np.ndarray:
+        return np.array(xs, np.float32)
+
+    def unary(kind: K, x: float, attrs: tuple = ()) -> tuple[Any, list[np.ndarray], int]:
+        return (kind, (0,), (1,), ((1,),), attrs), [f32(x)], 0
+
+    def binary(kind: K, a: float, b: float) -> tuple[Any, list[np.ndarray], int]:
+        return (kind, (0, 1), (1,), ((1,), (1,)), ()), [f32(a), f32(b)], 0
+
+    def row_sum(*xs: float) -> tuple[Any, list[np.ndarray], int]:
+        return (K.SUM, (0,), (1, 1), ((1, len(xs)),), ()), [np.array([xs], np.float32)], 0
+
+    ten = int(np.array(1e10, np.float32).view(np.uint32))
+    cases = [
+        ("sum past the threshold (e = B + 2^50)", *row_sum(fmax, 2.0**103, 2.0**50)),
+        ("sum on the threshold (ties to inf)", *row_sum(fmax, 2.0**103, 1.0, -1.0)),
+        ("sum below the threshold (control: FLT_MAX)", *row_sum(fmax, 2.0**103, -(2.0**50))),
+        ("exp overflow, enclosed (88.75)", *unary(K.EXP, 88.75)),
+        ("exp undefined (x >= 89)", *unary(K.EXP, 100.0)),
+        ("exp below overflow (control: 88.5)", *unary(K.EXP, 88.5)),
+        ("div by zero", *binary(K.DIV, 1.0, 0.0)),
+        ("div zero by zero", *binary(K.DIV, 0.0, 0.0)),
+        ("div overflow", *binary(K.DIV, 1e30, 1e-30)),
+        ("log of zero", *unary(K.LOG, 0.0)),
+        ("log of a negative", *unary(K.LOG, -1.0)),
+        ("sqrt of a negative", *unary(K.SQRT, -4.0)),
+        ("mul overflow", *binary(K.MUL, 1e20, -1e20)),
+        ("add overflow", *binary(K.ADD, fmax, fmax)),
+        ("mul_s overflow", *unary(K.MUL_S, 1e30, (ten,))),
+    ]
+    return [(name, desc, inputs, index) for name, desc, inputs, index in cases]
+
+
+def nonfinite_vectors() -> dict[str, Any]:
+    from protocol.proofs import build_element_proof
+
+    fmax = int(np.array(np.finfo(np.float32).max, np.float32).view(np.uint32))
+    cases = []
+    for name, desc, inputs, i in nonfinite_cases():
+        d = exact.OpDesc.of(desc)
+        enc = exact.enclosure(d, inputs, i)
+        none = exact.has_no_finite_value(enc)
+        claims_of = [(fmax, exact.NONE, 0), (fmax, exact.DOWN, 0), (fmax, exact.EXPLICIT, fmax),
+                     (fmax | exact.SIGN, exact.NONE, 0), (0, exact.NONE, 0), (exact.POS_INF, exact.NONE, 0)]
+        if not none:
+            right = exact.rn32(exact.exact_value(d, inputs, i))
+            claims_of = [(right, exact.NONE, 0), (right, exact.EXPLICIT, right), *claims_of]
+        claims = []
+        for bits, code, value in dict.fromkeys(claims_of):
+            entries = [C.LogEntry(i, code, value)] if code else []
+            claims.append({
+                "bits": bits, "code": code, "value": value,
+                "stands": exact.judge_element(d, inputs, i, bits, entries[0] if entries else None),
+                "proof": hx(build_element_proof(d.encode(), inputs, i, entries, None, bytes(32), 1)),
+            })
+        cases.append({
+            "name": name,
+            "descriptor": hx(d.encode()),
+            "inputs": [hx(np.ascontiguousarray(t, dtype="<f4").tobytes()) for t in inputs],
+            "in_shapes": [list(t.shape) for t in inputs],
+            "input_roots": [hx(C.tensor_root(t)) for t in inputs],
+            "index": i,
+            "no_finite_value": none,
+            "claims": claims,
+        })
+    return {
+        "description": "elements with no finite FP32 value (the exact value undefined, or RN32(e) past FLT_MAX at "
+        "both ends of the contract's enclosure: no_finite_value), and finite controls: for each claim (bits, log "
+        "code, entry value) whether it stands under the rule (Adjudicator.adjudicate = exact.judge_element; no "
+        "finite claim stands where no_finite_value, and the ruling never reverts there) and its proof "
+        "abi.encode(Opening[], LogOpening) (step 1, zero seed, no dataset)",
+        "cases": cases,
+    }
+
+
 BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "merkle.json": merkle_vectors,
     "tensor.json": tensor_vectors,
@@ -622,6 +704,7 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "ops.json": ops_vectors,
     "rule.json": rule_vectors,
     "wide.json": wide_vectors,
+    "nonfinite.json": nonfinite_vectors,
 }
 
 

@@ -144,24 +144,28 @@ def adj():
     return w3.eth.contract(address=w3.eth.get_transaction_receipt(tx)["contractAddress"], abi=art.abi)
 
 
+def _hex(x: str) -> bytes:
+    return bytes.fromhex(x.removeprefix("0x"))
+
+
 def _vectors() -> list[dict]:
     return json.loads(VECTORS.read_text())["cases"]
 
 
 def _claim(c: dict, claimed: int, entries: list[LogEntry]) -> tuple:
-    roots = [bytes.fromhex(r) for r in c["input_roots"]]
-    return (bytes.fromhex(c["descriptor"]), roots, c["index"], claimed, op_log_root(entries), 1, bytes(32), bytes(32), 0)
+    roots = [_hex(r) for r in c["input_roots"]]
+    return (_hex(c["descriptor"]), roots, c["index"], claimed, op_log_root(entries), 1, bytes(32), bytes(32), 0)
 
 
 def test_nonfinite_vectors_cover_the_kinds() -> None:
-    kinds = {X.OpDesc.of(bytes.fromhex(c["descriptor"])).kind for c in _vectors()}
+    kinds = {X.OpDesc.of(_hex(c["descriptor"])).kind for c in _vectors()}
     assert {OpKind.SUM, OpKind.EXP, OpKind.DIV, OpKind.LOG, OpKind.MUL, OpKind.SQRT} <= kinds
 
 
 def test_python_rules_no_finite_claim_on_the_nonfinite_vectors() -> None:
     for c in _vectors():
-        desc = bytes.fromhex(c["descriptor"])
-        inputs = [np.frombuffer(bytes.fromhex(t), "<f4").reshape(s) for t, s in zip(c["inputs"], c["in_shapes"],
+        desc = _hex(c["descriptor"])
+        inputs = [np.frombuffer(_hex(t), "<f4").reshape(s) for t, s in zip(c["inputs"], c["in_shapes"],
                                                                                       strict=True)]
         assert X.no_finite_value(desc, inputs, c["index"]) == c["no_finite_value"], c["name"]
         for claim in c["claims"]:
@@ -175,6 +179,6 @@ def test_the_contract_rules_as_python_on_the_nonfinite_vectors(adj) -> None:
     for c in _vectors():
         for claim in c["claims"]:
             entries = [LogEntry(c["index"], claim["code"], claim["value"])] if claim["code"] else []
-            proof = bytes.fromhex(claim["proof"])
+            proof = _hex(claim["proof"])
             got = adj.functions.adjudicate(_claim(c, claim["bits"], entries), proof).call({"gas": CALL_GAS})
             assert got == claim["stands"], (c["name"], claim)
