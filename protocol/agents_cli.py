@@ -1314,6 +1314,9 @@ def _why(agent, interval: int) -> str:
         return "without cause"
     from vtrain.commit.roots import interval_root
 
+    site = agent.nonfinite.get(interval)
+    if site is not None:
+        return f"step {site.step} has no finite value at op {site.op} element {site.index}, yet it was posted"
     first, n = agent.ctx.interval_span(interval)
     posted = bytes(agent.proto.chain.call(agent.proto.registry.functions.getInterval(agent.job_id, interval))[0])
     if posted != interval_root([agent.book.records[s].leaf() for s in range(first, first + n)]):
