@@ -20,11 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import game_harness as H
 import numpy as np
 import pytest
 import torch
 
-import game_harness as H
 import nodes
 from protocol.auditor import AuditorAgent, exact_resolver
 from protocol.build import load_artifact
@@ -170,7 +170,8 @@ def test_python_rules_no_finite_claim_on_the_nonfinite_vectors() -> None:
         assert X.no_finite_value(desc, inputs, c["index"]) == c["no_finite_value"], c["name"]
         for claim in c["claims"]:
             entry = LogEntry(c["index"], claim["code"], claim["value"]) if claim["code"] else None
-            assert X.judge_element(desc, inputs, c["index"], claim["bits"], entry) == claim["stands"], (c["name"], claim)
+            stands = X.judge_element(desc, inputs, c["index"], claim["bits"], entry)
+            assert stands == claim["stands"], (c["name"], claim)
 
 
 def test_the_contract_rules_as_python_on_the_nonfinite_vectors(adj) -> None:
