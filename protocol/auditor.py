@@ -62,7 +62,12 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
     check is upheld without an exact ruling: the rule keeps an explicit claim equal to its entry's
     value exactly when ``RN32(lo) <= claimed <= RN32(hi)`` for the enclosure ``lo <= e <= hi`` (finite,
     not -0), which ``claimed = RN32(e)`` meets (RN32 is monotone). The replay flags such entries
-    whenever FP32 spacing dwarfs the tight bound (d 256 GPT: ~100 a step, 1.5 ms each in rationals)."""
+    whenever FP32 spacing dwarfs the tight bound (d 256 GPT: ~100 a step, 1.5 ms each in rationals).
+
+    A claim that does not stand where the exact value has no finite FP32 value (overflow past
+    FLT_MAX, division by zero, log of x <= 0, ...: ``exact.no_finite_value``) is overruled too, and
+    the replay stops there: a NonFiniteValue naming the element (``op``, ``index``), the dispute
+    target of :func:`vtrain.training.loop.locate_nonfinite` (the honest trainer stops there)."""
     from vtrain.numerics.canonical import is_exact_rounding
     from vtrain.numerics.exact import SIGN, UnsupportedOp, exact_value, judge_element, no_finite_value, rn32
 

@@ -35,8 +35,11 @@ from protocol.trainer import TrainerAgent
 from vtrain.commit.roots import LogEntry, op_log_root
 from vtrain.commit.trace import op_descriptors
 from vtrain.errors import NonFiniteValue, nonfinite_origin
+from vtrain.graph.executor import StepExecutor, StepLog
 from vtrain.graph.step_graph import GraphBuilder, OpKind
 from vtrain.numerics import exact as X
+from vtrain.numerics.rounding import Mode
+from vtrain.training.loop import locate_nonfinite_in
 from vtrain.training.spec import TrainSpec
 
 VECTORS = Path(__file__).resolve().parent / "vectors" / "nonfinite.json"
@@ -91,6 +94,8 @@ def test_a_trainer_posting_saturated_values_past_an_overflow_loses_the_element_r
     ev = proto.game.events.GameResolved.get_logs(from_block=0, argument_filters={"game": gid})
     assert int(ev[-1]["args"]["ruling"]) == 3  # adjudicated: the contract ruled the claim, no timeout
     assert (PHASE_ONE_STEP, 3, 17, site.index) in phases  # the element with no finite value was ruled
+    biggest = max(p.player.stats.max_gas.get(gid, 0) for p in (trainer, auditor))
+    assert 0 < biggest < 2**24  # every transaction of the game under the Osaka cap
     owed = int(chain.call(proto.registry.functions.owed(accounts["auditor"])))
     assert owed == TERMS.challenger_bond + H.bounty(TERMS.trainer_stake)  # bond back and the bounty
     assert int(chain.call(proto.registry.functions.owed(accounts["trainer"]))) == 0
@@ -131,6 +136,39 @@ def test_the_resolver_overrules_a_flt_max_claim_whose_exact_value_overflows() ->
     overruled = []
     got = _resolve([FMAX, 2.0**103, -(2.0**50)], FMAX, 3, overruled)
     assert float(got[0]) == FMAX and not overruled
+
+
+# ------------------------------------------------------------------ locating the element
+
+
+def _unary_step(kind: str, x: list[float]):
+    """A one-slot graph: y = kind(x) (x * x for "square") written back to the slot."""
+    g = GraphBuilder()
+    xi = g.input("x", (1, len(x)))
+    y = g.mul(xi, xi) if kind == "square" else getattr(g, kind)(xi)
+    g.output(y, 0)
+    graph = g.build(g.sum(y))
+    return graph, [torch.tensor([x], dtype=torch.float32)]
+
+
+@pytest.mark.parametrize("kind,x,at", [
+    ("exp", [1.0, 2.0, 100.0, 88.75], 2),  # exp(x) for x >= 89 has no value; 88.75 overflows too
+    ("exp", [1.0, 88.75, 0.0], 1),
+    ("log", [1.0, 2.0, 0.0, -1.0], 2),
+    ("sqrt", [4.0, -1.0], 1),
+    ("square", [1.0, 1.0, -1e20], 2),
+])
+def test_the_replay_locates_the_first_element_with_no_finite_value(kind: str, x: list[float], at: int) -> None:
+    graph, state = _unary_step(kind, x)
+    ex = StepExecutor(graph, Mode.CERTIFIED)
+    data = torch.zeros(graph.data_shape)
+    with pytest.raises(NonFiniteValue):  # the honest trainer stops here
+        ex.run([t.clone() for t in state], data, step=1)
+    site = locate_nonfinite_in(ex, state, data, 1, StepLog(Mode.CERTIFIED))
+    assert site is not None and (site.step, site.op, site.index) == (1, 1, at)
+    assert len(site.outputs) == 1 and np.array_equal(site.outputs[0], state[0].numpy().reshape(-1))
+    # a finite step is no site
+    assert locate_nonfinite_in(ex, [torch.ones_like(state[0])], data, 1, StepLog(Mode.CERTIFIED)) is None
 
 
 # ------------------------------------------------------------------ Solidity = Python

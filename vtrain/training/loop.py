@@ -177,18 +177,33 @@ def locate_nonfinite(
     resolver_factory=None,
     device: str | None = None,
 ) -> NonFiniteSite | None:
-    """Replay step ``step`` from ``state`` with ``log_in`` (checked, as the auditor does) and, if it
-    stops with NonFiniteValue, the element where: the failing op is the one after the last output
-    the replay produced; its element is the one the raiser named (a resolver overruling a claim
-    whose exact value overflows) or else the first one, in index order among those whose FP64 value
-    is not finite or within 2^-20 of FLT_MAX, whose exact value has no finite FP32 value
-    (:func:`vtrain.numerics.exact.no_finite_value`, the contract's rule). None when the step replays,
-    or no such element is found (e.g. an op kind the contract does not rule on)."""
+    """Replay step ``step`` of ``job`` from ``state`` with ``log_in`` (checked, as the auditor does)
+    and, if it stops with NonFiniteValue, the element where (:func:`locate_nonfinite_in`)."""
+    ex = executor_for(job, job.spec.mode, device)
+    if not isinstance(ex, StepExecutor):
+        return None  # plain FP32 (torch): no rounding rule, nothing the contract rules on
+    return locate_nonfinite_in(ex, state, batch_for(job, step), step, log_in, resolver_factory)
+
+
+def locate_nonfinite_in(
+    ex: StepExecutor,
+    state: list[torch.Tensor],
+    data: torch.Tensor,
+    step: int,
+    log_in: StepLog,
+    resolver_factory=None,
+) -> NonFiniteSite | None:
+    """Replay one step on ``ex`` with ``log_in`` (checked) and, if it stops with NonFiniteValue,
+    the element where: the failing op is the one after the last output the replay produced; its
+    element is the one the raiser named (a resolver overruling a claim whose exact value has no
+    finite value) or else the first, in index order among those whose FP64 value is not finite or
+    within 2^-20 of FLT_MAX, whose exact value has no finite FP32 value
+    (:func:`vtrain.numerics.exact.no_finite_value`, the contract's rule). None when the step
+    replays, or no such element is found (e.g. an op kind the contract does not rule on)."""
     from vtrain.graph.executor import _compute_fp64
     from vtrain.numerics import exact as X
     from vtrain.numerics.canonical import op_desc
 
-    ex = executor_for(job, job.spec.mode, device)
     outs: list[np.ndarray] = []
 
     def keep(op, ins, out, _log):
@@ -196,11 +211,10 @@ def locate_nonfinite(
         return out
 
     try:
-        ex.run(state, batch_for(job, step), log_in=log_in, check=True, resolver_factory=resolver_factory,
-               step=step, op_hook=keep)
+        ex.run(state, data, log_in=log_in, check=True, resolver_factory=resolver_factory, step=step, op_hook=keep)
     except NonFiniteValue as e:
         origin = nonfinite_origin(e)
-        graph = job.graph
+        graph = ex.graph
         if len(outs) >= graph.n_ops:
             return None
         op = graph.ops[len(outs)]
