@@ -630,6 +630,10 @@ def nonfinite_cases() -> list[tuple[str, Any, list[np.ndarray], int]]:
     def row_sum(*xs: float) -> tuple[Any, list[np.ndarray], int]:
         return (K.SUM, (0,), (1, 1), ((1, len(xs)),), ()), [np.array([xs], np.float32)], 0
 
+    def dot(a: list[float], b: list[float], bias: float) -> tuple[Any, list[np.ndarray], int]:
+        n = len(a)
+        return (K.MATMUL, (0, 1, 2), (1, 1), ((1, n), (1, n), (1,)), ()), [f32(*a)[None], f32(*b)[None], f32(bias)], 0
+
     ten = int(np.array(1e10, np.float32).view(np.uint32))
     cases = [
         ("sum past the threshold (e = B + 2^50)", *row_sum(fmax, 2.0**103, 2.0**50)),
@@ -647,6 +651,10 @@ def nonfinite_cases() -> list[tuple[str, Any, list[np.ndarray], int]]:
         ("mul overflow", *binary(K.MUL, 1e20, -1e20)),
         ("add overflow", *binary(K.ADD, fmax, fmax)),
         ("mul_s overflow", *unary(K.MUL_S, 1e30, (ten,))),
+        ("sub overflow", *binary(K.SUB, -fmax, fmax)),
+        ("matmul of FLT_MAX products", *dot([fmax, fmax], [fmax, -1.0], 1.0)),
+        ("matmul past the threshold (8e38)", *dot([2e19, 2e19], [2e19, 2e19], 0.0)),
+        ("matmul below it (control: 2e38)", *dot([1e19, 1e19], [1e19, 1e19], 0.0)),
     ]
     return [(name, desc, inputs, index) for name, desc, inputs, index in cases]
 

@@ -197,7 +197,7 @@ def _claim(c: dict, claimed: int, entries: list[LogEntry]) -> tuple:
 
 def test_nonfinite_vectors_cover_the_kinds() -> None:
     kinds = {X.OpDesc.of(_hex(c["descriptor"])).kind for c in _vectors()}
-    assert {OpKind.SUM, OpKind.EXP, OpKind.DIV, OpKind.LOG, OpKind.MUL, OpKind.SQRT} <= kinds
+    assert {OpKind.SUM, OpKind.MATMUL, OpKind.EXP, OpKind.DIV, OpKind.LOG, OpKind.MUL, OpKind.SQRT} <= kinds
 
 
 def test_python_rules_no_finite_claim_on_the_nonfinite_vectors() -> None:
