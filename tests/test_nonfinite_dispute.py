@@ -111,22 +111,23 @@ def _sum_graph(row: list[float]):
     return graph, graph.ops[y.op], np.array([row], np.float32)
 
 
-def _resolve(row: list[float], claimed: float, code: int, overruled: list) -> np.ndarray:
-    """The auditor's resolver on a one-element SUM over ``row`` whose log claims ``claimed`` (flagged)."""
+def _resolve(row: list[float], claimed: float, code: int, overruled: list, flagged: bool = True) -> np.ndarray:
+    """The auditor's resolver on a one-element SUM over ``row`` whose log claims ``claimed``
+    (``flagged`` by the replay's checks, or not: then checked against RN32(e) in the batch)."""
     graph, op, x = _sum_graph(row)
     ctx = SimpleNamespace(graph=SimpleNamespace(descriptors=op_descriptors(graph)))
     resolve = exact_resolver(ctx, overruled)(op, [torch.from_numpy(x)])
-    return resolve(np.array([0]), np.array([claimed], np.float32), np.array([code], np.uint8), np.array([True]))
+    return resolve(np.array([0]), np.array([claimed], np.float32), np.array([code], np.uint8), np.array([flagged]))
 
 
 def test_the_resolver_overrules_a_flt_max_claim_whose_exact_value_overflows() -> None:
     """e = FLT_MAX + 2^103 + 2^50 > FLT_MAX + ulp/2: RN32(e) is +inf. The trainer's FLT_MAX claim
     (explicit or down) does not stand; the resolver overrules it and names the element (before:
     its ``rn32(exact_value)`` raised a bare NonFiniteValue, and the auditor never challenged)."""
-    for code in (3, 1):
+    for code, flagged in ((3, True), (1, True), (3, False)):
         overruled: list[tuple[int, int]] = []
         with pytest.raises(NonFiniteValue) as info:
-            _resolve([FMAX, 2.0**103, 2.0**50], FMAX, code, overruled)
+            _resolve([FMAX, 2.0**103, 2.0**50], FMAX, code, overruled, flagged)
         origin = nonfinite_origin(info.value)
         assert origin is not None and (origin.op, origin.index) == (1, 0), info.value
         assert overruled == [(1, 0)]
