@@ -101,6 +101,33 @@ def test_a_trainer_posting_saturated_values_past_an_overflow_loses_the_element_r
     assert int(chain.call(proto.registry.functions.owed(accounts["trainer"]))) == 0
 
 
+def test_a_trainer_that_cannot_recompute_its_posted_step_loses_on_time_without_crashing(demo_world) -> None:
+    """The trainer posted saturated steps, then regenerates its trace honestly: step 3 has no finite
+    value, so it has no answer to commitTrace (its play logs that and sends nothing, before: the
+    NonFiniteValue escaped its play), and the auditor claims the timeout."""
+    proto, store, accounts = demo_world
+    from protocol.demo import create_job
+
+    ctx = JobContext.of(DIVERGING)
+    job = create_job(proto, accounts["client"], accounts["trainer"], ctx, TERMS)
+    trainer = TrainerAgent(proto, accounts["trainer"], ctx, store, job, cheat=SaturateOverflow(3))
+    trainer.accept(TERMS)
+    auditor = AuditorAgent(proto, accounts["auditor"], ctx, store, job)
+    trainer.run_interval()
+    gid = auditor.challenge(auditor.audit(), TERMS)
+    trainer.cheat = None  # its moves now come from an honest recomputation, which stops at step 3
+    for _ in range(100):
+        sent = trainer.play() + auditor.play()
+        v = auditor.player.view(gid)
+        if v.status != STATUS_IN_PROGRESS:
+            break
+        if not sent:
+            proto.chain.advance_time(TERMS.clock + 1)
+    assert v.status == STATUS_CHALLENGER_WON
+    ev = proto.game.events.GameResolved.get_logs(from_block=0, argument_filters={"game": gid})
+    assert int(ev[-1]["args"]["ruling"]) == 1  # timeout
+
+
 # ------------------------------------------------------------------ the resolver
 
 
