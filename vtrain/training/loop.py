@@ -205,8 +205,10 @@ def locate_nonfinite_in(
     from vtrain.numerics.canonical import op_desc
 
     outs: list[np.ndarray] = []
+    ids: list[int] = []
 
     def keep(op, ins, out, _log):
+        ids.append(op.id)
         outs.append(out.detach().cpu().reshape(-1).numpy().astype(np.float32, copy=True))
         return out
 
@@ -215,8 +217,8 @@ def locate_nonfinite_in(
     except NonFiniteValue as e:
         origin = nonfinite_origin(e)
         graph = ex.graph
-        if len(outs) >= graph.n_ops:
-            return None
+        if len(outs) >= graph.n_ops or ids != list(range(len(ids))):
+            return None  # (an executor that runs ops out of id order: the failing op is not known here)
         op = graph.ops[len(outs)]
         if op.kind not in ROUNDING_KINDS:
             return None
