@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,7 +18,9 @@ from vtrain.commit.roots import CHUNK_ELEMS, chunk_bytes, interval_tree, roots_t
 from vtrain.commit.trace import StepTrace, op_log_entries
 from vtrain.graph.step_graph import OpKind
 from vtrain.numerics.exact import Partial, element_partials, first_wrong_chunk, is_chunked
-from vtrain.training.loop import NonFiniteSite
+
+if TYPE_CHECKING:
+    from vtrain.training.loop import NonFiniteSite
 
 log = logging.getLogger(__name__)
 
