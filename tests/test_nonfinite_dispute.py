@@ -249,3 +249,11 @@ def test_the_contract_rules_as_python_on_the_nonfinite_vectors(adj) -> None:
             proof = _hex(claim["proof"])
             got = adj.functions.adjudicate(_claim(c, claim["bits"], entries), proof).call({"gas": CALL_GAS})
             assert got == claim["stands"], (c["name"], claim)
+
+
+def test_the_agents_say_why_they_challenge_a_step_with_no_finite_value() -> None:
+    from protocol.agents_cli import _why
+    from vtrain.training.loop import NonFiniteSite
+
+    agent = SimpleNamespace(honest=True, nonfinite={0: NonFiniteSite(3, 17, 5, ())})
+    assert _why(agent, 0) == "step 3 has no finite value at op 17 element 5, yet it was posted"
