@@ -257,3 +257,31 @@ def test_the_agents_say_why_they_challenge_a_step_with_no_finite_value() -> None
 
     agent = SimpleNamespace(honest=True, nonfinite={0: NonFiniteSite(3, 17, 5, ())})
     assert _why(agent, 0) == "step 3 has no finite value at op 17 element 5, yet it was posted"
+
+
+def test_the_challenger_descends_to_the_chunk_and_the_element_with_no_finite_value() -> None:
+    """Element 200 of op 17 (chunk 3 of 4, offset 8): the element descent goes right twice, the
+    pick is offset 8; in the trace every node holding op 17 or later is disputed (left)."""
+    from protocol.game import (
+        PARTY_CHALLENGER,
+        PHASE_ELEMENT,
+        PHASE_PICK,
+        PHASE_TRACE,
+        ChallengerStrategy,
+        GameView,
+    )
+    from vtrain.training.loop import NonFiniteSite
+
+    site = NonFiniteSite(3, 17, 200, ())
+    strategy = ChallengerStrategy(None, None, None, lambda g: None, lambda g: bytes(256),  # type: ignore[arg-type]
+                                  nonfinite_of=lambda i: site)
+
+    def view(phase: int, lo: int, size: int, op: int = 17) -> GameView:
+        z = bytes(32)
+        return GameView(0, 0, "", "", phase, STATUS_IN_PROGRESS, PARTY_CHALLENGER, 0, 0, 0, z, lo, size, z, z, 3,
+                        z, z, z, z, op, z, 256, 0, 0)
+
+    assert [strategy.move(0, view(PHASE_ELEMENT, lo, size)).args for lo, size in ((0, 4), (2, 2))] == [(True,)] * 2
+    assert strategy.move(0, view(PHASE_PICK, 3, 1)).args == (bytes(256), 8)
+    assert strategy.move(0, view(PHASE_TRACE, 0, 68)).args == (False,)  # ops 0..63 hold op 17
+    assert strategy.move(0, view(PHASE_TRACE, 16, 4)).args == (False,)  # ops 16, 17
