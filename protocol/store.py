@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import socket
 import stat
 import struct
 import tempfile
@@ -589,6 +590,70 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+class _Watchdog:
+    """The deadline of one HTTP read, headers included: past it, the sockets of the read are shut
+    down, which wakes any blocked ``recv`` (a server dripping its status line or headers a byte at a
+    time, each within the socket timeout, is otherwise waited for without end by ``http.client``)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline  # time.monotonic()
+        self.expired = False
+        self._socks: list[Any] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def track(self, sock: Any) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            late = self.expired
+        if late:
+            self._shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            socks = list(self._socks)
+        for sock in socks:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: Any) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _watched_handlers(watch: _Watchdog) -> list[urllib.request.BaseHandler]:
+    """HTTP and HTTPS handlers whose connections report their socket to ``watch`` once connected."""
+
+    def watched(base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
+        class Watched(base):  # type: ignore[valid-type, misc]
+            def connect(self) -> None:
+                super().connect()
+                watch.track(self.sock)
+
+        return Watched
+
+    http_conn, https_conn = watched(http.client.HTTPConnection), watched(http.client.HTTPSConnection)
+
+    class Http(urllib.request.HTTPHandler):
+        def http_open(self, req):  # noqa: ANN001, ANN201 (urllib's)
+            return self.do_open(http_conn, req)
+
+    class Https(urllib.request.HTTPSHandler):
+        def https_open(self, req):  # noqa: ANN001, ANN201 (urllib's)
+            return self.do_open(https_conn, req, context=self._context)
+
+    return [Http(), Https()]
+
+
 class HttpArtifactReader(ArtifactReader):
     """Reads a store served by :func:`serve_store` (or any static server of the same layout).
 
@@ -597,7 +662,8 @@ class HttpArtifactReader(ArtifactReader):
     exactly as for a local store, and bounded: at most the reader's size limit, within
     ``read_deadline`` seconds in all (a server dripping bytes is cut off, not waited for). A
     redirect is followed only within the store's scheme, host and port (another one is refused:
-    ArtifactUnavailable, not retried).
+    ArtifactUnavailable, not retried). ``read_deadline`` bounds the whole read of one artifact,
+    retries, status line and headers included (a watchdog shuts the socket down past it).
     """
 
     def __init__(
@@ -628,27 +694,40 @@ class HttpArtifactReader(ArtifactReader):
         and never read past ``limit + 1`` bytes (a server streaming without end is cut off there)."""
         url = self._where(job, rel)
         last: Exception | None = None
+        deadline = time.monotonic() + self.read_deadline
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                with self._opener.open(url, timeout=self.timeout) as resp:
-                    length = resp.headers.get("Content-Length")
-                    if length is not None and length.strip().isdigit():
-                        _check_size(int(length), limit, url)
-                    data = _read_bounded(resp, limit, deadline=time.monotonic() + self.read_deadline, where=url)
-                _check_size(len(data), limit, url)
-                return data
-            except urllib.error.HTTPError as e:
-                e.close()
-                if e.code == 404:
-                    raise MissingArtifact(f"job {job}: {rel} not found at {url}") from None
-                if e.code < 500:
-                    raise ArtifactUnavailable(f"{url}: HTTP {e.code} {e.reason}") from None
-                last = e
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
-                last = e
+                time.sleep(min(self.backoff * 2 ** (attempt - 1), max(0.0, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                break
+            with _Watchdog(deadline) as watch:
+                try:
+                    opener = urllib.request.build_opener(_SameOriginRedirects, *_watched_handlers(watch))
+                    with opener.open(url, timeout=self.timeout) as resp:
+                        length = resp.headers.get("Content-Length")
+                        if length is not None and length.strip().isdigit():
+                            _check_size(int(length), limit, url)
+                        data = _read_bounded(resp, limit, deadline=deadline, where=url)
+                    if watch.expired:  # the body was cut short by the watchdog: not an answer
+                        raise ArtifactUnavailable(f"{url}: still sending after the read's deadline ({len(data)} "
+                                                  "bytes so far; not used)")
+                    _check_size(len(data), limit, url)
+                    return data
+                except urllib.error.HTTPError as e:
+                    e.close()
+                    if e.code == 404:
+                        raise MissingArtifact(f"job {job}: {rel} not found at {url}") from None
+                    if e.code < 500:
+                        raise ArtifactUnavailable(f"{url}: HTTP {e.code} {e.reason}") from None
+                    last = e
+                except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+                    if watch.expired:
+                        break
+                    last = e
             log.warning(
                 "reading %s failed (attempt %d of %d): %s", url, attempt + 1, self.retries + 1, last
             )
+        if time.monotonic() >= deadline or last is None:
+            raise ArtifactUnavailable(f"{url}: no complete answer within the read's deadline of {self.read_deadline} s "
+                                      f"(status line, headers and body, all attempts; not used)")
         raise ArtifactUnavailable(f"{url}: unavailable after {self.retries + 1} attempts: {last}")
