@@ -1137,7 +1137,7 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
         try:
             if status == "active":
                 bad = None
-                if agent.honest:
+                if agent.honest and _audit_needed(agent):
                     # Replay every posted interval, also after a restart mid-game: the game's
                     # moves need the replayed states and step records of the disputed interval.
                     before = agent.verified
@@ -1197,6 +1197,16 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
             idle(block)
         if not sent:
             time.sleep(poll)
+
+
+def _audit_needed(agent) -> bool:
+    """False while a game of the auditor runs and every interval it disputes is replayed: one
+    conviction ends the job, and reading the trainer's artifacts of a later interval (served as
+    slowly as the trainer likes) would only hold the auditor while its game clock runs."""
+    from protocol.game import STATUS_IN_PROGRESS
+
+    live = [v.interval for v in (agent.player.view(g) for g in agent.disputed) if v.status == STATUS_IN_PROGRESS]
+    return not live or agent.verified <= max(live)
 
 
 def _report_blocked(agent, out: Out, reported: dict[int, str]) -> bool:

@@ -95,3 +95,90 @@ def test_a_server_dripping_its_status_line_or_headers_is_cut_off_at_the_reads_de
         with pytest.raises(ArtifactUnavailable, match="read's deadline"):
             reader.get_step(1, 1)
         assert time.monotonic() - t0 < 1.5  # one deadline for all attempts, not one each
+
+
+# -- the auditor's game clock vs. the trainer's artifacts of later intervals ------------------------
+
+
+class _StallingReader:
+    """The cheating trainer's server: serves interval 0 (the cheat) at once; a read of a later
+    interval's artifact stalls for longer than the auditor's clock (simulated: the trainer makes
+    its moves, the chain's time passes the clock, the trainer claims the timeout)."""
+
+    def __init__(self, store, last_prompt_step: int, stall: Callable[[], None]) -> None:
+        self.store, self.last_prompt_step, self.stall = store, last_prompt_step, stall
+        self.stalled: list[int] = []
+        self.max_blob_bytes = store.max_blob_bytes
+
+    def _maybe_stall(self, s: int) -> None:
+        if s > self.last_prompt_step:
+            self.stalled.append(s)
+            self.stall()
+
+    def get_step(self, job, s):  # noqa: ANN001, ANN201
+        self._maybe_stall(s)
+        return self.store.get_step(job, s)
+
+    def get_log(self, job, s):  # noqa: ANN001, ANN201
+        self._maybe_stall(s)
+        return self.store.get_log(job, s)
+
+    def get_checkpoint(self, job, interval):  # noqa: ANN001, ANN201
+        return self.store.get_checkpoint(job, interval)
+
+    def get_blob(self, job, digest, size=None):  # noqa: ANN001, ANN201
+        return self.store.get_blob(job, digest, size)
+
+
+def test_a_cheater_stalling_its_later_intervals_artifacts_cannot_run_out_the_auditors_game_clock(tmp_path,
+                                                                                                 monkeypatch):
+    """The trainer cheats in interval 0 and posts interval 1, whose artifacts its server sends slowly
+    (each read within its deadline, or many reads of one interval). Before, the auditor's loop
+    audited interval 1 before each move of its game on interval 0: the fetch outlasted its clock and
+    the cheater won the game on time (the bond too). Now, while its game runs, the auditor fetches
+    nothing past the disputed interval (one conviction ends the job): it wins."""
+    import types
+
+    from protocol import agents_cli
+    from protocol.auditor import AuditorAgent
+    from protocol.chain import Chain
+    from protocol.cheats import PoisonSample
+    from protocol.demo import create_job, default_spec
+    from protocol.deploy import deploy
+    from protocol.game import STATUS_CHALLENGER_WON
+    from protocol.jobs import JobContext, Terms
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+
+    terms = Terms()
+    chain = Chain.connect(None)
+    a = chain.accounts()
+    proto = deploy(chain, a[0])
+    ctx = JobContext.of(default_spec("mlp"))
+    store = ArtifactStore(tmp_path)
+    job = create_job(proto, a[1], a[2], ctx, terms)
+    trainer = TrainerAgent(proto, a[2], ctx, store, job, cheat=PoisonSample(2))
+    trainer.accept(terms)
+    while trainer.run_interval() is not None:
+        pass
+    assert ctx.n_intervals == 2
+
+    def stall() -> None:
+        while trainer.play():  # the trainer moves until the auditor is to move
+            pass
+        chain.advance_time(terms.clock + 1)  # the read outlasts the auditor's clock
+        trainer.play()  # and the trainer claims the timeout
+
+    first, n = ctx.interval_span(0)
+    reader = _StallingReader(store, first + n - 1, stall)
+    auditor = AuditorAgent(proto, a[3], ctx, reader, job)
+    # the trainer moves whenever the auditor's loop waits (one process, no threads)
+    monkeypatch.setattr(agents_cli, "time", types.SimpleNamespace(monotonic=time.monotonic, strftime=time.strftime,
+                                                                  sleep=lambda _s: trainer.play()))
+    with trial("cheater stalls its later interval's artifacts during the game"):
+        out = agents_cli.Out.make("auditor", job, events=False)
+        result = agents_cli._auditor_loop(auditor, out, time.monotonic() + 120, 0.0)
+        (gid,) = auditor.disputed
+        assert auditor.player.view(gid).status == STATUS_CHALLENGER_WON, (result, reader.stalled)
+        assert reader.stalled == [] and result["status"] == "fraudulent"
+        assert result["withdrawn"] == terms.challenger_bond + terms.trainer_stake * 5000 // 10_000
