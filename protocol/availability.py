@@ -44,7 +44,7 @@ from vtrain.commit.roots import (
     step_log_root,
 )
 from vtrain.commit.trace import op_log_entries, op_log_roots
-from vtrain.errors import CorruptArtifact, MissingArtifact
+from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
 from vtrain.graph.executor import StepLog
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
 from vtrain.numerics.rounding import Mode, OpLog
@@ -280,7 +280,14 @@ class AvailabilityResponder:
                 continue
             what = f"job {self.job_id}: answer demand {d.id} ({'step' if d.kind == KIND_STEP else 'log'} {d.step})"
             try:
-                r = self.proto.chain.send(self._answer(d), self.account, what=what)
+                answer = self._answer(d)
+            except (ValueError, VtrainError) as e:
+                # SAFETY: a demand this trainer cannot answer (its store lacks the data, or the demand
+                # names a leaf its log does not have) must not stop it answering the others.
+                log.error("%s: cannot answer: %s", what, e)
+                continue
+            try:
+                r = self.proto.chain.send(answer, self.account, what=what)
             except Reverted as e:
                 log.warning("%s: %s", what, e)
                 continue

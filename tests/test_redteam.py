@@ -182,3 +182,49 @@ def test_a_cheater_stalling_its_later_intervals_artifacts_cannot_run_out_the_aud
         assert auditor.player.view(gid).status == STATUS_CHALLENGER_WON, (result, reader.stalled)
         assert reader.stalled == [] and result["status"] == "fraudulent"
         assert result["withdrawn"] == terms.challenger_bond + terms.trainer_stake * 5000 // 10_000
+
+
+# -- data-availability demands an honest trainer cannot answer -------------------------------------
+
+
+def _lr():
+    import da_harness as D
+    import game_harness as H
+
+    return D.with_logs(H.simulate(H.JobConfig()))
+
+
+def test_a_log_demand_whose_start_position_cannot_answer_its_range_cannot_convict_an_honest_trainer(dep):
+    """A demander fixes a Log demand's start at a leaf past its range (key > fromIndex), past the
+    log's end, or at a position of a log whose size no answer has bound. Before, no run of the
+    committed log answered such a demand: the honest trainer's answer reverted, the demand timed
+    out and the demander took the bounty (the rest of the stake burned). Now a demand names 0 or a
+    leaf of the bound size (else `StartNotPublished`), and the run from that leaf answers it."""
+    import da_harness as D
+    import game_harness as H
+    from game_harness import JobStatus, reverts
+
+    from protocol import availability as A
+
+    lr = _lr()
+    with trial("log demand with a start position past its range or the log"):
+        job = H.active_job(dep, lr.run)
+        op = lr.run.graph.index["update0"]
+        s = 2
+        keys = A.log_keys(lr.log(s, op))
+        with reverts("StartNotPublished", 1, 0):  # no answer has bound the log's size yet
+            dep.dry(dep.da.functions.demandLog(job, 0, s, op, 0, 3, 1), dep.challenger,
+                    value=D.bond(dep, job) + D.log_fee(dep, 0, 3))
+        first = D.demand_log(dep, job, 0, s, op, 0, 3, start=0)  # binds the size
+        dep.tx(dep.da.functions.answerLog(first, D.answer_run_for(lr, 0, s, op, 0, 3, 0)), dep.trainer)
+        with reverts("StartNotPublished", len(keys), len(keys)):  # past the log's last leaf
+            dep.dry(dep.da.functions.demandLog(job, 0, s, op, 0, 3, len(keys)), dep.challenger,
+                    value=D.bond(dep, job) + D.log_fee(dep, 0, 3))
+        start = len(keys) - 1  # the HIGH sentinel: its key is past fromIndex
+        assert keys[start] > 5
+        did = D.demand_log(dep, job, 0, s, op, 5, 9, start=start)
+        before = dep.owed(dep.challenger)
+        dep.tx(dep.da.functions.answerLog(did, D.answer_run_for(lr, 0, s, op, 5, 9, start)), dep.trainer)
+        assert D.demand(dep, did)["status"] == 2  # answered
+        assert dep.job_status(job) == JobStatus.ACTIVE
+        assert dep.owed(dep.challenger) > before  # its bond back (and the unused fee)
