@@ -704,8 +704,10 @@ class HttpArtifactReader(ArtifactReader):
                 try:
                     opener = urllib.request.build_opener(_SameOriginRedirects, *_watched_handlers(watch))
                     with opener.open(url, timeout=self.timeout) as resp:
+                        # ASCII digits only: str.isdigit() takes '²' and int() refuses it, or a
+                        # number of 5,000 digits int() refuses (a ValueError the auditor did not catch)
                         length = resp.headers.get("Content-Length")
-                        if length is not None and length.strip().isdigit():
+                        if length is not None and re.fullmatch(r"[0-9]{1,20}", length.strip()):
                             _check_size(int(length), limit, url)
                         data = _read_bounded(resp, limit, deadline=deadline, where=url)
                     if watch.expired:  # the body was cut short by the watchdog: not an answer
@@ -720,7 +722,8 @@ class HttpArtifactReader(ArtifactReader):
                     if e.code < 500:
                         raise ArtifactUnavailable(f"{url}: HTTP {e.code} {e.reason}") from None
                     last = e
-                except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+                except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+                    # ValueError: an answer the HTTP stack cannot parse (never one of ours: VtrainError)
                     if watch.expired:
                         break
                     last = e

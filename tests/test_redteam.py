@@ -228,3 +228,35 @@ def test_a_log_demand_whose_start_position_cannot_answer_its_range_cannot_convic
         assert D.demand(dep, did)["status"] == 2  # answered
         assert dep.job_status(job) == JobStatus.ACTIVE
         assert dep.owed(dep.challenger) > before  # its bond back (and the unused fee)
+
+
+MALFORMED_ANSWERS = {
+    # a Latin-1 '²' passes str.isdigit() and fails int(); 5,000 digits pass it and fail int() too
+    "superscript-length": b"HTTP/1.0 200 OK\r\nContent-Length: \xb2\r\n\r\n{}",
+    "5000-digit-length": b"HTTP/1.0 200 OK\r\nContent-Length: 1" + b"0" * 5000 + b"\r\n\r\n{}",
+    "bad-chunk-size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "negative-chunk-size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n{}\r\n0\r\n\r\n",
+    "bad-status": b"HTTP/1.0 abc OK\r\n\r\n{}",
+    "no-status": b"\r\n\r\n",
+    "binary-garbage": bytes(range(256)) * 4,
+}
+
+
+@pytest.mark.parametrize("how", sorted(MALFORMED_ANSWERS))
+def test_a_malformed_http_answer_is_unavailable_never_another_exception(how):
+    """The trainer's server answers with a malformed status line, Content-Length or chunk size.
+    Before, a Content-Length of '²' (Latin-1) or of 5,000 digits raised a ValueError out of the
+    reader: the auditor's loop, which catches the artifact errors only, stopped (a stopped auditor
+    never challenges: the cheater is paid). Now each is a VtrainError of the reader."""
+    from protocol.store import HttpArtifactReader
+    from vtrain.errors import VtrainError
+
+    data = MALFORMED_ANSWERS[how]
+
+    def answer(c: socket.socket) -> None:
+        c.sendall(data)
+
+    with trial(f"artifact server answers a malformed {how}"), raw_server(answer) as url:
+        reader = HttpArtifactReader(url, retries=1, timeout=2.0, backoff=0.01, read_deadline=2.0)
+        with pytest.raises(VtrainError):
+            reader.get_step(1, 1)
