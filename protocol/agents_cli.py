@@ -959,7 +959,10 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
             j = chain.call(proto.registry.functions.getJob(job))
             nxt, open_games = int(j[4]), int(j[5])
             if nxt < n:
-                i = agent.run_interval()
+                # SAFETY: an interval may take longer to train than a game's clock: the games of the
+                # intervals already posted (and demands) are played between its steps, so a griefer
+                # challenging as soon as an interval is posted cannot win on time.
+                i = agent.run_interval(on_step=lambda _s, _loss: agent.play())
                 if i is not None:
                     posted += 1
                     out.say(f"posted interval {i} of {n}")

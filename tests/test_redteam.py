@@ -260,3 +260,58 @@ def test_a_malformed_http_answer_is_unavailable_never_another_exception(how):
         reader = HttpArtifactReader(url, retries=1, timeout=2.0, backoff=0.01, read_deadline=2.0)
         with pytest.raises(VtrainError):
             reader.get_step(1, 1)
+
+
+# -- the trainer's game clock vs. its own training of the next interval -----------------------------
+
+
+def test_a_griefer_challenging_while_the_trainer_trains_a_long_interval_cannot_win_on_time(tmp_path, monkeypatch):
+    """A griefer challenges interval 0 of an honest trainer as soon as it is posted, then never
+    moves. The next interval takes the trainer longer than the game's clock to train (simulated:
+    each step moves the chain's time a third of the clock on). Before, the trainer's loop trained
+    the whole interval before its first move: its clock ran out and the griefer took the bounty
+    from an honest trainer. Now it plays its games between steps: it wins the griefer's bond on
+    time and is paid."""
+    import types
+
+    from web3.logs import DISCARD
+
+    from protocol import agents_cli
+    from protocol.chain import Chain
+    from protocol.demo import create_job, default_spec
+    from protocol.deploy import deploy
+    from protocol.game import STATUS_TRAINER_WON
+    from protocol.jobs import JobContext, Terms
+    from protocol.store import ArtifactStore
+    from protocol.trainer import TrainerAgent
+
+    terms = Terms()
+    chain = Chain.connect(None)
+    a = chain.accounts()
+    proto = deploy(chain, a[0])
+    ctx = JobContext.of(default_spec("mlp"))
+    job = create_job(proto, a[1], a[2], ctx, terms)
+    trainer = TrainerAgent(proto, a[2], ctx, ArtifactStore(tmp_path), job)
+    games: list[int] = []
+    train = trainer._train
+
+    def slow_train(state, first, last):  # noqa: ANN001, ANN202
+        if first > 1 and not games:  # interval 0 is posted: the griefer challenges it at once
+            r = chain.send(proto.game.functions.challenge(job, 0), a[4], value=terms.challenger_bond, what="grief")
+            games.append(int(proto.game.events.GameCreated().process_receipt(r, errors=DISCARD)[0]["args"]["game"]))
+        for o in train(state, first, last):
+            chain.advance_time(terms.clock // 3)  # each step of this interval is long
+            yield o
+
+    trainer._train = slow_train
+    # the loop's idle waits pass chain time (an eth-tester chain has no clock of its own)
+    monkeypatch.setattr(agents_cli, "time", types.SimpleNamespace(
+        monotonic=time.monotonic, strftime=time.strftime, sleep=lambda _s: chain.advance_time(600)))
+    with trial("griefer challenges while the trainer trains an interval longer than the clock"):
+        params = tuple(chain.call(proto.registry.functions.jobParams(job)))
+        result = agents_cli._trainer_loop(trainer, params, agents_cli.Out.make("trainer", job, events=False),
+                                          time.monotonic() + 120, 0.0)
+        (gid,) = games
+        assert trainer.player.view(gid).status == STATUS_TRAINER_WON, result
+        assert result["status"] == "finalized"
+        assert result["withdrawn"] == terms.payment + terms.trainer_stake + terms.challenger_bond
