@@ -74,6 +74,10 @@ class ArtifactUnavailable(VtrainError):
     """Raised when an artifact server cannot be reached or answers with an error after retries."""
 
 
+#: Least average rate (bytes per second) an artifact server must keep, past the socket timeout, for
+#: a read to go on (see :class:`HttpArtifactReader`).
+MIN_READ_RATE = 1 << 20
+
 #: Most bytes of a JSON file of the layout read (a step record of ~250,000 components; an index is
 #: ~100 bytes): a server cannot make a reader hold more in memory before anything is checked.
 MAX_JSON_BYTES = 16 << 20
@@ -663,17 +667,24 @@ class HttpArtifactReader(ArtifactReader):
     ``read_deadline`` seconds in all (a server dripping bytes is cut off, not waited for). A
     redirect is followed only within the store's scheme, host and port (another one is refused:
     ArtifactUnavailable, not retried). ``read_deadline`` bounds the whole read of one artifact,
-    retries, status line and headers included (a watchdog shuts the socket down past it).
+    retries, status line and headers included (a watchdog shuts the socket down past it), and so
+    does its size: a read of at most ``limit`` bytes may take ``timeout + limit / min_rate`` seconds
+    (a server sending each small artifact just inside a fixed deadline would otherwise hold the
+    auditor for that deadline per artifact: an interval's hundreds of artifacts outlast its window).
     """
 
     def __init__(
         self, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.2,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES, read_deadline: float = 600.0,
+        min_rate: float = float(MIN_READ_RATE),
     ) -> None:
         if not isinstance(url, str) or not re.match(r"https?://", url):
             raise ValueError(f"url: expected an http(s) URL, got {url!r}")
         self.max_blob_bytes = _nonneg(max_blob_bytes, "max_blob_bytes")
         self.read_deadline = read_deadline  # seconds one body may take in all (``timeout``: each socket read)
+        if not min_rate > 0:
+            raise ValueError(f"min_rate: expected a positive number of bytes per second, got {min_rate!r}")
+        self.min_rate = min_rate  # bytes per second a read must keep up, on average, past its first ``timeout``
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = _nonneg(retries, "retries")
@@ -694,7 +705,8 @@ class HttpArtifactReader(ArtifactReader):
         and never read past ``limit + 1`` bytes (a server streaming without end is cut off there)."""
         url = self._where(job, rel)
         last: Exception | None = None
-        deadline = time.monotonic() + self.read_deadline
+        allowed = min(self.read_deadline, self.timeout + limit / self.min_rate)
+        deadline = time.monotonic() + allowed
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(min(self.backoff * 2 ** (attempt - 1), max(0.0, deadline - time.monotonic())))
@@ -731,6 +743,6 @@ class HttpArtifactReader(ArtifactReader):
                 "reading %s failed (attempt %d of %d): %s", url, attempt + 1, self.retries + 1, last
             )
         if time.monotonic() >= deadline or last is None:
-            raise ArtifactUnavailable(f"{url}: no complete answer within the read's deadline of {self.read_deadline} s "
+            raise ArtifactUnavailable(f"{url}: no complete answer within the read's deadline of {allowed:.3g} s "
                                       f"(status line, headers and body, all attempts; not used)")
         raise ArtifactUnavailable(f"{url}: unavailable after {self.retries + 1} attempts: {last}")

@@ -315,3 +315,21 @@ def test_a_griefer_challenging_while_the_trainer_trains_a_long_interval_cannot_w
         assert trainer.player.view(gid).status == STATUS_TRAINER_WON, result
         assert result["status"] == "finalized"
         assert result["withdrawn"] == terms.payment + terms.trainer_stake + terms.challenger_bond
+
+
+def test_a_small_artifact_sent_slowly_is_cut_off_by_its_size_not_a_fixed_deadline():
+    """The trainer's server sends a 100-byte log blob over 5 s (a byte every 50 ms), well within
+    the reader's fixed 600 s deadline. Served so, each of an interval's hundreds of artifacts would
+    hold the auditor for most of that deadline: a day's window passes before it replays. Now a read
+    of at most N bytes may take `timeout + N / min_rate`: this one is cut off in about a second."""
+    from protocol.store import ArtifactUnavailable, HttpArtifactReader
+
+    with trial("artifact server sends a small blob slowly"), raw_server(
+        _drip(b"HTTP/1.0 200 OK\r\nContent-Length: 100\r\n\r\n", b"x")
+    ) as url:
+        reader = HttpArtifactReader(url, retries=0, timeout=0.5)
+        assert reader.read_deadline == 600.0
+        t0 = time.monotonic()
+        with pytest.raises(ArtifactUnavailable, match="read's deadline"):
+            reader.get_blob(1, b"\x11" * 32, 100)
+        assert time.monotonic() - t0 < 1.5
