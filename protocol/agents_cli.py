@@ -200,8 +200,14 @@ def read_key_file(path: Path):
 
     from eth_account import Account
 
+    from vtrain.errors import CorruptArtifact
+    from vtrain.training.untrusted import read_regular
+
     try:
-        raw = path.read_bytes()
+        # a regular file of at most MAX_KEY_FILE_BYTES: a FIFO or /dev/zero is refused unread
+        raw = read_regular(path, MAX_KEY_FILE_BYTES, "--key-file")
+    except CorruptArtifact as e:
+        raise click.ClickException(str(e)) from None
     except OSError as e:
         raise click.ClickException(f"--key-file {path}: {e.strerror or e}") from None
     if raw.lstrip()[:1] == b"{":
@@ -253,12 +259,15 @@ def _read_keystore(path: Path, raw: bytes):
     """The account of an encrypted JSON keystore (eth-account's V3 format, as geth and clef write)."""
     from eth_account import Account
 
+    from vtrain.training.untrusted import loads_json
+
     try:
-        keystore = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        keystore = loads_json(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise click.ClickException(f"--key-file {path}: looks like a JSON keystore but is not JSON ({e})") from None
     if not isinstance(keystore, dict) or not ({"crypto", "Crypto"} & keystore.keys()):
         raise click.ClickException(f"--key-file {path}: a JSON keystore needs a 'crypto' section")
+    _check_kdf(path, keystore)
     password = _keystore_password(path)
     try:
         key = Account.decrypt(keystore, password)
@@ -270,6 +279,42 @@ def _read_keystore(path: Path, raw: bytes):
     except (KeyError, TypeError) as e:
         raise click.ClickException(f"--key-file {path}: malformed keystore (missing or bad field {e})") from None
     return Account.from_key(key)
+
+
+#: Most bytes of a --key-file (a V3 keystore is ~500 bytes).
+MAX_KEY_FILE_BYTES = 1 << 20
+#: Most work a keystore's KDF may ask for: PBKDF2 iterations (geth writes 262,144) and scrypt memory
+#: 128·r·n·p bytes (geth's standard n = 2^18, r = 8, p = 1 is 256 MiB).
+MAX_PBKDF2_ITERATIONS = 10_000_000
+MAX_SCRYPT_BYTES = 1 << 30
+
+
+def _check_kdf(path: Path, keystore: dict) -> None:
+    """ClickException unless the keystore's KDF parameters are integers within the bounds above: a
+    keystore from someone else could ask for 10^12 PBKDF2 iterations (hours, or an OverflowError)
+    or terabytes of scrypt memory before the password is even checked."""
+    crypto = keystore.get("crypto", keystore.get("Crypto"))
+    params = crypto.get("kdfparams") if isinstance(crypto, dict) else None
+    kdf = crypto.get("kdf") if isinstance(crypto, dict) else None
+    if not isinstance(params, dict):
+        raise click.ClickException(f"--key-file {path}: malformed keystore (no kdfparams)")
+
+    def num(name: str) -> int:
+        v = params.get(name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise click.ClickException(f"--key-file {path}: malformed keystore (kdfparams.{name}: expected a "
+                                       f"positive integer, got {str(v)[:40]!r})")
+        return v
+
+    if num("dklen") != 32:
+        raise click.ClickException(f"--key-file {path}: malformed keystore (kdfparams.dklen: expected 32, got "
+                                   f"{params['dklen']})")
+    if kdf == "pbkdf2" and num("c") > MAX_PBKDF2_ITERATIONS:
+        raise click.ClickException(f"--key-file {path}: keystore asks for {params['c']} PBKDF2 iterations, more than "
+                                   f"{MAX_PBKDF2_ITERATIONS} (refused: it would take hours)")
+    if kdf == "scrypt" and 128 * num("n") * num("r") * num("p") > MAX_SCRYPT_BYTES:
+        raise click.ClickException(f"--key-file {path}: keystore asks for scrypt n={params['n']} r={params['r']} "
+                                   f"p={params['p']}, more than {MAX_SCRYPT_BYTES} bytes of memory (refused)")
 
 
 def use_key(chain, key_file: Path | None, index: int, what: str) -> str:

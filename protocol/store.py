@@ -46,6 +46,7 @@ import numpy as np
 from vtrain.commit.roots import state_root as _state_root
 from vtrain.commit.roots import step_leaf
 from vtrain.errors import CorruptArtifact, CorruptCheckpoint, CorruptStepRecord, MissingArtifact, VtrainError
+from vtrain.training.untrusted import loads_json
 from vtrain.types import Digest, Root
 
 log = logging.getLogger(__name__)
@@ -262,7 +263,7 @@ def load_checkpoint(data: bytes) -> dict[str, np.ndarray]:
         (hlen,) = struct.unpack("<Q", data[:8])
         if hlen > len(data) - 8:
             raise ValueError(f"header length {hlen} exceeds the {len(data) - 8} bytes after it")
-        header = json.loads(data[8 : 8 + hlen])
+        header = loads_json(data[8 : 8 + hlen])
         meta = header.get("__metadata__") if isinstance(header, dict) else None
         want = meta.get(_CKPT_META_KEY) if isinstance(meta, dict) else None
         if not isinstance(want, str):
@@ -321,7 +322,7 @@ class ArtifactReader(ABC):
     def _json(self, job: str, rel: str, error: type[CorruptArtifact] = CorruptArtifact) -> Any:
         raw = self._read_at_most(job, rel, MAX_JSON_BYTES)
         try:
-            return json.loads(raw)
+            return loads_json(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise error(f"{self._where(job, rel)}: expected JSON, got {type(e).__name__}: {e}") from None
 

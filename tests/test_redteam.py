@@ -333,3 +333,97 @@ def test_a_small_artifact_sent_slowly_is_cut_off_by_its_size_not_a_fixed_deadlin
         with pytest.raises(ArtifactUnavailable, match="read's deadline"):
             reader.get_blob(1, b"\x11" * 32, 100)
         assert time.monotonic() - t0 < 1.5
+
+
+# -- deeply nested JSON from someone else -------------------------------------------------------------
+
+_DEEP_JSON_CHILD = r'''
+import json, struct, sys
+from pathlib import Path
+import web3  # noqa: F401  what every agent process imports: eth-keyfile raises the recursion limit
+assert sys.getrecursionlimit() >= 100_000, sys.getrecursionlimit()
+deep = b"[" * 200_000 + b"]" * 200_000
+root = Path(sys.argv[1])
+(root / "1" / "steps").mkdir(parents=True)
+(root / "1" / "steps" / "1.json").write_bytes(deep)
+(root / "deployment.json").write_bytes(b'{"a": ' + deep + b"}")
+(root / "key.json").write_bytes(b'{"crypto": ' + deep + b"}")
+(root / "spec.json").write_bytes(b'{"model": ' + deep + b"}")
+import click
+from protocol.agents_cli import read_key_file
+from protocol.chain import Deployment
+from protocol.store import ArtifactStore, load_checkpoint
+from vtrain.errors import VtrainError
+from vtrain.training.spec import TrainSpec
+trials = {
+    "served step record": lambda: ArtifactStore(root).get_step(1, 1),
+    "served checkpoint header": lambda: load_checkpoint(struct.pack("<Q", len(deep)) + deep),
+    "deployment file": lambda: Deployment.read(root / "deployment.json"),
+    "keystore": lambda: read_key_file(root / "key.json"),
+    "spec file": lambda: TrainSpec.from_file(root / "spec.json"),
+}
+for name, f in trials.items():
+    try:
+        f()
+    except (VtrainError, click.ClickException) as e:
+        print(name, "refused:", type(e).__name__, flush=True)
+'''
+
+
+def test_deeply_nested_json_from_someone_else_is_refused_not_a_crash(tmp_path):
+    """A served step record (or checkpoint header, deployment file, keystore, spec) of 200,000
+    nested brackets: 400 KB, within every size bound. In a process that imported web3, whose
+    eth-keyfile raises the recursion limit to 100,000, `json.loads` overflowed the C stack: the
+    auditor died of SIGSEGV (and again on each restart: the cheater is paid). Now each is refused
+    by its reader's narrow error (`loads_json` bounds the nesting first)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    with trial("deeply nested JSON served or handed over"):
+        r = subprocess.run([sys.executable, "-c", _DEEP_JSON_CHILD, str(tmp_path)], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "PYTHONPATH": str(repo)}, cwd=repo)
+        assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+        refused = [line.split(" refused:")[0] for line in r.stdout.splitlines() if " refused:" in line]
+        assert refused == ["served step record", "served checkpoint header", "deployment file", "keystore",
+                           "spec file"], r.stdout
+
+
+def _keystore(kdf: str, params: dict) -> dict:
+    return {"version": 3, "crypto": {"cipher": "aes-128-ctr", "cipherparams": {"iv": "00" * 16},
+                                     "ciphertext": "00" * 32, "kdf": kdf, "kdfparams": params, "mac": "00" * 32}}
+
+
+@pytest.mark.parametrize("how", ["pbkdf2-1e12-iterations", "pbkdf2-1e9-iterations", "scrypt-2^40", "dklen-1e9",
+                                 "n-not-a-number", "dev-zero"])
+def test_a_hostile_key_file_is_refused_at_once_with_a_clear_error(tmp_path, monkeypatch, how):
+    """A --key-file handed over whose KDF asks for 10^12 PBKDF2 iterations (before: an OverflowError
+    traceback), 10^9 (hours of CPU before the password is checked), 2^40 scrypt rounds, a 1 GB key,
+    a non-number, or /dev/zero (before: read without end): refused in one line, before any work."""
+    import json
+    from pathlib import Path
+
+    import click
+
+    from protocol.agents_cli import read_key_file
+
+    salt = "00" * 32
+    keystores = {
+        "pbkdf2-1e12-iterations": _keystore("pbkdf2", {"c": 10**12, "dklen": 32, "prf": "hmac-sha256", "salt": salt}),
+        "pbkdf2-1e9-iterations": _keystore("pbkdf2", {"c": 10**9, "dklen": 32, "prf": "hmac-sha256", "salt": salt}),
+        "scrypt-2^40": _keystore("scrypt", {"dklen": 32, "n": 2**40, "p": 1, "r": 8, "salt": salt}),
+        "dklen-1e9": _keystore("pbkdf2", {"c": 1, "dklen": 10**9, "prf": "hmac-sha256", "salt": salt}),
+        "n-not-a-number": _keystore("scrypt", {"dklen": 32, "n": "x", "p": 1, "r": 8, "salt": salt}),
+    }
+    path = Path("/dev/zero")
+    if how in keystores:
+        path = tmp_path / "key.json"
+        path.write_text(json.dumps(keystores[how]))
+    monkeypatch.setenv("VTRAIN_KEY_PASSWORD", "x")
+    with trial(f"hostile key file: {how}"):
+        t0 = time.monotonic()
+        with pytest.raises(click.ClickException, match="key-file") as e:
+            read_key_file(path)
+        assert time.monotonic() - t0 < 2.0 and "\n" not in e.value.message
