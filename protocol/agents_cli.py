@@ -117,8 +117,18 @@ class Out:
         return Out(role, job, events, Console(stderr=True, highlight=False))
 
     def say(self, msg: str) -> None:
+        """One progress line; ``msg`` may hold rich markup. Text from someone else (a server's
+        reason phrase, a served value in an error) must be escaped by the caller; should any reach
+        here unescaped and not parse as markup, the line is printed as plain text (a MarkupError
+        would stop the agent: an auditor that stops never challenges)."""
+        from rich.errors import MarkupError
+
         who = f"{self.role}" + (f" job {self.job}" if self.job is not None else "")
-        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{who}[/]: {msg}")
+        line = f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{who}[/]: {msg}"
+        try:
+            self.console.print(line)
+        except MarkupError:
+            self.console.print(f"{time.strftime('%H:%M:%S')} {who}: {msg}", markup=False)
 
     def event(self, name: str, **fields: Any) -> None:
         if self.events:
@@ -1284,14 +1294,16 @@ def _report_blocked(agent, out: Out, reported: dict[int, str]) -> bool:
 def _unreadable(out: Out, e: Exception) -> None:
     """Report an artifact the auditor cannot use: it neither challenges nor signs off on it, and
     asks again on the next pass (a correct copy is then accepted)."""
+    from rich.markup import escape
+
     from vtrain.errors import CorruptArtifact
 
     if isinstance(e, CorruptArtifact):
         log.warning("rejected a corrupt artifact of the trainer: %s", e)
-        out.say(f"[red]trainer's artifact rejected as corrupt[/] (not used; will fetch it again): {e}")
+        out.say(f"[red]trainer's artifact rejected as corrupt[/] (not used; will fetch it again): {escape(str(e))}")
         out.event("corrupt_artifact", error=str(e))
     else:
-        out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
+        out.say(f"[yellow]trainer's artifacts not readable[/]: {escape(str(e))}")
 
 
 def _play(agent) -> tuple[bool, bool]:

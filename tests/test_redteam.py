@@ -427,3 +427,24 @@ def test_a_hostile_key_file_is_refused_at_once_with_a_clear_error(tmp_path, monk
         with pytest.raises(click.ClickException, match="key-file") as e:
             read_key_file(path)
         assert time.monotonic() - t0 < 2.0 and "\n" not in e.value.message
+
+
+def test_markup_in_a_servers_reason_phrase_does_not_stop_the_auditor(capsys):
+    """The trainer's server answers `HTTP/1.0 418 [/bold]`: the reason phrase reaches the auditor's
+    progress line. Before, rich parsed it as markup (a closing tag with no opening one) and raised
+    MarkupError out of the auditor's loop: the auditor stopped. Now served text is escaped, and a
+    line that still does not parse is printed plain."""
+    from protocol.agents_cli import Out, _unreadable
+    from protocol.store import ArtifactUnavailable, HttpArtifactReader
+
+    def answer(c: socket.socket) -> None:
+        c.sendall(b"HTTP/1.0 418 [/bold][link=file:///etc/passwd]x\r\nContent-Length: 0\r\n\r\n")
+
+    with trial("markup in the artifact server's reason phrase"), raw_server(answer) as url:
+        with pytest.raises(ArtifactUnavailable) as e:
+            HttpArtifactReader(url, retries=0).get_step(1, 1)
+        out = Out.make("auditor", 1, events=False)
+        _unreadable(out, e.value)
+        out.say(f"unescaped: {e.value}")  # a caller that forgot to escape
+        err = capsys.readouterr().err
+        assert err.count("[/bold]") == 2, err
