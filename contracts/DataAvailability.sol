@@ -107,7 +107,7 @@ contract DataAvailability is IDataAvailability {
             uint64 size = _logSize[keccak256(abi.encode(job, step, op))];
             if (startPosition >= size) revert StartNotPublished(startPosition, size);
         }
-        id = _open(job, interval, step, DemandKind.Log, p, _logFee(fromIndex, toIndex));
+        id = _open(job, interval, step, DemandKind.Log, p, _logFee(fromIndex, toIndex, startPosition));
         Demand storage d = _demands[id];
         d.op = op;
         d.fromIndex = fromIndex;
@@ -244,9 +244,9 @@ contract DataAvailability is IDataAvailability {
     }
 
     /// @inheritdoc IDataAvailability
-    function logDemandFee(uint32 fromIndex, uint32 toIndex) external view returns (uint256) {
+    function logDemandFee(uint32 fromIndex, uint32 toIndex, uint64 startPosition) external view returns (uint256) {
         if (fromIndex >= toIndex || toIndex > MAX_TO_INDEX) revert BadIndexRange(fromIndex, toIndex, MAX_TO_INDEX);
-        return _logFee(fromIndex, toIndex);
+        return _logFee(fromIndex, toIndex, startPosition);
     }
 
     /// @inheritdoc IDataAvailability
@@ -273,10 +273,13 @@ contract DataAvailability is IDataAvailability {
     }
 
     /// @dev Fee of a Log demand: the most leaves an answer can need, toIndex - fromIndex entries and
-    ///      the two bracketing leaves, at most a page.
-    function _logFee(uint32 fromIndex, uint32 toIndex) internal view returns (uint256) {
+    ///      the two bracketing leaves, at most a page; a full page with a fixed start (the leaves
+    ///      between that start and the range are not known here, and the answer must publish them).
+    function _logFee(uint32 fromIndex, uint32 toIndex, uint64 startPosition) internal view returns (uint256) {
         uint256 leaves = uint256(toIndex) - fromIndex + 2;
-        if (leaves > MAX_LOG_LEAVES) leaves = MAX_LOG_LEAVES;
+        // SAFETY: a fixed start far below the range forces up to a page of leaves: priced so, or a
+        // griefer makes the trainer publish 4,096 leaves for the fee of 3.
+        if (leaves > MAX_LOG_LEAVES || startPosition != NO_POSITION) leaves = MAX_LOG_LEAVES;
         return feeGasPrice * (ANSWER_BASE_GAS + GAS_PER_LEAF * leaves);
     }
 

@@ -160,7 +160,7 @@ def test_a_cheater_stalling_its_later_intervals_artifacts_cannot_run_out_the_aud
     trainer = TrainerAgent(proto, a[2], ctx, store, job, cheat=PoisonSample(2))
     trainer.accept(terms)
     while trainer.run_interval() is not None:
-        pass
+        assert fee == A.log_demand_fee(H.DA_FEE_GAS_PRICE, lo, lo + 1, 0)
     assert ctx.n_intervals == 2
 
     def stall() -> None:
@@ -214,12 +214,12 @@ def test_a_log_demand_whose_start_position_cannot_answer_its_range_cannot_convic
         keys = A.log_keys(lr.log(s, op))
         with reverts("StartNotPublished", 1, 0):  # no answer has bound the log's size yet
             dep.dry(dep.da.functions.demandLog(job, 0, s, op, 0, 3, 1), dep.challenger,
-                    value=D.bond(dep, job) + D.log_fee(dep, 0, 3))
+                    value=D.bond(dep, job) + D.log_fee(dep, 0, 3, 1))
         first = D.demand_log(dep, job, 0, s, op, 0, 3, start=0)  # binds the size
         dep.tx(dep.da.functions.answerLog(first, D.answer_run_for(lr, 0, s, op, 0, 3, 0)), dep.trainer)
         with reverts("StartNotPublished", len(keys), len(keys)):  # past the log's last leaf
             dep.dry(dep.da.functions.demandLog(job, 0, s, op, 0, 3, len(keys)), dep.challenger,
-                    value=D.bond(dep, job) + D.log_fee(dep, 0, 3))
+                    value=D.bond(dep, job) + D.log_fee(dep, 0, 3, len(keys)))
         start = len(keys) - 1  # the HIGH sentinel: its key is past fromIndex
         assert keys[start] > 5
         did = D.demand_log(dep, job, 0, s, op, 5, 9, start=start)
@@ -448,3 +448,30 @@ def test_markup_in_a_servers_reason_phrase_does_not_stop_the_auditor(capsys):
         out.say(f"unescaped: {e.value}")  # a caller that forgot to escape
         err = capsys.readouterr().err
         assert err.count("[/bold]") == 2, err
+
+
+def test_a_fixed_start_log_demand_pays_for_the_page_it_can_force(dep):
+    """A demander asks for one element far into a long log but fixes the run's start at leaf 0:
+    the honest answer must publish every leaf from 0 up to the element (a full page, 4,096 leaves,
+    ~10M gas). Before, the fee was priced on the range alone (3 leaves, ~360k gas): a griefer made
+    the trainer spend ~28x what it paid. Now a fixed start pays a full page's fee (what the answer
+    does not use comes back): the trainer earns at least its answer's gas."""
+    import da_harness as D
+    import game_harness as H
+
+    from protocol import availability as A
+
+    n = A.MAX_LOG_LEAVES + 10
+    run = H.simulate(H.JobConfig())
+    op = run.graph.index["update0"]
+    lr = D.with_logs(run, {(2, op): D.entries_leaves([(k, 1, 0) for k in range(n)])})
+    with trial("fixed-start log demand of one element far into a long log"):
+        job = H.active_job(dep, lr.run)
+        lo = n - 5
+        fee = D.log_fee(dep, lo, lo + 1, 0)
+        did = D.demand_log(dep, job, 0, 2, op, lo, lo + 1, 0)
+        before = dep.owed(dep.trainer)
+        r = dep.tx(dep.da.functions.answerLog(did, D.answer_run_for(lr, 0, 2, op, lo, lo + 1, 0)), dep.trainer)
+        earned = dep.owed(dep.trainer) - before
+        assert fee == A.log_demand_fee(H.DA_FEE_GAS_PRICE, lo, lo + 1, 0)
+        assert earned >= r.gasUsed * H.DA_FEE_GAS_PRICE, (earned // H.DA_FEE_GAS_PRICE, r.gasUsed)

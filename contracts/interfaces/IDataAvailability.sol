@@ -215,8 +215,8 @@ interface IDataAvailability {
     ///         0, or a leaf of the size bound by an earlier answer (`StartNotPublished` otherwise),
     ///         so every demand has an answer.
     /// @dev Bond, status and window as `demandStep`; `msg.value` is challengerBond +
-    ///      `logDemandFee(fromIndex, toIndex)`, priced on the most leaves an answer can need
-    ///      (toIndex - fromIndex + 2, at most MAX_LOG_LEAVES); an answer earns the trainer the fee of
+    ///      `logDemandFee(fromIndex, toIndex, startPosition)`, priced on the most leaves an answer
+    ///      can need (toIndex - fromIndex + 2, at most MAX_LOG_LEAVES; a page with a fixed start); an answer earns the trainer the fee of
     ///      the leaves it publishes and the rest goes back to the demander. `BadIndexRange` unless
     ///      fromIndex < toIndex <= 0xFFFFFFFE; `OpOutOfRange` unless op < nOps.
     /// @param job The job.
@@ -316,10 +316,13 @@ interface IDataAvailability {
     function stepDemandFee(JobId job, uint32 firstOp) external view returns (uint256);
 
     /// @notice The fee (wei) a Log demand of [fromIndex, toIndex) pays with its bond: feeGasPrice *
-    ///         (ANSWER_BASE_GAS + GAS_PER_LEAF * min(toIndex - fromIndex + 2, MAX_LOG_LEAVES)).
+    ///         (ANSWER_BASE_GAS + GAS_PER_LEAF * min(toIndex - fromIndex + 2, MAX_LOG_LEAVES)), or
+    ///         a full page's (MAX_LOG_LEAVES) with a fixed `startPosition` (what the answer does
+    ///         not use goes back to the demander).
     /// @param fromIndex First element index.
     /// @param toIndex End element index (exclusive).
-    function logDemandFee(uint32 fromIndex, uint32 toIndex) external view returns (uint256);
+    /// @param startPosition The demand's start position, or NO_POSITION.
+    function logDemandFee(uint32 fromIndex, uint32 toIndex, uint64 startPosition) external view returns (uint256);
 
     /// @notice Number of demands made; ids run from 1 to demandCount().
     function demandCount() external view returns (uint64);
