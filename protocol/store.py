@@ -706,7 +706,7 @@ class HttpArtifactReader(ArtifactReader):
         and never read past ``limit + 1`` bytes (a server streaming without end is cut off there)."""
         url = self._where(job, rel)
         last: Exception | None = None
-        allowed = min(self.read_deadline, self.timeout + limit / self.min_rate)
+        allowed = min(self.read_deadline, (self.timeout or 0.0) + limit / self.min_rate)
         deadline = time.monotonic() + allowed
         for attempt in range(self.retries + 1):
             if attempt:
