@@ -99,7 +99,15 @@ contract DataAvailability is IDataAvailability {
         // INVARIANT: a non-empty range whose end key toIndex + 1 is below HIGH, so a sorted log
         // always holds a leaf that reaches it (HIGH at the latest).
         if (fromIndex >= toIndex || toIndex > MAX_TO_INDEX) revert BadIndexRange(fromIndex, toIndex, MAX_TO_INDEX);
-        id = _open(job, interval, step, DemandKind.Log, p, _logFee(fromIndex, toIndex));
+        if (startPosition != NO_POSITION && startPosition != 0) {
+            // INVARIANT: every demand has an honest answer. A fixed start other than the first leaf
+            // names a leaf of a log whose size an answer bound (claimed positions then name real
+            // leaves): a position past the log could never be answered, and the trainer would be
+            // convicted on time for data it holds.
+            uint64 size = _logSize[keccak256(abi.encode(job, step, op))];
+            if (startPosition >= size) revert StartNotPublished(startPosition, size);
+        }
+        id = _open(job, interval, step, DemandKind.Log, p, _logFee(fromIndex, toIndex, startPosition));
         Demand storage d = _demands[id];
         d.op = op;
         d.fromIndex = fromIndex;
@@ -154,12 +162,18 @@ contract DataAvailability is IDataAvailability {
         }
         uint256 firstKey = _key(leaves, 0);
         uint256 lastKey = _key(leaves, count - 1);
-        // INVARIANT: the run starts at or below the range (first key <= fromIndex < fromIndex + 1)
-        // and covers it to the end key, or is a full page the demander continues from lastKey.
-        if (firstKey > d.fromIndex || (lastKey < uint256(d.toIndex) + 1 && count != MAX_LOG_LEAVES)) {
+        bool fixedStart = d.startPosition != NO_POSITION;
+        // INVARIANT: the run starts at or below the range (first key <= fromIndex < fromIndex + 1),
+        // or at the start the demander fixed (the first leaf, or a leaf of a bound size: that leaf,
+        // whatever its key; one past the range is the demander's choice, never the trainer's), and
+        // covers it to the end key, or is a full page the demander continues from lastKey.
+        if (
+            (!fixedStart && firstKey > d.fromIndex)
+                || (lastKey < uint256(d.toIndex) + 1 && count != MAX_LOG_LEAVES)
+        ) {
             revert RunDoesNotAnswer(firstKey, lastKey, count);
         }
-        if (d.startPosition != NO_POSITION && run.position != d.startPosition) {
+        if (fixedStart && run.position != d.startPosition) {
             revert WrongPosition(run.position, d.startPosition);
         }
         bytes32 opKey = keccak256(abi.encode(d.job, d.step, d.op));
@@ -230,9 +244,9 @@ contract DataAvailability is IDataAvailability {
     }
 
     /// @inheritdoc IDataAvailability
-    function logDemandFee(uint32 fromIndex, uint32 toIndex) external view returns (uint256) {
+    function logDemandFee(uint32 fromIndex, uint32 toIndex, uint64 startPosition) external view returns (uint256) {
         if (fromIndex >= toIndex || toIndex > MAX_TO_INDEX) revert BadIndexRange(fromIndex, toIndex, MAX_TO_INDEX);
-        return _logFee(fromIndex, toIndex);
+        return _logFee(fromIndex, toIndex, startPosition);
     }
 
     /// @inheritdoc IDataAvailability
@@ -259,10 +273,13 @@ contract DataAvailability is IDataAvailability {
     }
 
     /// @dev Fee of a Log demand: the most leaves an answer can need, toIndex - fromIndex entries and
-    ///      the two bracketing leaves, at most a page.
-    function _logFee(uint32 fromIndex, uint32 toIndex) internal view returns (uint256) {
+    ///      the two bracketing leaves, at most a page; a full page with a fixed start (the leaves
+    ///      between that start and the range are not known here, and the answer must publish them).
+    function _logFee(uint32 fromIndex, uint32 toIndex, uint64 startPosition) internal view returns (uint256) {
         uint256 leaves = uint256(toIndex) - fromIndex + 2;
-        if (leaves > MAX_LOG_LEAVES) leaves = MAX_LOG_LEAVES;
+        // SAFETY: a fixed start far below the range forces up to a page of leaves: priced so, or a
+        // griefer makes the trainer publish 4,096 leaves for the fee of 3.
+        if (leaves > MAX_LOG_LEAVES || startPosition != NO_POSITION) leaves = MAX_LOG_LEAVES;
         return feeGasPrice * (ANSWER_BASE_GAS + GAS_PER_LEAF * leaves);
     }
 

@@ -117,8 +117,18 @@ class Out:
         return Out(role, job, events, Console(stderr=True, highlight=False))
 
     def say(self, msg: str) -> None:
+        """One progress line; ``msg`` may hold rich markup. Text from someone else (a server's
+        reason phrase, a served value in an error) must be escaped by the caller; should any reach
+        here unescaped and not parse as markup, the line is printed as plain text (a MarkupError
+        would stop the agent: an auditor that stops never challenges)."""
+        from rich.errors import MarkupError
+
         who = f"{self.role}" + (f" job {self.job}" if self.job is not None else "")
-        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{who}[/]: {msg}")
+        line = f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{who}[/]: {msg}"
+        try:
+            self.console.print(line)
+        except MarkupError:
+            self.console.print(f"{time.strftime('%H:%M:%S')} {who}: {msg}", markup=False)
 
     def event(self, name: str, **fields: Any) -> None:
         if self.events:
@@ -200,8 +210,14 @@ def read_key_file(path: Path):
 
     from eth_account import Account
 
+    from vtrain.errors import CorruptArtifact
+    from vtrain.training.untrusted import read_regular
+
     try:
-        raw = path.read_bytes()
+        # a regular file of at most MAX_KEY_FILE_BYTES: a FIFO or /dev/zero is refused unread
+        raw = read_regular(path, MAX_KEY_FILE_BYTES, "--key-file")
+    except CorruptArtifact as e:
+        raise click.ClickException(str(e)) from None
     except OSError as e:
         raise click.ClickException(f"--key-file {path}: {e.strerror or e}") from None
     if raw.lstrip()[:1] == b"{":
@@ -253,12 +269,15 @@ def _read_keystore(path: Path, raw: bytes):
     """The account of an encrypted JSON keystore (eth-account's V3 format, as geth and clef write)."""
     from eth_account import Account
 
+    from vtrain.training.untrusted import loads_json
+
     try:
-        keystore = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        keystore = loads_json(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise click.ClickException(f"--key-file {path}: looks like a JSON keystore but is not JSON ({e})") from None
     if not isinstance(keystore, dict) or not ({"crypto", "Crypto"} & keystore.keys()):
         raise click.ClickException(f"--key-file {path}: a JSON keystore needs a 'crypto' section")
+    _check_kdf(path, keystore)
     password = _keystore_password(path)
     try:
         key = Account.decrypt(keystore, password)
@@ -270,6 +289,42 @@ def _read_keystore(path: Path, raw: bytes):
     except (KeyError, TypeError) as e:
         raise click.ClickException(f"--key-file {path}: malformed keystore (missing or bad field {e})") from None
     return Account.from_key(key)
+
+
+#: Most bytes of a --key-file (a V3 keystore is ~500 bytes).
+MAX_KEY_FILE_BYTES = 1 << 20
+#: Most work a keystore's KDF may ask for: PBKDF2 iterations (geth writes 262,144) and scrypt memory
+#: 128·r·n·p bytes (geth's standard n = 2^18, r = 8, p = 1 is 256 MiB).
+MAX_PBKDF2_ITERATIONS = 10_000_000
+MAX_SCRYPT_BYTES = 1 << 30
+
+
+def _check_kdf(path: Path, keystore: dict) -> None:
+    """ClickException unless the keystore's KDF parameters are integers within the bounds above: a
+    keystore from someone else could ask for 10^12 PBKDF2 iterations (hours, or an OverflowError)
+    or terabytes of scrypt memory before the password is even checked."""
+    crypto = keystore.get("crypto", keystore.get("Crypto"))
+    params = crypto.get("kdfparams") if isinstance(crypto, dict) else None
+    kdf = crypto.get("kdf") if isinstance(crypto, dict) else None
+    if not isinstance(params, dict):
+        raise click.ClickException(f"--key-file {path}: malformed keystore (no kdfparams)")
+
+    def num(name: str) -> int:
+        v = params.get(name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise click.ClickException(f"--key-file {path}: malformed keystore (kdfparams.{name}: expected a "
+                                       f"positive integer, got {str(v)[:40]!r})")
+        return v
+
+    if num("dklen") != 32:
+        raise click.ClickException(f"--key-file {path}: malformed keystore (kdfparams.dklen: expected 32, got "
+                                   f"{params['dklen']})")
+    if kdf == "pbkdf2" and num("c") > MAX_PBKDF2_ITERATIONS:
+        raise click.ClickException(f"--key-file {path}: keystore asks for {params['c']} PBKDF2 iterations, more than "
+                                   f"{MAX_PBKDF2_ITERATIONS} (refused: it would take hours)")
+    if kdf == "scrypt" and 128 * num("n") * num("r") * num("p") > MAX_SCRYPT_BYTES:
+        raise click.ClickException(f"--key-file {path}: keystore asks for scrypt n={params['n']} r={params['r']} "
+                                   f"p={params['p']}, more than {MAX_SCRYPT_BYTES} bytes of memory (refused)")
 
 
 def use_key(chain, key_file: Path | None, index: int, what: str) -> str:
@@ -959,7 +1014,10 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
             j = chain.call(proto.registry.functions.getJob(job))
             nxt, open_games = int(j[4]), int(j[5])
             if nxt < n:
-                i = agent.run_interval()
+                # SAFETY: an interval may take longer to train than a game's clock: the games of the
+                # intervals already posted (and demands) are played between its steps, so a griefer
+                # challenging as soon as an interval is posted cannot win on time.
+                i = agent.run_interval(on_step=lambda _s, _loss: agent.play())
                 if i is not None:
                     posted += 1
                     out.say(f"posted interval {i} of {n}")
@@ -1137,7 +1195,7 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
         try:
             if status == "active":
                 bad = None
-                if agent.honest:
+                if agent.honest and _audit_needed(agent):
                     # Replay every posted interval, also after a restart mid-game: the game's
                     # moves need the replayed states and step records of the disputed interval.
                     before = agent.verified
@@ -1199,6 +1257,16 @@ def _auditor_loop(agent, out: Out, deadline: float, poll: float) -> dict:
             time.sleep(poll)
 
 
+def _audit_needed(agent) -> bool:
+    """False while a game of the auditor runs and every interval it disputes is replayed: one
+    conviction ends the job, and reading the trainer's artifacts of a later interval (served as
+    slowly as the trainer likes) would only hold the auditor while its game clock runs."""
+    from protocol.game import STATUS_IN_PROGRESS
+
+    live = [v.interval for v in (agent.player.view(g) for g in agent.disputed) if v.status == STATUS_IN_PROGRESS]
+    return not live or agent.verified <= max(live)
+
+
 def _report_blocked(agent, out: Out, reported: dict[int, str]) -> bool:
     """Say once per new reason which intervals cannot be audited (artifacts that do not verify, a
     malformed committed log); True while any is left (no sign-off, retried each pass)."""
@@ -1226,14 +1294,16 @@ def _report_blocked(agent, out: Out, reported: dict[int, str]) -> bool:
 def _unreadable(out: Out, e: Exception) -> None:
     """Report an artifact the auditor cannot use: it neither challenges nor signs off on it, and
     asks again on the next pass (a correct copy is then accepted)."""
+    from rich.markup import escape
+
     from vtrain.errors import CorruptArtifact
 
     if isinstance(e, CorruptArtifact):
         log.warning("rejected a corrupt artifact of the trainer: %s", e)
-        out.say(f"[red]trainer's artifact rejected as corrupt[/] (not used; will fetch it again): {e}")
+        out.say(f"[red]trainer's artifact rejected as corrupt[/] (not used; will fetch it again): {escape(str(e))}")
         out.event("corrupt_artifact", error=str(e))
     else:
-        out.say(f"[yellow]trainer's artifacts not readable[/]: {e}")
+        out.say(f"[yellow]trainer's artifacts not readable[/]: {escape(str(e))}")
 
 
 def _play(agent) -> tuple[bool, bool]:

@@ -44,7 +44,7 @@ from vtrain.commit.roots import (
     step_log_root,
 )
 from vtrain.commit.trace import op_log_entries, op_log_roots
-from vtrain.errors import CorruptArtifact, MissingArtifact
+from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
 from vtrain.graph.executor import StepLog
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
 from vtrain.numerics.rounding import Mode, OpLog
@@ -79,9 +79,11 @@ def step_demand_fee(price: int, n_slots: int, n_ops: int, first_op: int) -> int:
     return price * (ANSWER_BASE_GAS + GAS_PER_ROOT * (n_slots + min(MAX_OP_ROOTS, n_ops - first_op)))
 
 
-def log_demand_fee(price: int, from_index: int, to_index: int) -> int:
-    """``logDemandFee``: the fee of a Log demand, priced on the most leaves an answer can need."""
-    return price * (ANSWER_BASE_GAS + GAS_PER_LEAF * min(MAX_LOG_LEAVES, to_index - from_index + 2))
+def log_demand_fee(price: int, from_index: int, to_index: int, start_position: int = NO_POSITION) -> int:
+    """``logDemandFee``: the fee of a Log demand, priced on the most leaves an answer can need (a
+    full page with a fixed start: the leaves from there to the range are not known on-chain)."""
+    leaves = MAX_LOG_LEAVES if start_position != NO_POSITION else min(MAX_LOG_LEAVES, to_index - from_index + 2)
+    return price * (ANSWER_BASE_GAS + GAS_PER_LEAF * leaves)
 
 
 def log_answer_earned(price: int, fee: int, leaves: int) -> int:
@@ -97,8 +99,8 @@ def demand_fee(proto: Protocol, fn: Any) -> int:
     if fn.fn_name == "demandStep":
         job, _, _, first_op = fn.args
         return int(proto.chain.call(da.functions.stepDemandFee(job, first_op)))
-    _, _, _, _, from_index, to_index, _ = fn.args
-    return int(proto.chain.call(da.functions.logDemandFee(from_index, to_index)))
+    _, _, _, _, from_index, to_index, start_position = fn.args
+    return int(proto.chain.call(da.functions.logDemandFee(from_index, to_index, start_position)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +282,14 @@ class AvailabilityResponder:
                 continue
             what = f"job {self.job_id}: answer demand {d.id} ({'step' if d.kind == KIND_STEP else 'log'} {d.step})"
             try:
-                r = self.proto.chain.send(self._answer(d), self.account, what=what)
+                answer = self._answer(d)
+            except (ValueError, VtrainError) as e:
+                # SAFETY: a demand this trainer cannot answer (its store lacks the data, or the demand
+                # names a leaf its log does not have) must not stop it answering the others.
+                log.error("%s: cannot answer: %s", what, e)
+                continue
+            try:
+                r = self.proto.chain.send(answer, self.account, what=what)
             except Reverted as e:
                 log.warning("%s: %s", what, e)
                 continue

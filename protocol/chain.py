@@ -389,10 +389,10 @@ class Deployment:
         """The deployment file's JSON (it may come from someone else: a regular file of at most
         :data:`MAX_DEPLOYMENT_BYTES`, checked before it is read); ChainError names the problem."""
         from vtrain.errors import CorruptArtifact
-        from vtrain.training.untrusted import read_regular
+        from vtrain.training.untrusted import loads_json, read_regular
 
         try:
-            d = json.loads(read_regular(Path(path), MAX_DEPLOYMENT_BYTES, "deployment file").decode("utf-8"))
+            d = loads_json(read_regular(Path(path), MAX_DEPLOYMENT_BYTES, "deployment file").decode("utf-8"))
         except CorruptArtifact as e:
             raise ChainError(str(e)) from None
         except OSError as e:

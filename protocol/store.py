@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import socket
 import stat
 import struct
 import tempfile
@@ -45,6 +46,7 @@ import numpy as np
 from vtrain.commit.roots import state_root as _state_root
 from vtrain.commit.roots import step_leaf
 from vtrain.errors import CorruptArtifact, CorruptCheckpoint, CorruptStepRecord, MissingArtifact, VtrainError
+from vtrain.training.untrusted import loads_json
 from vtrain.types import Digest, Root
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,10 @@ _PATH_RE = re.compile(
 class ArtifactUnavailable(VtrainError):
     """Raised when an artifact server cannot be reached or answers with an error after retries."""
 
+
+#: Least average rate (bytes per second) an artifact server must keep, past the socket timeout, for
+#: a read to go on (see :class:`HttpArtifactReader`).
+MIN_READ_RATE = 1 << 20
 
 #: Most bytes of a JSON file of the layout read (a step record of ~250,000 components; an index is
 #: ~100 bytes): a server cannot make a reader hold more in memory before anything is checked.
@@ -257,7 +263,7 @@ def load_checkpoint(data: bytes) -> dict[str, np.ndarray]:
         (hlen,) = struct.unpack("<Q", data[:8])
         if hlen > len(data) - 8:
             raise ValueError(f"header length {hlen} exceeds the {len(data) - 8} bytes after it")
-        header = json.loads(data[8 : 8 + hlen])
+        header = loads_json(data[8 : 8 + hlen])
         meta = header.get("__metadata__") if isinstance(header, dict) else None
         want = meta.get(_CKPT_META_KEY) if isinstance(meta, dict) else None
         if not isinstance(want, str):
@@ -316,7 +322,7 @@ class ArtifactReader(ABC):
     def _json(self, job: str, rel: str, error: type[CorruptArtifact] = CorruptArtifact) -> Any:
         raw = self._read_at_most(job, rel, MAX_JSON_BYTES)
         try:
-            return json.loads(raw)
+            return loads_json(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise error(f"{self._where(job, rel)}: expected JSON, got {type(e).__name__}: {e}") from None
 
@@ -589,6 +595,70 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+class _Watchdog:
+    """The deadline of one HTTP read, headers included: past it, the sockets of the read are shut
+    down, which wakes any blocked ``recv`` (a server dripping its status line or headers a byte at a
+    time, each within the socket timeout, is otherwise waited for without end by ``http.client``)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline  # time.monotonic()
+        self.expired = False
+        self._socks: list[Any] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def track(self, sock: Any) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            late = self.expired
+        if late:
+            self._shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            socks = list(self._socks)
+        for sock in socks:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: Any) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _watched_handlers(watch: _Watchdog) -> list[urllib.request.BaseHandler]:
+    """HTTP and HTTPS handlers whose connections report their socket to ``watch`` once connected."""
+
+    def watched(base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
+        class Watched(base):  # type: ignore[valid-type, misc]
+            def connect(self) -> None:
+                super().connect()
+                watch.track(self.sock)
+
+        return Watched
+
+    http_conn, https_conn = watched(http.client.HTTPConnection), watched(http.client.HTTPSConnection)
+
+    class Http(urllib.request.HTTPHandler):
+        def http_open(self, req):  # noqa: ANN001, ANN201 (urllib's)
+            return self.do_open(http_conn, req)
+
+    class Https(urllib.request.HTTPSHandler):
+        def https_open(self, req):  # noqa: ANN001, ANN201 (urllib's)
+            return self.do_open(https_conn, req, context=self._context)
+
+    return [Http(), Https()]
+
+
 class HttpArtifactReader(ArtifactReader):
     """Reads a store served by :func:`serve_store` (or any static server of the same layout).
 
@@ -597,17 +667,25 @@ class HttpArtifactReader(ArtifactReader):
     exactly as for a local store, and bounded: at most the reader's size limit, within
     ``read_deadline`` seconds in all (a server dripping bytes is cut off, not waited for). A
     redirect is followed only within the store's scheme, host and port (another one is refused:
-    ArtifactUnavailable, not retried).
+    ArtifactUnavailable, not retried). ``read_deadline`` bounds the whole read of one artifact,
+    retries, status line and headers included (a watchdog shuts the socket down past it), and so
+    does its size: a read of at most ``limit`` bytes may take ``timeout + limit / min_rate`` seconds
+    (a server sending each small artifact just inside a fixed deadline would otherwise hold the
+    auditor for that deadline per artifact: an interval's hundreds of artifacts outlast its window).
     """
 
     def __init__(
         self, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.2,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES, read_deadline: float = 600.0,
+        min_rate: float = float(MIN_READ_RATE),
     ) -> None:
         if not isinstance(url, str) or not re.match(r"https?://", url):
             raise ValueError(f"url: expected an http(s) URL, got {url!r}")
         self.max_blob_bytes = _nonneg(max_blob_bytes, "max_blob_bytes")
         self.read_deadline = read_deadline  # seconds one body may take in all (``timeout``: each socket read)
+        if not min_rate > 0:
+            raise ValueError(f"min_rate: expected a positive number of bytes per second, got {min_rate!r}")
+        self.min_rate = min_rate  # bytes per second a read must keep up, on average, past its first ``timeout``
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = _nonneg(retries, "retries")
@@ -628,27 +706,44 @@ class HttpArtifactReader(ArtifactReader):
         and never read past ``limit + 1`` bytes (a server streaming without end is cut off there)."""
         url = self._where(job, rel)
         last: Exception | None = None
+        allowed = min(self.read_deadline, (self.timeout or 0.0) + limit / self.min_rate)
+        deadline = time.monotonic() + allowed
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                with self._opener.open(url, timeout=self.timeout) as resp:
-                    length = resp.headers.get("Content-Length")
-                    if length is not None and length.strip().isdigit():
-                        _check_size(int(length), limit, url)
-                    data = _read_bounded(resp, limit, deadline=time.monotonic() + self.read_deadline, where=url)
-                _check_size(len(data), limit, url)
-                return data
-            except urllib.error.HTTPError as e:
-                e.close()
-                if e.code == 404:
-                    raise MissingArtifact(f"job {job}: {rel} not found at {url}") from None
-                if e.code < 500:
-                    raise ArtifactUnavailable(f"{url}: HTTP {e.code} {e.reason}") from None
-                last = e
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
-                last = e
+                time.sleep(min(self.backoff * 2 ** (attempt - 1), max(0.0, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                break
+            with _Watchdog(deadline) as watch:
+                try:
+                    opener = urllib.request.build_opener(_SameOriginRedirects, *_watched_handlers(watch))
+                    with opener.open(url, timeout=self.timeout) as resp:
+                        # ASCII digits only: str.isdigit() takes '²' and int() refuses it, or a
+                        # number of 5,000 digits int() refuses (a ValueError the auditor did not catch)
+                        length = resp.headers.get("Content-Length")
+                        if length is not None and re.fullmatch(r"[0-9]{1,20}", length.strip()):
+                            _check_size(int(length), limit, url)
+                        data = _read_bounded(resp, limit, deadline=deadline, where=url)
+                    if watch.expired:  # the body was cut short by the watchdog: not an answer
+                        raise ArtifactUnavailable(f"{url}: still sending after the read's deadline ({len(data)} "
+                                                  "bytes so far; not used)")
+                    _check_size(len(data), limit, url)
+                    return data
+                except urllib.error.HTTPError as e:
+                    e.close()
+                    if e.code == 404:
+                        raise MissingArtifact(f"job {job}: {rel} not found at {url}") from None
+                    if e.code < 500:
+                        raise ArtifactUnavailable(f"{url}: HTTP {e.code} {e.reason}") from None
+                    last = e
+                except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+                    # ValueError: an answer the HTTP stack cannot parse (never one of ours: VtrainError)
+                    if watch.expired:
+                        break
+                    last = e
             log.warning(
                 "reading %s failed (attempt %d of %d): %s", url, attempt + 1, self.retries + 1, last
             )
+        if time.monotonic() >= deadline or last is None:
+            raise ArtifactUnavailable(f"{url}: no complete answer within the read's deadline of {allowed:.3g} s "
+                                      f"(status line, headers and body, all attempts; not used)")
         raise ArtifactUnavailable(f"{url}: unavailable after {self.retries + 1} attempts: {last}")

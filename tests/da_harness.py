@@ -78,8 +78,8 @@ def step_fee(dep: H.Deployment, job: int, first_op: int = 0) -> int:
     return int(dep.da.functions.stepDemandFee(job, first_op).call())
 
 
-def log_fee(dep: H.Deployment, lo: int = 0, hi: int = A.MAX_TO_INDEX) -> int:
-    return int(dep.da.functions.logDemandFee(lo, hi).call())
+def log_fee(dep: H.Deployment, lo: int = 0, hi: int = A.MAX_TO_INDEX, start: int = A.NO_POSITION) -> int:
+    return int(dep.da.functions.logDemandFee(lo, hi, start).call())
 
 
 def demand_step(dep: H.Deployment, job: int, i: int, s: int, first_op: int = 0, who: str | None = None) -> int:
@@ -94,7 +94,7 @@ def demand_log(
     start: int = A.NO_POSITION, who: str | None = None,
 ) -> int:
     r = dep.tx(dep.da.functions.demandLog(job, i, s, op, lo, hi, start), who or dep.challenger,
-               value=bond(dep, job) + log_fee(dep, lo, hi))
+               value=bond(dep, job) + log_fee(dep, lo, hi, start))
     (ev,) = dep.da.events.DemandCreated().process_receipt(r, errors=DISCARD)
     return int(ev.args.id)
 

@@ -511,9 +511,9 @@ def step_fee(n_slots: int, n_ops: int, first_op: int = 0) -> int:
     return A.step_demand_fee(DA_FEE_GAS_PRICE, n_slots, n_ops, first_op)
 
 
-def log_fee(from_index: int, to_index: int) -> int:
+def log_fee(from_index: int, to_index: int, start_position: int = A.NO_POSITION) -> int:
     """``logDemandFee`` at the fuzzed deployment's price."""
-    return A.log_demand_fee(DA_FEE_GAS_PRICE, from_index, to_index)
+    return A.log_demand_fee(DA_FEE_GAS_PRICE, from_index, to_index, start_position)
 
 
 def expect_demand(m: Model, job: int, interval: int, step: int, value: int, now: int, fee: int = 0) -> set[str]:

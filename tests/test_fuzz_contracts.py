@@ -836,7 +836,7 @@ class ContractMachine(RuleBasedStateMachine):
         fn = da.demandLog(j.job, interval, step, op, 0, FM_MAX_TO_INDEX, 0) if log else da.demandStep(
             j.job, interval, step, 0)
         # the fee from the Python mirror of the contract's fee model (a wrong mirror: WrongValue)
-        fee = FM.log_fee(0, FM_MAX_TO_INDEX) if log else FM.step_fee(run.cfg.n_slots, run.graph.n_ops)
+        fee = FM.log_fee(0, FM_MAX_TO_INDEX, 0) if log else FM.step_fee(run.cfg.n_slots, run.graph.n_ops)
         value = j.bond + fee + delta
         r, t = self._send(fn, who, lambda t: FM.expect_demand(self.model, j.job, interval, step, value, t, fee),
                           f"demand{'Log' if log else 'Step'}({j.job}, {interval}, {step})", value=value)

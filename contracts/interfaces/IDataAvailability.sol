@@ -110,6 +110,11 @@ error BadRunLength(uint256 length, uint256 maxLeaves);
 error RunDoesNotAnswer(uint256 firstKey, uint256 lastKey, uint256 count);
 /// @notice Thrown when a run starts elsewhere than the demanded position.
 error WrongPosition(uint256 position, uint256 expected);
+/// @notice Thrown when a Log demand fixes a start position other than 0 that is not a leaf of the
+///         op log's size bound by an earlier answer (none yet: size 0).
+/// @param position The demanded start position.
+/// @param size The bound size of the op log (0: not bound yet).
+error StartNotPublished(uint256 position, uint256 size);
 /// @notice Thrown when a run's claimed tree size differs from the size bound by an earlier answer.
 error WrongLogSize(uint256 size, uint256 bound);
 /// @notice Thrown when `claimTimeout` comes before the trainer's deadline has passed.
@@ -206,10 +211,12 @@ interface IDataAvailability {
     ///         of consecutive leaves of the op log tree whose first key is <= fromIndex (key = index +
     ///         1) and that reaches a key >= toIndex + 1 or holds MAX_LOG_LEAVES leaves (then demand
     ///         again from the last key). With `startPosition` != NO_POSITION the run must start at
-    ///         that claimed position (to continue a published run leaf by leaf).
+    ///         that claimed position (to continue a published run leaf by leaf), whatever its key:
+    ///         0, or a leaf of the size bound by an earlier answer (`StartNotPublished` otherwise),
+    ///         so every demand has an answer.
     /// @dev Bond, status and window as `demandStep`; `msg.value` is challengerBond +
-    ///      `logDemandFee(fromIndex, toIndex)`, priced on the most leaves an answer can need
-    ///      (toIndex - fromIndex + 2, at most MAX_LOG_LEAVES); an answer earns the trainer the fee of
+    ///      `logDemandFee(fromIndex, toIndex, startPosition)`, priced on the most leaves an answer
+    ///      can need (toIndex - fromIndex + 2, at most MAX_LOG_LEAVES; a page with a fixed start); an answer earns the trainer the fee of
     ///      the leaves it publishes and the rest goes back to the demander. `BadIndexRange` unless
     ///      fromIndex < toIndex <= 0xFFFFFFFE; `OpOutOfRange` unless op < nOps.
     /// @param job The job.
@@ -218,7 +225,8 @@ interface IDataAvailability {
     /// @param op The op j.
     /// @param fromIndex First element index.
     /// @param toIndex End element index (exclusive).
-    /// @param startPosition Claimed leaf position the run must start at, or NO_POSITION.
+    /// @param startPosition Claimed leaf position the run must start at (0 or below the bound size), or
+    ///        NO_POSITION.
     /// @return id The new demand.
     function demandLog(
         JobId job,
@@ -308,10 +316,13 @@ interface IDataAvailability {
     function stepDemandFee(JobId job, uint32 firstOp) external view returns (uint256);
 
     /// @notice The fee (wei) a Log demand of [fromIndex, toIndex) pays with its bond: feeGasPrice *
-    ///         (ANSWER_BASE_GAS + GAS_PER_LEAF * min(toIndex - fromIndex + 2, MAX_LOG_LEAVES)).
+    ///         (ANSWER_BASE_GAS + GAS_PER_LEAF * min(toIndex - fromIndex + 2, MAX_LOG_LEAVES)), or
+    ///         a full page's (MAX_LOG_LEAVES) with a fixed `startPosition` (what the answer does
+    ///         not use goes back to the demander).
     /// @param fromIndex First element index.
     /// @param toIndex End element index (exclusive).
-    function logDemandFee(uint32 fromIndex, uint32 toIndex) external view returns (uint256);
+    /// @param startPosition The demand's start position, or NO_POSITION.
+    function logDemandFee(uint32 fromIndex, uint32 toIndex, uint64 startPosition) external view returns (uint256);
 
     /// @notice Number of demands made; ids run from 1 to demandCount().
     function demandCount() external view returns (uint64);

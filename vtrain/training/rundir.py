@@ -46,6 +46,7 @@ from vtrain.training.data import Dataset, dataset_sha256
 from vtrain.training.spec import TrainSpec
 from vtrain.training.untrusted import (
     hash_beneath,
+    loads_json,
     open_append_beneath,
     open_dir_beneath,
     read_beneath,
@@ -217,7 +218,7 @@ class RunDir:
             return None  # a run folder from before inputs were pinned
         raw = self.read_member("inputs.json", _MAX_RECORD_BYTES, "inputs record")
         try:
-            d = json.loads(raw.decode("utf-8"))
+            d = loads_json(raw.decode("utf-8"))
             if not isinstance(d, dict) or not isinstance(d.get("files", {}), dict):
                 raise ValueError("expected an object with 'files'")
             return d
@@ -313,7 +314,7 @@ class RunDir:
         limit = _VOCAB_OVERHEAD + _VOCAB_SYMBOL_BYTES * len(dataset.vocab)
         raw = self.read_member("vocab.json", limit, "vocabulary")
         try:
-            d = json.loads(raw.decode("utf-8"))
+            d = loads_json(raw.decode("utf-8"))
             symbols = d["symbols"]
             if not isinstance(symbols, list) or not all(isinstance(c, str) for c in symbols):
                 raise ValueError("symbols: expected a list of strings")
@@ -387,7 +388,7 @@ class RunDir:
             log.warning("%s: ignoring a torn last line (%d bytes)", p, len(lines[-1]))
         for n, line in enumerate(lines[:-1], 1):
             try:
-                r = json.loads(line)
+                r = loads_json(line)
                 out[_roots_record(r)] = r
             except (json.JSONDecodeError, KeyError, ValueError, TypeError) as e:
                 raise CorruptArtifact(f"{p}: line {n} is not a roots record ({e})") from None

@@ -118,8 +118,10 @@ class TrainSpec:
 
     @staticmethod
     def from_json(text: str) -> TrainSpec:
+        from vtrain.training.untrusted import loads_json
+
         try:
-            return TrainSpec.from_dict(json.loads(text))
+            return TrainSpec.from_dict(loads_json(text))
         except json.JSONDecodeError as e:
             raise SpecError(f"invalid training spec JSON: {e}") from None
 

@@ -171,3 +171,37 @@ def _read_upto(f, cap: int, hint: int) -> bytes:
         parts.append(f.read(min(cap - total, 1 << 20)))
         total += len(parts[-1])
     return b"".join(parts)
+
+
+#: Deepest nesting of arrays and objects :func:`loads_json` parses (the layouts read nest 4 deep).
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(raw: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` outside strings in ``raw`` (an upper bound of what a JSON
+    parser recurses into, valid JSON or not), counted without recursion in one pass."""
+    import numpy as np
+
+    # escapes first (left to right, as a parser reads them): every quote left opens or closes a string
+    a = np.frombuffer(raw.replace(b"\\\\", b"__").replace(b'\\"', b"__"), dtype=np.uint8)
+    if a.size == 0:
+        return 0
+    outside = (np.cumsum(a == ord('"')) & 1) == 0
+    step = (((a == ord("[")) | (a == ord("{"))) & outside).astype(np.int64)
+    step -= (((a == ord("]")) | (a == ord("}"))) & outside).astype(np.int64)
+    return int(np.cumsum(step).max(initial=0))
+
+
+def loads_json(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH):  # noqa: ANN201 (any JSON value)
+    """``json.loads`` of bytes from someone else, refused (``json.JSONDecodeError``, like any bad
+    JSON) when nested deeper than ``max_depth``. The C parser recurses once per level up to the
+    interpreter's recursion limit, which a dependency raises to 100,000 (eth-keyfile): 200,000
+    nested brackets in a 400 KB file then overflow the C stack and kill the process (SIGSEGV),
+    where a ``RecursionError`` could have been caught."""
+    import json
+
+    data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+    # fewer brackets than the bound cannot nest past it (the usual case: no scan at all)
+    if data.count(b"[") + data.count(b"{") > max_depth and (depth := json_depth(data)) > max_depth:
+        raise json.JSONDecodeError(f"nested {depth} deep, more than {max_depth}", data.decode("latin-1")[:64], 0)
+    return json.loads(data)
