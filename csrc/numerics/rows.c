@@ -287,6 +287,30 @@ VT_EXPORT int64_t vt_rows_decide(SRC_ARGS, int32_t kind, const int64_t *cand, in
     return kept;
 }
 
+/* vt_rows_decide's common case for the trainer (canonical._round_canonical_at), in the same call:
+ * where every kept row is decided with code NONE, writes each one's bits (canonical zero, as
+ * `bits.view(float32) + 0.0f`) into r_out at its element index and returns 0; otherwise writes
+ * nothing and returns how many kept rows need the full path (undecided, or a code), which the caller
+ * then takes from the start. -1 / -2 as vt_rows_decide. `r` and `r_out` may be one array: every
+ * read of `r` comes before the first write. */
+VT_EXPORT int64_t vt_rows_decide_into(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const double *v,
+                                      const float *r, double coef, double band, float *r_out) {
+    int64_t *o = malloc((size_t)(c > 0 ? c : 1) * 4 * sizeof(int64_t));
+    if (!o) return -1;
+    int64_t kept = vt_rows_decide(src, a, b, bias, m, k, ncols, x, n, limit, kind, cand, c, v, r, coef, band, o);
+    int64_t attention = 0;
+    for (int64_t j = 0; j < kept; j++) attention += !o[3 * c + j] || o[2 * c + j] != CODE_NONE;
+    if (kept >= 0 && !attention)
+        for (int64_t j = 0; j < kept; j++) {
+            uint32_t bits = (uint32_t)o[c + j];
+            float f;
+            memcpy(&f, &bits, sizeof f);
+            r_out[o[j]] = f + 0.0f;
+        }
+    free(o);
+    return kept < 0 ? kept : attention;
+}
+
 /* is_exact_rounding's double-double comparison: whether `claimed[i]` (FP32 bits) is RN32 of the
  * element's exact value: V_YES, V_NO, or V_UNDECIDED (too close to call in FP64, or not finite). */
 VT_EXPORT int vt_rows_is_rn32(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const uint32_t *claimed,
@@ -381,4 +405,57 @@ VT_EXPORT int vt_row_norms(const double *x, int64_t rows, int64_t k, double *out
 
 VT_EXPORT void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out) {
     for (int64_t i = 0; i < rows; i++) out[i] = sqrt(0.0 + pw_sumsq32(x + i * k, k));
+}
+
+/* pw_sumsq32 of FP64 copies of FP32 values: (double)x * (double)x is the same product either way, so
+ * the same blocking, pairing and order give the same bits. */
+static double pw_sumsq64(const double *x, int64_t n) {
+    if (n < 8) {
+        double res = -0.0;
+        for (int64_t i = 0; i < n; i++) res += x[i] * x[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; j++) r[j] = x[j] * x[j];
+        int64_t i;
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += x[i + j] * x[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += x[i] * x[i];
+        return res;
+    }
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pw_sumsq64(x, n2) + pw_sumsq64(x + n2, n - n2);
+}
+
+/* A MATMUL operand's FP64 copy and its row norms in one pass (executor._compute_fp64, native_filter.widen):
+ * x is an FP32 tensor of logical shape [d0, d1, d2, k] with element strides s0, s1, s2, sk (any
+ * layout: a PERMUTE's view is read in place); dst gets the C-contiguous FP64 values [d0, d1, d2, k]
+ * (Tensor.double() of x.contiguous()), norms (when not NULL) per row sqrt(0.0 + pw_sum(row^2)), the
+ * bits of vt_row_norms32 of the contiguous FP32 rows, and abs_out (when not NULL) the C-contiguous
+ * FP32 |x| (Tensor.abs()'s bits: the sign bit cleared), for MATMUL's tight bound. */
+VT_EXPORT void vt_widen_rows(const float *x, int64_t d0, int64_t d1, int64_t d2, int64_t k, int64_t s0,
+                             int64_t s1, int64_t s2, int64_t sk, double *dst, double *norms, float *abs_out) {
+    int64_t row = 0;
+    for (int64_t i0 = 0; i0 < d0; i0++)
+        for (int64_t i1 = 0; i1 < d1; i1++)
+            for (int64_t i2 = 0; i2 < d2; i2++, row++) {
+                const float *src = x + i0 * s0 + i1 * s1 + i2 * s2;
+                double *out = dst + row * k;
+                if (sk == 1)
+                    for (int64_t j = 0; j < k; j++) out[j] = (double)src[j];
+                else
+                    for (int64_t j = 0; j < k; j++) out[j] = (double)src[j * sk];
+                if (norms) norms[row] = sqrt(0.0 + pw_sumsq64(out, k));
+                if (abs_out) { /* the FP32 bits with the sign cleared, read from x itself */
+                    uint32_t *a = (uint32_t *)(abs_out + row * k);
+                    for (int64_t j = 0; j < k; j++) {
+                        uint32_t b;
+                        memcpy(&b, src + j * sk, sizeof b);
+                        a[j] = b & 0x7FFFFFFFu;
+                    }
+                }
+            }
 }
