@@ -154,38 +154,3 @@ def test_exp64_is_torch_exp_bit_for_bit() -> None:
         assert torch.equal(torch.isnan(got), torch.isnan(ref))
         ok = ~torch.isnan(ref)
         assert torch.equal(got[ok].view(torch.int64), ref[ok].view(torch.int64))
-
-
-def test_matmul_scratch_buffers_are_reused_but_never_alias_a_live_value() -> None:
-    """The MATMUL operands' FP64 copies go into per-(position, shape) buffers reused across ops and
-    steps (``executor._matmul_fp64``): an op whose two operands have one shape (``A @ B^T``, both
-    ``[M, K]``) gets two buffers, the next call overwrites them, and ``v`` and its bounds are
-    never views of one, so every result equals the fresh-buffer computation."""
-    from vtrain.graph.executor import _compute_fp64
-    from vtrain.graph.step_graph import OpKind, OpNode
-    from vtrain.numerics import native_filter as NF
-
-    rng = np.random.default_rng(5)
-    op = OpNode(0, OpKind.MATMUL, (1, 2), (24, 24), ())
-    scratch: dict = {}
-    kept = []
-    for _ in range(3):
-        a, b = (torch.from_numpy(rng.standard_normal((24, 16)).astype(np.float32)) for _ in range(2))
-        for bound in ("none", "norm", "tight"):
-            ref_v, ref_d = _compute_fp64(op, [a, b], bound, lazy=True)
-            v, d = _compute_fp64(op, [a, b], bound, lazy=True, scratch=scratch)
-            kept.append((a, b, bound, v, d, ref_v, ref_d))
-    if NF.widen(torch.zeros(1, 1), False) is not None:  # the native kernels: two buffers, reused
-        assert sorted(scratch, key=str) == sorted([(p, (24, 16), dt) for p in (0, 1)
-                                                   for dt in (torch.float64, torch.float32)], key=str)
-        ptrs = {t.data_ptr() for t in scratch.values()}
-        assert len(ptrs) == 4
-    else:
-        ptrs = set()
-    for a, b, _bound, v, d, ref_v, ref_d in kept:  # read after every later call: nothing was overwritten
-        assert v.data_ptr() not in ptrs
-        assert torch.equal(v.view(torch.int64), ref_v.view(torch.int64))
-        assert torch.equal(v, torch.matmul(a.double(), b.double().T))
-        if d is not None:
-            assert torch.equal(NF.dense(d), NF.dense(ref_d))
-            assert not isinstance(d, NF.TightBound) or d.s.data_ptr() not in ptrs

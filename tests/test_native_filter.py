@@ -145,54 +145,6 @@ def test_row_norms_are_numpys_pairwise_norms(k: int) -> None:
         assert np.array_equal(got.numpy(), ref)
 
 
-def _specials(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """FP32 values with NaN, +-Inf, -0, subnormals and the extremes planted among wide-range normals."""
-    x = (rng.standard_normal(shape) * np.ldexp(1.0, rng.integers(-140, 120, shape))).astype(F32).reshape(-1)
-    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 1.1754942e-38, 3.4028235e38,
-                        -3.4028235e38], dtype=F32)
-    special = np.concatenate([special, np.array([0x7F800001, 0xFFC00000, 0x80000001], np.uint32).view(F32)])
-    if x.size:
-        pos = rng.integers(0, x.size, min(x.size, 3 * len(special)))
-        x[pos] = np.resize(special, len(pos))
-    return x.reshape(shape)
-
-
-@pytest.mark.parametrize("k", [0, 1, 7, 8, 9, 64, 127, 128, 129, 300])
-def test_widen_is_the_contiguous_fp64_copy_and_its_row_norms(k: int) -> None:
-    """``vt_widen_rows`` (the MATMUL operand's FP64 copy and row norms in one pass) gives
-    ``t.contiguous().double()`` and numpy's ``sqrt((x * x).sum(-1))`` bit for bit, on contiguous
-    tensors, on PERMUTE views of every kind the executor passes (transposed last axes, swapped batch
-    axes, a storage offset), at the widths where the pairwise blocking changes, with NaN/Inf/-0/
-    subnormal values and empty shapes; with ``absolute`` also ``t.abs()``'s bits; ``norms=False``
-    writes the copy alone (here into a given buffer)."""
-    rng = np.random.default_rng(k)
-    base = torch.from_numpy(_specials(rng, (3, 4, 6, k)))
-    views = [base, base[1], base[1, 2], base.permute(0, 2, 1, 3), base[:, 1:3], base.reshape(72, k)[5:]]
-    if k:
-        views += [base.transpose(-1, -2), base[0].transpose(0, 1), base.permute(2, 0, 3, 1)]
-    views += [torch.zeros((0, k), dtype=torch.float32), torch.zeros((2, 0, k), dtype=torch.float32)]
-    for t in views:
-        got = NF.widen(t, True, absolute=True)
-        assert got is not None
-        x64, norms, ab = got
-        assert ab.is_contiguous() and torch.equal(ab.view(torch.int32), t.abs().contiguous().view(torch.int32))
-        ref = np.ascontiguousarray(t.numpy(), dtype=np.float64)
-        assert x64.is_contiguous() and x64.dtype == torch.float64 and x64.shape == t.shape
-        assert np.array_equal(x64.numpy().view(np.uint64), ref.view(np.uint64))  # -0 and NaN bits too
-        with np.errstate(invalid="ignore", over="ignore"):
-            ref_n = np.sqrt((ref * ref).sum(axis=-1, keepdims=True))
-        assert np.array_equal(norms.numpy(), ref_n, equal_nan=True)
-        assert np.array_equal(norms.numpy(), NF.row_norms(t.contiguous()).numpy(), equal_nan=True)
-        alone = NF.widen(t, False, out=torch.full(t.shape, 7.0, dtype=torch.float64))  # into a given buffer
-        assert alone is not None and alone[1] is None and alone[2] is None
-        assert torch.equal(alone[0].view(torch.int64), x64.view(torch.int64))
-    assert NF.widen(base.double(), True) is None  # FP32 operands only
-    assert NF.widen(torch.zeros((1, 2, 3, 4, 5)), True) is None  # at most 4 dims
-    assert NF.widen(torch.zeros(3, 4, requires_grad=True), True) is None  # autograd keeps torch's path
-    with pytest.raises(ValueError, match="expected a contiguous"):
-        NF.widen(base, False, out=torch.empty(base.shape, dtype=torch.float32))
-
-
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("batched", ["no", "same", "broadcast"])
 def test_norm_reach_is_the_executors_norm_bound_never_materialised(simd, bias: bool, batched: str) -> None:

@@ -136,7 +136,6 @@ class StepExecutor:
             if op.kind in _SCALAR_KINDS
         }
         self._plan = self._make_plan()
-        self._scratch64: dict[tuple, torch.Tensor] = {}  # MATMUL operands' FP64 copies (_matmul_fp64)
 
     def _make_plan(self) -> list[_PlanStep]:
         """Per op, once (:class:`_PlanStep`), so that the step loop does little per op. Classes:
@@ -632,8 +631,7 @@ class StepExecutor:
                 stats.values += got[0].numel()
                 return self._replay_op(op, ins, got[0], got[1], log_in, resolver_factory, check, violations, sums,
                                        bound_kind, filtered=got[2])
-        # lazy: every consumer below takes a lazy bound
-        v, d = _compute_fp64(op, ins, bound_kind, lazy=True, scratch=self._scratch64)
+        v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
         stats.values += v.numel()
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
             # the paper does not log weight gradients or the optimizer
@@ -957,7 +955,7 @@ def _scalar(op: OpNode) -> float:
 
 
 def _compute_fp64(
-    op: OpNode, ins: list[torch.Tensor], bound: str = "tight", lazy: bool = False, scratch: dict | None = None
+    op: OpNode, ins: list[torch.Tensor], bound: str = "tight", lazy: bool = False
 ) -> tuple[torch.Tensor, native_filter.Bound | None]:
     """The FP64 value ``v`` of a rounding op and its certified bound ``d`` (None when exact).
 
@@ -974,12 +972,8 @@ def _compute_fp64(
     ``lazy``: where the native filter takes ``v`` (``native_filter.usable``), the bounds of EXP/LOG/TANH,
     MATMUL, SUM and MEAN come back unmaterialized (``native_filter.RelativeBound``/``NormBound``/``TightBound``,
     the same bits wherever they are read); the consumers of ``d`` then must accept one.
-
-    ``scratch`` (the executor's, :func:`_matmul_fp64`): where a MATMUL's FP64 operand copies are written.
     """
     k = op.kind
-    if k == OpKind.MATMUL:
-        return _matmul_fp64(op, ins, bound, lazy, scratch)
     x = [t.double() for t in ins]
     if k == OpKind.ADD:
         return x[0] + x[1], None
@@ -1005,6 +999,21 @@ def _compute_fp64(
         if lazy and native_filter.usable(v):
             return v, native_filter.RelativeBound(v, 4.0 * U)
         return v, 4.0 * U * v.abs()
+    if k == OpKind.MATMUL:
+        v = torch.matmul(x[0], x[1].transpose(-1, -2))
+        if bound == "none":
+            return (v.add_(x[2]) if len(ins) == 3 else v), None
+        if bound == "norm":
+            return v, _norm_bound(x, v, lazy, ins)
+        s = torch.matmul(ins[0].abs(), ins[1].abs().transpose(-1, -2))
+        n = ins[0].shape[-1]
+        if len(ins) == 3:  # in place on the fresh products (large fresh buffers cost page faults)
+            v.add_(x[2])
+            s.add_(ins[2].abs())
+            n += 1
+        if lazy and native_filter.usable(v):
+            return v, native_filter.TightBound(s, n * _SUBNORMAL, TRAINER_BOUND_SLACK * gamma(n))
+        return v, s.double().add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n))
     if k in (OpKind.SUM, OpKind.MEAN):
         n = ins[0].shape[-1]
         v = x[0].sum(dim=-1, keepdim=True)
@@ -1017,63 +1026,6 @@ def _compute_fp64(
             return v, native_filter.TightBound(s, 0.0, c)
         return v, c * s.double()
     raise GraphError(f"{k.name} is not a rounding op")
-
-
-def _matmul_fp64(
-    op: OpNode, ins: list[torch.Tensor], bound: str, lazy: bool, scratch: dict | None = None
-) -> tuple[torch.Tensor, native_filter.Bound | None]:
-    """:func:`_compute_fp64` of a MATMUL. The FP64 operand copies are C-contiguous, the bits of
-    ``t.contiguous().double()``. On the CPU with the native kernels each copy and, for the norm bound,
-    its row norms (norm bound) or its FP32 ``|x|`` (tight bound) are one pass (:func:`native_filter.widen`);
-    with ``scratch`` (a dict the caller keeps across ops and steps) the copies of up to :data:`_SCRATCH_MAX`
-    elements are written into reused buffers, one per (operand position, shape, dtype): nothing reads
-    one after this op's GEMMs (``v``, ``s``, the bias add and the bounds never keep one), and the two
-    operands of one op never share one."""
-    norms, tight = bound == "norm", bound not in ("norm", "none")
-    got = [native_filter.widen(t, norms, _scratch_for(scratch, pos, t, torch.float64),
-                               _scratch_for(scratch, pos, t, torch.float32, True) if tight else None)
-           for pos, t in enumerate(ins[:2])]
-    if all(w is not None for w in got):
-        x = [got[0][0], got[1][0], *(t.double() for t in ins[2:])]  # type: ignore[index]
-        pre = (got[0][1], got[1][1]) if norms else None  # type: ignore[index]
-        absolute = (got[0][2], got[1][2]) if tight else None  # type: ignore[index]
-    else:
-        x, pre, absolute = [t.contiguous().double() for t in ins], None, None
-    v = torch.matmul(x[0], x[1].transpose(-1, -2))
-    if bound == "none":
-        return (v.add_(x[2]) if len(ins) == 3 else v), None
-    if bound == "norm":
-        return v, _norm_bound(x, v, lazy, ins, pre)
-    if absolute is None:
-        ins = [t if t.is_contiguous() else t.contiguous() for t in ins]
-        absolute = (ins[0].abs(), ins[1].abs())
-    s = torch.matmul(absolute[0], absolute[1].transpose(-1, -2))  # FP32 |A| @ |B| (fresh: the bound keeps it)
-    n = ins[0].shape[-1]
-    if len(ins) == 3:  # in place on the fresh products (large fresh buffers cost page faults)
-        v.add_(x[2])
-        s.add_(ins[2].abs())
-        n += 1
-    if lazy and native_filter.usable(v):
-        return v, native_filter.TightBound(s, n * _SUBNORMAL, TRAINER_BOUND_SLACK * gamma(n))
-    return v, s.double().add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n))
-
-
-_SCRATCH_MAX = 1 << 21
-"""Elements (16 MiB in FP64) up to which a MATMUL operand's FP64 copy goes into a reused buffer."""
-
-
-def _scratch_for(
-    scratch: dict | None, pos: int, t: torch.Tensor, dtype: torch.dtype, fresh: bool | None = None
-) -> torch.Tensor | bool | None:
-    """The reused ``dtype`` buffer for operand ``pos`` of ``t``'s shape (made on first use); else
-    ``fresh`` (None or True: :func:`native_filter.widen` then makes a fresh one)."""
-    if scratch is None or t.numel() > _SCRATCH_MAX or t.device.type != "cpu":
-        return fresh
-    key = (pos, tuple(t.shape), dtype)
-    buf = scratch.get(key)
-    if buf is None:
-        buf = scratch[key] = torch.empty(t.shape, dtype=dtype)
-    return buf
 
 
 _EXP_ZERO = -746.0
@@ -1092,8 +1044,7 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
 
 
 def _norm_bound(
-    x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False, ins: list[torch.Tensor] | None = None,
-    norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False, ins: list[torch.Tensor] | None = None
 ) -> native_filter.Bound:
     """The trainer bound of an FP64 MATMUL (``v``, with the bias added here) from the Cauchy-Schwarz
     bound ``|a_i|_2 |b_j|_2 (+ |bias_j|) >= sum_k |t_k|`` of FP64 row norms of the FP32 inputs
@@ -1101,17 +1052,17 @@ def _norm_bound(
     sum, square root, product and bias add carry a relative error below ``(n + 4) 2^-53``, covered by
     the factor ``1 + (n + 4) 2^-52``. At least the tight bound of :func:`_compute_fp64`, elementwise.
     ``lazy`` (where the native filter takes ``v``): the same bound unmaterialized (``NormBound``).
-    ``ins``: the FP32 inputs, where the norms are read from (the same bits, half the bytes); ``norms``:
-    the row norms of ``x[0]`` and ``x[1]`` where :func:`native_filter.widen` made them."""
+    ``ins``: the FP32 inputs, where the norms are read from (the same bits, half the bytes)."""
     n = x[0].shape[-1]
     if lazy and native_filter.usable(v):
         if len(x) == 3:
             v.add_(x[2])
         m = n + (len(x) == 3)
         factor = TRAINER_BOUND_SLACK * gamma(m) * (1.0 + (m + 4) * 2.0**-52)
-        return native_filter.norm_bound(x, v, factor, m * _SUBNORMAL, ins, norms)
+        return native_filter.norm_bound(x, v, factor, m * _SUBNORMAL, ins)
     src = ins if ins is not None else x
-    na, nb = norms if norms is not None else (native_filter.row_norms(src[0]), native_filter.row_norms(src[1]))
+    na = native_filter.row_norms(src[0])  # [..., M, 1]
+    nb = native_filter.row_norms(src[1])  # [..., N, 1]
     s = na * nb.transpose(-1, -2)
     if len(x) == 3:
         v.add_(x[2])

@@ -115,7 +115,6 @@ _SIGNATURES = {
     "vt_round_fp32": (ctypes.c_uint32, [_P, _I, _P]),
     "vt_row_norms": (ctypes.c_int, [_P, _I, _I, _P]),
     "vt_row_norms32": (None, [_P, _I, _I, _P]),
-    "vt_widen_rows": (None, [_P, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P]),
     "vt_sum_round_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P]),
     "vt_sum_values_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P, _P, _P]),
 }
@@ -253,58 +252,16 @@ def row_norms(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.sqrt((xn * xn).sum(axis=-1, keepdims=True)))
 
 
-def widen(
-    x: torch.Tensor, norms: bool, out: torch.Tensor | None = None, absolute: torch.Tensor | bool | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
-    """A MATMUL operand's FP64 copy, (``norms``) its FP64 row norms and (``absolute``) its FP32 ``|x|``
-    in one native pass: ``x`` an FP32 CPU tensor ``[..., R, K]`` of any strides (up to 4 dims), returns
-    ``(x.contiguous().double(), row_norms(x) or None, x.abs().contiguous() or None)`` with those bits
-    (C-contiguous; the norms ``[..., R, 1]``). None where the kernel does not apply (not loaded,
-    another device or dtype, more than 4 dims, autograd). ``out`` / ``absolute`` (a tensor): C-contiguous
-    CPU buffers of ``x``'s shape (FP64 / FP32) to write the copy / ``|x|`` into (the executor's
-    scratch), else fresh ones (``absolute`` True)."""
-    if (not native.available() or x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad
-            or not 1 <= x.dim() <= 4):
-        return None
-    lead = 4 - x.dim()
-    size = (1,) * lead + tuple(x.shape)
-    stride = (0,) * lead + tuple(x.stride())
-    out = _buffer(out, x.shape, torch.float64)
-    ab = _buffer(absolute, x.shape, torch.float32) if absolute is not None and absolute is not False else None
-    nrm = torch.empty((*x.shape[:-1], 1), dtype=torch.float64) if norms else None
-    if x.numel():
-        _fn("vt_widen_rows")(x.data_ptr(), *size, *stride, out.data_ptr(), None if nrm is None else nrm.data_ptr(),
-                             None if ab is None else ab.data_ptr())
-    elif nrm is not None:
-        nrm.zero_()
-    return out, nrm, ab
-
-
-def _buffer(buf: torch.Tensor | bool | None, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """``buf`` where it is a tensor (checked: contiguous CPU ``dtype`` of ``shape``), else a fresh one."""
-    if not isinstance(buf, torch.Tensor):
-        return torch.empty(shape, dtype=dtype)
-    if buf.shape != shape or buf.dtype != dtype or not buf.is_contiguous() or buf.device.type != "cpu":
-        raise ValueError(f"widen: expected a contiguous {dtype} CPU buffer of shape {tuple(shape)}, got "
-                         f"{buf.dtype}{tuple(buf.shape)}")
-    return buf
-
-
 def norm_bound(
-    x: list[torch.Tensor], v: torch.Tensor, factor: float, sub: float, ins: list[torch.Tensor] | None = None,
-    norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    x: list[torch.Tensor], v: torch.Tensor, factor: float, sub: float, ins: list[torch.Tensor] | None = None
 ) -> NormBound:
     """The lazy form of ``executor._norm_bound`` for FP64 inputs ``x`` (``[..., M, K]``,
     ``[..., N, K]``, bias ``[N]``; ``ins``: the same as FP32, where the norms are read from) and
-    output ``v`` ``[..., M, N]``: the same row norms (:func:`row_norms`; ``norms``: those of ``x[0]``
-    and ``x[1]`` where :func:`widen` made them), expanded to one per output row and one row of
-    ``nb`` per batch."""
-    if norms is not None:
-        na, nb = norms
-    else:
-        src = ins if ins is not None else x
-        na = row_norms(src[0])  # [..., M, 1]
-        nb = row_norms(src[1])  # [..., N, 1]
+    output ``v`` ``[..., M, N]``: the same row norms (:func:`row_norms`), expanded to one per output
+    row and one row of ``nb`` per batch."""
+    src = ins if ins is not None else x
+    na = row_norms(src[0])  # [..., M, 1]
+    nb = row_norms(src[1])  # [..., N, 1]
     m, n_cols = v.shape[-2], v.shape[-1]
     if na.shape[:-1] == v.shape[:-1]:
         na = na.reshape(-1)
