@@ -442,3 +442,58 @@ def test_is_exact_rounding_of_special_claims_is_the_numpy_path(kind: OpKind, mon
     # -0 is not RN32(0): a zero result is +0, and the contract's rule rejects a -0 claim
     # (tests/vectors/rule.json, "zero: -0")
     assert nat.tolist() == [False, False, False, False, True, False, False, False]
+
+
+def _decide_into_case(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray, tight_of) -> int:
+    """``decide_into`` against ``decide``: on all candidates (some need the full path: nothing may be
+    written) and on those ``decide`` settles with no entry (their bits written, canonical zeros, the
+    rest of the output untouched), reading ``r`` from the very array it writes."""
+    out = tight_of(None)[1] if tight_of(None) is not None else torch.from_numpy(
+        np.random.default_rng(0).standard_normal(int(np.prod(_out_shape(kind, ins)))).astype(np.float32))
+    kept, bits, codes, ok = native_rows.decide(kind, ins, cand, tight=tight_of(out))
+    need = int((~ok | (codes != 0)).sum())
+    before = out.clone()
+    if need:  # (exact-grid matmuls have none: every row settled, written below)
+        assert native_rows.decide_into(kind, ins, torch.from_numpy(cand), out, tight=tight_of(out)) == need
+        assert torch.equal(out.view(torch.int32), before.view(torch.int32))  # nothing written
+    easy = kept[ok & (codes == 0)]
+    assert len(easy)
+    assert native_rows.decide_into(kind, ins, torch.from_numpy(easy), out, tight=tight_of(out)) == 0
+    want = before.numpy().copy()
+    sel = ok & (codes == 0)
+    want[easy] = bits[sel].astype(np.uint32).view(np.float32) + np.float32(0.0)
+    assert np.array_equal(out.numpy().view(np.uint32), want.view(np.uint32))
+    return need
+
+
+def _out_shape(kind: OpKind, ins: list[torch.Tensor]) -> tuple[int, ...]:
+    return tuple(ins[0].shape[:-1]) if kind != OpKind.MATMUL else (*ins[0].shape[:-1], ins[1].shape[-2])
+
+
+@pytest.mark.parametrize("case", CASES[:5], ids=[f"b{c[0]}m{c[1]}k{c[2]}" for c in CASES[:5]])
+def test_decide_into_writes_only_a_fully_settled_matmul(case) -> None:
+    batch, m, k, n, bias, grid = case
+    rng = np.random.default_rng(m * k + n)
+    ins = _matmul_inputs(rng, batch, m, k, n, bias, grid)
+    v = _fp64_matmul(ins)
+    out = v.float().add_(0.0).reshape(-1)
+    vf = v.reshape(-1)
+    vf[::3] = (out[::3].double() + torch.nextafter(out[::3], torch.tensor(np.inf)).double()) / 2
+    nt = k + bias
+
+    def tight_of(r):
+        return (vf, out if r is None else r, TRAINER_BOUND_SLACK * gamma(nt), C._BAND)
+
+    _decide_into_case(OpKind.MATMUL, ins, np.arange(v.numel(), dtype=np.int64), tight_of)
+
+
+@pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN], ids=["SUM", "MEAN"])
+@pytest.mark.parametrize("n", [16, 48])
+def test_decide_into_writes_only_fully_settled_sums(kind: OpKind, n: int) -> None:
+    rng = np.random.default_rng(n)
+    x = (rng.integers(-64, 64, (40, n)) * 2.0**-6).astype(np.float32)
+    x[20:] = rng.standard_normal((20, n)).astype(np.float32) * 2.0 ** rng.integers(-20, 20, (20, n))
+    x[39] = 0.0
+    w = n if kind == OpKind.MEAN else 1  # e = 1 + 2^-24, an exact midpoint, off the grid: an entry
+    x[39, :4] = [w * 1.0, w * 2.0**-24, 2.0**-80, -(2.0**-80)]
+    assert _decide_into_case(kind, [torch.from_numpy(x)], np.arange(40, dtype=np.int64)[::-1].copy(), lambda r: None)

@@ -287,6 +287,30 @@ VT_EXPORT int64_t vt_rows_decide(SRC_ARGS, int32_t kind, const int64_t *cand, in
     return kept;
 }
 
+/* vt_rows_decide's common case for the trainer (canonical._round_canonical_at), in the same call:
+ * where every kept row is decided with code NONE, writes each one's bits (canonical zero, as
+ * `bits.view(float32) + 0.0f`) into r_out at its element index and returns 0; otherwise writes
+ * nothing and returns how many kept rows need the full path (undecided, or a code), which the caller
+ * then takes from the start. -1 / -2 as vt_rows_decide. `r` and `r_out` may be one array: every
+ * read of `r` comes before the first write. */
+VT_EXPORT int64_t vt_rows_decide_into(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const double *v,
+                                      const float *r, double coef, double band, float *r_out) {
+    int64_t *o = malloc((size_t)(c > 0 ? c : 1) * 4 * sizeof(int64_t));
+    if (!o) return -1;
+    int64_t kept = vt_rows_decide(src, a, b, bias, m, k, ncols, x, n, limit, kind, cand, c, v, r, coef, band, o);
+    int64_t attention = 0;
+    for (int64_t j = 0; j < kept; j++) attention += !o[3 * c + j] || o[2 * c + j] != CODE_NONE;
+    if (kept >= 0 && !attention)
+        for (int64_t j = 0; j < kept; j++) {
+            uint32_t bits = (uint32_t)o[c + j];
+            float f;
+            memcpy(&f, &bits, sizeof f);
+            r_out[o[j]] = f + 0.0f;
+        }
+    free(o);
+    return kept < 0 ? kept : attention;
+}
+
 /* is_exact_rounding's double-double comparison: whether `claimed[i]` (FP32 bits) is RN32 of the
  * element's exact value: V_YES, V_NO, or V_UNDECIDED (too close to call in FP64, or not finite). */
 VT_EXPORT int vt_rows_is_rn32(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const uint32_t *claimed,

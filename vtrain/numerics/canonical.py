@@ -289,6 +289,10 @@ def _round_canonical_at(
         _decide_exactly(graph, op, ins, overflow[:1], what)
     out = r.reshape(-1)
     got = None
+    if finite and op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) and cand.device.type == "cpu":
+        # the common case in one native call: every kept candidate decided, none due an entry
+        if native_rows.decide_into(op.kind, ins, cand, out, tight=_tight_args(op, ins, v, out)) == 0:
+            return out.reshape(r.shape), OpLog.empty(), 0
     if op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
         got = _decide_candidates(op, ins, v, out, cand)
         if got is None:  # the MATMUL tight bound cleared every candidate
@@ -378,11 +382,7 @@ def _decide_candidates(
     CPU tensors when loaded, else the numpy path (the same bits)."""
     got = None
     if cand.device.type == "cpu":
-        tight = None
-        if op.kind == OpKind.MATMUL:
-            n = ins[0].shape[-1] + (len(ins) == 3)
-            tight = (v.reshape(-1), out, TRAINER_BOUND_SLACK * gamma(n), _BAND)
-        got = native_rows.decide(op.kind, ins, cand, tight=tight)
+        got = native_rows.decide(op.kind, ins, cand, tight=_tight_args(op, ins, v, out))
     if got is None:
         return _decide_candidates_np(op, ins, v, out, cand)
     kept, bits, codes, ok = got
@@ -400,6 +400,14 @@ def _decide_candidates(
                 bits[k], codes[k] = fs
                 undecided[k] = False
     return cand, bits, codes, undecided
+
+
+def _tight_args(op: OpNode, ins: list[torch.Tensor], v: torch.Tensor | None, out: torch.Tensor):
+    """``native_rows.decide``'s ``tight`` (the MATMUL re-filter with the tight bound), None for sums."""
+    if op.kind != OpKind.MATMUL:
+        return None
+    n = ins[0].shape[-1] + (len(ins) == 3)
+    return (v.reshape(-1), out, TRAINER_BOUND_SLACK * gamma(n), _BAND)
 
 
 def _decide_candidates_np(

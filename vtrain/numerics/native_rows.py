@@ -37,6 +37,8 @@ def _bind() -> ctypes.CDLL | None:
     src = [i32, p, p, p, i64, i64, i64, p, i64, i64]  # SRC_ARGS of rows.c
     lib.vt_rows_decide.argtypes = [*src, i32, p, i64, p, p, f64, f64, p]
     lib.vt_rows_decide.restype = i64
+    lib.vt_rows_decide_into.argtypes = [*src, i32, p, i64, p, p, f64, f64, p]
+    lib.vt_rows_decide_into.restype = i64
     lib.vt_rows_is_rn32.argtypes = [*src, i32, p, i64, p, p]
     lib.vt_rows_is_rn32.restype = ctypes.c_int
     lib.vt_rows_grid.argtypes = [*src, i32, p, i64, p]
@@ -138,6 +140,39 @@ def decide(
     kept = _LIB.vt_rows_decide(*src, _KIND[kind], c_ptr, c, v_ptr, r_ptr, coef, band, _ptr(o))
     _check(kept, "decide", src[-1])
     return o[0, :kept], o[1, :kept], o[2, :kept], o[3, :kept] != 0
+
+
+def decide_into(
+    kind: OpKind,
+    ins: list[torch.Tensor],
+    cand: torch.Tensor,
+    out: torch.Tensor,
+    tight: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
+) -> int | None:
+    """:func:`decide`'s common case in one call: where every candidate the tight re-filter keeps is
+    decided with no entry due, their decided bits (canonical zeros) are written into ``out`` (the
+    op's flat FP32 output, C-contiguous, the ``r`` of ``tight``) and 0 is returned; else nothing is
+    written and the count of candidates that need :func:`decide`'s full path comes back. None: the
+    kernel does not take these tensors (the caller uses :func:`decide`)."""
+    if _LIB is None or not _usable(ins) or out.device.type != "cpu" or out.dtype != torch.float32:
+        return None
+    if not out.is_contiguous():
+        return None
+    keep: list[torch.Tensor] = []
+    src = _source(kind, ins, None, keep)
+    if src is None:
+        return None
+    c_ptr, c = _index(cand, keep)
+    v_ptr = r_ptr = None
+    coef = band = 0.0
+    if tight is not None:
+        v, r, coef, band = tight
+        if v.device.type != "cpu" or v.dtype != torch.float64 or r.device.type != "cpu" or r.dtype != torch.float32:
+            return None
+        v_ptr, r_ptr = _contiguous(v, keep), _contiguous(r, keep)
+    got = _LIB.vt_rows_decide_into(*src, _KIND[kind], c_ptr, c, v_ptr, r_ptr, coef, band, out.data_ptr())
+    _check(got, "decide", src[-1])
+    return got
 
 
 def _rows_at(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray):
