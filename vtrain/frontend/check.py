@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vtrain.frontend.capture import Captured, TorchTask, _WithLoss
+from vtrain.frontend.capture import Captured, TorchTask, _WithLoss, torch_optimizer
 from vtrain.graph.fp64 import evaluate_fp64
 from vtrain.graph.generated import dropout_uniforms
 from vtrain.graph.step_graph import OpKind, bits_f32, f32_bits
@@ -92,8 +92,6 @@ def compare_step_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: by
                       step: int = 1) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """One whole step (forward, backward, clipping, schedule, optimizer) in FP64: every new state
     slot of the graph against torch.optim (and ``clip_grad_norm_``) on the same FP64 model."""
-    from vtrain.models.optim import SGDConfig
-
     g = cap.graph
     state = [torch.from_numpy(a).double() for a in cap.initial_state]
     vals = evaluate_fp64(g, state, torch.from_numpy(rows), seed=seed, step=step)
@@ -102,12 +100,7 @@ def compare_step_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: by
     params = [named[n] for n in cap.slot_names[: cap.n_params]]
     cfg = cap.optimizer
     lr = cfg.lr if task.schedule is None else float(task.schedule.table(cfg.lr, step)[step - 1])
-    if isinstance(cfg, SGDConfig):
-        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, momentum=cfg.momentum,
-                                                     weight_decay=cfg.weight_decay)
-    else:
-        opt = torch.optim.AdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                weight_decay=cfg.weight_decay)
+    opt = torch_optimizer(cfg, params, lr)
     with same_dropout(seed or bytes(32), step):
         loss = _WithLoss(ref, task.loss, cap.fields)(torch.from_numpy(rows).double())
     loss.backward()

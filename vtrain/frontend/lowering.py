@@ -376,6 +376,137 @@ def _gelu(L: Lowerer, node, a, approximate="none"):
     return Sym(L.g.mul(L.g.mul_s(x, 0.5), L.g.add_s(L.g.tanh(inner), 1.0)))
 
 
+def _positive(L: Lowerer, t: T) -> T:
+    """RELU(t): nonzero exactly where ``t > 0`` (a SELECT condition; no gradient flows through it)."""
+    return L.g.relu(t)
+
+
+@lowering(aten.leaky_relu.default)
+def _leaky_relu(L: Lowerer, node, a, negative_slope=0.01):
+    """``a if a > 0 else slope * a``: SELECT(RELU(a), a, MUL_S(a, slope)) (gradient at 0: slope, as torch)."""
+    t = L.t(a)
+    return Sym(L.g.select(_positive(L, t), t, L.g.mul_s(t, finite(negative_slope))))
+
+
+def _nonpositive_part(L: Lowerer, t: T, pos: T) -> T:
+    """``min(t, 0)`` as SELECT(t > 0, 0, t): its gradient is 1 at ``t = 0`` (torch's negative branch)."""
+    return L.g.select(pos, L.scalar_const(0.0, t.rank), t)
+
+
+@lowering(aten.elu.default)
+def _elu(L: Lowerer, node, a, alpha=1.0, scale=1.0, input_scale=1.0):
+    """``scale a`` for a > 0, else ``scale alpha (exp(input_scale min(a, 0)) - 1)``: SELECT, EXP, ADD_S,
+    MUL_S (the EXP never sees a positive value, so it never overflows; gradient at 0: the negative branch's)."""
+    t = L.t(a)
+    pos = _positive(L, t)
+    e = L.g.exp(L.g.mul_s(_nonpositive_part(L, t, pos), finite(input_scale)))
+    neg = L.g.mul_s(L.g.add_s(e, -1.0), finite(alpha) * finite(scale))
+    return Sym(L.g.select(pos, L.g.mul_s(t, finite(scale)) if scale != 1 else t, neg))
+
+
+def _softplus_of(L: Lowerer, t: T) -> T:
+    """``log(1 + exp(t))`` as ``max(t, 0) + log(1 + exp(-|t|))``: finite for every t (the EXP sees
+    ``-|t| <= 0``); ``-|t|`` is SELECT(t > 0, -t, t), so the gradient at 0 is 1/2, as torch's."""
+    pos = _positive(L, t)
+    minus_abs = L.g.select(pos, L.g.neg(t), t)
+    return L.g.add(pos, L.g.log(L.g.add_s(L.g.exp(minus_abs), 1.0)))
+
+
+@lowering(aten.softplus.default)
+def _softplus(L: Lowerer, node, a, beta=1.0, threshold=20.0):
+    """``a`` where ``beta a > threshold``, else ``(max(b, 0) + log(1 + exp(-|b|))) / beta`` with ``b = beta a``:
+    MUL_S, RELU, SELECT, EXP, ADD_S, LOG, ADD, DIV_S (finite for every a, as torch's threshold)."""
+    t = L.t(a)
+    b = L.g.mul_s(t, finite(beta)) if beta != 1 else t
+    sp = _softplus_of(L, b)
+    if beta != 1:
+        sp = L.g.div_s(sp, finite(beta))
+    return Sym(L.g.select(L.g.relu(L.g.add_s(b, -finite(threshold))), t, sp))
+
+
+@lowering(aten.mish.default)
+def _mish(L: Lowerer, node, a):
+    """``a tanh(softplus(a))`` with the `softplus` lowering (no threshold, as torch's mish): MUL, TANH."""
+    t = L.t(a)
+    return Sym(L.g.mul(t, L.g.tanh(_softplus_of(L, t))))
+
+
+def _clamp_t(L: Lowerer, t: T, lo: Any, hi: Any, strict: bool) -> T:
+    """``min(max(t, lo), hi)`` by two SELECTs on the sign of the rounded difference (zero only at a tie).
+    ``strict``: a value equal to a bound takes the bound (no gradient), as hardtanh; else it keeps t's
+    gradient, as clamp."""
+    for bound, upper in ((lo, False), (hi, True)):
+        if bound is None:
+            continue
+        c = L.t(bound) if not isinstance(bound, int | float) else L.scalar_const(finite(bound), t.rank)
+        if strict:  # keep t where it is strictly inside
+            inside = L.g.relu(L.g.sub(c, t) if upper else L.g.sub(t, c))
+            t = L.g.select(inside, t, c)
+        else:  # replace t where it is strictly outside
+            outside = L.g.relu(L.g.sub(t, c) if upper else L.g.sub(c, t))
+            t = L.g.select(outside, c, t)
+    return t
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+          aten.clamp_min.Tensor, aten.clamp_max.Tensor)
+def _clamp(L: Lowerer, node, a, min=None, max=None):  # noqa: A002 - torch's argument names
+    """``min(max(a, lo), hi)``: per bound SELECT(RELU(a - bound), bound, a) (gradient 1 at a tie, as torch)."""
+    if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        min, max = None, min
+    return Sym(_clamp_t(L, L.t(a), min, max, strict=False))
+
+
+@lowering(aten.hardtanh.default)
+def _hardtanh(L: Lowerer, node, a, min_val=-1.0, max_val=1.0):
+    """``min(max(a, lo), hi)`` (ReLU6 is hardtanh(0, 6)): per bound SELECT(RELU(a - lo), a, lo) (gradient 0 at a
+    tie, as torch)."""
+    return Sym(_clamp_t(L, L.t(a), min_val, max_val, strict=True))
+
+
+def _max_min(L: Lowerer, a, b, take_max: bool) -> Sym:
+    ta, tb = L.t(a), L.t(b)
+    first = L.g.relu(L.g.sub(ta, tb) if take_max else L.g.sub(tb, ta))
+    second = L.g.relu(L.g.sub(tb, ta) if take_max else L.g.sub(ta, tb))
+    tie = L.g.mul_s(L.g.add(ta, tb), 0.5)  # a == b: (a + a) / 2 is a exactly; each gets half the gradient
+    return Sym(L.g.select(first, ta, L.g.select(second, tb, tie)))
+
+
+@lowering(aten.maximum.default)
+def _maximum(L: Lowerer, node, a, b):
+    """``max(a, b)``: SELECT(RELU(a - b), a, SELECT(RELU(b - a), b, (a + b) * 0.5)) (at a tie each gets half the
+    gradient, as torch)."""
+    return _max_min(L, a, b, True)
+
+
+@lowering(aten.minimum.default)
+def _minimum(L: Lowerer, node, a, b):
+    """``min(a, b)``: SELECT(RELU(b - a), a, SELECT(RELU(a - b), b, (a + b) * 0.5)) (at a tie each gets half the
+    gradient, as torch)."""
+    return _max_min(L, a, b, False)
+
+
+@lowering(aten.sign.default)
+def _sign(L: Lowerer, node, a):
+    """``sign(a)`` (0 at 0): SELECT(RELU(a), 1, SELECT(RELU(-a), -1, 0)) (no gradient, as torch)."""
+    t = L.t(a)
+    r = t.rank
+    neg = L.g.select(L.g.relu(L.g.neg(t)), L.scalar_const(-1.0, r), L.scalar_const(0.0, r))
+    return Sym(L.g.select(L.g.relu(t), L.scalar_const(1.0, r), neg))
+
+
+@lowering(aten.log1p.default)
+def _log1p(L: Lowerer, node, a):
+    """``log(1 + a)``: ADD_S, LOG (the sum rounds: within 2^-24 of torch's log1p in FP32, equal in FP64)."""
+    return Sym(L.g.log(L.g.add_s(L.t(a), 1.0)))
+
+
+@lowering(aten.expm1.default)
+def _expm1(L: Lowerer, node, a):
+    """``exp(a) - 1``: EXP, ADD_S (the difference rounds: within 2^-24 of torch's expm1 in FP32, equal in FP64)."""
+    return Sym(L.g.add_s(L.g.exp(L.t(a)), -1.0))
+
+
 # === comparisons and selection (booleans are 0.0 / 1.0) ==============================================
 def _difference(L: Lowerer, a, b) -> T:
     """``a - b`` rounded: zero exactly when ``a == b`` (subnormals are kept), its sign the order's."""
@@ -475,6 +606,54 @@ def _sum(L: Lowerer, node, a, dim=None, keepdim=False, dtype=None):
 def _mean(L: Lowerer, node, a, dim=None, keepdim=False, dtype=None):
     """Mean over ``dim``: as :func:`_sum` with one MEAN (sum / n, one rounding)."""
     return Sym(L.reduce(L.t(a), dim, keepdim, "mean"))
+
+
+def _variance(L: Lowerer, t: T, dim, correction, keepdim: bool) -> tuple[T, T]:
+    """(var, mean) over ``dim``: MEAN, SUB, MUL, SUM, DIV_S by ``n - correction`` (one reduction each)."""
+    dims = [dim] if isinstance(dim, int) else (list(dim) if dim else None)
+    r = t.rank
+    axes = sorted({d % r for d in dims}) if dims else list(range(r))
+    n = math.prod(t.shape[d] for d in axes)
+    c = 1.0 if correction is None else float(correction)
+    if n - c <= 0:
+        raise UnsupportedOp(f"var/std over {n} element(s) with correction {c:g} (the divisor n - correction is "
+                            "not positive: torch gives inf/NaN)")
+    mu = L.reduce(t, axes, True, "mean")
+    xc = L.g.sub(t, mu)
+    var = L.g.div_s(L.reduce(L.g.mul(xc, xc), axes, keepdim, "sum"), n - c)
+    return var, (mu if keepdim else L.reshape(mu, tuple(t.shape[i] for i in range(r) if i not in axes)))
+
+
+@lowering(aten.var.correction, aten.var.dim, aten.var.default)
+def _var(L: Lowerer, node, a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Variance over ``dim``: ``sum((a - mean)^2) / (n - correction)`` (MEAN, SUB, MUL, SUM, DIV_S)."""
+    if isinstance(dim, bool):  # var.default(a, unbiased)
+        dim, unbiased = None, dim
+    if correction is None and unbiased is not None:
+        correction = 1.0 if unbiased else 0.0
+    return Sym(_variance(L, L.t(a), dim, correction, keepdim)[0])
+
+
+@lowering(aten.var_mean.correction)
+def _var_mean(L: Lowerer, node, a, dim=None, *, correction=None, keepdim=False):
+    """``(var, mean)`` over ``dim``: as the `var` lowering, the MEAN its own output."""
+    var, mu = _variance(L, L.t(a), dim, correction, keepdim)
+    return (Sym(var), Sym(mu))
+
+
+@lowering(aten.linalg_vector_norm.default)
+def _vector_norm(L: Lowerer, node, a, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
+    """``ord`` 2: SQRT(SUM(a * a)); 1: SUM(|a|); inf: MAX(|a|) over ``dim`` (an all-zero vector's 2-norm
+    has a non-finite gradient, where torch gives 0: such a step stops as non-finite)."""
+    t = L.t(a)
+    dims = [dim] if isinstance(dim, int) else (list(dim) if dim else None)
+    o = float(ord)
+    if o == 2.0:
+        return Sym(L.g.sqrt(L.reduce(L.g.mul(t, t), dims, keepdim, "sum")))
+    if o in (1.0, math.inf):
+        ab = _abs(L, node, a).t
+        return Sym(L.reduce(ab, dims, keepdim, "sum" if o == 1.0 else "max"))
+    raise UnsupportedOp(f"vector norm of order {ord} (supported: 1, 2, inf)")
 
 
 @lowering(aten.amax.default)
@@ -673,6 +852,28 @@ def _layer_norm(L: Lowerer, node, x, normalized_shape, w, b, eps):
     return (Sym(L.reshape(y, tx.shape)), mean_out, rstd_out)
 
 
+@lowering(aten.native_group_norm.default)
+def _group_norm(L: Lowerer, node, x, w, b, N, C, HxW, group, eps):
+    """Group norm: per (sample, group) MEAN, SUB, MUL, MEAN (biased var), ADD_S, SQRT, DIV; then MUL by the
+    per-channel weight, ADD the bias (as `native_layer_norm`)."""
+    tx = L.t(x)
+    N, C, G = int(N), int(C), int(group)
+    xr = L.reshape(tx, (N, G, (C // G) * int(HxW)))
+    mu = L.g.mean(xr)
+    xc = L.g.sub(xr, mu)
+    var = L.g.mean(L.g.mul(xc, xc))
+    std = L.g.sqrt(L.g.add_s(var, float(eps)))
+    y = L.reshape(L.g.div(xc, std), (N, C, int(HxW)))
+    if w is not None:
+        y = L.g.mul(y, L.reshape(L.t(w), (C, 1)))
+    if b is not None:
+        y = L.g.add(y, L.reshape(L.t(b), (C, 1)))
+    used = _used_outputs(node)
+    mean_out = Sym(L.reshape(mu, (N, G))) if 1 in used else None
+    rstd_out = Sym(L.reshape(L.g.div(L.scalar_const(1.0, std.rank), std), (N, G))) if 2 in used else None
+    return (Sym(L.reshape(y, tx.shape)), mean_out, rstd_out)
+
+
 def _batch_norm(L: Lowerer, node, x, w, b, rm, rv, training, momentum, eps):
     tx = L.t(x)
     N, C, *S = tx.shape
@@ -716,6 +917,15 @@ def _bn_functional(L: Lowerer, node, x, w, b, rm, rv, training, momentum, eps):
     """Batch norm over (N, *S) per channel, training: MEAN, SUB, MUL, MEAN (biased var), ADD_S, SQRT,
     DIV, MUL, ADD; running stats ``(1-m) r + m s`` (unbiased var: MUL_S by n/(n-1)) as new buffer values."""
     return _batch_norm(L, node, x, w, b, rm, rv, training, momentum, eps)
+
+
+@lowering(aten._native_batch_norm_legit.no_stats)
+def _bn_no_stats(L: Lowerer, node, x, w, b, training, momentum, eps):
+    """Batch norm without running statistics (instance norm is one over (1, N*C, *S)): as
+    `_native_batch_norm_legit_functional` with the batch's statistics and no buffers."""
+    if not training:
+        raise UnsupportedOp("batch norm without running statistics in eval mode")
+    return _batch_norm(L, node, x, w, b, None, None, True, momentum, eps)[:3]
 
 
 @lowering(aten._native_batch_norm_legit_no_training.default)
@@ -953,6 +1163,29 @@ def _embedding(L: Lowerer, node, weight, indices, padding_idx=-1, scale_grad_by_
     return Sym(L.g.take(L.t(weight), L.t(indices), 0))
 
 
+@lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(L: Lowerer, node, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Fixed-length bags (a 2-D input): TAKE of the rows, then one SUM / MEAN / MAX per bag and dimension."""
+    if scale_grad_by_freq or per_sample_weights is not None or (padding_idx is not None and padding_idx >= 0):
+        raise UnsupportedOp("embedding_bag with scale_grad_by_freq, per_sample_weights or padding_idx")
+    if not isinstance(offsets, torch.Tensor):
+        raise UnsupportedOp("embedding_bag with computed offsets (only fixed-length bags: a 2-D input)")
+    ti = L.t(indices)
+    n = int(ti.shape[0])
+    offs = [int(v) for v in offsets.tolist()]
+    if include_last_offset:
+        offs = offs[:-1]
+    k = n // max(len(offs), 1)
+    if not offs or offs != list(range(0, n, k)) or k * len(offs) != n:
+        raise UnsupportedOp("embedding_bag with bags of different lengths (only fixed-length bags: a 2-D input)")
+    if 1 in _used_outputs(node) or 2 in _used_outputs(node) or 3 in _used_outputs(node):
+        raise UnsupportedOp("embedding_bag's offset2bag / bag_size / max_indices outputs")
+    rows = L.g.take(L.t(weight), L.reshape(ti, (len(offs), k)), 0)  # (bags, k, d)
+    kind = {0: "sum", 1: "mean", 2: "max"}[int(mode)]
+    return (Sym(L.reduce(rows, [1], False, kind)), None, None, None)
+
+
 @lowering(aten.index_select.default)
 def _index_select(L: Lowerer, node, a, dim, index):
     """``a`` at ``index`` along ``dim``: TAKE."""
@@ -1001,6 +1234,19 @@ def _assert(L: Lowerer, node, *args, **kwargs):
 NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.default, aten.bernoulli.p,
                      aten.rand_like.default, aten.randn_like.default, aten.randint.default})
 """Ops never evaluated at build time even when every input is known (they are random)."""
+
+KEPT_WHOLE = (aten.softplus.default, aten.mish.default)
+"""Ops kept out of torch's decompositions: theirs compute ``exp(a)`` for every ``a`` and select the
+threshold branch afterwards (an overflow to inf in FP32); their lowerings here are finite for every input."""
+
+
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """``torch.export.default_decompositions()`` without :data:`KEPT_WHOLE` (for ``run_decompositions``)."""
+    table = torch.export.default_decompositions()
+    for op in KEPT_WHOLE:
+        table.pop(op, None)
+    return table
+
 
 def lowering_of(target: Any) -> Lowering | None:
     """The lowering of an ATen overload, or None."""
