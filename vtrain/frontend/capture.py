@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vtrain.frontend.errors import FrontendError, UnsupportedOp, node_origin
+from vtrain.frontend.errors import FrontendError, UnsupportedOp, describe_function, node_origin
 from vtrain.frontend.lowering import (
     NO_FOLD,
     Lowerer,
@@ -240,8 +240,8 @@ def _flatten_syms(v: Any) -> bool:
     return False
 
 
-def _unsupported(node, why: str = "") -> UnsupportedOp:
-    origin = node_origin(node)
+def _unsupported(node, why: str = "", loss_name: str = "") -> UnsupportedOp:
+    origin = node_origin(node, loss_name)
     msg = f"ATen op {node.target} has no lowering to vtrain primitives"
     if why:
         msg = f"ATen op {node.target}: {why}"
@@ -250,8 +250,10 @@ def _unsupported(node, why: str = "") -> UnsupportedOp:
     return UnsupportedOp(msg + ".\nSupported ATen ops: " + ", ".join(supported_ops()))
 
 
-def lower_program(ep, L: Lowerer, placeholders: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
-    """Lower every node of ``ep`` (core ATen); returns the output node's values and op counts."""
+def lower_program(ep, L: Lowerer, placeholders: dict[str, Any],
+                  loss_name: str = "") -> tuple[list[Any], dict[str, int]]:
+    """Lower every node of ``ep`` (core ATen); returns the output node's values and op counts
+    (``loss_name``: how errors name the loss function)."""
     env: dict[str, Any] = {}
     counts: dict[str, int] = {}
     outputs: list[Any] = []
@@ -263,7 +265,7 @@ def lower_program(ep, L: Lowerer, placeholders: dict[str, Any]) -> tuple[list[An
             outputs = [env.get(a.name) if hasattr(a, "name") else a for a in node.args[0]]
             break
         if node.op != "call_function":
-            raise _unsupported(node, f"FX node kind {node.op!r}")
+            raise _unsupported(node, f"FX node kind {node.op!r}", loss_name)
         args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
         if node.target is operator.getitem:
@@ -275,18 +277,18 @@ def lower_program(ep, L: Lowerer, placeholders: dict[str, Any]) -> tuple[list[An
                 with torch.no_grad():
                     env[node.name] = node.target(*args, **kwargs)  # known at build time
             except Exception as e:  # noqa: BLE001 - any failure of a user's op is reported with its origin
-                raise _unsupported(node, f"evaluating it at build time failed: {e}") from None
+                raise _unsupported(node, f"evaluating it at build time failed: {e}", loss_name) from None
             continue
         fn = lowering_of(node.target)
         if fn is None:
-            raise _unsupported(node)
+            raise _unsupported(node, "", loss_name)
         L.node = node
         try:
             out = fn(L, node, *args, **kwargs)
         except UnsupportedOp as e:
             if "Supported ATen ops" in str(e):
                 raise
-            raise _unsupported(node, str(e)) from None
+            raise _unsupported(node, str(e), loss_name) from None
         env[node.name] = _check_shapes(L, node, out)
     return outputs, counts
 
@@ -381,6 +383,7 @@ def _concat(g: GraphBuilder, parts: list[T]) -> T:
 
 def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Captured:
     """Export ``task``'s model and loss on a batch of ``batch_size`` rows and build the step graph."""
+    cfg = optimizer_config(task.optimizer)  # bad settings are refused before anything runs
     module = task.module
     module.train()
     flds = task.fields()
@@ -397,7 +400,6 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
     except Exception as e:  # noqa: BLE001 - export errors come from the user's code; keep them short
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FrontendError(f"torch.export could not capture the model and loss: {type(e).__name__}: {first}") from None
-    cfg = optimizer_config(task.optimizer)
     g = GraphBuilder()
     L = Lowerer(g)
     sig = ep.graph_signature
@@ -461,7 +463,7 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
             placeholders[s.arg.name] = ep.constants[s.target]
         else:
             raise FrontendError(f"export input {s.arg.name}: unexpected kind {kind}")
-    outputs, counts = lower_program(ep, L, placeholders)
+    outputs, counts = lower_program(ep, L, placeholders, describe_function(task.loss))
     loss_v = None
     new_bufs: dict[str, T] = {}
     for spec, val in zip(sig.output_specs, outputs):

@@ -37,12 +37,12 @@ def _file_of(where: str) -> str:
     return where.split('"')[1] if where.count('"') >= 2 else where
 
 
-def node_origin(node) -> str:
+def node_origin(node, loss_name: str = "") -> str:
     """``module path (Type) at file:line: code`` of an FX node, from its export metadata (or '' if none).
 
     The line is the innermost one of the user's code (not torch's, not the front end's wrapper); when
     torch's own code called the op from there, its line follows (``in torch: ...``); an op of the loss
-    function that no user line called is said to be in the loss function."""
+    function (torch's traces keep module ``forward`` frames only) is placed in ``loss_name``."""
     where = []
     stack = node.meta.get("nn_module_stack") or {}
     if stack:
@@ -59,7 +59,7 @@ def node_origin(node) -> str:
             loc, code = user[-1]
             text = loc + (f": {code}" if code else "")
         else:
-            text = "the loss function (TorchTask.loss)"
+            text = f"the loss function {loss_name or '(TorchTask.loss)'}"
         if frames[-1] != (user[-1] if user else None) and _file_of(frames[-1][0]).startswith(_TORCH_DIR):
             inner_loc, inner_code = frames[-1]  # torch's code between the user's line and the op
             text += f" (in torch: {inner_code or inner_loc})"
@@ -68,3 +68,18 @@ def node_origin(node) -> str:
         loc, code = frames[-1]
         where.append(loc + (f": {code}" if code else ""))
     return " at ".join(where)
+
+
+def describe_function(fn) -> str:
+    """``name (file, line N)`` of a Python function, ``module.name`` of a library one (for errors)."""
+    import inspect
+
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    mod = getattr(fn, "__module__", "") or ""
+    try:
+        where = f"{inspect.getsourcefile(fn)}, line {inspect.getsourcelines(fn)[1]}"
+    except (TypeError, OSError):
+        return f"{mod}.{name}" if mod else name
+    if mod.startswith("torch"):
+        return f"{mod}.{name}"
+    return f"{name} ({where})"

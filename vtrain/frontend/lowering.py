@@ -643,17 +643,17 @@ def _var_mean(L: Lowerer, node, a, dim=None, *, correction=None, keepdim=False):
 
 @lowering(aten.linalg_vector_norm.default)
 def _vector_norm(L: Lowerer, node, a, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
-    """``ord`` 2: SQRT(SUM(a * a)); 1: SUM(|a|); inf: MAX(|a|) over ``dim`` (an all-zero vector's 2-norm
-    has a non-finite gradient, where torch gives 0: such a step stops as non-finite)."""
+    """``ord`` 2: SQRT(SUM(a * a)); 1: SUM(|a|) over ``dim`` (an all-zero vector's 2-norm has a non-finite
+    gradient, where torch gives 0: such a step stops as non-finite)."""
     t = L.t(a)
     dims = [dim] if isinstance(dim, int) else (list(dim) if dim else None)
     o = float(ord)
     if o == 2.0:
         return Sym(L.g.sqrt(L.reduce(L.g.mul(t, t), dims, keepdim, "sum")))
-    if o in (1.0, math.inf):
-        ab = _abs(L, node, a).t
-        return Sym(L.reduce(ab, dims, keepdim, "sum" if o == 1.0 else "max"))
-    raise UnsupportedOp(f"vector norm of order {ord} (supported: 1, 2, inf)")
+    if o == 1.0:
+        return Sym(L.reduce(_abs(L, node, a).t, dims, keepdim, "sum"))
+    raise UnsupportedOp(f"vector norm of order {ord} (supported: 1, 2; torch splits the inf-norm's gradient "
+                        "between tied maxima, MAX_GRAD gives it to the first)")
 
 
 @lowering(aten.amax.default)
