@@ -345,3 +345,57 @@ def test_a_zoo_model_trains_and_replays_through_the_cli(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", [n for n in ZOO.TRAINED if n != "stats_forward"])
 def test_every_zoo_model_trains_and_replays_through_the_cli(tmp_path: Path, name: str) -> None:
     _train_and_replay(tmp_path, name, steps=4)
+
+
+# --- disputes on a zoo model ---------------------------------------------------------------------------
+def _zoo_context(name: str):
+    from protocol.jobs import JobContext
+    from vtrain.frontend.job import pin_files
+    from vtrain.training.spec import TrainSpec
+
+    return JobContext.of(pin_files(TrainSpec.from_dict({"model": f"{ZOO_FILE}:{name}", "steps": 4, "interval": 2,
+                                                        "batch_size": 4})))
+
+
+@pytest.mark.slow
+def test_every_op_of_a_zoo_graph_stands_under_the_contracts_rule() -> None:
+    """Step 1 of stats_forward (clamps, maximum/minimum ties, sign, log1p, var, logsumexp, Adam): the first,
+    middle and last element of every op stand under ``vtrain.numerics.exact`` (the Adjudicator's rule)."""
+    from vtrain.commit.trace import StepTrace, op_log_entries
+    from vtrain.graph.executor import state_tensors
+    from vtrain.numerics import exact
+    from vtrain.training.loop import train_steps
+
+    ctx = _zoo_context("stats_forward")
+    g, seed, samples = ctx.job.graph, ctx.spec.data_seed, ctx.job.dataset.samples
+    (o,) = train_steps(ctx.job, state_tensors(ctx.job.initial_state), 1, 1, keep_trace=True)
+    t = StepTrace.of(1, g, o.result)
+    data = exact.DataContext(samples, seed, 1)
+    for op in g.ops:
+        if op.kind in (OpKind.INPUT, OpKind.CONST) or exact.is_chunked(ctx.graph.descriptors[op.id]):
+            continue
+        desc, inputs = ctx.graph.descriptors[op.id], t.inputs_of(op.id)
+        by_index = {e.index: e for e in op_log_entries(t.log, op.id)}
+        bits = t.outputs[op.id].reshape(-1).view(np.uint32)
+        for i in sorted({0, op.numel // 2, op.numel - 1}):
+            assert exact.judge_element(desc, inputs, i, int(bits[i]), by_index.get(i), data), (op, i)
+
+
+@pytest.mark.slow
+def test_a_cheat_on_a_zoo_models_clamp_is_caught_at_its_op(fresh_demo_world) -> None:
+    """A trainer that changes one element of the conv1d model's clamp (a SELECT) is caught there on-chain."""
+    from test_frontend_disputes import CHEAT_STEP, RULING_ADJUDICATED, WINNER_CHALLENGER, _element, _game_of, _play
+
+    from protocol.cheats import TamperAttention
+
+    proto, store, accounts = fresh_demo_world
+    ctx = _zoo_context("conv1d_seq")
+    g = ctx.job.graph
+    op = next(o.id for o in g.ops[: g.loss_op] if o.kind == OpKind.SELECT)
+    element = _element(ctx, "clamp", op)
+    job, gid, trainer = _play(proto, store, accounts, ctx, cheat=TamperAttention(step=CHEAT_STEP, op=op,
+                                                                                  element=element, delta=0.5))
+    game = _game_of(proto, gid)
+    assert (game["step"], game["op"], game["index"]) == (CHEAT_STEP, op, element), game
+    assert (game["winner"], game["ruling"]) == (WINNER_CHALLENGER, RULING_ADJUDICATED), game
+    assert trainer.status() == "fraudulent"
