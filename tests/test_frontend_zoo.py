@@ -215,6 +215,26 @@ def test_binary_lowering_matches_torch_on_ties_and_extremes(name: str) -> None:
     _check(task, 4)
 
 
+def test_max_and_min_reductions_split_or_route_a_ties_gradient_as_torch() -> None:
+    """amax / max() / amin / min(): torch splits the gradient evenly between tied extremes; max(dim) /
+    min(dim) give it to the first (their index). Small integers: every row has ties."""
+    x = np.random.default_rng(8).integers(-2, 3, (4, 15)).astype(np.float32)
+    x[0] = 1.0  # one row all tied
+
+    def fn(a):
+        r = a.unflatten(-1, (3, 5))
+        whole = torch.stack([a.max(), a.min()]).reshape(1, 2).expand(a.shape[0], 2)
+        return torch.cat([r.amax(-1).flatten(1), r.amin((1, 2)).unsqueeze(1), whole, r.max(1).values.flatten(1),
+                          r.min(-1).values.flatten(1), torch.amax(r, 1, keepdim=True).flatten(1)], -1)
+
+    out = fn(torch.from_numpy(x))
+    y = np.random.default_rng(9).uniform(-1, 1, out.shape).astype(np.float32)
+    _check(TorchTask(Unary(fn, 15), lambda o, t: (o * t).sum(), {"name": "SGD", "lr": 0.1}, [x], y), 4)
+    with pytest.raises(UnsupportedOp, match=r"aten\.max\.dim: max/min's indices output.*test_frontend_zoo\.py"):
+        capture(TorchTask(Unary(lambda a: a.max(-1).indices.float() * a.sum(-1), 15), lambda o, t: (o * t).sum(),
+                          {"name": "SGD", "lr": 0.1}, [x], y[:, 0]), 4)
+
+
 def test_softplus_and_mish_stay_finite_where_torchs_decomposition_overflows() -> None:
     """torch's decomposition of softplus computes exp(a) for every a (inf for a > 88 in FP32): kept whole."""
     from vtrain.graph.executor import StepExecutor, state_tensors

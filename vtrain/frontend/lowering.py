@@ -142,7 +142,7 @@ class Lowerer:
         return self.g.select(t, self.scalar_const(1.0, t.rank), self.scalar_const(0.0, t.rank))
 
     def reduce(self, x: T, dims: Sequence[int] | None, keepdim: bool, kind: str) -> T:
-        """SUM / MEAN / MAX (``kind``) over ``dims`` as one reduction per output element."""
+        """SUM / MEAN / MAX (``kind``: sum, mean, max, max_const) over ``dims`` as one reduction per output element."""
         r = x.rank
         dims = sorted({d % r for d in dims}) if dims else list(range(r))
         keep = [i for i in range(r) if i not in dims]
@@ -153,8 +153,8 @@ class Lowerer:
             out = self.g.sum(flat)
         elif kind == "mean":
             out = self.g.mean(flat)
-        else:
-            out = self.g.max(flat, differentiable=True)
+        else:  # "max": its gradient to the first maximum (MAX_GRAD); "max_const": no gradient
+            out = self.g.max(flat, differentiable=kind == "max")
         shape = tuple(1 if i in dims else x.shape[i] for i in range(r)) if keepdim else kept
         return self.reshape(out, shape)
 
@@ -656,10 +656,43 @@ def _vector_norm(L: Lowerer, node, a, ord=2, dim=None, keepdim=False, *, dtype=N
                         "between tied maxima, MAX_GRAD gives it to the first)")
 
 
-@lowering(aten.amax.default)
+def _amax_split(L: Lowerer, t: T, dim, keepdim: bool) -> T:
+    """``max`` over ``dim`` whose gradient is split evenly between tied maxima, as torch's amax."""
+    r = t.rank
+    dims = [dim] if isinstance(dim, int) else (list(dim) if dim else None)
+    axes = sorted({d % r for d in dims}) if dims else list(range(r))
+    m = L.reduce(t, axes, True, "max_const")
+    d = L.g.sub(t, m)  # +0 exactly at the maxima
+    zero, one = L.scalar_const(0.0, r), L.scalar_const(1.0, r)
+    count = L.reduce(L.g.select(d, zero, one), axes, True, "sum")  # how many maxima (an exact integer)
+    at_max = L.reduce(L.g.select(d, zero, d), axes, True, "sum")  # +0, with gradient 1 at each maximum
+    out = L.g.add(m, L.g.div(at_max, count))
+    return out if keepdim else L.reshape(out, tuple(t.shape[i] for i in range(r) if i not in axes))
+
+
+@lowering(aten.amax.default, aten.max.default)
 def _amax(L: Lowerer, node, a, dim=(), keepdim=False):
-    """Maximum over ``dim``: one MAX (gradient: MAX_GRAD, to the first maximum)."""
-    return Sym(L.reduce(L.t(a), list(dim) or None, keepdim, "max"))
+    """Maximum over ``dim``: MAX (no gradient) ``m``, then ``m + SUM(SELECT(a - m, 0, a - m)) / count`` (the
+    added term is +0; its gradient 1/count at each of the ``count`` tied maxima, as torch)."""
+    return Sym(_amax_split(L, L.t(a), list(dim) if dim else None, keepdim))
+
+
+@lowering(aten.amin.default, aten.min.default)
+def _amin(L: Lowerer, node, a, dim=(), keepdim=False):
+    """Minimum over ``dim``: ``-amax(-a)`` (the `amax` lowering; tied minima share the gradient, as torch)."""
+    return Sym(L.g.neg(_amax_split(L, L.g.neg(L.t(a)), list(dim) if dim else None, keepdim)))
+
+
+@lowering(aten.max.dim, aten.min.dim)
+def _max_dim(L: Lowerer, node, a, dim, keepdim=False):
+    """``a.max(dim).values`` (min: of ``-a``, negated): one MAX (gradient: MAX_GRAD, to the first maximum, as
+    torch's index); the indices output is refused."""
+    if 1 in _used_outputs(node):
+        raise UnsupportedOp("max/min's indices output (argmax has no exact primitive here; use the values)")
+    t = L.t(a)
+    neg = node.target == aten.min.dim
+    v = L.reduce(L.g.neg(t) if neg else t, [dim], keepdim, "max")
+    return (Sym(L.g.neg(v) if neg else v), None)
 
 
 def _softmax_last(L: Lowerer, x: T, log: bool) -> T:
