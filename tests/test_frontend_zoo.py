@@ -160,6 +160,9 @@ UNARY = {
                           + a.var()),
     "var_mean": lambda a: torch.stack(torch.var_mean(a.unflatten(-1, (3, 5)), dim=-1, correction=0), -1),
     "logsumexp": lambda a: torch.logsumexp(a.unflatten(-1, (3, 5)) * 1e-3, -1),
+    "flip_cumsum": lambda a: a.flip(-1) * torch.cumsum(a * 1e-3, -1) + a.unflatten(-1, (3, 5)).flip((-2, -1)).flatten(-2),
+    "pow_int": lambda a: (a * 1e-2) ** 4 + (a * 1e-3) ** 7 + (a * a + 1.0) ** -2 + (a * a + 1.0) ** -8,
+    "exp2_log2_log10": lambda a: torch.exp2(a * 1e-3) + torch.log2(a * a + 1.0) + torch.log10(a.abs() + 1.0),
     "vector_norm": lambda a: torch.linalg.vector_norm(a.unflatten(-1, (3, 5)), dim=-1) + a.norm(1),
 }
 
@@ -168,6 +171,7 @@ UNARY_GROUPS = {
     "activations": ("leaky_relu", "elu", "selu", "softplus", "softplus_beta", "mish", "logsigmoid", "log1p"),
     "clamps": ("clamp", "clamp_min_max", "hardtanh_relu6", "sign_abs"),
     "statistics": ("var_std", "var_mean", "logsumexp", "vector_norm"),
+    "more": ("flip_cumsum", "pow_int", "exp2_log2_log10"),
 }
 
 
@@ -233,6 +237,17 @@ def test_max_and_min_reductions_split_or_route_a_ties_gradient_as_torch() -> Non
     with pytest.raises(UnsupportedOp, match=r"aten\.max\.dim: max/min's indices output.*test_frontend_zoo\.py"):
         capture(TorchTask(Unary(lambda a: a.max(-1).indices.float() * a.sum(-1), 15), lambda o, t: (o * t).sum(),
                           {"name": "SGD", "lr": 0.1}, [x], y[:, 0]), 4)
+
+
+def test_kl_div_nearest_upsampling_and_adaptive_max_pool() -> None:
+    """kl_div decomposes through isnan (false: a graph's values are finite) and where(isnan, nan, ..)."""
+    torch.manual_seed(5)
+    body = nn.Sequential(nn.Conv2d(1, 2, 1), nn.Upsample(scale_factor=2), nn.ReLU(), nn.AdaptiveMaxPool2d(2),
+                         nn.Flatten(), nn.Linear(8, 3))
+    x = np.random.default_rng(6).standard_normal((4, 1, 3, 3)).astype(np.float32)
+    y = np.random.default_rng(7).dirichlet(np.ones(3), 4).astype(np.float32)
+    _check(TorchTask(body, lambda o, t: F.kl_div(F.log_softmax(o, -1), t, reduction="batchmean"),
+                     {"name": "SGD", "lr": 0.1}, [x], y), 4)
 
 
 def test_softplus_and_mish_stay_finite_where_torchs_decomposition_overflows() -> None:

@@ -331,7 +331,8 @@ def _reciprocal(L: Lowerer, node, a):
 
 @lowering(aten.pow.Tensor_Scalar)
 def _pow(L: Lowerer, node, a, e):
-    """``a ** e`` for e in {0, 0.5, 1, 2, 3, -0.5, -1}: products of ``a`` (MUL), SQRT and DIV."""
+    """``a ** e`` for e in {0, 0.5, -0.5} and the integers -8..8: products of ``a`` (MUL, left to right), SQRT and
+    DIV (a negative integer: 1 / a^|e|)."""
     t = L.t(a)
     e = float(e)
     if e == 1.0:
@@ -348,7 +349,34 @@ def _pow(L: Lowerer, node, a, e):
         return _rsqrt(L, node, a)
     if e == 0.0:
         return Sym(L.g.expand(L.scalar_const(1.0, t.rank), t.shape))
-    raise UnsupportedOp(f"pow with exponent {e} (supported: 0, 0.5, 1, 2, 3, -0.5, -1)")
+    if e.is_integer() and 4 <= abs(e) <= 8 or e in (-2.0, -3.0):
+        prod = t
+        for _ in range(int(abs(e)) - 1):
+            prod = L.g.mul(prod, t)
+        return Sym(prod if e > 0 else L.g.div(L.scalar_const(1.0, t.rank), prod))
+    raise UnsupportedOp(f"pow with exponent {e} (supported: 0, 0.5, -0.5 and the integers -8..8; use sqrt, exp "
+                        "and log for others)")
+
+
+@lowering(aten.exp2.default)
+def _exp2(L: Lowerer, node, a):
+    """``2^a = exp(a ln 2)``: MUL_S, EXP (the product rounds: equal to torch in FP64)."""
+    return Sym(L.g.exp(L.g.mul_s(L.t(a), math.log(2.0))))
+
+
+@lowering(aten.log2.default, aten.log10.default)
+def _log_base(L: Lowerer, node, a):
+    """``log(a) / ln(base)``: LOG, DIV_S (equal to torch in FP64)."""
+    base = 2.0 if node.target == aten.log2.default else 10.0
+    return Sym(L.g.div_s(L.g.log(L.t(a)), math.log(base)))
+
+
+@lowering(aten.isnan.default, aten.isinf.default, aten.isfinite.default)
+def _isnan(L: Lowerer, node, a):
+    """isnan / isinf: false, isfinite: true (every value of a step graph is finite: a non-finite one stops the
+    step): a constant, no op."""
+    val = node.meta["val"]
+    return torch.full(tuple(val.shape), node.target == aten.isfinite.default, dtype=torch.bool)
 
 
 @lowering(aten.sigmoid.default)
@@ -591,7 +619,12 @@ def _any(L: Lowerer, node, a, dim=None, keepdim=False):
 
 @lowering(aten.where.self)
 def _where(L: Lowerer, node, cond, a, b):
-    """``a if cond else b``: SELECT (broadcast)."""
+    """``a if cond else b``: SELECT (broadcast); a known all-true / all-false ``cond`` whose other branch is a
+    known NaN (torch's ``where(isnan(x), nan, ..)``) picks its branch (no op)."""
+    if isinstance(cond, torch.Tensor) and cond.numel() and bool((cond == cond.flatten()[0]).all()):
+        keep, other = (a, b) if bool(cond.flatten()[0]) else (b, a)
+        if isinstance(other, torch.Tensor | float) and bool(torch.isnan(torch.as_tensor(other)).any()):
+            return keep if isinstance(keep, Sym) else Sym(L.t(keep))
     return Sym(L.g.select(L.t(cond), L.t(a), L.t(b)))
 
 
@@ -828,6 +861,40 @@ def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation
         patches = L.g.select(valid, patches, L.scalar_const(-BIG, 4))
     m = L.g.max(patches, differentiable=True)  # (N, C, P, 1)
     return (Sym(L.reshape(m, (N, C, *out))), None)
+
+
+@lowering(aten.adaptive_max_pool2d.default)
+def _adaptive_max_pool2d(L: Lowerer, node, x, output_size):
+    """Adaptive max pool to a size dividing the input: the `max_pool2d_with_indices` lowering with kernel = stride
+    (gradient to the first maximum, as torch's index); the indices output is refused."""
+    tx = L.t(x)
+    H, W = tx.shape[-2:]
+    oh, ow = _spatial(output_size, 2)
+    if H % oh or W % ow:
+        raise UnsupportedOp(f"adaptive_max_pool2d from {H}x{W} to {oh}x{ow} (the output must divide the input)")
+    if 1 in _used_outputs(node):
+        raise UnsupportedOp("adaptive_max_pool2d's indices output (return_indices=True)")
+    if tx.rank != 4:
+        raise UnsupportedOp(f"adaptive_max_pool2d of a rank-{tx.rank} input (only N, C, H, W)")
+    return _max_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
+
+
+@lowering(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default)
+def _upsample_nearest2d(L: Lowerer, node, x, output_size=None, scale_factors=None, *rest):
+    """Nearest upsampling: one TAKE per spatial axis by a CONST table of the source rows / columns (the
+    table is torch's own: ``upsample_nearest2d`` of the positions)."""
+    tx = L.t(x)
+    N, C, H, W = tx.shape
+    oh, ow = out_shape(node)[-2:]
+    pos = torch.arange(H * W, dtype=torch.float64).reshape(1, 1, H, W)
+    src = node.target(pos, *((output_size, scale_factors) if node.target == aten.upsample_nearest2d.vec
+                              else (output_size, *rest)))
+    table = src.reshape(oh, ow).numpy()
+    rows, cols = (table // W)[:, 0], (table % W)[0, :]
+    if not (np.array_equal(table, rows[:, None] * W + cols[None, :])):
+        raise UnsupportedOp("upsample_nearest2d whose table is not separable")
+    t = L.g.take(tx, L.g.const(rows.astype(np.float32), "upsample_rows"), 2)
+    return Sym(L.g.take(t, L.g.const(cols.astype(np.float32), "upsample_cols"), 3))
 
 
 @lowering(aten.avg_pool2d.default)
@@ -1117,6 +1184,26 @@ def _slice(L: Lowerer, node, a, dim=0, start=None, end=None, step=1):
         return Sym(L.g.slice(t, dim, lo, hi - lo))
     idx = np.arange(lo, hi, step, dtype=np.float32)
     return Sym(L.g.take(t, L.g.const(idx, "slice_index"), dim))
+
+
+@lowering(aten.flip.default)
+def _flip(L: Lowerer, node, a, dims):
+    """``a`` reversed along ``dims``: one TAKE per axis with a CONST reversed index."""
+    t = L.t(a)
+    for d in dims:
+        d %= t.rank
+        t = L.g.take(t, L.g.const(np.arange(t.shape[d] - 1, -1, -1, dtype=np.float32), "flip_index"), d)
+    return Sym(t)
+
+
+@lowering(aten.cumsum.default)
+def _cumsum(L: Lowerer, node, a, dim, dtype=None):
+    """Running sum along ``dim``: one MATMUL per element with a CONST 0/1 lower-triangular row (its
+    reduction is over the prefix; equal to torch in FP64)."""
+    x, back = L.to_last(L.t(a), dim)
+    n = x.shape[-1]
+    y = L.g.matmul(x, L.g.const(np.tril(np.ones((n, n), np.float32)), "prefix"))
+    return Sym(L.perm(y, back) if back else y)
 
 
 @lowering(aten.select.int, aten.select_copy.int)
