@@ -59,11 +59,11 @@ def mlp_acts(lr: float = 0.05):
                  {"name": "SGD", "lr": lr, "momentum": 0.9, "nesterov": True}, [_x(6, scale=3.0)], _labels(3))
 
 
-# --- 2. a CNN with GroupNorm, global average pooling, Flatten, Dropout --------------------------------
+# --- 2. a CNN with GroupNorm, channel dropout, global average pooling, Flatten, Dropout ----------------------
 class GroupNormCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(),
+        self.body = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(), nn.Dropout2d(0.25),
                                   nn.Conv2d(4, 4, 3, padding=1), nn.InstanceNorm2d(4, affine=True), nn.ReLU(),
                                   nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(4, 3))
 
@@ -72,7 +72,7 @@ class GroupNormCNN(nn.Module):
 
 
 def cnn_groupnorm(lr: float = 1e-2):
-    """GroupNorm, InstanceNorm2d (affine), AdaptiveAvgPool2d(1), Flatten, Dropout; cross-entropy; AdamW."""
+    """GroupNorm, Dropout2d, InstanceNorm2d (affine), AdaptiveAvgPool2d(1), Flatten, Dropout; cross-entropy; AdamW."""
     return _task(GroupNormCNN(), F.cross_entropy, {"name": "AdamW", "lr": lr, "weight_decay": 0.01},
                  [_x(1, 6, 6)], _labels(3))
 

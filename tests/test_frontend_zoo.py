@@ -160,7 +160,8 @@ UNARY = {
                           + a.var()),
     "var_mean": lambda a: torch.stack(torch.var_mean(a.unflatten(-1, (3, 5)), dim=-1, correction=0), -1),
     "logsumexp": lambda a: torch.logsumexp(a.unflatten(-1, (3, 5)) * 1e-3, -1),
-    "flip_cumsum": lambda a: a.flip(-1) * torch.cumsum(a * 1e-3, -1) + a.unflatten(-1, (3, 5)).flip((-2, -1)).flatten(-2),
+    "flip_cumsum": lambda a: (a.flip(-1) * torch.cumsum(a * 1e-3, -1)
+                              + a.unflatten(-1, (3, 5)).flip((-2, -1)).flatten(-2)),
     "pow_int": lambda a: (a * 1e-2) ** 4 + (a * 1e-3) ** 7 + (a * a + 1.0) ** -2 + (a * a + 1.0) ** -8,
     "exp2_log2_log10": lambda a: torch.exp2(a * 1e-3) + torch.log2(a * a + 1.0) + torch.log10(a.abs() + 1.0),
     "vector_norm": lambda a: torch.linalg.vector_norm(a.unflatten(-1, (3, 5)), dim=-1) + a.norm(1),

@@ -21,11 +21,23 @@ from vtrain.graph.step_graph import OpKind, bits_f32, f32_bits
 
 @contextlib.contextmanager
 def same_dropout(seed: bytes, step: int) -> Iterator[None]:
-    """Make torch's ``F.dropout`` use the graph's masks: the k-th dropout call with p > 0 gets
-    DROPOUT_MASK salt k (the builder numbers them in the same, execution, order)."""
+    """Make torch's ``F.dropout`` (and the channel dropouts ``F.dropout1d/2d/3d``) use the graph's masks: the
+    k-th dropout call with p > 0 gets DROPOUT_MASK salt k (the builder numbers them in the same, execution,
+    order); a channel dropout's mask has one element per (sample, channel)."""
     F = torch.nn.functional
     orig = F.dropout
+    originals = {name: getattr(F, name) for name in ("dropout1d", "dropout2d", "dropout3d")}
     salt = [0]
+
+    def channel_dropout(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return x
+        q = 1.0 - (1.0 - p)  # the graph's drop probability (bernoulli.p(1 - p) lowered)
+        mask_shape = tuple(x.shape[:2]) + (1,) * (x.dim() - 2)
+        u = dropout_uniforms(seed, step, salt[0], math.prod(mask_shape))
+        salt[0] += 1
+        keep = torch.from_numpy((u >= np.uint32(round(q * 2**32))).reshape(mask_shape))
+        return x * (keep.to(x.dtype) / (1.0 - p))
 
     def dropout(x, p=0.5, training=True, inplace=False):
         if not training or p == 0.0:
@@ -37,10 +49,14 @@ def same_dropout(seed: bytes, step: int) -> Iterator[None]:
         return x * (keep.to(x.dtype) * scale)
 
     F.dropout = dropout
+    for name in originals:
+        setattr(F, name, channel_dropout)
     try:
         yield
     finally:
         F.dropout = orig
+        for name, fn in originals.items():
+            setattr(F, name, fn)
 
 
 @dataclass

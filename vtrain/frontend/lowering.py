@@ -1045,6 +1045,19 @@ def _dropout(L: Lowerer, node, x, p, train):
     return (Sym(L.g.mul(tx, m)), Sym(L.to01(Sym(m)), torch.bool) if 1 in _used_outputs(node) else None)
 
 
+@lowering(aten.bernoulli.p)
+def _bernoulli(L: Lowerer, node, a, p=0.5, generator=None):
+    """A committed 0/1 sample of ``a``'s shape, 1 with probability ``p`` (channel dropout: ``nn.Dropout1d/2d/3d``):
+    SELECT(DROPOUT_MASK(1 - p), 1, 0) (the mask of that op, not torch's generator)."""
+    shape = out_shape(node) or (1,)
+    q = 1.0 - float(p)  # the drop probability
+    if q <= 0.0:
+        return torch.ones(shape)
+    if q >= 1.0:
+        return torch.zeros(shape)
+    return Sym(L.to01(Sym(L.g.dropout_mask(shape, q))))
+
+
 # === data movement ===================================================================================
 def _view_shape(t: T, size: Sequence[int]) -> tuple[int, ...]:
     size = list(size)
