@@ -251,6 +251,23 @@ def test_kl_div_nearest_upsampling_and_adaptive_max_pool() -> None:
                      {"name": "SGD", "lr": 0.1}, [x], y), 4)
 
 
+def test_weighted_and_ignoring_classification_losses() -> None:
+    x = np.random.default_rng(10).standard_normal((8, 4)).astype(np.float32)
+    y = np.random.default_rng(11).integers(0, 3, 8)
+
+    def loss(o, t):
+        w = o.new_tensor([1.0, 2.0, 0.5])
+        return (F.cross_entropy(o, t, weight=w, ignore_index=2) + F.nll_loss(F.log_softmax(o, -1), t, weight=w)
+                + F.cross_entropy(o, t, reduction="sum", label_smoothing=0.2))
+
+    torch.manual_seed(0)
+    _check(TorchTask(nn.Linear(4, 3), loss, {"name": "SGD", "lr": 0.1}, [x], y), 8)
+    f32 = TorchTask(nn.Linear(4, 3), lambda o, t: F.cross_entropy(o, t, weight=torch.tensor([1.0, 2.0, 0.5])),
+                    {"name": "SGD", "lr": 0.1}, [x], y)
+    with pytest.raises(FrontendError, match=r"FP64 reference.*x\.new_tensor"):
+        compare_fp64(f32, capture(f32, 8), f32.samples()[:8])
+
+
 def test_softplus_and_mish_stay_finite_where_torchs_decomposition_overflows() -> None:
     """torch's decomposition of softplus computes exp(a) for every a (inf for a > 88 in FP32): kept whole."""
     from vtrain.graph.executor import StepExecutor, state_tensors

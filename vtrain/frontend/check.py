@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from vtrain.frontend.capture import Captured, TorchTask, _WithLoss, torch_optimizer
+from vtrain.frontend.errors import FrontendError
 from vtrain.graph.fp64 import evaluate_fp64
 from vtrain.graph.generated import dropout_uniforms
 from vtrain.graph.step_graph import OpKind, bits_f32, f32_bits
@@ -59,6 +60,19 @@ def same_dropout(seed: bytes, step: int) -> Iterator[None]:
             setattr(F, name, fn)
 
 
+def _reference_loss(wrapper: _WithLoss, rows: np.ndarray) -> torch.Tensor:
+    """The FP64 torch loss of ``rows``; a loss or model that holds its own float32 tensors (not parameters or
+    buffers, which are converted) cannot run in FP64: FrontendError says so."""
+    try:
+        return wrapper(torch.from_numpy(rows).double())
+    except RuntimeError as e:
+        if "Double" not in str(e) and "double" not in str(e):
+            raise
+        raise FrontendError(f"the FP64 reference could not run the model and loss ({e}): a tensor the loss or "
+                            "forward creates itself stays float32; make it from the input (x.new_tensor(...)) "
+                            "or register it as a buffer") from None
+
+
 @dataclass
 class Comparison:
     """Graph vs torch values (FP64) of one batch."""
@@ -85,7 +99,7 @@ def compare_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: bytes |
     ref = copy.deepcopy(task.module).double().train()
     wrapper = _WithLoss(ref, task.loss, cap.fields)
     with same_dropout(seed or bytes(32), step):
-        loss = wrapper(torch.from_numpy(rows).double())
+        loss = _reference_loss(wrapper, rows)
     loss.backward()
     named = dict(ref.named_parameters(remove_duplicate=False))
     grads = {}
@@ -118,7 +132,7 @@ def compare_step_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: by
     lr = cfg.lr if task.schedule is None else float(task.schedule.table(cfg.lr, step)[step - 1])
     opt = torch_optimizer(cfg, params, lr)
     with same_dropout(seed or bytes(32), step):
-        loss = _WithLoss(ref, task.loss, cap.fields)(torch.from_numpy(rows).double())
+        loss = _reference_loss(_WithLoss(ref, task.loss, cap.fields), rows)
     loss.backward()
     if task.clip_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(params, task.clip_grad_norm)
