@@ -268,6 +268,21 @@ def test_weighted_and_ignoring_classification_losses() -> None:
         compare_fp64(f32, capture(f32, 8), f32.samples()[:8])
 
 
+def test_grouped_and_depthwise_convolutions_and_embedding_padding_idx() -> None:
+    torch.manual_seed(7)
+    body = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.ReLU(), nn.Conv2d(4, 6, 1, groups=2, bias=False),
+                         nn.Conv2d(6, 6, 2, stride=2, groups=3), nn.Flatten(), nn.Linear(24, 2))
+    x = np.random.default_rng(12).standard_normal((4, 4, 4, 4)).astype(np.float32)
+    _check(TorchTask(body, F.cross_entropy, {"name": "SGD", "lr": 0.1, "momentum": 0.9}, [x], np.arange(4) % 2), 4)
+    emb = nn.Sequential(nn.Embedding(7, 3, padding_idx=0), nn.Flatten(), nn.Linear(12, 2))
+    ids = np.random.default_rng(13).integers(0, 3, (4, 4))  # many padding tokens
+    task = TorchTask(emb, F.cross_entropy, {"name": "AdamW", "lr": 0.1, "weight_decay": 0.1}, [ids], np.arange(4) % 2)
+    _check(task, 4)
+    cap = capture(task, 4)
+    grad = compare_fp64(task, cap, task.samples()[:4]).grads["0.weight"][0].reshape(7, 3)
+    assert not grad[0].any() and grad[1:3].any()  # the padding row gets no gradient, as torch
+
+
 def test_softplus_and_mish_stay_finite_where_torchs_decomposition_overflows() -> None:
     """torch's decomposition of softplus computes exp(a) for every a (inf for a > 88 in FP32): kept whole."""
     from vtrain.graph.executor import StepExecutor, state_tensors

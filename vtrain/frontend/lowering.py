@@ -814,12 +814,13 @@ def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation) -> tupl
 
 @lowering(aten.convolution.default)
 def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """1-D/2-D conv (groups=1): TAKE of the input patches by a CONST table (-1: zero padding), then
-    one MATMUL with the weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE."""
+    """1-D/2-D conv: TAKE of the input patches by a CONST table (-1: zero padding), then one MATMUL with the
+    weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE; groups > 1: one such conv per
+    group (SLICEs), concatenated (PAD, ADD)."""
     if transposed:
-        raise UnsupportedOp("transposed convolution")
+        raise UnsupportedOp("transposed convolution (use nn.Upsample(mode='nearest') and a convolution)")
     if groups != 1:
-        raise UnsupportedOp(f"convolution with groups={groups} (only groups=1)")
+        return _grouped_convolution(L, node, x, w, bias, stride, padding, dilation, groups)
     tx, tw = L.t(x), L.t(w)
     if tx.rank not in (3, 4):
         raise UnsupportedOp(f"convolution of a rank-{tx.rank} input (only 1-D and 2-D)")
@@ -840,6 +841,28 @@ def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transp
     y = L.g.matmul(cols, L.reshape(tw, (n_out, C * math.prod(K))), tb)  # (N*P, O)
     y = L.perm(L.reshape(y, (N, math.prod(out), n_out)), [0, 2, 1])
     return Sym(L.reshape(y, (N, n_out, *out)))
+
+
+def _grouped_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, groups: int):
+    """``groups`` > 1 (depthwise, grouped): each group's channels SLICEd and convolved as one group=1
+    convolution, the outputs concatenated along the channels (PAD, ADD: exact)."""
+    tx, tw = L.t(x), L.t(w)
+    C, n_out = tx.shape[1], tw.shape[0]
+    if C % groups or n_out % groups:
+        raise UnsupportedOp(f"convolution with groups={groups}: {C} input / {n_out} output channels do not divide")
+    ci, co = C // groups, n_out // groups
+    tb = L.t(bias) if bias is not None else None
+    parts = []
+    for k in range(groups):
+        xk = Sym(L.g.slice(tx, 1, k * ci, ci))
+        wk = Sym(L.g.slice(tw, 0, k * co, co))
+        bk = Sym(L.g.slice(tb, 0, k * co, co)) if tb is not None else None
+        parts.append(_convolution(L, node, xk, wk, bk, stride, padding, dilation, False, [0], 1).t)
+    out = None
+    for k, p in enumerate(parts):
+        padded = L.g.pad(p, 1, k * co, n_out)
+        out = padded if out is None else L.g.add(out, padded)
+    return Sym(out)
 
 
 @lowering(aten.max_pool2d_with_indices.default)
@@ -1288,12 +1311,18 @@ def _constant_pad(L: Lowerer, node, a, pad, value=0.0):
 
 @lowering(aten.embedding.default)
 def _embedding(L: Lowerer, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    """``weight[indices]``: TAKE on axis 0 (gradient: ONE_HOT(indices)^T MATMUL g)."""
+    """``weight[indices]``: TAKE on axis 0 (gradient: ONE_HOT(indices)^T MATMUL g); with ``padding_idx`` the TAKE
+    reads SELECT(row != padding_idx, weight, stop_gradient(weight)): the same values, no gradient to that row."""
     if scale_grad_by_freq:
         raise UnsupportedOp("embedding with scale_grad_by_freq=True")
+    tw = L.t(weight)
     if padding_idx is not None and padding_idx >= 0:
-        raise UnsupportedOp("embedding with padding_idx (its row gets no gradient in torch)")
-    return Sym(L.g.take(L.t(weight), L.t(indices), 0))
+        keep = np.ones((tw.shape[0], 1), np.float32)
+        keep[padding_idx] = 0.0
+        frozen = L.g._op(OpKind.RESHAPE, [tw], tw.shape)
+        L.g.no_grad.add(frozen.op)
+        tw = L.g.select(L.g.const(keep, "padding_row"), tw, frozen)
+    return Sym(L.g.take(tw, L.t(indices), 0))
 
 
 @lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
