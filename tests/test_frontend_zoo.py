@@ -110,6 +110,19 @@ def test_unused_and_frozen_parameters_are_left_as_torch_leaves_them() -> None:
     wd = ZOO.frozen_unused()
     wd.optimizer = {"name": "AdamW", "lr": 0.1, "weight_decay": 0.5}
     _check(wd, 4)
+    class Gate(nn.Module):  # ``gate`` only chooses a branch: no gradient, no update (as torch)
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.gate = nn.Parameter(torch.tensor([0.5, -0.5, 0.0]))
+
+        def forward(self, x):
+            h = self.lin(x)
+            return torch.where(self.gate > 0, h, -h)
+
+    gated = TorchTask(Gate(), lambda o, t: (o * t).sum(), {"name": "SGD", "lr": 0.1, "weight_decay": 0.1},
+                      [np.ones((4, 3), np.float32)], np.ones((4, 3), np.float32))
+    _check(gated, 4)
     with pytest.raises(FrontendError, match="no trainable parameter reaches the loss"):
         capture(TorchTask(wd.module.aux_head, lambda o, y: (o.detach() * y).sum(), wd.optimizer,
                           [np.ones((4, 8), np.float32)], np.ones((4, 3), np.float32)), 2)

@@ -33,7 +33,7 @@ from vtrain.frontend.lowering import (
     mark_detaches,
     supported_ops,
 )
-from vtrain.graph.step_graph import Graph, GraphBuilder, T
+from vtrain.graph.step_graph import Graph, GraphBuilder, OpKind, T
 from vtrain.models.optim import (
     AdamConfig,
     AdamWConfig,
@@ -339,8 +339,14 @@ def _clip_grads(g: GraphBuilder, grads: list[T], max_norm: float, eps: float = 1
     return [g.mul(gr, g.reshape(scale, (1,) * gr.rank)) for gr in grads]
 
 
+_DIFFERENTIABLE_INPUTS = {OpKind.SELECT: (1, 2), OpKind.TAKE: (0,), OpKind.GATHER: (0,)}
+"""Ops with inputs that get no gradient (a condition, an index): which inputs do."""
+_NO_GRADIENT = frozenset({OpKind.RELU_GRAD, OpKind.MAX_GRAD, OpKind.ONE_HOT})
+
+
 def _gradient_ancestors(g: GraphBuilder, loss: int) -> set[int]:
-    """Ops the loss depends on through differentiable paths (not through a stop-gradient op)."""
+    """Ops the loss depends on through differentiable paths: not through a stop-gradient op, a SELECT's
+    condition or an index (a parameter used only there gets no gradient, as in torch)."""
     seen: set[int] = set()
     todo = [loss]
     while todo:
@@ -348,8 +354,11 @@ def _gradient_ancestors(g: GraphBuilder, loss: int) -> set[int]:
         if o in seen:
             continue
         seen.add(o)
-        if o not in g.no_grad:
-            todo.extend(g.ops[o].inputs)
+        node = g.ops[o]
+        if o in g.no_grad or node.kind in _NO_GRADIENT:
+            continue
+        picks = _DIFFERENTIABLE_INPUTS.get(node.kind)
+        todo.extend(node.inputs if picks is None else [node.inputs[i] for i in picks])
     return seen
 
 
