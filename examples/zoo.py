@@ -266,6 +266,26 @@ def frozen_unused(lr: float = 0.05):
                  [_x(5)], _labels(3))
 
 
+# --- 9. a buffer the forward updates itself, under no_grad (an EMA of the features) ---------------------
+class FeatureEMA(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.register_buffer("ema", torch.zeros(3))
+
+    def forward(self, x):
+        h = self.lin(x)
+        with torch.no_grad():
+            self.ema.mul_(0.9).add_(0.1 * h.mean(0))
+        return h - self.ema
+
+
+def ema_buffer(lr: float = 0.1):
+    """A buffer updated in place in the forward inside torch.no_grad() (no gradient flows through it);
+    cross-entropy; SGD."""
+    return _task(FeatureEMA(), F.cross_entropy, {"name": "SGD", "lr": lr, "momentum": 0.5}, [_x(4)], _labels(3))
+
+
 # --- refused: each stops the build with a message naming the op, module and line -----------------------
 class ErfGELU(nn.Module):
     def __init__(self) -> None:
@@ -296,6 +316,21 @@ def sort_model():
     return _task(Sorter(), F.mse_loss, {"name": "SGD", "lr": 0.1}, [_x(4)], _x(4, seed=2))
 
 
+class MaxNormEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 4, max_norm=1.0)
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids).mean(1))
+
+
+def max_norm_embedding():
+    """nn.Embedding(max_norm=1.0): refused (it renormalises the weight in place in the forward)."""
+    return _task(MaxNormEmbedding(), F.cross_entropy, {"name": "SGD", "lr": 0.1}, [_labels(20, 5)], _labels(4))
+
+
 TRAINED = ["mlp_acts", "cnn_groupnorm", "conv1d_seq", "lstm_cell", "gru", "embed_mean", "embedding_bag",
-           "transformer_mha", "transformer_sdpa", "stats_forward", "frozen_unused"]
-REFUSED = ["erf_gelu", "sort_model"]
+           "transformer_mha", "transformer_sdpa", "stats_forward", "frozen_unused", "ema_buffer"]
+REFUSED = ["erf_gelu", "sort_model", "max_norm_embedding"]

@@ -50,7 +50,7 @@ def _check(task: TorchTask, batch: int, seed: bytes | None = None) -> None:
 
 
 # --- the zoo --------------------------------------------------------------------------------------------
-DEFAULT_ZOO = {"mlp_acts", "cnn_groupnorm", "conv1d_seq", "stats_forward"}  # the rest: slow (each ~1 s)
+DEFAULT_ZOO = {"mlp_acts", "cnn_groupnorm", "conv1d_seq", "stats_forward", "ema_buffer"}  # the rest: slow (each ~1 s)
 
 
 @pytest.mark.parametrize("name", [n if n in DEFAULT_ZOO else pytest.param(n, marks=pytest.mark.slow)
@@ -63,6 +63,7 @@ def test_zoo_model_matches_torch_in_fp64(name: str) -> None:
 REFUSALS = {  # factory -> (ATen op, module, what to use instead)
     "erf_gelu": ("aten.gelu.default", "module act (GELU)", "approximate='tanh'"),
     "sort_model": ("aten.sort.default", "module <root> (Sorter)", "Supported ATen ops"),
+    "max_norm_embedding": ("aten.embedding_renorm_.default", "module emb (Embedding)", "drop max_norm"),
 }
 
 
@@ -76,6 +77,22 @@ def test_refused_zoo_model_names_the_op_module_and_user_line(name: str) -> None:
     assert op in msg and module in msg and instead in msg, msg
     assert f'"{ZOO_FILE}", line ' in msg, msg  # the user's line, not torch's
     assert "Traceback" not in msg
+
+
+def test_a_parameter_changed_in_place_by_the_forward_is_refused() -> None:
+    class ClampsItself(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.w.clamp_(-0.5, 0.5)
+            return x * self.w
+
+    x = np.ones((4, 3), np.float32)
+    with pytest.raises(FrontendError, match=r"the forward changes w in place \(PARAMETER_MUTATION\)"):
+        capture(TorchTask(ClampsItself(), F.mse_loss, {"name": "SGD", "lr": 0.1}, [x], x), 2)
 
 
 def test_an_op_of_the_loss_function_is_placed_in_the_loss() -> None:

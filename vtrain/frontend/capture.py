@@ -31,6 +31,7 @@ from vtrain.frontend.lowering import (
     decomposition_table,
     lowering_of,
     mark_detaches,
+    mark_no_grad_regions,
     supported_ops,
 )
 from vtrain.graph.step_graph import Graph, GraphBuilder, OpKind, T
@@ -405,7 +406,10 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
             warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
             ep = torch.export.export(wrapper, (rows,), strict=False)
         mark_detaches(ep)
+        mark_no_grad_regions(ep)
         ep = ep.run_decompositions(decomposition_table())
+    except UnsupportedOp:
+        raise
     except Exception as e:  # noqa: BLE001 - export errors come from the user's code; keep them short
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FrontendError(f"torch.export could not capture the model and loss: {type(e).__name__}: {first}") from None
@@ -482,6 +486,10 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
             if loss_v is not None:
                 raise FrontendError("the loss function must return one scalar tensor, got several outputs")
             loss_v = val
+        else:  # a parameter or an input changed in place by the forward: not a step of the graph
+            what = key_of(spec.target or "a tensor")
+            raise FrontendError(f"the forward changes {what} in place ({spec.kind.name}); only buffers may be "
+                                "updated in the forward (parameters change through the optimizer)")
     if not isinstance(loss_v, Sym) or math.prod(loss_v.shape) != 1:
         raise FrontendError("the loss must be a scalar tensor that depends on the model's parameters")
     loss = L.reshape(loss_v.t, (1, 1))

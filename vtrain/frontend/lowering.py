@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vtrain.frontend.errors import UnsupportedOp
+from vtrain.frontend.errors import UnsupportedOp, node_origin
 from vtrain.graph.step_graph import GraphBuilder, OpKind, T
 
 aten = torch.ops.aten
@@ -1151,6 +1151,36 @@ def mark_detaches(ep) -> None:
     for n in ep.graph.nodes:
         if n.op == "call_function" and n.target == aten.detach.default:
             n.target = torch.ops.vtrain.stop_gradient.default
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
+
+
+def mark_no_grad_regions(ep) -> None:
+    """Before decomposing: every value computed in a ``torch.no_grad()`` block (export's
+    ``wrap_with_set_grad_enabled(False, ..)``) is read through ``vtrain::stop_gradient``, so no gradient
+    flows back through it (decomposing inlines the block and would lose that). ``embedding_renorm_``
+    (``nn.Embedding(max_norm=..)``: the weight renormalised in place inside the forward) is refused."""
+    import operator
+
+    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    changed = False
+    for n in list(ep.graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target in (aten.embedding_renorm_.default, aten.embedding_renorm.default):
+            where = node_origin(n)
+            raise UnsupportedOp(f"ATen op {n.target}: nn.Embedding(max_norm=...) renormalises its weight in place "
+                                "during the forward (a parameter update outside the optimizer); drop max_norm"
+                                + (f" (from {where})" if where else ""))
+        if hop is None or n.target is not hop or n.args[0] is not False:
+            continue
+        outs = [u for u in n.users if u.target is operator.getitem] if n.users else []
+        for u in outs or [n]:
+            with ep.graph.inserting_after(u):
+                sg = ep.graph.call_function(torch.ops.vtrain.stop_gradient.default, (u,))
+            sg.meta = dict(u.meta)
+            u.replace_all_uses_with(sg, delete_user_cb=lambda user, sg=sg: user is not sg)
             changed = True
     if changed:
         ep.graph_module.recompile()
