@@ -158,7 +158,7 @@ class _WithLoss(nn.Module):
 _UNSUPPORTED_FLAGS = ("maximize", "amsgrad", "capturable", "differentiable")
 """torch.optim options that change the update (refused by name when true)."""
 _IGNORED = ("foreach", "fused")
-"""torch.optim implementation switches (the same update either way; accepted when None or False)."""
+"""torch.optim implementation switches (the same update either way): accepted and ignored."""
 
 
 def optimizer_config(settings: Mapping[str, Any]) -> OptimConfig:
@@ -177,8 +177,7 @@ def optimizer_config(settings: Mapping[str, Any]) -> OptimConfig:
         if s.pop(k, False):
             raise FrontendError(f"optimizer {what}: {k}=True is not supported (use {k}=False)")
     for k in _IGNORED:
-        if s.pop(k, None):
-            raise FrontendError(f"optimizer {what}: {k}=True is not supported (use {k}=None: the update is the same)")
+        s.pop(k, None)
     if name == "sgd":
         if float(s.pop("dampening", 0.0)) != 0.0:
             raise FrontendError("optimizer SGD: dampening must be 0")
