@@ -438,6 +438,18 @@ def test_a_zoo_model_trains_and_replays_through_the_cli(tmp_path: Path) -> None:
     _train_and_replay(tmp_path, "stats_forward")
 
 
+def test_a_refused_zoo_model_stops_the_cli_before_training(tmp_path: Path) -> None:
+    from protocol.cli import main
+
+    res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "r"), "--model", f"{ZOO_FILE}:erf_gelu",
+                                    "--steps", "2", "--batch-size", "4"])
+    assert res.exit_code == 1, res.output
+    for part in ("aten.gelu.default", "approximate='tanh'", "module act (GELU)", 'zoo.py", line '):
+        assert part in res.output, res.output
+    assert "Traceback" not in res.output
+    assert not (tmp_path / "r" / "roots.jsonl").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in ZOO.TRAINED if n != "stats_forward"])
 def test_every_zoo_model_trains_and_replays_through_the_cli(tmp_path: Path, name: str) -> None:
