@@ -95,6 +95,36 @@ def test_a_parameter_changed_in_place_by_the_forward_is_refused() -> None:
         capture(TorchTask(ClampsItself(), F.mse_loss, {"name": "SGD", "lr": 0.1}, [x], x), 2)
 
 
+class DoubleForward(torch.autograd.Function):
+    """A custom Function (a straight-through-style backward): export would keep only its forward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+def test_a_custom_autograd_function_is_refused_by_name() -> None:
+    class Uses(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return DoubleForward.apply(self.lin(x))
+
+    x = np.ones((4, 3), np.float32)
+    original = torch.autograd.Function.__dict__["apply"]
+    with pytest.raises(UnsupportedOp, match=r"custom torch.autograd.Function DoubleForward \(.*test_frontend_zoo"
+                                            r"\.py, line \d+\): .*drops its backward"):
+        capture(TorchTask(Uses(), F.mse_loss, {"name": "SGD", "lr": 0.1}, [x], x), 2)
+    assert torch.autograd.Function.__dict__["apply"] is original  # restored after capture
+    assert DoubleForward.apply(torch.ones(1)).item() == 2.0
+
+
 def test_an_op_of_the_loss_function_is_placed_in_the_loss() -> None:
     class Lin(nn.Module):
         def __init__(self) -> None:

@@ -11,11 +11,12 @@ the optimizer state. Buffers the forward only reads are constants of the graph.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import operator
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -390,6 +391,25 @@ def _concat(g: GraphBuilder, parts: list[T]) -> T:
     return out  # type: ignore[return-value]
 
 
+@contextlib.contextmanager
+def _custom_functions(seen: list[type]) -> Iterator[None]:
+    """Record every user-defined ``torch.autograd.Function`` applied while exporting: export inlines its
+    forward and drops its backward, so the graph's gradient would not be the user's."""
+    fn_cls = torch.autograd.Function
+    original = fn_cls.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        if not (cls.__module__ or "").startswith("torch"):
+            seen.append(cls)
+        return original.__func__(cls, *args, **kwargs)
+
+    fn_cls.apply = classmethod(apply)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        fn_cls.apply = original  # type: ignore[method-assign]
+
+
 def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Captured:
     """Export ``task``'s model and loss on a batch of ``batch_size`` rows and build the step graph."""
     cfg = optimizer_config(task.optimizer)  # bad settings are refused before anything runs
@@ -400,10 +420,12 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
     if rows.shape[0] < batch_size:
         rows = torch.from_numpy(np.resize(task.samples(), (batch_size, rows.shape[1])).astype(np.float32))
     wrapper = _WithLoss(module, task.loss, flds)
+    custom: list[type] = []
     try:
         with warnings.catch_warnings():  # torch's own pytree deprecation notice, on every export
             warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
-            ep = torch.export.export(wrapper, (rows,), strict=False)
+            with _custom_functions(custom):
+                ep = torch.export.export(wrapper, (rows,), strict=False)
         mark_detaches(ep)
         mark_no_grad_regions(ep)
         ep = ep.run_decompositions(decomposition_table())
@@ -412,6 +434,11 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
     except Exception as e:  # noqa: BLE001 - export errors come from the user's code; keep them short
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FrontendError(f"torch.export could not capture the model and loss: {type(e).__name__}: {first}") from None
+    if custom:
+        names = ", ".join(sorted({describe_function(c) for c in custom}))
+        raise UnsupportedOp(f"custom torch.autograd.Function {names}: torch.export keeps its forward and drops its "
+                            "backward, so the step's gradient would not be yours; write the forward with torch ops "
+                            "(autodiff gives their gradient) or drop the Function")
     g = GraphBuilder()
     L = Lowerer(g)
     sig = ep.graph_signature
