@@ -125,6 +125,18 @@ def test_a_custom_autograd_function_is_refused_by_name() -> None:
     assert DoubleForward.apply(torch.ones(1)).item() == 2.0
 
 
+def test_gradient_hooks_are_refused_by_name() -> None:
+    x = np.ones((4, 3), np.float32)
+    hooked = nn.Sequential(nn.Linear(3, 3))
+    hooked[0].weight.register_hook(lambda g: g.clamp(-0.1, 0.1))
+    with pytest.raises(FrontendError, match=r"parameter 0\.weight has a gradient hook"):
+        capture(TorchTask(hooked, F.mse_loss, {"name": "SGD", "lr": 0.1}, [x], x), 2)
+    module = nn.Sequential(nn.Linear(3, 3))
+    module[0].register_full_backward_hook(lambda m, gi, go: None)
+    with pytest.raises(FrontendError, match=r"module 0 \(Linear\) has a backward hook"):
+        capture(TorchTask(module, F.mse_loss, {"name": "SGD", "lr": 0.1}, [x], x), 2)
+
+
 def test_an_op_of_the_loss_function_is_placed_in_the_loss() -> None:
     class Lin(nn.Module):
         def __init__(self) -> None:

@@ -410,10 +410,24 @@ def _custom_functions(seen: list[type]) -> Iterator[None]:
         fn_cls.apply = original  # type: ignore[method-assign]
 
 
+def _refuse_backward_hooks(module: nn.Module) -> None:
+    """Gradient hooks (``Tensor.register_hook`` on a parameter, ``register_full_backward_hook``) change
+    torch's gradients but not the exported forward: refused by name, not silently dropped."""
+    for name, p in module.named_parameters():
+        if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None):
+            raise FrontendError(f"parameter {name} has a gradient hook (register_hook): the step graph's gradient "
+                                "is autodiff's of the forward, without hooks; remove it (clip with clip_grad_norm)")
+    for name, m in module.named_modules():
+        if getattr(m, "_backward_hooks", None) or getattr(m, "_backward_pre_hooks", None):
+            raise FrontendError(f"module {name or '<root>'} ({type(m).__name__}) has a backward hook: the step "
+                                "graph's gradient is autodiff's of the forward, without hooks; remove it")
+
+
 def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Captured:
     """Export ``task``'s model and loss on a batch of ``batch_size`` rows and build the step graph."""
     cfg = optimizer_config(task.optimizer)  # bad settings are refused before anything runs
     module = task.module
+    _refuse_backward_hooks(module)
     module.train()
     flds = task.fields()
     rows = torch.from_numpy(task.samples()[:batch_size])
