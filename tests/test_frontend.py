@@ -224,7 +224,7 @@ def test_unsupported_op_names_the_op_module_and_line() -> None:
 
 def test_optimizer_settings_are_checked() -> None:
     x, y = _rand((4, 3)), _rand((4, 3))
-    for bad, match in (({"name": "Adam", "lr": 1}, "SGD' or 'AdamW'"),
+    for bad, match in (({"name": "RMSprop", "lr": 1}, "'SGD', 'Adam' or 'AdamW'"),
                        ({"name": "SGD", "lr": 0.1, "nesterov": True}, "nesterov"),
                        ({"name": "AdamW", "lr": 0.1, "foo": 1}, "unsupported setting")):
         with pytest.raises(FrontendError, match=match):

@@ -11,11 +11,12 @@ the optimizer state. Buffers the forward only reads are constants of the graph.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import operator
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +24,27 @@ import numpy as np
 import torch
 from torch import nn
 
-from vtrain.frontend.errors import FrontendError, UnsupportedOp, node_origin
-from vtrain.frontend.lowering import NO_FOLD, Lowerer, Sym, lowering_of, mark_detaches, supported_ops
-from vtrain.graph.step_graph import Graph, GraphBuilder, T
-from vtrain.models.optim import AdamWConfig, OptimConfig, SGDConfig, apply_optimizer, optimizer_slots
+from vtrain.frontend.errors import FrontendError, UnsupportedOp, describe_function, node_origin
+from vtrain.frontend.lowering import (
+    NO_FOLD,
+    Lowerer,
+    Sym,
+    decomposition_table,
+    lowering_of,
+    mark_detaches,
+    mark_no_grad_regions,
+    supported_ops,
+)
+from vtrain.graph.step_graph import Graph, GraphBuilder, OpKind, T
+from vtrain.models.optim import (
+    AdamConfig,
+    AdamWConfig,
+    NesterovSGDConfig,
+    OptimConfig,
+    SGDConfig,
+    apply_optimizer,
+    optimizer_slots,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,31 +156,56 @@ class _WithLoss(nn.Module):
 
 
 # --- optimizer settings -------------------------------------------------------------------------------
+_UNSUPPORTED_FLAGS = ("maximize", "amsgrad", "capturable", "differentiable")
+"""torch.optim options that change the update (refused by name when true)."""
+_IGNORED = ("foreach", "fused")
+"""torch.optim implementation switches (the same update either way): accepted and ignored."""
+
+
 def optimizer_config(settings: Mapping[str, Any]) -> OptimConfig:
-    """torch.optim-style settings (``{"name": "SGD", "lr": .., "momentum": .., "weight_decay": ..}`` or
-    ``{"name": "AdamW", "lr": .., "betas": (b1, b2), "eps": .., "weight_decay": ..}``) as an optimizer config."""
+    """torch.optim-style settings (``{"name": "SGD", "lr": .., "momentum": .., "weight_decay": .., "nesterov": ..}``,
+    ``{"name": "Adam" | "AdamW", "lr": .., "betas": (b1, b2), "eps": .., "weight_decay": ..}``) as an optimizer
+    config; an option that changes the update and has no graph form is refused by name."""
     if not isinstance(settings, Mapping):
         raise FrontendError(f"optimizer: expected a mapping with a 'name', got {type(settings).__name__}")
     s = dict(settings)
-    name = str(s.pop("name", "")).lower()
+    raw_name = str(s.pop("name", ""))
+    name = raw_name.lower()
+    if name not in ("sgd", "adam", "adamw"):
+        raise FrontendError(f"optimizer: expected name 'SGD', 'Adam' or 'AdamW' (torch.optim), got {raw_name!r}")
+    what = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}[name]
+    for k in _UNSUPPORTED_FLAGS:
+        if s.pop(k, False):
+            raise FrontendError(f"optimizer {what}: {k}=True is not supported (use {k}=False)")
+    for k in _IGNORED:
+        s.pop(k, None)
     if name == "sgd":
-        for k, bad in (("nesterov", True), ("maximize", True)):
-            if s.pop(k, False) == bad:
-                raise FrontendError(f"optimizer SGD: {k}=True is not supported")
         if float(s.pop("dampening", 0.0)) != 0.0:
             raise FrontendError("optimizer SGD: dampening must be 0")
-        allowed = {"lr", "momentum", "weight_decay"}
-        _only(s, allowed, "SGD")
-        return SGDConfig(lr=float(s.get("lr", 1e-3)), momentum=float(s.get("momentum", 0.0)),
-                         weight_decay=float(s.get("weight_decay", 0.0)))
-    if name == "adamw":
-        if s.pop("amsgrad", False) or s.pop("maximize", False):
-            raise FrontendError("optimizer AdamW: amsgrad/maximize are not supported")
-        _only(s, {"lr", "betas", "eps", "weight_decay"}, "AdamW")
-        b1, b2 = s.get("betas", (0.9, 0.999))
-        return AdamWConfig(lr=float(s.get("lr", 1e-3)), beta1=float(b1), beta2=float(b2),
-                           eps=float(s.get("eps", 1e-8)), weight_decay=float(s.get("weight_decay", 0.01)))
-    raise FrontendError(f"optimizer: expected name 'SGD' or 'AdamW' (torch.optim), got {settings.get('name')!r}")
+        nesterov = bool(s.pop("nesterov", False))
+        _only(s, {"lr", "momentum", "weight_decay"}, "SGD")
+        momentum = float(s.get("momentum", 0.0))
+        if nesterov and momentum <= 0.0:
+            raise FrontendError("optimizer SGD: nesterov=True needs momentum > 0 (as torch.optim.SGD)")
+        cls = NesterovSGDConfig if nesterov else SGDConfig
+        return cls(lr=float(s.get("lr", 1e-3)), momentum=momentum, weight_decay=float(s.get("weight_decay", 0.0)))
+    _only(s, {"lr", "betas", "eps", "weight_decay"}, what)
+    b1, b2 = s.get("betas", (0.9, 0.999))
+    default_wd = 0.0 if name == "adam" else 0.01  # torch.optim's defaults
+    wd = float(s.get("weight_decay", default_wd))
+    acls = AdamConfig if name == "adam" and wd != 0.0 else AdamWConfig  # Adam with wd 0 is AdamW with wd 0
+    return acls(lr=float(s.get("lr", 1e-3)), beta1=float(b1), beta2=float(b2), eps=float(s.get("eps", 1e-8)),
+                weight_decay=wd)
+
+
+def torch_optimizer(cfg: OptimConfig, params: list[torch.Tensor], lr: float | None = None) -> torch.optim.Optimizer:
+    """The torch.optim optimizer that ``cfg`` stands for (the reference of checks and of FP32 runs)."""
+    lr = cfg.lr if lr is None else lr
+    if isinstance(cfg, SGDConfig):
+        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                               nesterov=isinstance(cfg, NesterovSGDConfig))
+    cls = torch.optim.Adam if isinstance(cfg, AdamConfig) else torch.optim.AdamW
+    return cls(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
 def _only(s: dict, allowed: set[str], what: str) -> None:
@@ -198,8 +241,8 @@ def _flatten_syms(v: Any) -> bool:
     return False
 
 
-def _unsupported(node, why: str = "") -> UnsupportedOp:
-    origin = node_origin(node)
+def _unsupported(node, why: str = "", loss_name: str = "") -> UnsupportedOp:
+    origin = node_origin(node, loss_name)
     msg = f"ATen op {node.target} has no lowering to vtrain primitives"
     if why:
         msg = f"ATen op {node.target}: {why}"
@@ -208,8 +251,10 @@ def _unsupported(node, why: str = "") -> UnsupportedOp:
     return UnsupportedOp(msg + ".\nSupported ATen ops: " + ", ".join(supported_ops()))
 
 
-def lower_program(ep, L: Lowerer, placeholders: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
-    """Lower every node of ``ep`` (core ATen); returns the output node's values and op counts."""
+def lower_program(ep, L: Lowerer, placeholders: dict[str, Any],
+                  loss_name: str = "") -> tuple[list[Any], dict[str, int]]:
+    """Lower every node of ``ep`` (core ATen); returns the output node's values and op counts
+    (``loss_name``: how errors name the loss function)."""
     env: dict[str, Any] = {}
     counts: dict[str, int] = {}
     outputs: list[Any] = []
@@ -221,7 +266,7 @@ def lower_program(ep, L: Lowerer, placeholders: dict[str, Any]) -> tuple[list[An
             outputs = [env.get(a.name) if hasattr(a, "name") else a for a in node.args[0]]
             break
         if node.op != "call_function":
-            raise _unsupported(node, f"FX node kind {node.op!r}")
+            raise _unsupported(node, f"FX node kind {node.op!r}", loss_name)
         args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
         if node.target is operator.getitem:
@@ -233,18 +278,18 @@ def lower_program(ep, L: Lowerer, placeholders: dict[str, Any]) -> tuple[list[An
                 with torch.no_grad():
                     env[node.name] = node.target(*args, **kwargs)  # known at build time
             except Exception as e:  # noqa: BLE001 - any failure of a user's op is reported with its origin
-                raise _unsupported(node, f"evaluating it at build time failed: {e}") from None
+                raise _unsupported(node, f"evaluating it at build time failed: {e}", loss_name) from None
             continue
         fn = lowering_of(node.target)
         if fn is None:
-            raise _unsupported(node)
+            raise _unsupported(node, "", loss_name)
         L.node = node
         try:
             out = fn(L, node, *args, **kwargs)
         except UnsupportedOp as e:
             if "Supported ATen ops" in str(e):
                 raise
-            raise _unsupported(node, str(e)) from None
+            raise _unsupported(node, str(e), loss_name) from None
         env[node.name] = _check_shapes(L, node, out)
     return outputs, counts
 
@@ -295,6 +340,48 @@ def _clip_grads(g: GraphBuilder, grads: list[T], max_norm: float, eps: float = 1
     return [g.mul(gr, g.reshape(scale, (1,) * gr.rank)) for gr in grads]
 
 
+_DIFFERENTIABLE_INPUTS = {OpKind.SELECT: (1, 2), OpKind.TAKE: (0,), OpKind.GATHER: (0,)}
+"""Ops with inputs that get no gradient (a condition, an index): which inputs do."""
+_NO_GRADIENT = frozenset({OpKind.RELU_GRAD, OpKind.MAX_GRAD, OpKind.ONE_HOT})
+
+
+def _gradient_ancestors(g: GraphBuilder, loss: int) -> set[int]:
+    """Ops the loss depends on through differentiable paths: not through a stop-gradient op, a SELECT's
+    condition or an index (a parameter used only there gets no gradient, as in torch)."""
+    seen: set[int] = set()
+    todo = [loss]
+    while todo:
+        o = todo.pop()
+        if o in seen:
+            continue
+        seen.add(o)
+        node = g.ops[o]
+        if o in g.no_grad or node.kind in _NO_GRADIENT:
+            continue
+        picks = _DIFFERENTIABLE_INPUTS.get(node.kind)
+        todo.extend(node.inputs if picks is None else [node.inputs[i] for i in picks])
+    return seen
+
+
+def _optimize_live(g: GraphBuilder, cfg: OptimConfig, params: list[T], grads: list[T], state: list[T],
+                   lr: T | None, live: list[bool]) -> tuple[list[T], list[T]]:
+    """``apply_optimizer`` over the parameters with a gradient; the others, and their optimizer state,
+    are passed through unchanged (torch.optim skips a parameter whose ``.grad`` is None)."""
+    n = len(params)
+    per_param = 1 if isinstance(cfg, SGDConfig) else 2  # momentum, or (m, v); then Adam's beta powers
+    idx = [i for i in range(n) if live[i]]
+    sub_state = [state[k * n + i] for k in range(per_param) for i in idx] + state[per_param * n :]
+    got_p, got_s = apply_optimizer(g, cfg, [params[i] for i in idx], [grads[i] for i in idx], sub_state, lr)
+    new_p, new_s = list(params), list(state)
+    m = len(idx)
+    for j, i in enumerate(idx):
+        new_p[i] = got_p[j]
+        for k in range(per_param):
+            new_s[k * n + i] = got_s[k * m + j]
+    new_s[per_param * n :] = got_s[per_param * m :]
+    return new_p, new_s
+
+
 def _concat(g: GraphBuilder, parts: list[T]) -> T:
     """(1, 1) tensors side by side as (1, n): PAD each and ADD (exact)."""
     out = None
@@ -304,25 +391,68 @@ def _concat(g: GraphBuilder, parts: list[T]) -> T:
     return out  # type: ignore[return-value]
 
 
+@contextlib.contextmanager
+def _custom_functions(seen: list[type]) -> Iterator[None]:
+    """Record every user-defined ``torch.autograd.Function`` applied while exporting: export inlines its
+    forward and drops its backward, so the graph's gradient would not be the user's."""
+    fn_cls = torch.autograd.Function
+    original = fn_cls.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        if not (cls.__module__ or "").startswith("torch"):
+            seen.append(cls)
+        return original.__func__(cls, *args, **kwargs)
+
+    fn_cls.apply = classmethod(apply)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        fn_cls.apply = original  # type: ignore[method-assign]
+
+
+def _refuse_backward_hooks(module: nn.Module) -> None:
+    """Gradient hooks (``Tensor.register_hook`` on a parameter, ``register_full_backward_hook``) change
+    torch's gradients but not the exported forward: refused by name, not silently dropped."""
+    for name, p in module.named_parameters():
+        if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None):
+            raise FrontendError(f"parameter {name} has a gradient hook (register_hook): the step graph's gradient "
+                                "is autodiff's of the forward, without hooks; remove it (clip with clip_grad_norm)")
+    for name, m in module.named_modules():
+        if getattr(m, "_backward_hooks", None) or getattr(m, "_backward_pre_hooks", None):
+            raise FrontendError(f"module {name or '<root>'} ({type(m).__name__}) has a backward hook: the step "
+                                "graph's gradient is autodiff's of the forward, without hooks; remove it")
+
+
 def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Captured:
     """Export ``task``'s model and loss on a batch of ``batch_size`` rows and build the step graph."""
+    cfg = optimizer_config(task.optimizer)  # bad settings are refused before anything runs
     module = task.module
+    _refuse_backward_hooks(module)
     module.train()
     flds = task.fields()
     rows = torch.from_numpy(task.samples()[:batch_size])
     if rows.shape[0] < batch_size:
         rows = torch.from_numpy(np.resize(task.samples(), (batch_size, rows.shape[1])).astype(np.float32))
     wrapper = _WithLoss(module, task.loss, flds)
+    custom: list[type] = []
     try:
         with warnings.catch_warnings():  # torch's own pytree deprecation notice, on every export
             warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
-            ep = torch.export.export(wrapper, (rows,), strict=False)
+            with _custom_functions(custom):
+                ep = torch.export.export(wrapper, (rows,), strict=False)
         mark_detaches(ep)
-        ep = ep.run_decompositions()
+        mark_no_grad_regions(ep)
+        ep = ep.run_decompositions(decomposition_table())
+    except UnsupportedOp:
+        raise
     except Exception as e:  # noqa: BLE001 - export errors come from the user's code; keep them short
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FrontendError(f"torch.export could not capture the model and loss: {type(e).__name__}: {first}") from None
-    cfg = optimizer_config(task.optimizer)
+    if custom:
+        names = ", ".join(sorted({describe_function(c) for c in custom}))
+        raise UnsupportedOp(f"custom torch.autograd.Function {names}: torch.export keeps its forward and drops its "
+                            "backward, so the step's gradient would not be yours; write the forward with torch ops "
+                            "(autodiff gives their gradient) or drop the Function")
     g = GraphBuilder()
     L = Lowerer(g)
     sig = ep.graph_signature
@@ -386,7 +516,7 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
             placeholders[s.arg.name] = ep.constants[s.target]
         else:
             raise FrontendError(f"export input {s.arg.name}: unexpected kind {kind}")
-    outputs, counts = lower_program(ep, L, placeholders)
+    outputs, counts = lower_program(ep, L, placeholders, describe_function(task.loss))
     loss_v = None
     new_bufs: dict[str, T] = {}
     for spec, val in zip(sig.output_specs, outputs):
@@ -396,11 +526,17 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
             if loss_v is not None:
                 raise FrontendError("the loss function must return one scalar tensor, got several outputs")
             loss_v = val
+        else:  # a parameter or an input changed in place by the forward: not a step of the graph
+            what = key_of(spec.target or "a tensor")
+            raise FrontendError(f"the forward changes {what} in place ({spec.kind.name}); only buffers may be "
+                                "updated in the forward (parameters change through the optimizer)")
     if not isinstance(loss_v, Sym) or math.prod(loss_v.shape) != 1:
         raise FrontendError("the loss must be a scalar tensor that depends on the model's parameters")
     loss = L.reshape(loss_v.t, (1, 1))
-    reach = g._needed(loss.op, {t.op for t in param_ts})
+    reach = _gradient_ancestors(g, loss.op)
     live = [t for t in param_ts if t.op in reach]
+    if param_ts and not live:
+        raise FrontendError("no trainable parameter reaches the loss (every one is unused or detached)")
     live_grads = dict(zip([t.op for t in live], g.grad(loss, live))) if live else {}
     grads = [live_grads.get(t.op) or g.const(np.zeros(t.shape, np.float32), "zero_grad") for t in param_ts]
     grad_ops = {i: gr.op for i, gr in enumerate(grads)}  # the loss gradients (before any clipping)
@@ -411,7 +547,12 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
         steps = n_steps or task.schedule.total_steps
         table = g.const(task.schedule.table(cfg.lr, steps), "lr_table")
         lr_t = g.take(table, g.add_s(g.step(), -1.0), 0)  # (1,)
-    new_p, new_s = apply_optimizer(g, cfg, param_ts, grads, opt_ts, lr=lr_t)
+    if len(live) == len(param_ts):
+        new_p, new_s = apply_optimizer(g, cfg, param_ts, grads, opt_ts, lr=lr_t)
+    else:  # as torch.optim: a parameter without a gradient (unused, detached) is left as it is
+        dead = [i for i, t in enumerate(param_ts) if t.op not in reach]
+        log.info("parameters without a gradient (not updated): %s", [slot_names[i] for i in dead])
+        new_p, new_s = _optimize_live(g, cfg, param_ts, grads, opt_ts, lr_t, [t.op in reach for t in param_ts])
     outs = list(new_p)
     for s in sorted(buf_specs, key=lambda s: keys.index(key_of(s.target))):
         outs.append(new_bufs[s.target])

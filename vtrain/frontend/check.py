@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vtrain.frontend.capture import Captured, TorchTask, _WithLoss
+from vtrain.frontend.capture import Captured, TorchTask, _WithLoss, torch_optimizer
+from vtrain.frontend.errors import FrontendError
 from vtrain.graph.fp64 import evaluate_fp64
 from vtrain.graph.generated import dropout_uniforms
 from vtrain.graph.step_graph import OpKind, bits_f32, f32_bits
@@ -21,11 +22,23 @@ from vtrain.graph.step_graph import OpKind, bits_f32, f32_bits
 
 @contextlib.contextmanager
 def same_dropout(seed: bytes, step: int) -> Iterator[None]:
-    """Make torch's ``F.dropout`` use the graph's masks: the k-th dropout call with p > 0 gets
-    DROPOUT_MASK salt k (the builder numbers them in the same, execution, order)."""
+    """Make torch's ``F.dropout`` (and the channel dropouts ``F.dropout1d/2d/3d``) use the graph's masks: the
+    k-th dropout call with p > 0 gets DROPOUT_MASK salt k (the builder numbers them in the same, execution,
+    order); a channel dropout's mask has one element per (sample, channel)."""
     F = torch.nn.functional
     orig = F.dropout
+    originals = {name: getattr(F, name) for name in ("dropout1d", "dropout2d", "dropout3d")}
     salt = [0]
+
+    def channel_dropout(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return x
+        q = 1.0 - (1.0 - p)  # the graph's drop probability (bernoulli.p(1 - p) lowered)
+        mask_shape = tuple(x.shape[:2]) + (1,) * (x.dim() - 2)
+        u = dropout_uniforms(seed, step, salt[0], math.prod(mask_shape))
+        salt[0] += 1
+        keep = torch.from_numpy((u >= np.uint32(round(q * 2**32))).reshape(mask_shape))
+        return x * (keep.to(x.dtype) / (1.0 - p))
 
     def dropout(x, p=0.5, training=True, inplace=False):
         if not training or p == 0.0:
@@ -37,10 +50,27 @@ def same_dropout(seed: bytes, step: int) -> Iterator[None]:
         return x * (keep.to(x.dtype) * scale)
 
     F.dropout = dropout
+    for name in originals:
+        setattr(F, name, channel_dropout)
     try:
         yield
     finally:
         F.dropout = orig
+        for name, fn in originals.items():
+            setattr(F, name, fn)
+
+
+def _reference_loss(wrapper: _WithLoss, rows: np.ndarray) -> torch.Tensor:
+    """The FP64 torch loss of ``rows``; a loss or model that holds its own float32 tensors (not parameters or
+    buffers, which are converted) cannot run in FP64: FrontendError says so."""
+    try:
+        return wrapper(torch.from_numpy(rows).double())
+    except RuntimeError as e:
+        if "Double" not in str(e) and "double" not in str(e):
+            raise
+        raise FrontendError(f"the FP64 reference could not run the model and loss ({e}): a tensor the loss or "
+                            "forward creates itself stays float32; make it from the input (x.new_tensor(...)) "
+                            "or register it as a buffer") from None
 
 
 @dataclass
@@ -69,7 +99,7 @@ def compare_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: bytes |
     ref = copy.deepcopy(task.module).double().train()
     wrapper = _WithLoss(ref, task.loss, cap.fields)
     with same_dropout(seed or bytes(32), step):
-        loss = wrapper(torch.from_numpy(rows).double())
+        loss = _reference_loss(wrapper, rows)
     loss.backward()
     named = dict(ref.named_parameters(remove_duplicate=False))
     grads = {}
@@ -92,8 +122,6 @@ def compare_step_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: by
                       step: int = 1) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """One whole step (forward, backward, clipping, schedule, optimizer) in FP64: every new state
     slot of the graph against torch.optim (and ``clip_grad_norm_``) on the same FP64 model."""
-    from vtrain.models.optim import SGDConfig
-
     g = cap.graph
     state = [torch.from_numpy(a).double() for a in cap.initial_state]
     vals = evaluate_fp64(g, state, torch.from_numpy(rows), seed=seed, step=step)
@@ -102,14 +130,9 @@ def compare_step_fp64(task: TorchTask, cap: Captured, rows: np.ndarray, seed: by
     params = [named[n] for n in cap.slot_names[: cap.n_params]]
     cfg = cap.optimizer
     lr = cfg.lr if task.schedule is None else float(task.schedule.table(cfg.lr, step)[step - 1])
-    if isinstance(cfg, SGDConfig):
-        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, momentum=cfg.momentum,
-                                                     weight_decay=cfg.weight_decay)
-    else:
-        opt = torch.optim.AdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                weight_decay=cfg.weight_decay)
+    opt = torch_optimizer(cfg, params, lr)
     with same_dropout(seed or bytes(32), step):
-        loss = _WithLoss(ref, task.loss, cap.fields)(torch.from_numpy(rows).double())
+        loss = _reference_loss(_WithLoss(ref, task.loss, cap.fields), rows)
     loss.backward()
     if task.clip_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(params, task.clip_grad_norm)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from vtrain.errors import DataChanged, NonFiniteValue, SpecError, VtrainError
-from vtrain.frontend.capture import Captured, TorchTask, _WithLoss, capture
+from vtrain.frontend.capture import Captured, TorchTask, _WithLoss, capture, torch_optimizer
 from vtrain.frontend.errors import FrontendError
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,6 @@ class TorchTaskReference:
     ``torch.optim``; dropout from torch's RNG seeded per step. Slots in and out in the graph's order."""
 
     def __init__(self, job) -> None:
-        from vtrain.models.optim import SGDConfig
         from vtrain.numerics.rounding import Mode
 
         self.mode = Mode.FP32
@@ -217,12 +216,7 @@ class TorchTaskReference:
         self.buffers = dict(self.module.named_buffers())
         cfg = self.cap.optimizer
         self.cfg = cfg
-        if isinstance(cfg, SGDConfig):
-            self.opt: torch.optim.Optimizer = torch.optim.SGD(self.params, lr=cfg.lr, momentum=cfg.momentum,
-                                                              weight_decay=cfg.weight_decay)
-        else:
-            self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                         weight_decay=cfg.weight_decay)
+        self.opt: torch.optim.Optimizer = torch_optimizer(cfg, self.params)
 
     def _load(self, state: list[torch.Tensor]) -> None:
         from vtrain.models.optim import SGDConfig
@@ -261,7 +255,7 @@ class TorchTaskReference:
             return out + [canonical(st[p]["momentum_buffer"].detach().clone()) for p in self.params]
         out += [canonical(st[p]["exp_avg"].detach().clone()) for p in self.params]
         out += [canonical(st[p]["exp_avg_sq"].detach().clone()) for p in self.params]
-        t = int(st[self.params[0]]["step"].item()) if n else 0
+        t = max((int(st[p]["step"].item()) for p in self.params if "step" in st[p]), default=0)  # a trained one
         out += [torch.tensor([self.cfg.beta1**t], dtype=torch.float32),
                 torch.tensor([self.cfg.beta2**t], dtype=torch.float32)]
         return out

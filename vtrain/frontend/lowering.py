@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vtrain.frontend.errors import UnsupportedOp
+from vtrain.frontend.errors import UnsupportedOp, node_origin
 from vtrain.graph.step_graph import GraphBuilder, OpKind, T
 
 aten = torch.ops.aten
@@ -142,7 +142,7 @@ class Lowerer:
         return self.g.select(t, self.scalar_const(1.0, t.rank), self.scalar_const(0.0, t.rank))
 
     def reduce(self, x: T, dims: Sequence[int] | None, keepdim: bool, kind: str) -> T:
-        """SUM / MEAN / MAX (``kind``) over ``dims`` as one reduction per output element."""
+        """SUM / MEAN / MAX (``kind``: sum, mean, max, max_const) over ``dims`` as one reduction per output element."""
         r = x.rank
         dims = sorted({d % r for d in dims}) if dims else list(range(r))
         keep = [i for i in range(r) if i not in dims]
@@ -153,8 +153,8 @@ class Lowerer:
             out = self.g.sum(flat)
         elif kind == "mean":
             out = self.g.mean(flat)
-        else:
-            out = self.g.max(flat, differentiable=True)
+        else:  # "max": its gradient to the first maximum (MAX_GRAD); "max_const": no gradient
+            out = self.g.max(flat, differentiable=kind == "max")
         shape = tuple(1 if i in dims else x.shape[i] for i in range(r)) if keepdim else kept
         return self.reshape(out, shape)
 
@@ -331,7 +331,8 @@ def _reciprocal(L: Lowerer, node, a):
 
 @lowering(aten.pow.Tensor_Scalar)
 def _pow(L: Lowerer, node, a, e):
-    """``a ** e`` for e in {0, 0.5, 1, 2, 3, -0.5, -1}: products of ``a`` (MUL), SQRT and DIV."""
+    """``a ** e`` for e in {0, 0.5, -0.5} and the integers -8..8: products of ``a`` (MUL, left to right), SQRT and
+    DIV (a negative integer: 1 / a^|e|)."""
     t = L.t(a)
     e = float(e)
     if e == 1.0:
@@ -348,7 +349,34 @@ def _pow(L: Lowerer, node, a, e):
         return _rsqrt(L, node, a)
     if e == 0.0:
         return Sym(L.g.expand(L.scalar_const(1.0, t.rank), t.shape))
-    raise UnsupportedOp(f"pow with exponent {e} (supported: 0, 0.5, 1, 2, 3, -0.5, -1)")
+    if e.is_integer() and 4 <= abs(e) <= 8 or e in (-2.0, -3.0):
+        prod = t
+        for _ in range(int(abs(e)) - 1):
+            prod = L.g.mul(prod, t)
+        return Sym(prod if e > 0 else L.g.div(L.scalar_const(1.0, t.rank), prod))
+    raise UnsupportedOp(f"pow with exponent {e} (supported: 0, 0.5, -0.5 and the integers -8..8; use sqrt, exp "
+                        "and log for others)")
+
+
+@lowering(aten.exp2.default)
+def _exp2(L: Lowerer, node, a):
+    """``2^a = exp(a ln 2)``: MUL_S, EXP (the product rounds: equal to torch in FP64)."""
+    return Sym(L.g.exp(L.g.mul_s(L.t(a), math.log(2.0))))
+
+
+@lowering(aten.log2.default, aten.log10.default)
+def _log_base(L: Lowerer, node, a):
+    """``log(a) / ln(base)``: LOG, DIV_S (equal to torch in FP64)."""
+    base = 2.0 if node.target == aten.log2.default else 10.0
+    return Sym(L.g.div_s(L.g.log(L.t(a)), math.log(base)))
+
+
+@lowering(aten.isnan.default, aten.isinf.default, aten.isfinite.default)
+def _isnan(L: Lowerer, node, a):
+    """isnan / isinf: false, isfinite: true (every value of a step graph is finite: a non-finite one stops the
+    step): a constant, no op."""
+    val = node.meta["val"]
+    return torch.full(tuple(val.shape), node.target == aten.isfinite.default, dtype=torch.bool)
 
 
 @lowering(aten.sigmoid.default)
@@ -374,6 +402,137 @@ def _gelu(L: Lowerer, node, a, approximate="none"):
     x3 = L.g.mul(L.g.mul(x, x), x)
     inner = L.g.mul_s(L.g.add(x, L.g.mul_s(x3, 0.044715)), math.sqrt(2.0 / math.pi))
     return Sym(L.g.mul(L.g.mul_s(x, 0.5), L.g.add_s(L.g.tanh(inner), 1.0)))
+
+
+def _positive(L: Lowerer, t: T) -> T:
+    """RELU(t): nonzero exactly where ``t > 0`` (a SELECT condition; no gradient flows through it)."""
+    return L.g.relu(t)
+
+
+@lowering(aten.leaky_relu.default)
+def _leaky_relu(L: Lowerer, node, a, negative_slope=0.01):
+    """``a if a > 0 else slope * a``: SELECT(RELU(a), a, MUL_S(a, slope)) (gradient at 0: slope, as torch)."""
+    t = L.t(a)
+    return Sym(L.g.select(_positive(L, t), t, L.g.mul_s(t, finite(negative_slope))))
+
+
+def _nonpositive_part(L: Lowerer, t: T, pos: T) -> T:
+    """``min(t, 0)`` as SELECT(t > 0, 0, t): its gradient is 1 at ``t = 0`` (torch's negative branch)."""
+    return L.g.select(pos, L.scalar_const(0.0, t.rank), t)
+
+
+@lowering(aten.elu.default)
+def _elu(L: Lowerer, node, a, alpha=1.0, scale=1.0, input_scale=1.0):
+    """``scale a`` for a > 0, else ``scale alpha (exp(input_scale min(a, 0)) - 1)``: SELECT, EXP, ADD_S,
+    MUL_S (the EXP never sees a positive value, so it never overflows; gradient at 0: the negative branch's)."""
+    t = L.t(a)
+    pos = _positive(L, t)
+    e = L.g.exp(L.g.mul_s(_nonpositive_part(L, t, pos), finite(input_scale)))
+    neg = L.g.mul_s(L.g.add_s(e, -1.0), finite(alpha) * finite(scale))
+    return Sym(L.g.select(pos, L.g.mul_s(t, finite(scale)) if scale != 1 else t, neg))
+
+
+def _softplus_of(L: Lowerer, t: T) -> T:
+    """``log(1 + exp(t))`` as ``max(t, 0) + log(1 + exp(-|t|))``: finite for every t (the EXP sees
+    ``-|t| <= 0``); ``-|t|`` is SELECT(t > 0, -t, t), so the gradient at 0 is 1/2, as torch's."""
+    pos = _positive(L, t)
+    minus_abs = L.g.select(pos, L.g.neg(t), t)
+    return L.g.add(pos, L.g.log(L.g.add_s(L.g.exp(minus_abs), 1.0)))
+
+
+@lowering(aten.softplus.default)
+def _softplus(L: Lowerer, node, a, beta=1.0, threshold=20.0):
+    """``a`` where ``beta a > threshold``, else ``(max(b, 0) + log(1 + exp(-|b|))) / beta`` with ``b = beta a``:
+    MUL_S, RELU, SELECT, EXP, ADD_S, LOG, ADD, DIV_S (finite for every a, as torch's threshold)."""
+    t = L.t(a)
+    b = L.g.mul_s(t, finite(beta)) if beta != 1 else t
+    sp = _softplus_of(L, b)
+    if beta != 1:
+        sp = L.g.div_s(sp, finite(beta))
+    return Sym(L.g.select(L.g.relu(L.g.add_s(b, -finite(threshold))), t, sp))
+
+
+@lowering(aten.mish.default)
+def _mish(L: Lowerer, node, a):
+    """``a tanh(softplus(a))`` with the `softplus` lowering (no threshold, as torch's mish): MUL, TANH."""
+    t = L.t(a)
+    return Sym(L.g.mul(t, L.g.tanh(_softplus_of(L, t))))
+
+
+def _clamp_t(L: Lowerer, t: T, lo: Any, hi: Any, strict: bool) -> T:
+    """``min(max(t, lo), hi)`` by two SELECTs on the sign of the rounded difference (zero only at a tie).
+    ``strict``: a value equal to a bound takes the bound (no gradient), as hardtanh; else it keeps t's
+    gradient, as clamp."""
+    for bound, upper in ((lo, False), (hi, True)):
+        if bound is None:
+            continue
+        c = L.t(bound) if not isinstance(bound, int | float) else L.scalar_const(finite(bound), t.rank)
+        if strict:  # keep t where it is strictly inside
+            inside = L.g.relu(L.g.sub(c, t) if upper else L.g.sub(t, c))
+            t = L.g.select(inside, t, c)
+        else:  # replace t where it is strictly outside
+            outside = L.g.relu(L.g.sub(t, c) if upper else L.g.sub(c, t))
+            t = L.g.select(outside, c, t)
+    return t
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+          aten.clamp_min.Tensor, aten.clamp_max.Tensor)
+def _clamp(L: Lowerer, node, a, min=None, max=None):  # noqa: A002 - torch's argument names
+    """``min(max(a, lo), hi)``: per bound SELECT(RELU(a - bound), bound, a) (gradient 1 at a tie, as torch)."""
+    if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        min, max = None, min
+    return Sym(_clamp_t(L, L.t(a), min, max, strict=False))
+
+
+@lowering(aten.hardtanh.default)
+def _hardtanh(L: Lowerer, node, a, min_val=-1.0, max_val=1.0):
+    """``min(max(a, lo), hi)`` (ReLU6 is hardtanh(0, 6)): per bound SELECT(RELU(a - lo), a, lo) (gradient 0 at a
+    tie, as torch)."""
+    return Sym(_clamp_t(L, L.t(a), min_val, max_val, strict=True))
+
+
+def _max_min(L: Lowerer, a, b, take_max: bool) -> Sym:
+    ta, tb = L.t(a), L.t(b)
+    first = L.g.relu(L.g.sub(ta, tb) if take_max else L.g.sub(tb, ta))
+    second = L.g.relu(L.g.sub(tb, ta) if take_max else L.g.sub(ta, tb))
+    tie = L.g.mul_s(L.g.add(ta, tb), 0.5)  # a == b: (a + a) / 2 is a exactly; each gets half the gradient
+    return Sym(L.g.select(first, ta, L.g.select(second, tb, tie)))
+
+
+@lowering(aten.maximum.default)
+def _maximum(L: Lowerer, node, a, b):
+    """``max(a, b)``: SELECT(RELU(a - b), a, SELECT(RELU(b - a), b, (a + b) * 0.5)) (at a tie each gets half the
+    gradient, as torch)."""
+    return _max_min(L, a, b, True)
+
+
+@lowering(aten.minimum.default)
+def _minimum(L: Lowerer, node, a, b):
+    """``min(a, b)``: SELECT(RELU(b - a), a, SELECT(RELU(a - b), b, (a + b) * 0.5)) (at a tie each gets half the
+    gradient, as torch)."""
+    return _max_min(L, a, b, False)
+
+
+@lowering(aten.sign.default)
+def _sign(L: Lowerer, node, a):
+    """``sign(a)`` (0 at 0): SELECT(RELU(a), 1, SELECT(RELU(-a), -1, 0)) (no gradient, as torch)."""
+    t = L.t(a)
+    r = t.rank
+    neg = L.g.select(L.g.relu(L.g.neg(t)), L.scalar_const(-1.0, r), L.scalar_const(0.0, r))
+    return Sym(L.g.select(L.g.relu(t), L.scalar_const(1.0, r), neg))
+
+
+@lowering(aten.log1p.default)
+def _log1p(L: Lowerer, node, a):
+    """``log(1 + a)``: ADD_S, LOG (the sum rounds: within 2^-24 of torch's log1p in FP32, equal in FP64)."""
+    return Sym(L.g.log(L.g.add_s(L.t(a), 1.0)))
+
+
+@lowering(aten.expm1.default)
+def _expm1(L: Lowerer, node, a):
+    """``exp(a) - 1``: EXP, ADD_S (the difference rounds: within 2^-24 of torch's expm1 in FP32, equal in FP64)."""
+    return Sym(L.g.add_s(L.g.exp(L.t(a)), -1.0))
 
 
 # === comparisons and selection (booleans are 0.0 / 1.0) ==============================================
@@ -460,7 +619,12 @@ def _any(L: Lowerer, node, a, dim=None, keepdim=False):
 
 @lowering(aten.where.self)
 def _where(L: Lowerer, node, cond, a, b):
-    """``a if cond else b``: SELECT (broadcast)."""
+    """``a if cond else b``: SELECT (broadcast); a known all-true / all-false ``cond`` whose other branch is a
+    known NaN (torch's ``where(isnan(x), nan, ..)``) picks its branch (no op)."""
+    if isinstance(cond, torch.Tensor) and cond.numel() and bool((cond == cond.flatten()[0]).all()):
+        keep, other = (a, b) if bool(cond.flatten()[0]) else (b, a)
+        if isinstance(other, torch.Tensor | float) and bool(torch.isnan(torch.as_tensor(other)).any()):
+            return keep if isinstance(keep, Sym) else Sym(L.t(keep))
     return Sym(L.g.select(L.t(cond), L.t(a), L.t(b)))
 
 
@@ -477,10 +641,91 @@ def _mean(L: Lowerer, node, a, dim=None, keepdim=False, dtype=None):
     return Sym(L.reduce(L.t(a), dim, keepdim, "mean"))
 
 
-@lowering(aten.amax.default)
+def _variance(L: Lowerer, t: T, dim, correction, keepdim: bool) -> tuple[T, T]:
+    """(var, mean) over ``dim``: MEAN, SUB, MUL, SUM, DIV_S by ``n - correction`` (one reduction each)."""
+    dims = [dim] if isinstance(dim, int) else (list(dim) if dim else None)
+    r = t.rank
+    axes = sorted({d % r for d in dims}) if dims else list(range(r))
+    n = math.prod(t.shape[d] for d in axes)
+    c = 1.0 if correction is None else float(correction)
+    if n - c <= 0:
+        raise UnsupportedOp(f"var/std over {n} element(s) with correction {c:g} (the divisor n - correction is "
+                            "not positive: torch gives inf/NaN)")
+    mu = L.reduce(t, axes, True, "mean")
+    xc = L.g.sub(t, mu)
+    var = L.g.div_s(L.reduce(L.g.mul(xc, xc), axes, keepdim, "sum"), n - c)
+    return var, (mu if keepdim else L.reshape(mu, tuple(t.shape[i] for i in range(r) if i not in axes)))
+
+
+@lowering(aten.var.correction, aten.var.dim, aten.var.default)
+def _var(L: Lowerer, node, a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Variance over ``dim``: ``sum((a - mean)^2) / (n - correction)`` (MEAN, SUB, MUL, SUM, DIV_S)."""
+    if isinstance(dim, bool):  # var.default(a, unbiased)
+        dim, unbiased = None, dim
+    if correction is None and unbiased is not None:
+        correction = 1.0 if unbiased else 0.0
+    return Sym(_variance(L, L.t(a), dim, correction, keepdim)[0])
+
+
+@lowering(aten.var_mean.correction)
+def _var_mean(L: Lowerer, node, a, dim=None, *, correction=None, keepdim=False):
+    """``(var, mean)`` over ``dim``: as the `var` lowering, the MEAN its own output."""
+    var, mu = _variance(L, L.t(a), dim, correction, keepdim)
+    return (Sym(var), Sym(mu))
+
+
+@lowering(aten.linalg_vector_norm.default)
+def _vector_norm(L: Lowerer, node, a, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
+    """``ord`` 2: SQRT(SUM(a * a)); 1: SUM(|a|) over ``dim`` (an all-zero vector's 2-norm has a non-finite
+    gradient, where torch gives 0: such a step stops as non-finite)."""
+    t = L.t(a)
+    dims = [dim] if isinstance(dim, int) else (list(dim) if dim else None)
+    o = float(ord)
+    if o == 2.0:
+        return Sym(L.g.sqrt(L.reduce(L.g.mul(t, t), dims, keepdim, "sum")))
+    if o == 1.0:
+        return Sym(L.reduce(_abs(L, node, a).t, dims, keepdim, "sum"))
+    raise UnsupportedOp(f"vector norm of order {ord} (supported: 1, 2; torch splits the inf-norm's gradient "
+                        "between tied maxima, MAX_GRAD gives it to the first)")
+
+
+def _amax_split(L: Lowerer, t: T, dim, keepdim: bool) -> T:
+    """``max`` over ``dim`` whose gradient is split evenly between tied maxima, as torch's amax."""
+    r = t.rank
+    dims = [dim] if isinstance(dim, int) else (list(dim) if dim else None)
+    axes = sorted({d % r for d in dims}) if dims else list(range(r))
+    m = L.reduce(t, axes, True, "max_const")
+    d = L.g.sub(t, m)  # +0 exactly at the maxima
+    zero, one = L.scalar_const(0.0, r), L.scalar_const(1.0, r)
+    count = L.reduce(L.g.select(d, zero, one), axes, True, "sum")  # how many maxima (an exact integer)
+    at_max = L.reduce(L.g.select(d, zero, d), axes, True, "sum")  # +0, with gradient 1 at each maximum
+    out = L.g.add(m, L.g.div(at_max, count))
+    return out if keepdim else L.reshape(out, tuple(t.shape[i] for i in range(r) if i not in axes))
+
+
+@lowering(aten.amax.default, aten.max.default)
 def _amax(L: Lowerer, node, a, dim=(), keepdim=False):
-    """Maximum over ``dim``: one MAX (gradient: MAX_GRAD, to the first maximum)."""
-    return Sym(L.reduce(L.t(a), list(dim) or None, keepdim, "max"))
+    """Maximum over ``dim``: MAX (no gradient) ``m``, then ``m + SUM(SELECT(a - m, 0, a - m)) / count`` (the
+    added term is +0; its gradient 1/count at each of the ``count`` tied maxima, as torch)."""
+    return Sym(_amax_split(L, L.t(a), list(dim) if dim else None, keepdim))
+
+
+@lowering(aten.amin.default, aten.min.default)
+def _amin(L: Lowerer, node, a, dim=(), keepdim=False):
+    """Minimum over ``dim``: ``-amax(-a)`` (the `amax` lowering; tied minima share the gradient, as torch)."""
+    return Sym(L.g.neg(_amax_split(L, L.g.neg(L.t(a)), list(dim) if dim else None, keepdim)))
+
+
+@lowering(aten.max.dim, aten.min.dim)
+def _max_dim(L: Lowerer, node, a, dim, keepdim=False):
+    """``a.max(dim).values`` (min: of ``-a``, negated): one MAX (gradient: MAX_GRAD, to the first maximum, as
+    torch's index); the indices output is refused."""
+    if 1 in _used_outputs(node):
+        raise UnsupportedOp("max/min's indices output (argmax has no exact primitive here; use the values)")
+    t = L.t(a)
+    neg = node.target == aten.min.dim
+    v = L.reduce(L.g.neg(t) if neg else t, [dim], keepdim, "max")
+    return (Sym(L.g.neg(v) if neg else v), None)
 
 
 def _softmax_last(L: Lowerer, x: T, log: bool) -> T:
@@ -569,12 +814,13 @@ def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation) -> tupl
 
 @lowering(aten.convolution.default)
 def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """1-D/2-D conv (groups=1): TAKE of the input patches by a CONST table (-1: zero padding), then
-    one MATMUL with the weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE."""
+    """1-D/2-D conv: TAKE of the input patches by a CONST table (-1: zero padding), then one MATMUL with the
+    weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE; groups > 1: one such conv per
+    group (SLICEs), concatenated (PAD, ADD)."""
     if transposed:
-        raise UnsupportedOp("transposed convolution")
+        raise UnsupportedOp("transposed convolution (use nn.Upsample(mode='nearest') and a convolution)")
     if groups != 1:
-        raise UnsupportedOp(f"convolution with groups={groups} (only groups=1)")
+        return _grouped_convolution(L, node, x, w, bias, stride, padding, dilation, groups)
     tx, tw = L.t(x), L.t(w)
     if tx.rank not in (3, 4):
         raise UnsupportedOp(f"convolution of a rank-{tx.rank} input (only 1-D and 2-D)")
@@ -597,6 +843,28 @@ def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transp
     return Sym(L.reshape(y, (N, n_out, *out)))
 
 
+def _grouped_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, groups: int):
+    """``groups`` > 1 (depthwise, grouped): each group's channels SLICEd and convolved as one group=1
+    convolution, the outputs concatenated along the channels (PAD, ADD: exact)."""
+    tx, tw = L.t(x), L.t(w)
+    C, n_out = tx.shape[1], tw.shape[0]
+    if C % groups or n_out % groups:
+        raise UnsupportedOp(f"convolution with groups={groups}: {C} input / {n_out} output channels do not divide")
+    ci, co = C // groups, n_out // groups
+    tb = L.t(bias) if bias is not None else None
+    parts = []
+    for k in range(groups):
+        xk = Sym(L.g.slice(tx, 1, k * ci, ci))
+        wk = Sym(L.g.slice(tw, 0, k * co, co))
+        bk = Sym(L.g.slice(tb, 0, k * co, co)) if tb is not None else None
+        parts.append(_convolution(L, node, xk, wk, bk, stride, padding, dilation, False, [0], 1).t)
+    out = None
+    for k, p in enumerate(parts):
+        padded = L.g.pad(p, 1, k * co, n_out)
+        out = padded if out is None else L.g.add(out, padded)
+    return Sym(out)
+
+
 @lowering(aten.max_pool2d_with_indices.default)
 def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     """Max pool: TAKE of the windows by a CONST table (padding: SELECT to -2^100), then one MAX per
@@ -616,6 +884,40 @@ def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation
         patches = L.g.select(valid, patches, L.scalar_const(-BIG, 4))
     m = L.g.max(patches, differentiable=True)  # (N, C, P, 1)
     return (Sym(L.reshape(m, (N, C, *out))), None)
+
+
+@lowering(aten.adaptive_max_pool2d.default)
+def _adaptive_max_pool2d(L: Lowerer, node, x, output_size):
+    """Adaptive max pool to a size dividing the input: the `max_pool2d_with_indices` lowering with kernel = stride
+    (gradient to the first maximum, as torch's index); the indices output is refused."""
+    tx = L.t(x)
+    H, W = tx.shape[-2:]
+    oh, ow = _spatial(output_size, 2)
+    if H % oh or W % ow:
+        raise UnsupportedOp(f"adaptive_max_pool2d from {H}x{W} to {oh}x{ow} (the output must divide the input)")
+    if 1 in _used_outputs(node):
+        raise UnsupportedOp("adaptive_max_pool2d's indices output (return_indices=True)")
+    if tx.rank != 4:
+        raise UnsupportedOp(f"adaptive_max_pool2d of a rank-{tx.rank} input (only N, C, H, W)")
+    return _max_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
+
+
+@lowering(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default)
+def _upsample_nearest2d(L: Lowerer, node, x, output_size=None, scale_factors=None, *rest):
+    """Nearest upsampling: one TAKE per spatial axis by a CONST table of the source rows / columns (the
+    table is torch's own: ``upsample_nearest2d`` of the positions)."""
+    tx = L.t(x)
+    N, C, H, W = tx.shape
+    oh, ow = out_shape(node)[-2:]
+    pos = torch.arange(H * W, dtype=torch.float64).reshape(1, 1, H, W)
+    src = node.target(pos, *((output_size, scale_factors) if node.target == aten.upsample_nearest2d.vec
+                              else (output_size, *rest)))
+    table = src.reshape(oh, ow).numpy()
+    rows, cols = (table // W)[:, 0], (table % W)[0, :]
+    if not (np.array_equal(table, rows[:, None] * W + cols[None, :])):
+        raise UnsupportedOp("upsample_nearest2d whose table is not separable")
+    t = L.g.take(tx, L.g.const(rows.astype(np.float32), "upsample_rows"), 2)
+    return Sym(L.g.take(t, L.g.const(cols.astype(np.float32), "upsample_cols"), 3))
 
 
 @lowering(aten.avg_pool2d.default)
@@ -673,6 +975,28 @@ def _layer_norm(L: Lowerer, node, x, normalized_shape, w, b, eps):
     return (Sym(L.reshape(y, tx.shape)), mean_out, rstd_out)
 
 
+@lowering(aten.native_group_norm.default)
+def _group_norm(L: Lowerer, node, x, w, b, N, C, HxW, group, eps):
+    """Group norm: per (sample, group) MEAN, SUB, MUL, MEAN (biased var), ADD_S, SQRT, DIV; then MUL by the
+    per-channel weight, ADD the bias (as `native_layer_norm`)."""
+    tx = L.t(x)
+    N, C, G = int(N), int(C), int(group)
+    xr = L.reshape(tx, (N, G, (C // G) * int(HxW)))
+    mu = L.g.mean(xr)
+    xc = L.g.sub(xr, mu)
+    var = L.g.mean(L.g.mul(xc, xc))
+    std = L.g.sqrt(L.g.add_s(var, float(eps)))
+    y = L.reshape(L.g.div(xc, std), (N, C, int(HxW)))
+    if w is not None:
+        y = L.g.mul(y, L.reshape(L.t(w), (C, 1)))
+    if b is not None:
+        y = L.g.add(y, L.reshape(L.t(b), (C, 1)))
+    used = _used_outputs(node)
+    mean_out = Sym(L.reshape(mu, (N, G))) if 1 in used else None
+    rstd_out = Sym(L.reshape(L.g.div(L.scalar_const(1.0, std.rank), std), (N, G))) if 2 in used else None
+    return (Sym(L.reshape(y, tx.shape)), mean_out, rstd_out)
+
+
 def _batch_norm(L: Lowerer, node, x, w, b, rm, rv, training, momentum, eps):
     tx = L.t(x)
     N, C, *S = tx.shape
@@ -718,6 +1042,15 @@ def _bn_functional(L: Lowerer, node, x, w, b, rm, rv, training, momentum, eps):
     return _batch_norm(L, node, x, w, b, rm, rv, training, momentum, eps)
 
 
+@lowering(aten._native_batch_norm_legit.no_stats)
+def _bn_no_stats(L: Lowerer, node, x, w, b, training, momentum, eps):
+    """Batch norm without running statistics (instance norm is one over (1, N*C, *S)): as
+    `_native_batch_norm_legit_functional` with the batch's statistics and no buffers."""
+    if not training:
+        raise UnsupportedOp("batch norm without running statistics in eval mode")
+    return _batch_norm(L, node, x, w, b, None, None, True, momentum, eps)[:3]
+
+
 @lowering(aten._native_batch_norm_legit_no_training.default)
 def _bn_eval(L: Lowerer, node, x, w, b, rm, rv, momentum, eps):
     """Batch norm with the running statistics (eval mode): SUB, ADD_S, SQRT, DIV, MUL, ADD."""
@@ -733,6 +1066,19 @@ def _dropout(L: Lowerer, node, x, p, train):
         return (Sym(tx), Sym(L.g.expand(L.scalar_const(1.0, tx.rank), tx.shape), torch.bool))
     m = L.g.dropout_mask(tx.shape, float(p))
     return (Sym(L.g.mul(tx, m)), Sym(L.to01(Sym(m)), torch.bool) if 1 in _used_outputs(node) else None)
+
+
+@lowering(aten.bernoulli.p)
+def _bernoulli(L: Lowerer, node, a, p=0.5, generator=None):
+    """A committed 0/1 sample of ``a``'s shape, 1 with probability ``p`` (channel dropout: ``nn.Dropout1d/2d/3d``):
+    SELECT(DROPOUT_MASK(1 - p), 1, 0) (the mask of that op, not torch's generator)."""
+    shape = out_shape(node) or (1,)
+    q = 1.0 - float(p)  # the drop probability
+    if q <= 0.0:
+        return torch.ones(shape)
+    if q >= 1.0:
+        return torch.zeros(shape)
+    return Sym(L.to01(Sym(L.g.dropout_mask(shape, q))))
 
 
 # === data movement ===================================================================================
@@ -810,6 +1156,36 @@ def mark_detaches(ep) -> None:
         ep.graph_module.recompile()
 
 
+def mark_no_grad_regions(ep) -> None:
+    """Before decomposing: every value computed in a ``torch.no_grad()`` block (export's
+    ``wrap_with_set_grad_enabled(False, ..)``) is read through ``vtrain::stop_gradient``, so no gradient
+    flows back through it (decomposing inlines the block and would lose that). ``embedding_renorm_``
+    (``nn.Embedding(max_norm=..)``: the weight renormalised in place inside the forward) is refused."""
+    import operator
+
+    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    changed = False
+    for n in list(ep.graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target in (aten.embedding_renorm_.default, aten.embedding_renorm.default):
+            where = node_origin(n)
+            raise UnsupportedOp(f"ATen op {n.target}: nn.Embedding(max_norm=...) renormalises its weight in place "
+                                "during the forward (a parameter update outside the optimizer); drop max_norm"
+                                + (f" (from {where})" if where else ""))
+        if hop is None or n.target is not hop or n.args[0] is not False:
+            continue
+        outs = [u for u in n.users if u.target is operator.getitem] if n.users else []
+        for u in outs or [n]:
+            with ep.graph.inserting_after(u):
+                sg = ep.graph.call_function(torch.ops.vtrain.stop_gradient.default, (u,))
+            sg.meta = dict(u.meta)
+            u.replace_all_uses_with(sg, delete_user_cb=lambda user, sg=sg: user is not sg)
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
+
+
 @lowering(aten.detach.default, torch.ops.vtrain.stop_gradient.default)
 def _detach(L: Lowerer, node, a):
     """A copy that stops the gradient: a RESHAPE op marked as a constant for autodiff."""
@@ -874,6 +1250,26 @@ def _slice(L: Lowerer, node, a, dim=0, start=None, end=None, step=1):
         return Sym(L.g.slice(t, dim, lo, hi - lo))
     idx = np.arange(lo, hi, step, dtype=np.float32)
     return Sym(L.g.take(t, L.g.const(idx, "slice_index"), dim))
+
+
+@lowering(aten.flip.default)
+def _flip(L: Lowerer, node, a, dims):
+    """``a`` reversed along ``dims``: one TAKE per axis with a CONST reversed index."""
+    t = L.t(a)
+    for d in dims:
+        d %= t.rank
+        t = L.g.take(t, L.g.const(np.arange(t.shape[d] - 1, -1, -1, dtype=np.float32), "flip_index"), d)
+    return Sym(t)
+
+
+@lowering(aten.cumsum.default)
+def _cumsum(L: Lowerer, node, a, dim, dtype=None):
+    """Running sum along ``dim``: one MATMUL per element with a CONST 0/1 lower-triangular row (its
+    reduction is over the prefix; equal to torch in FP64)."""
+    x, back = L.to_last(L.t(a), dim)
+    n = x.shape[-1]
+    y = L.g.matmul(x, L.g.const(np.tril(np.ones((n, n), np.float32)), "prefix"))
+    return Sym(L.perm(y, back) if back else y)
 
 
 @lowering(aten.select.int, aten.select_copy.int)
@@ -945,12 +1341,41 @@ def _constant_pad(L: Lowerer, node, a, pad, value=0.0):
 
 @lowering(aten.embedding.default)
 def _embedding(L: Lowerer, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    """``weight[indices]``: TAKE on axis 0 (gradient: ONE_HOT(indices)^T MATMUL g)."""
+    """``weight[indices]``: TAKE on axis 0 (gradient: ONE_HOT(indices)^T MATMUL g); with ``padding_idx`` the TAKE
+    reads SELECT(row != padding_idx, weight, stop_gradient(weight)): the same values, no gradient to that row."""
     if scale_grad_by_freq:
         raise UnsupportedOp("embedding with scale_grad_by_freq=True")
+    tw = L.t(weight)
     if padding_idx is not None and padding_idx >= 0:
-        raise UnsupportedOp("embedding with padding_idx (its row gets no gradient in torch)")
-    return Sym(L.g.take(L.t(weight), L.t(indices), 0))
+        keep = np.ones((tw.shape[0], 1), np.float32)
+        keep[padding_idx] = 0.0
+        frozen = L.g._op(OpKind.RESHAPE, [tw], tw.shape)
+        L.g.no_grad.add(frozen.op)
+        tw = L.g.select(L.g.const(keep, "padding_row"), tw, frozen)
+    return Sym(L.g.take(tw, L.t(indices), 0))
+
+
+@lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(L: Lowerer, node, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Fixed-length bags (a 2-D input): TAKE of the rows, then one SUM / MEAN / MAX per bag and dimension."""
+    if scale_grad_by_freq or per_sample_weights is not None or (padding_idx is not None and padding_idx >= 0):
+        raise UnsupportedOp("embedding_bag with scale_grad_by_freq, per_sample_weights or padding_idx")
+    if not isinstance(offsets, torch.Tensor):
+        raise UnsupportedOp("embedding_bag with computed offsets (only fixed-length bags: a 2-D input)")
+    ti = L.t(indices)
+    n = int(ti.shape[0])
+    offs = [int(v) for v in offsets.tolist()]
+    if include_last_offset:
+        offs = offs[:-1]
+    k = n // max(len(offs), 1)
+    if not offs or offs != list(range(0, n, k)) or k * len(offs) != n:
+        raise UnsupportedOp("embedding_bag with bags of different lengths (only fixed-length bags: a 2-D input)")
+    if 1 in _used_outputs(node) or 2 in _used_outputs(node) or 3 in _used_outputs(node):
+        raise UnsupportedOp("embedding_bag's offset2bag / bag_size / max_indices outputs")
+    rows = L.g.take(L.t(weight), L.reshape(ti, (len(offs), k)), 0)  # (bags, k, d)
+    kind = {0: "sum", 1: "mean", 2: "max"}[int(mode)]
+    return (Sym(L.reduce(rows, [1], False, kind)), None, None, None)
 
 
 @lowering(aten.index_select.default)
@@ -1001,6 +1426,19 @@ def _assert(L: Lowerer, node, *args, **kwargs):
 NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.default, aten.bernoulli.p,
                      aten.rand_like.default, aten.randn_like.default, aten.randint.default})
 """Ops never evaluated at build time even when every input is known (they are random)."""
+
+KEPT_WHOLE = (aten.softplus.default, aten.mish.default)
+"""Ops kept out of torch's decompositions: theirs compute ``exp(a)`` for every ``a`` and select the
+threshold branch afterwards (an overflow to inf in FP32); their lowerings here are finite for every input."""
+
+
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """``torch.export.default_decompositions()`` without :data:`KEPT_WHOLE` (for ``run_decompositions``)."""
+    table = torch.export.default_decompositions()
+    for op in KEPT_WHOLE:
+        table.pop(op, None)
+    return table
+
 
 def lowering_of(target: Any) -> Lowering | None:
     """The lowering of an ATen overload, or None."""

@@ -32,7 +32,26 @@ class AdamWConfig:
     name: str = "adamw"
 
 
+@dataclass(frozen=True)
+class NesterovSGDConfig(SGDConfig):
+    """torch.optim.SGD with ``nesterov=True`` (dampening 0): ``b = m b + (g + wd p)``,
+    ``p -= lr ((g + wd p) + m b)``. Built by the torch front end only (a spec's ``sgd`` is never Nesterov)."""
+
+    name: str = "sgd_nesterov"
+
+
+@dataclass(frozen=True)
+class AdamConfig(AdamWConfig):
+    """torch.optim.Adam: L2 weight decay coupled into the gradient (``g + wd p``), then the Adam update
+    with no decoupled decay term (the torch front end only; with wd = 0 it builds AdamW with wd = 0)."""
+
+    weight_decay: float = 0.0
+    name: str = "adam"
+
+
 OptimConfig = SGDConfig | AdamWConfig
+"""Every config; :class:`NesterovSGDConfig` is an SGDConfig and :class:`AdamConfig` an AdamWConfig
+(the same state slots)."""
 
 
 def optimizer_slots(
@@ -55,24 +74,31 @@ def _times_lr(g: GraphBuilder, x: T, cfg: OptimConfig, lr: T | None) -> T:
 
 
 def sgd_update(g: GraphBuilder, cfg: SGDConfig, p: T, grad: T, buf: T, lr: T | None = None) -> tuple[T, T]:
-    """torch.optim.SGD (dampening 0, no Nesterov): ``b = m b + (g + wd p)``, ``p -= lr b``."""
+    """torch.optim.SGD (dampening 0): ``b = m b + (g + wd p)``, ``p -= lr b``
+    (Nesterov: ``p -= lr (g + wd p + m b)``)."""
     if cfg.weight_decay:
         grad = g.add(grad, g.mul_s(p, cfg.weight_decay))
     new_buf = g.add(g.mul_s(buf, cfg.momentum), grad)
-    new_p = g.sub(p, _times_lr(g, new_buf, cfg, lr))
+    step = g.add(grad, g.mul_s(new_buf, cfg.momentum)) if isinstance(cfg, NesterovSGDConfig) else new_buf
+    new_p = g.sub(p, _times_lr(g, step, cfg, lr))
     return new_p, new_buf
 
 
 def adamw_update(
     g: GraphBuilder, cfg: AdamWConfig, p: T, grad: T, m: T, v: T, bc1: T, bc2: T, lr: T | None = None
 ) -> tuple[T, T, T]:
-    """One AdamW update; ``bc1 = 1 - beta1^t`` and ``bc2 = 1 - beta2^t`` (shape (1,))."""
+    """One AdamW update; ``bc1 = 1 - beta1^t`` and ``bc2 = 1 - beta2^t`` (shape (1,)). For
+    :class:`AdamConfig` the decay is coupled: ``g + wd p`` enters the moments, no decoupled term."""
+    coupled = isinstance(cfg, AdamConfig)
+    if coupled and cfg.weight_decay:
+        grad = g.add(grad, g.mul_s(p, cfg.weight_decay))
     new_m = g.add(g.mul_s(m, cfg.beta1), g.mul_s(grad, 1.0 - cfg.beta1))
     new_v = g.add(g.mul_s(v, cfg.beta2), g.mul_s(g.mul(grad, grad), 1.0 - cfg.beta2))
     m_hat = g.div(new_m, bc1)
     v_hat = g.div(new_v, bc2)
     step = g.div(m_hat, g.add_s(g.sqrt(v_hat), cfg.eps))
-    step = g.add(step, g.mul_s(p, cfg.weight_decay))
+    if not coupled:
+        step = g.add(step, g.mul_s(p, cfg.weight_decay))
     new_p = g.sub(p, _times_lr(g, step, cfg, lr))
     return new_p, new_m, new_v
 
