@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 REPORT_ENV = "VTRAIN_SECURITY_REPORT"
@@ -27,3 +29,15 @@ def record(kind: str, name: str, ok: bool, **detail: Any) -> None:
     line = json.dumps({"kind": kind, "name": name, "ok": bool(ok), **detail}, sort_keys=True)
     with open(path, "a", encoding="utf-8") as f:  # one short append per trial
         f.write(line + "\n")
+
+
+@contextmanager
+def trial(name: str, prefix: str = "") -> Iterator[None]:
+    """Records an attack row's outcome (named ``prefix + name``): ok when the body (the row's
+    assertions) completes."""
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        record("attack", prefix + name, ok)

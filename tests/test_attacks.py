@@ -11,15 +11,14 @@ is lost, every wei is accounted for (the solvency invariant, also checked after 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import game_harness as H
 import pytest
 from game_harness import Cheat, GameStatus, JobStatus, Party, Phase, Reverted, Ruling, label_of, reverts
-from security_report import record
+from security_report import trial
 
 #: Two full intervals of 4 steps (an old interval root fits the next interval's slot), 2 slots.
 CFG = H.JobConfig(n_steps=8, interval_length=4)
@@ -27,17 +26,6 @@ CFG = H.JobConfig(n_steps=8, interval_length=4)
 ELEMENT_CHEAT = Cheat("element", step=6, op="update0", index=5)
 #: Most seconds one game may last: both chess clocks plus one second per mined move.
 GAME_BOUND = 2 * CFG.clock + 100
-
-
-@contextmanager
-def trial(name: str) -> Iterator[None]:
-    """Records the row's outcome: ok when the body (the row's assertions) completes."""
-    ok = False
-    try:
-        yield
-        ok = True
-    finally:
-        record("attack", name, ok)
 
 
 @pytest.fixture(scope="module")

@@ -103,6 +103,17 @@ def _check(rc: int, what: str, limit: int) -> None:
         raise MemoryError(f"native rows: {what} could not allocate its scratch rows")
 
 
+def _tight_args(tight: tuple[torch.Tensor, torch.Tensor, float, float] | None, keep: list[torch.Tensor]):
+    """``(v, r, coef, band)`` of the MATMUL tight re-filter as the kernels take them (null pointers and
+    zeros without one); None when its tensors are not CPU FP64 values and FP32 outputs."""
+    if tight is None:
+        return None, None, 0.0, 0.0
+    v, r, coef, band = tight
+    if v.device.type != "cpu" or v.dtype != torch.float64 or r.device.type != "cpu" or r.dtype != torch.float32:
+        return None
+    return _contiguous(v, keep), _contiguous(r, keep), coef, band
+
+
 def decide(
     kind: OpKind,
     ins: list[torch.Tensor] | None,
@@ -129,15 +140,11 @@ def decide(
         c_ptr, c = None, rows.shape[0]
     else:
         c_ptr, c = _index(cand, keep)
-    v_ptr = r_ptr = None
-    coef = band = 0.0
-    if tight is not None:
-        v, r, coef, band = tight
-        if v.device.type != "cpu" or v.dtype != torch.float64 or r.device.type != "cpu" or r.dtype != torch.float32:
-            return None
-        v_ptr, r_ptr = _contiguous(v, keep), _contiguous(r, keep)
+    targs = _tight_args(tight, keep)
+    if targs is None:
+        return None
     o = np.empty((4, c), dtype=np.int64)
-    kept = _LIB.vt_rows_decide(*src, _KIND[kind], c_ptr, c, v_ptr, r_ptr, coef, band, _ptr(o))
+    kept = _LIB.vt_rows_decide(*src, _KIND[kind], c_ptr, c, *targs, _ptr(o))
     _check(kept, "decide", src[-1])
     return o[0, :kept], o[1, :kept], o[2, :kept], o[3, :kept] != 0
 
@@ -163,14 +170,10 @@ def decide_into(
     if src is None:
         return None
     c_ptr, c = _index(cand, keep)
-    v_ptr = r_ptr = None
-    coef = band = 0.0
-    if tight is not None:
-        v, r, coef, band = tight
-        if v.device.type != "cpu" or v.dtype != torch.float64 or r.device.type != "cpu" or r.dtype != torch.float32:
-            return None
-        v_ptr, r_ptr = _contiguous(v, keep), _contiguous(r, keep)
-    got = _LIB.vt_rows_decide_into(*src, _KIND[kind], c_ptr, c, v_ptr, r_ptr, coef, band, out.data_ptr())
+    targs = _tight_args(tight, keep)
+    if targs is None:
+        return None
+    got = _LIB.vt_rows_decide_into(*src, _KIND[kind], c_ptr, c, *targs, out.data_ptr())
     _check(got, "decide", src[-1])
     return got
 
