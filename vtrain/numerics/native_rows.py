@@ -161,15 +161,12 @@ def decide_into(
     op's flat FP32 output, C-contiguous, the ``r`` of ``tight``) and 0 is returned; else nothing is
     written and the count of candidates that need :func:`decide`'s full path comes back. None: the
     kernel does not take these tensors (the caller uses :func:`decide`)."""
-    if _LIB is None or not _usable(ins) or out.device.type != "cpu" or out.dtype != torch.float32:
+    if _LIB is None or out.device.type != "cpu" or out.dtype != torch.float32 or not out.is_contiguous():
         return None
-    if not out.is_contiguous():
+    at = _rows_at(kind, ins, cand)
+    if at is None:
         return None
-    keep: list[torch.Tensor] = []
-    src = _source(kind, ins, None, keep)
-    if src is None:
-        return None
-    c_ptr, c = _index(cand, keep)
+    src, c_ptr, c, keep = at
     targs = _tight_args(tight, keep)
     if targs is None:
         return None
