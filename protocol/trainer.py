@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocol.agent import Player, checkpoint_bytes, checkpoint_state
+from protocol.agent import Player, checkpoint_bytes, checkpoint_state, job_first_block
 from protocol.chain import Reverted
 from protocol.deploy import Protocol
 from protocol.game import (
@@ -43,6 +43,9 @@ from vtrain.training.loop import Cheat, component_roots, train_steps
 
 log = logging.getLogger(__name__)
 
+#: Blocks searched again for new games on each pass (a game in a reorganised block is found again).
+REORG_DEPTH = 16
+
 JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
 
 
@@ -62,6 +65,8 @@ class TrainerAgent:
     player: Player = field(init=False)
     _responder: Any = field(default=None, init=False, repr=False)
     disputes: DisputedSteps = field(init=False, repr=False)
+    _games: set[int] = field(default_factory=set, init=False, repr=False)
+    _games_searched: int = field(default=-1, init=False, repr=False)  # the last block searched for games
     """What its games need of their disputed steps, regenerated once and kept on disk (bounded)."""
 
     def __post_init__(self) -> None:
@@ -264,6 +269,19 @@ class TrainerAgent:
         return train_steps(self.ctx.job, state, first, last, cheat=self.cheat, keep_trace=keep_trace,
                            device=self.device)
 
+    def games(self) -> list[int]:
+        """This job's games. The first call searches the GameCreated events from the job's block;
+        later ones only the blocks mined since (from ``REORG_DEPTH`` blocks back): a pass over many
+        games does not search the whole chain again."""
+        head = int(self.proto.chain.w3.eth.block_number)
+        first = job_first_block(self.proto, self.job_id)
+        start = first if self._games_searched < 0 else max(first, self._games_searched - REORG_DEPTH)
+        logs = self.proto.game.events.GameCreated.get_logs(from_block=start, to_block=head,
+                                                           argument_filters={"job": self.job_id})
+        self._games.update(int(e["args"]["game"]) for e in logs)
+        self._games_searched = head
+        return sorted(self._games)
+
     def answer_demands(self) -> int:
         """Answer every open data-availability demand on this job from the store (found by their
         events, so a restarted trainer answers what is still open). Returns answers sent."""
@@ -279,7 +297,7 @@ class TrainerAgent:
         """One pass over this job's games (at most one move each) and its open demands. Returns moves sent."""
         strategy = TrainerStrategy(self.ctx, self.book(), self.disputes.trace)
         sent = self.answer_demands()
-        games = self.player.games_of(self.job_id)
+        games = self.games()
         try:  # every game's needs at once: one pass over each interval, not one per game
             self.disputes.prepare(_needs(self.ctx, [self.player.view(g) for g in games]))
         except VtrainError as e:
