@@ -5,6 +5,7 @@ trainer must reuse what it kept on disk (protocol/trainer.py, ``DisputedSteps``)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -178,6 +179,9 @@ def test_concurrent_false_games_cost_o_games_steps_across_a_restart(posted, monk
     # step, not K each) and one to redo the damaged roots. The old code: several hundred steps.
     assert spy.steps - before <= GAMES + 1, (before, spy.steps)
     assert restarted.disputes.steps_run == spy.steps - before
+    # Every game reached the element level (the trainer kept its op's values), not a timeout.
+    ops = {n.split("-")[0] for n in os.listdir(store.root / str(job) / "local" / "disputes" / "ops")}
+    assert ops == {str(g.step_pos + 1) for g in griefers}
 
 
 @pytest.mark.slow
