@@ -65,9 +65,9 @@ class TrainerAgent:
     player: Player = field(init=False)
     _responder: Any = field(default=None, init=False, repr=False)
     disputes: DisputedSteps = field(init=False, repr=False)
+    """What its games need of their disputed steps, regenerated once and kept on disk (bounded)."""
     _games: set[int] = field(default_factory=set, init=False, repr=False)
     _games_searched: int = field(default=-1, init=False, repr=False)  # the last block searched for games
-    """What its games need of their disputed steps, regenerated once and kept on disk (bounded)."""
 
     def __post_init__(self) -> None:
         if self.nproc > 1 and self.cheat is not None:

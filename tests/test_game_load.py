@@ -214,3 +214,19 @@ def test_the_trainer_refuses_a_clock_that_cannot_cover_regenerating_its_step() -
     assert slow.refusals(tuple(params), 10**18, graph, K) == []
     with pytest.raises(ValueError, match="step_seconds"):
         P("trainer", step_seconds=-1.0)
+
+
+def test_local_work_files_have_checked_names_and_are_never_served(tmp_path) -> None:
+    from protocol.store import _PATH_RE
+
+    store = ArtifactStore(tmp_path)
+    store.put_local(1, "local/disputes/states/3", b"state")
+    assert store.get_local(1, "local/disputes/states/3") == b"state"
+    assert [n for n, _ in store.local_names(1, "local/disputes/states")] == ["3"]
+    store.remove_local(1, "local/disputes/states/3")
+    with pytest.raises(MissingArtifact):
+        store.get_local(1, "local/disputes/states/3")
+    for bad in ("steps/1.json", "local/../steps/1.json", "local", "/etc/passwd", "local/a/b/c/d"):
+        with pytest.raises(ValueError, match="local file name"):
+            store.put_local(1, bad, b"x")
+    assert _PATH_RE.fullmatch("/1/local/disputes/states/3") is None  # the HTTP reader serves none of it
