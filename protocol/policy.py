@@ -4,6 +4,9 @@ agent also refuses terms shorter than *it* can safely answer within, with a marg
 
 - every agent: the chess clock must cover ``margin`` x the moves one side makes in a game of this
   job (``game_moves``) x the seconds one of its moves may take (computing it and getting it mined);
+  a trainer that declares ``step_seconds`` (one training step of this job, measured or declared)
+  also needs the clock to cover regenerating its disputed step: at most K steps once (from the
+  interval checkpoint) and one more for the disputed op's values (``trainer_regen_steps``);
 - the trainer: the posting period must cover ``margin`` x the seconds it needs to train and post
   one interval; it stakes at most ``max_stake_ratio`` x the payment, and wants a challenger bond
   of at least ``min_bond`` (a false challenge costs the trainer gas; the bond pays for it);
@@ -29,6 +32,13 @@ STAKE, BOND, WINDOW, CLOCK, POSTING = 11, 12, 13, 14, 15
 #: Moves one side makes beyond the three bisections: openStep, commitTrace, openOp, openChunk,
 #: oneStep or postPartials + settlePartials (the challenger: pickElement, disputeChunk; fewer).
 FIXED_MOVES = 6
+
+
+def trainer_regen_steps(interval_length: int) -> int:
+    """Training steps an honest trainer computes for one game at most (``DisputedSteps``): the
+    interval up to the disputed step once (the step's roots), then that step again from the state
+    kept before it (the disputed op's values)."""
+    return interval_length + 1
 
 
 class JobRefused(VtrainError):
@@ -62,11 +72,16 @@ class TermsPolicy:
     """Trainer: most stake per wei of payment (None: any)."""
     min_bond: int = 0
     """Trainer: least challenger bond (wei)."""
+    step_seconds: float | None = None
+    """Trainer: seconds one training step of the job takes (measured or declared); when given, the
+    clock must also cover the steps a game makes it regenerate (``trainer_regen_steps``)."""
 
     def __post_init__(self) -> None:
         if self.role not in ("trainer", "auditor"):
             raise ValueError(f"role: expected 'trainer' or 'auditor', got {self.role!r}")
-        for name in ("move_seconds", "interval_seconds", "replay_seconds"):
+        for name in ("move_seconds", "interval_seconds", "replay_seconds", "step_seconds"):
+            if name == "step_seconds" and self.step_seconds is None:
+                continue
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: expected seconds >= 0, got {getattr(self, name)}")
         if not self.margin >= 1:
@@ -77,9 +92,15 @@ class TermsPolicy:
         out = []
         moves = game_moves(graph, interval_length)
         need = math.ceil(self.margin * moves * self.move_seconds)
+        regen = ""
+        if self.role == "trainer" and self.step_seconds is not None:
+            steps = trainer_regen_steps(interval_length)
+            need = math.ceil(self.margin * (moves * self.move_seconds + steps * self.step_seconds))
+            regen = f" + {steps} regenerated steps x {self.step_seconds:g} s"
         if int(params[CLOCK]) < need:
             out.append(f"clock {int(params[CLOCK])} s is shorter than this {self.role} needs: {self.margin:g} x "
-                       f"{moves} moves x {self.move_seconds:g} s = {need} s (--move-seconds, --term-margin)")
+                       + (f"({moves} moves x {self.move_seconds:g} s{regen})" if regen else
+                          f"{moves} moves x {self.move_seconds:g} s") + f" = {need} s (--move-seconds, --term-margin)")
         if self.role == "trainer":
             need = math.ceil(self.margin * self.interval_seconds)
             if int(params[POSTING]) < need:

@@ -64,6 +64,9 @@ __all__ = [
     "serve_store",
 ]
 
+#: Folder of a job's local work files (the trainer's dispute cache): never served, not artifacts.
+LOCAL_DIR = "local"
+_LOCAL_RE = re.compile(r"local(?:/[a-z0-9][a-z0-9._-]{0,127}){1,3}")
 _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _PATH_RE = re.compile(
     r"/(?P<job>[A-Za-z0-9][A-Za-z0-9._-]{0,127})/"
@@ -507,6 +510,39 @@ class ArtifactStore(ArtifactReader):
     def put_checkpoint(self, job: str | int, interval: int, data: bytes, replace: bool = False) -> Digest:
         """Publish the checkpoint bytes at the start of ``interval``; returns their digest."""
         return self._put_ref(job, f"checkpoints/{_nonneg(interval, 'interval')}.json", data, replace)
+
+    # -- the owner's local work files (never served: outside _PATH_RE) ----------------------------
+    def _local_path(self, job: str | int, rel: str) -> Path:
+        if not isinstance(rel, str) or _LOCAL_RE.fullmatch(rel) is None:
+            raise ValueError(f"local file name: expected {LOCAL_DIR}/<name>[/<name>] of [a-z0-9._-], got {rel!r}")
+        return self._path(_job(job), rel)
+
+    def put_local(self, job: str | int, rel: str, data: bytes) -> None:
+        """Write a local work file ``<job>/<rel>`` (``rel`` under :data:`LOCAL_DIR`) atomically,
+        replacing any; the caller checks what it reads back (a crash leaves the old file or none)."""
+        _atomic_write(self._local_path(job, rel), bytes(data))
+
+    def get_local(self, job: str | int, rel: str) -> bytes:
+        """A local work file's bytes; MissingArtifact when absent."""
+        path = self._local_path(job, rel)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise MissingArtifact(f"job {job}: {rel} not found at {path}") from None
+
+    def local_names(self, job: str | int, folder: str) -> list[tuple[str, float]]:
+        """(name, modification time) of the local work files in ``folder`` (under :data:`LOCAL_DIR`)."""
+        path = self._local_path(job, folder)
+        try:
+            return sorted((e.name, e.stat().st_mtime) for e in os.scandir(path)
+                          if e.is_file() and not e.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def remove_local(self, job: str | int, rel: str) -> None:
+        """Delete a local work file (absent: nothing to do)."""
+        with contextlib.suppress(FileNotFoundError):
+            self._local_path(job, rel).unlink()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,27 +7,44 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property
 from typing import Any
 
+import numpy as np
 import torch
 
-from protocol.agent import Player, checkpoint_bytes, checkpoint_state
+from protocol.agent import Player, checkpoint_bytes, checkpoint_state, job_first_block
 from protocol.chain import Reverted
 from protocol.deploy import Protocol
-from protocol.game import PARTY_TRAINER, StepBook, TrainerStrategy
+from protocol.game import (
+    PARTY_TRAINER,
+    PHASE_CHUNK_CHECK,
+    PHASE_ELEMENT,
+    PHASE_ONE_STEP,
+    PHASE_PARTIALS_RULE,
+    PHASE_TRACE,
+    PHASE_TRACE_COMMIT,
+    STATUS_IN_PROGRESS,
+    StepBook,
+    TrainerStrategy,
+)
 from protocol.jobs import JobContext, Terms
 from protocol.policy import JobRefused, TermsPolicy
 from protocol.rulability import UnrulableJob, check_rulable
-from protocol.store import ArtifactStore, StepRecord
-from vtrain.commit.roots import interval_root
+from protocol.store import ArtifactStore, StepRecord, load_checkpoint, save_checkpoint
+from vtrain.commit.merkle import MerkleTree
+from vtrain.commit.roots import interval_root, roots_tree, step_log_root, tensor_root, tensor_tree
 from vtrain.commit.trace import StepTrace
 from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
-from vtrain.graph.executor import state_tensors
+from vtrain.graph.executor import StepLog, state_tensors
+from vtrain.graph.step_graph import OpKind
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
-from vtrain.training.loop import Cheat, train_steps
+from vtrain.training.loop import Cheat, component_roots, train_steps
 
 log = logging.getLogger(__name__)
+
+#: Blocks searched again for new games on each pass (a game in a reorganised block is found again).
+REORG_DEPTH = 16
 
 JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
 
@@ -47,6 +64,10 @@ class TrainerAgent:
     """What this trainer requires of a job's terms before it stakes (``accept`` checks it)."""
     player: Player = field(init=False)
     _responder: Any = field(default=None, init=False, repr=False)
+    disputes: DisputedSteps = field(init=False, repr=False)
+    """What its games need of their disputed steps, regenerated once and kept on disk (bounded)."""
+    _games: set[int] = field(default_factory=set, init=False, repr=False)
+    _games_searched: int = field(default=-1, init=False, repr=False)  # the last block searched for games
 
     def __post_init__(self) -> None:
         if self.nproc > 1 and self.cheat is not None:
@@ -54,7 +75,7 @@ class TrainerAgent:
         # The client's spec (its model source, checkpoint) is the job's before any of it runs.
         self.ctx.check_onchain(tuple(self.proto.chain.call(self.proto.registry.functions.jobParams(self.job_id))))
         self.player = Player(self.proto, self.account, PARTY_TRAINER)
-        self._trace = lru_cache(maxsize=4)(self._regenerate)
+        self.disputes = DisputedSteps(self)
 
     # -- job life cycle -----------------------------------------------------------------------------
     def refusals(self) -> list[str]:
@@ -239,16 +260,27 @@ class TrainerAgent:
         i = self.next_interval()
         return min(i * self.ctx.spec.interval, self.ctx.spec.steps)
 
-    def _regenerate(self, s: int) -> StepTrace:
-        """Step ``s``'s trace, re-run from the interval checkpoint (deterministic on this machine)."""
-        i = (s - 1) // self.ctx.spec.interval
-        first, _ = self.ctx.interval_span(i)
-        state = self._state_at(first - 1)
-        if s > first:
-            for o in train_steps(self.ctx.job, state, first, s - 1, cheat=self.cheat, device=self.device):
-                state = o.state
-        (o,) = list(train_steps(self.ctx.job, state, s, s, cheat=self.cheat, keep_trace=True, device=self.device))
-        return StepTrace.of(s, self.ctx.job.graph, o.result)
+    def book_components(self, s: int) -> tuple[bytes, ...]:
+        """The state components this trainer committed after step ``s`` (0: the initial state)."""
+        return tuple(self.ctx.initial[0]) if s == 0 else self.store.get_step(self.job_id, s).components
+
+    def _steps(self, state: list[torch.Tensor], first: int, last: int, keep_trace: bool = False):
+        """Re-run steps ``first..last`` from ``state`` as this trainer trained them (one process)."""
+        return train_steps(self.ctx.job, state, first, last, cheat=self.cheat, keep_trace=keep_trace,
+                           device=self.device)
+
+    def games(self) -> list[int]:
+        """This job's games. The first call searches the GameCreated events from the job's block;
+        later ones only the blocks mined since (from ``REORG_DEPTH`` blocks back): a pass over many
+        games does not search the whole chain again."""
+        head = int(self.proto.chain.w3.eth.block_number)
+        first = job_first_block(self.proto, self.job_id)
+        start = first if self._games_searched < 0 else max(first, self._games_searched - REORG_DEPTH)
+        logs = self.proto.game.events.GameCreated.get_logs(from_block=start, to_block=head,
+                                                           argument_filters={"job": self.job_id})
+        self._games.update(int(e["args"]["game"]) for e in logs)
+        self._games_searched = head
+        return sorted(self._games)
 
     def answer_demands(self) -> int:
         """Answer every open data-availability demand on this job from the store (found by their
@@ -263,8 +295,13 @@ class TrainerAgent:
 
     def play(self) -> int:
         """One pass over this job's games (at most one move each) and its open demands. Returns moves sent."""
-        strategy = TrainerStrategy(self.ctx, self.book(), self._trace)
+        strategy = TrainerStrategy(self.ctx, self.book(), self.disputes.trace)
         sent = self.answer_demands()
+        games = self.games()
+        try:  # every game's needs at once: one pass over each interval, not one per game
+            self.disputes.prepare(_needs(self.ctx, [self.player.view(g) for g in games]))
+        except VtrainError as e:
+            log.warning("job %d: could not regenerate the disputed steps: %s", self.job_id, e)
 
         def move(gid: int, v):
             try:
@@ -273,6 +310,250 @@ class TrainerAgent:
                 log.warning("job %d game %d: no answer from this trainer's artifacts: %s", self.job_id, gid, e)
                 return None
 
-        for gid in self.player.games_of(self.job_id):
+        for gid in games:
             sent += self.player.step(gid, move)
         return sent
+
+
+def _needs(ctx: JobContext, views: list) -> dict[int, tuple[int, ...]]:
+    """step -> the ops whose values the trainer's next moves in these games read (the summary
+    of every step disputed past the step level; an op's output and inputs from the element phase)."""
+    out: dict[int, set[int]] = {}
+    late = (PHASE_ELEMENT, PHASE_ONE_STEP, PHASE_CHUNK_CHECK, PHASE_PARTIALS_RULE)
+    for v in views:
+        if v.status != STATUS_IN_PROGRESS or v.to_move != PARTY_TRAINER or v.phase not in (
+                PHASE_TRACE_COMMIT, PHASE_TRACE, *late):
+            continue
+        ops = out.setdefault(v.step, set())
+        if v.phase in late:
+            ops.update((v.op, *ctx.job.graph.ops[v.op].inputs))
+    return {s: tuple(sorted(ops)) for s, ops in out.items()}
+
+
+# -- what the trainer's game moves need of a disputed step ------------------------------------------
+# A game asks for a step's op-root tree (trace phase) and, at its end, one op's output and its
+# inputs' values (element phase, one-step / chunk level). A step's full trace holds every op output
+# (big for big models) and costs up to K steps to regenerate from the interval checkpoint, so the
+# trainer keeps only these small parts, on disk under <job>/local/ (never served): per disputed step
+# its op and log roots ("summary"), the state before it (so a later regeneration is one step), and
+# the op values a game asked for. Each file is a content-digested safetensors (a partial file fails
+# its digest) and is checked against the trainer's committed step records before use.
+
+_SUMMARIES, _STATES, _OPS = "local/disputes/summaries", "local/disputes/states", "local/disputes/ops"
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """The op-root and log-root lists of one step: what the trace phase reads (a few KB)."""
+
+    step: int
+    op_roots: tuple[bytes, ...]
+    log_roots: tuple[bytes, ...]
+
+
+class StoredTrace:
+    """A disputed step as :class:`~protocol.game.TrainerStrategy` reads it (the attributes of a
+    :class:`StepTrace` that the trainer's moves use): roots in memory, op values read from disk
+    on demand (``outputs[j]``, regenerated once per game if not stored)."""
+
+    def __init__(self, summary: StepSummary, graph: Any, values: Callable[[int, int], np.ndarray],
+                 step_log: Callable[[int], StepLog]) -> None:
+        self.step = summary.step
+        self.graph = graph
+        self.op_roots = list(summary.op_roots)
+        self.log_roots = list(summary.log_roots)
+        self._values = values
+        self._step_log = step_log
+        self.outputs = _OpValues(lambda j: values(self.step, j))
+
+    @cached_property
+    def tree(self) -> MerkleTree:
+        return roots_tree(self.op_roots, "trace")
+
+    @property
+    def root(self) -> bytes:
+        return self.tree.root
+
+    @cached_property
+    def log_tree(self) -> MerkleTree:
+        return roots_tree(self.log_roots, "step log")
+
+    @cached_property
+    def log(self) -> StepLog:
+        return self._step_log(self.step)
+
+    def tensor_tree(self, op: int) -> MerkleTree:
+        return tensor_tree(self.outputs[op])
+
+    def inputs_of(self, op: int) -> list[np.ndarray]:
+        return [self.outputs[i].reshape(self.graph.ops[i].shape) for i in self.graph.ops[op].inputs]
+
+    def output(self, op: int) -> np.ndarray:
+        return self.outputs[op].reshape(self.graph.ops[op].shape)
+
+
+@dataclass(frozen=True)
+class _OpValues:
+    get: Callable[[int], np.ndarray]
+
+    def __getitem__(self, op: int) -> np.ndarray:
+        return self.get(op)
+
+
+@dataclass
+class DisputedSteps:
+    """The trainer's regenerations for its games, bounded per game whatever the number of games
+    and the interval length K: a step's summary comes from one pass over its interval (shared by
+    every step disputed in it when asked together, :meth:`prepare`), an op's values from one step
+    re-run from the state stored before it. At most ``max_states`` states are kept (the least
+    recently written are dropped: a step whose state was dropped starts from the nearest state
+    kept before it, or the checkpoint)."""
+
+    agent: TrainerAgent
+    max_states: int = 16
+    steps_run: int = 0
+    """Training steps computed for games (a spy for tests and benchmarks)."""
+    _fresh: dict[int, StepSummary] = field(default_factory=dict, repr=False)
+
+    @property
+    def _graph(self):
+        return self.agent.ctx.job.graph
+
+    # -- reading what is stored, checked ------------------------------------------------------------
+    def summary(self, s: int) -> StepSummary:
+        got = self._load_summary(s)
+        if got is None:
+            self.prepare({s: ()})
+            got = self._load_summary(s)
+        if got is None:  # its own records disagree with its regeneration (a cheating trainer)
+            got = self._fresh.pop(s)
+        return got
+
+    def trace(self, s: int) -> StoredTrace:
+        return StoredTrace(self.summary(s), self._graph, self.values, self._step_log)
+
+    def values(self, s: int, op: int) -> np.ndarray:
+        """Op ``op``'s output values at step ``s`` (flat FP32); with it, its inputs' are stored."""
+        summ = self.summary(s)
+        got = self._load_values(s, op, summ)
+        if got is None:
+            self.prepare({s: (op, *self._graph.ops[op].inputs)})
+            got = self._load_values(s, op, summ)
+        if got is None:
+            raise CorruptArtifact(f"job {self.agent.job_id}: step {s} op {op}: the regenerated output does not "
+                                  "hash to this trainer's op root")
+        return got
+
+    def _read(self, rel: str) -> dict[str, np.ndarray] | None:
+        try:
+            return load_checkpoint(self.agent.store.get_local(self.agent.job_id, rel))
+        except (MissingArtifact, CorruptArtifact):
+            return None
+
+    def _load_summary(self, s: int) -> StepSummary | None:
+        d = self._read(f"{_SUMMARIES}/{s}")
+        n = self._graph.n_ops
+        if d is None or set(d) != {"op_roots", "log_roots"} or any(
+                a.dtype != np.uint8 or a.shape != (n, 32) for a in d.values()):
+            return None
+        summ = StepSummary(s, tuple(bytes(r) for r in d["op_roots"]), tuple(bytes(r) for r in d["log_roots"]))
+        return summ if self._bound(summ) else None
+
+    def _bound(self, summ: StepSummary) -> bool:
+        """The summary agrees with this trainer's step records: its INPUT / OUTPUT op roots are the
+        state components before / after the step, its log roots the step's log root."""
+        try:
+            before = self.agent.book_components(summ.step - 1)
+            rec = self.agent.store.get_step(self.agent.job_id, summ.step)
+        except (MissingArtifact, CorruptArtifact):
+            return False
+        for op in self._graph.ops:
+            want = before if op.kind == OpKind.INPUT else rec.components if op.kind == OpKind.OUTPUT else None
+            if want is not None and summ.op_roots[op.id] != want[op.attrs[0]]:
+                return False
+        return rec.log_root in (b"\x00" * 32, step_log_root(summ.log_roots))
+
+    def _load_values(self, s: int, op: int, summ: StepSummary) -> np.ndarray | None:
+        d = self._read(f"{_OPS}/{s}-{op}")
+        numel = self._graph.ops[op].numel
+        if d is None or set(d) != {"value"} or d["value"].dtype != np.float32 or d["value"].shape != (numel,):
+            return None
+        return d["value"] if tensor_root(d["value"]) == summ.op_roots[op] else None
+
+    def _load_state(self, s: int) -> list[torch.Tensor] | None:
+        """The stored state before step ``s``, if it is the one this trainer's records commit."""
+        try:
+            data = self.agent.store.get_local(self.agent.job_id, f"{_STATES}/{s}")
+            state = checkpoint_state(self.agent.ctx, data, f"state before step {s}")
+            ok = component_roots(state) == list(self.agent.book_components(s - 1))
+        except (MissingArtifact, CorruptArtifact, ValueError, TypeError):
+            return None
+        return state if ok else None
+
+    def _step_log(self, s: int) -> StepLog:
+        return decode_step_log(self.agent.store.get_log(self.agent.job_id, s), s, self._graph)
+
+    # -- regenerating -------------------------------------------------------------------------------
+    def prepare(self, wanted: dict[int, tuple[int, ...]]) -> None:
+        """Store the summary of every step in ``wanted`` lacking one and the values of the ops
+        listed for it, re-running each interval once in step order from the nearest state kept."""
+        todo: dict[int, tuple[int, ...]] = {}
+        for s, ops in wanted.items():
+            summ = self._load_summary(s)
+            need = tuple(j for j in ops if summ is None or self._load_values(s, j, summ) is None)
+            if summ is None or need:
+                todo[s] = need
+        K = self.agent.ctx.spec.interval
+        running: tuple[int, list[torch.Tensor]] | None = None  # (next step, the state before it)
+        for s in sorted(todo):
+            first, _ = self.agent.ctx.interval_span((s - 1) // K)
+            if running is not None and not first <= running[0] <= s:
+                running = None
+            stored = self._nearest_state(running[0] + 1 if running else first, s)
+            if stored is not None:
+                running = stored
+            elif running is None:
+                running = (first, self.agent._state_at(first - 1))
+            at, state = running
+            if at < s:
+                for o in self.agent._steps(state, at, s - 1):
+                    state = o.state
+                self.steps_run += s - at
+            if stored is None or stored[0] != s:
+                self._save_state(s, state)
+            (o,) = list(self.agent._steps(state, s, s, keep_trace=True))
+            self.steps_run += 1
+            t = StepTrace.of(s, self._graph, o.result)
+            self._save(s, t, todo[s])
+            running = (s + 1, o.state)
+            del t, o
+
+    def _nearest_state(self, lo: int, s: int) -> tuple[int, list[torch.Tensor]] | None:
+        """The latest readable stored state before a step in ``lo..s``."""
+        have = sorted((int(n) for n, _ in self.agent.store.local_names(self.agent.job_id, _STATES)
+                       if n.isdigit() and lo <= int(n) <= s), reverse=True)
+        for p in have:
+            state = self._load_state(p)
+            if state is not None:
+                return p, state
+        return None
+
+    def _save_state(self, s: int, state: list[torch.Tensor]) -> None:
+        store, job = self.agent.store, self.agent.job_id
+        store.put_local(job, f"{_STATES}/{s}", checkpoint_bytes(self.agent.ctx, state))
+        kept = sorted(store.local_names(job, _STATES), key=lambda e: e[1])
+        for name, _ in kept[: max(0, len(kept) - self.max_states)]:
+            if name != str(s):
+                store.remove_local(job, f"{_STATES}/{name}")
+
+    def _save(self, s: int, t: StepTrace, ops: tuple[int, ...]) -> None:
+        store, job = self.agent.store, self.agent.job_id
+        roots = {"op_roots": np.frombuffer(b"".join(t.op_roots), np.uint8).reshape(-1, 32),
+                 "log_roots": np.frombuffer(b"".join(t.log_roots), np.uint8).reshape(-1, 32)}
+        store.put_local(job, f"{_SUMMARIES}/{s}", save_checkpoint(roots))
+        summ = StepSummary(s, tuple(t.op_roots), tuple(t.log_roots))
+        if not self._bound(summ):
+            log.warning("job %d: step %d regenerated to roots other than this trainer's records", job, s)
+            self._fresh[s] = summ
+        for j in ops:
+            store.put_local(job, f"{_OPS}/{s}-{j}", save_checkpoint({"value": np.ascontiguousarray(t.outputs[j])}))
