@@ -33,8 +33,8 @@ from protocol.policy import JobRefused, TermsPolicy
 from protocol.rulability import UnrulableJob, check_rulable
 from protocol.store import ArtifactStore, StepRecord, load_checkpoint, save_checkpoint
 from vtrain.commit.merkle import MerkleTree
-from vtrain.commit.roots import interval_root, roots_tree, step_log_root, tensor_root, tensor_tree
-from vtrain.commit.trace import StepTrace
+from vtrain.commit.roots import interval_root, step_log_root, tensor_root, tensor_tree
+from vtrain.commit.trace import StepTrace, TraceRoots
 from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
 from vtrain.graph.executor import StepLog, state_tensors
 from vtrain.graph.step_graph import OpKind
@@ -351,7 +351,7 @@ class StepSummary:
     log_roots: tuple[bytes, ...]
 
 
-class StoredTrace:
+class StoredTrace(TraceRoots):
     """A disputed step as :class:`~protocol.game.TrainerStrategy` reads it (the attributes of a
     :class:`StepTrace` that the trainer's moves use): roots in memory, op values read from disk
     on demand (``outputs[j]``, regenerated once per game if not stored)."""
@@ -365,18 +365,6 @@ class StoredTrace:
         self._values = values
         self._step_log = step_log
         self.outputs = _OpValues(lambda j: values(self.step, j))
-
-    @cached_property
-    def tree(self) -> MerkleTree:
-        return roots_tree(self.op_roots, "trace")
-
-    @property
-    def root(self) -> bytes:
-        return self.tree.root
-
-    @cached_property
-    def log_tree(self) -> MerkleTree:
-        return roots_tree(self.log_roots, "step log")
 
     @cached_property
     def log(self) -> StepLog:

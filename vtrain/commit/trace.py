@@ -117,8 +117,28 @@ def framed_op_log_leaves(framed: FramedLog, op: int) -> list[bytes]:
     return [log_leaf(0, 0, 0), *body, log_leaf(HIGH_KEY, 0, 0)]
 
 
+class TraceRoots:
+    """The trees a game reads of one step: over its op-output roots (``tree``, ``root``) and its op
+    log roots (``log_tree``); a subclass gives ``op_roots`` and ``log_roots``."""
+
+    op_roots: list[bytes]
+    log_roots: list[bytes]
+
+    @cached_property
+    def tree(self) -> MerkleTree:
+        return roots_tree(self.op_roots, "trace")
+
+    @property
+    def root(self) -> bytes:
+        return self.tree.root
+
+    @cached_property
+    def log_tree(self) -> MerkleTree:
+        return roots_tree(self.log_roots, "step log")
+
+
 @dataclass
-class StepTrace:
+class StepTrace(TraceRoots):
     """Every op output of one step with its commitments (output roots, trace tree, log tree)."""
 
     step: int
@@ -139,20 +159,8 @@ class StepTrace:
         return list[bytes](tensor_roots(self.outputs, "op outputs"))  # one threaded call (C builder)
 
     @cached_property
-    def tree(self) -> MerkleTree:
-        return roots_tree(self.op_roots, "trace")
-
-    @property
-    def root(self) -> bytes:
-        return self.tree.root
-
-    @cached_property
     def log_roots(self) -> list[bytes]:
         return op_log_roots(self.log, self.graph)
-
-    @cached_property
-    def log_tree(self) -> MerkleTree:
-        return roots_tree(self.log_roots, "step log")
 
     def tensor_tree(self, op: int) -> MerkleTree:
         if op not in self._tensor_trees:
