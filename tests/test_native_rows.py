@@ -7,7 +7,12 @@ executor steps with the kernels on and off giving the same states and encoded lo
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -497,3 +502,22 @@ def test_decide_into_writes_only_fully_settled_sums(kind: OpKind, n: int) -> Non
     w = n if kind == OpKind.MEAN else 1  # e = 1 + 2^-24, an exact midpoint, off the grid: an entry
     x[39, :4] = [w * 1.0, w * 2.0**-24, 2.0**-80, -(2.0**-80)]
     assert _decide_into_case(kind, [torch.from_numpy(x)], np.arange(40, dtype=np.int64)[::-1].copy(), lambda r: None)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_a_library_built_from_older_sources_is_refused_whole(tmp_path: Path) -> None:
+    """A stale ``_kernels.so`` (an older ABI, lacking a kernel the Python side binds) is refused
+    with a warning naming the rebuild, and every module falls back to numpy: no AttributeError at
+    import (what a checkout updated without ``make native`` hit)."""
+    src = tmp_path / "old.c"
+    src.write_text("int vt_numerics_abi_version(void) { return 1; }\n")
+    lib = tmp_path / "old.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    root = Path(__file__).resolve().parents[1]
+    code = ("from vtrain.numerics import native, native_rows, native_filter, fp32_native\n"
+            "print(native.available(), native_rows.available())")
+    env = {**os.environ, "VTRAIN_NATIVE_NUMERICS_LIB": str(lib), "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
+    assert "expected ABI version" in r.stderr and "make native" in r.stderr

@@ -7,4 +7,7 @@
  * every kernel with its numpy reference. */
 #define VT_EXPORT __attribute__((visibility("default")))
 
-VT_EXPORT int vt_numerics_abi_version(void) { return 1; }
+/* Bumped whenever a kernel is added or its signature changes (with _ABI_VERSION in native.py): a
+ * library built from older sources is then refused as a whole (numpy fallback, same bits) instead
+ * of failing on a missing symbol. 2: vt_rows_decide_into. */
+VT_EXPORT int vt_numerics_abi_version(void) { return 2; }

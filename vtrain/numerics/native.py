@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 
 #: Where ``make native`` puts the library (next to this module).
 LIB_PATH = Path(__file__).with_name("_kernels.so")
-_ABI_VERSION = 1
+#: The library's ABI (csrc/numerics/abi.c): bumped with every kernel added or changed, so a stale
+#: build is refused whole (numpy, same bits) rather than missing a symbol at import.
+_ABI_VERSION = 2
 
 
 def _load() -> ctypes.CDLL | None:

@@ -31,7 +31,8 @@ assert (int(Code.NONE), int(Code.DOWN), int(Code.UP), int(Code.EXPLICIT)) == (0,
 
 def _bind() -> ctypes.CDLL | None:
     lib = native.lib()
-    if lib is None or not hasattr(lib, "vt_rows_decide"):
+    names = ("vt_rows_decide", "vt_rows_decide_into", "vt_rows_is_rn32", "vt_rows_grid")
+    if lib is None or not all(hasattr(lib, n) for n in names):
         return None
     p, i32, i64, f64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
     src = [i32, p, p, p, i64, i64, i64, p, i64, i64]  # SRC_ARGS of rows.c
