@@ -269,6 +269,17 @@ def eth_tester_w3() -> Web3:
     return w3
 
 
+def deploy(w3: Web3, art: Any, *args: Any, gas: int = 12_000_000, sender: str | None = None) -> Any:
+    """Deploy a compiled artifact (``protocol.build`` ``Artifact``: abi, bytecode) with constructor
+    ``args`` from ``sender`` (default: the node's default account); the bound contract object."""
+    tx: dict[str, Any] = {"gas": gas}
+    if sender is not None:
+        tx["from"] = sender
+    h = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor(*args).transact(tx)
+    addr = w3.eth.wait_for_transaction_receipt(h)["contractAddress"]
+    return w3.eth.contract(address=addr, abi=art.abi)
+
+
 class FlakyProxy:
     """A TCP proxy on 127.0.0.1 in front of ``target`` (host, port) that can fail on demand:
     ``down()`` closes every connection (accepted ones at once, open ones too) until ``up()``;

@@ -67,10 +67,7 @@ RULED = [
 def deploy_adjudicator():
     """The Adjudicator (which deploys its Transcendental) on a fresh eth-tester chain."""
     w3 = nodes.eth_tester_w3()
-    art = load_artifact("Adjudicator")
-    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 8_000_000})
-    addr = w3.eth.get_transaction_receipt(tx)["contractAddress"]
-    return w3.eth.contract(address=addr, abi=art.abi)
+    return nodes.deploy(w3, load_artifact("Adjudicator"), gas=8_000_000)
 
 
 def adjudicator_errors(adj) -> dict:

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from web3 import Web3
 
+import nodes
 from protocol.availability import DEV_FEE_GAS_PRICE
 from protocol.build import load_artifact
 from protocol.chain import Chain, ChainError, Deployment
@@ -149,9 +150,7 @@ def test_a_transcendental_compiled_from_a_changed_constant_is_refused_through_th
     assert variant != source
     art = compile_sources({path: variant})["Transcendental"]
     assert art.deployed_bytecode != load_artifact("Transcendental").deployed_bytecode
-    tx = chain.w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact(
-        {"from": accts[0], "gas": 12_000_000})
-    fake = chain.w3.eth.wait_for_transaction_receipt(tx)["contractAddress"]
+    fake = nodes.deploy(chain.w3, art, sender=accts[0]).address
     adjudicator = deploy_runtime(chain, runtime_with("Adjudicator", {"transcendental": fake}), accts[0])
     registry = chain.deploy("JobRegistry", *DEV_FLOORS.args(), sender=accts[0])
     game = chain.deploy("DisputeGame", registry.address, adjudicator, sender=accts[0])

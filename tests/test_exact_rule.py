@@ -64,9 +64,7 @@ def _enc(j: dict) -> exact.Enclosure:
 @pytest.fixture(scope="module")
 def harness():
     w3 = nodes.eth_tester_w3()
-    art = load_artifact("Float32Harness")
-    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 5_000_000})
-    return w3.eth.contract(address=w3.eth.get_transaction_receipt(tx)["contractAddress"], abi=art.abi)
+    return nodes.deploy(w3, load_artifact("Float32Harness"), gas=5_000_000)
 
 
 def test_rule_vectors_hold_in_solidity_and_python_and_show_what_the_old_rule_upheld(harness) -> None:

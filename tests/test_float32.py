@@ -27,10 +27,7 @@ FLT_MAX = 0x7F7FFFFF
 @pytest.fixture(scope="module")
 def harness():
     w3: Web3 = nodes.eth_tester_w3()
-    art = load_artifact("Float32Harness")
-    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 5_000_000})
-    addr = w3.eth.get_transaction_receipt(tx)["contractAddress"]
-    return w3.eth.contract(address=addr, abi=art.abi)
+    return nodes.deploy(w3, load_artifact("Float32Harness"), gas=5_000_000)
 
 
 def call(fn):

@@ -205,9 +205,7 @@ def test_the_replay_locates_the_first_element_with_no_finite_value(kind: str, x:
 @pytest.fixture(scope="module")
 def adj():
     w3 = nodes.eth_tester_w3()
-    art = load_artifact("Adjudicator")
-    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 12_000_000})
-    return w3.eth.contract(address=w3.eth.get_transaction_receipt(tx)["contractAddress"], abi=art.abi)
+    return nodes.deploy(w3, load_artifact("Adjudicator"))
 
 
 def _hex(x: str) -> bytes:

@@ -243,9 +243,7 @@ def test_the_adjudicator_rules_as_python_on_elements_next_to_the_threshold(full:
     from vtrain.commit.roots import op_log_root, tensor_root
 
     w3 = nodes.eth_tester_w3()
-    art = load_artifact("Adjudicator")
-    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 12_000_000})
-    adj = w3.eth.contract(address=w3.eth.get_transaction_receipt(tx)["contractAddress"], abi=art.abi)
+    adj = nodes.deploy(w3, load_artifact("Adjudicator"))
     fmax = X.bits_of(FMAX)
     stood = 0
     for kind in (OpKind.SUM, OpKind.MATMUL) if full else (OpKind.SUM,):

@@ -41,20 +41,14 @@ def w3():
     return nodes.eth_tester_w3()
 
 
-def _deploy(w3, name: str):
-    art = load_artifact(name)
-    tx = w3.eth.contract(abi=art.abi, bytecode=art.bytecode).constructor().transact({"gas": 12_000_000})
-    return w3.eth.contract(address=w3.eth.get_transaction_receipt(tx)["contractAddress"], abi=art.abi)
-
-
 @pytest.fixture(scope="module")
 def harness(w3):
-    return _deploy(w3, "Float32Harness")
+    return nodes.deploy(w3, load_artifact("Float32Harness"))
 
 
 @pytest.fixture(scope="module")
 def adj(w3):
-    return _deploy(w3, "Adjudicator")
+    return nodes.deploy(w3, load_artifact("Adjudicator"))
 
 
 def _bits(x: float) -> int:
