@@ -245,16 +245,15 @@ class TrainerAgent:
         self.store.put_checkpoint(self.job_id, i, checkpoint_bytes(self.ctx, state), replace=replace)
         leaves: list[bytes] = []
         steps = self._train(state, first, first + n - 1)
-        s = first
         try:
-            while True:
+            for s in range(first, first + n):
                 if stop is not None and stop():
                     log.info("job %d: stopped before step %d", self.job_id, s)
                     return None
                 try:
                     o = next(steps)
-                except StopIteration:
-                    break
+                except NonFiniteValue as e:  # (only the step's own computation: not on_step's)
+                    raise self._diverged(s, e) from e
                 self.store.put_log(self.job_id, o.step, encode_step_log(o.log, o.step, self.ctx.job.graph),
                                    replace=replace)
                 rec = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
@@ -262,9 +261,6 @@ class TrainerAgent:
                 leaves.append(rec.leaf())
                 if on_step:
                     on_step(o.step, o.loss)
-                s = o.step + 1
-        except NonFiniteValue as e:
-            raise self._diverged(s, e) from e
         finally:
             close = getattr(steps, "close", None)
             if close is not None:
