@@ -955,6 +955,8 @@ def trainer_cmd(
     spec = load_spec(spec_path)
     if key_file is not None:
         read_key_file(key_file)  # a malformed key fails before anything is contacted
+    policy = TermsPolicy("trainer", move_seconds, interval_seconds, margin=term_margin,
+                         max_stake_ratio=max_stake_ratio, min_bond=min_bond, step_seconds=step_seconds)
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
     me = use_key(chain, key_file, account_index, "--account-index")
     check_job_exists(proto, job_id)  # before the spec's graph and dataset are built (seconds)
@@ -973,8 +975,6 @@ def trainer_cmd(
         raise click.ClickException(f"--store {store_dir}: {e}") from None
     if nproc > 1 and cheat_obj is not None:
         raise click.ClickException("--cheat runs in one process: drop --nproc")
-    policy = TermsPolicy("trainer", move_seconds, interval_seconds, margin=term_margin,
-                         max_stake_ratio=max_stake_ratio, min_bond=min_bond, step_seconds=step_seconds)
     agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj, policy=policy, nproc=nproc,
                          device=device, pretrain=pretrain)
     if agent.status() == "open":  # not staked yet: the job's terms decide whether to take it

@@ -211,3 +211,33 @@ def test_the_cli_offers_the_pretraining_and_policy_flags() -> None:
     assert "--pretrain / --no-pretrain" in trainer.output and "--step-seconds" in trainer.output
     auditor = CliRunner().invoke(agents_cli.agents_main, ["auditor", "--help"], terminal_width=200)
     assert "--min-read-rate" in auditor.output
+
+
+def test_the_cli_passes_step_seconds_and_min_read_rate_on(monkeypatch, tmp_path) -> None:
+    """``--step-seconds`` reaches the trainer's TermsPolicy, ``--min-read-rate`` the auditor's HTTP
+    reader (both made before the node is contacted)."""
+    import click
+    from click.testing import CliRunner
+
+    import protocol.policy
+    import protocol.store
+
+    made: dict[str, dict] = {}
+
+    def spy(name: str):
+        def make(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+            made[name] = kw
+            raise click.ClickException("stop here")
+        return make
+
+    monkeypatch.setattr(protocol.policy, "TermsPolicy", spy("policy"))
+    monkeypatch.setattr(protocol.store, "HttpArtifactReader", spy("reader"))
+    spec = tmp_path / "spec.json"
+    spec.write_text(FINITE.to_json())
+    base = ["--rpc", "http://127.0.0.1:9", "--deployment", str(tmp_path / "d.json"), "--job", "1", "--spec", str(spec)]
+    r = CliRunner().invoke(agents_cli.agents_main, ["trainer", *base, "--store", str(tmp_path / "s"),
+                                                    "--step-seconds", "7.5"])
+    assert "stop here" in r.output and made["policy"]["step_seconds"] == 7.5, r.output
+    r = CliRunner().invoke(agents_cli.agents_main, ["auditor", *base, "--store-url", "http://127.0.0.1:9",
+                                                    "--min-read-rate", "65536"])
+    assert "stop here" in r.output and made["reader"]["min_rate"] == 65536.0, r.output
