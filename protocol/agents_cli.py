@@ -1,9 +1,12 @@
 """The agents as commands, one OS process each, against any JSON-RPC node.
 
 ``vtrain client create-job``  the client: posts a job for a spec and pays for it.
-``vtrain trainer``            accepts the job, trains and posts interval by interval, publishes its
-                              artifacts (and serves them read-only over HTTP), defends every game,
-                              finalizes once the challenge window has passed, withdraws, exits.
+``vtrain trainer``            trains the whole job into its store first (``--pretrain``, the
+                              default: a job whose training reaches a value with no finite value is
+                              refused, never staked on), accepts, posts interval by interval,
+                              publishes its artifacts (and serves them read-only over HTTP once it
+                              has accepted), defends every game, finalizes once the challenge window
+                              has passed, withdraws, exits.
 ``vtrain auditor``            replays every posted interval from the trainer's published artifacts
                               (over HTTP only), challenges the first one that differs (or, as a
                               false challenger, interval 0 once), plays its game, withdraws, exits.
@@ -34,7 +37,11 @@ and ``--min-bond``) make it refuse: it says why, sends nothing, and exits with s
 already in the job (a restart) carries on whatever the terms.
 
 Exit status: 0 done, 1 error (a clear message), 3 ``--timeout`` reached (the result says so),
-4 the agent refused the job (the result's ``refused`` lists why).
+4 the agent refused the job (the result's ``refused`` lists why; a trainer also refuses a job whose
+training it found to reach a step with no finite value), 5 the trainer accepted a job (with
+``--no-pretrain``) whose training reaches a step with no finite value: it can never be finished;
+the result names the step and op. The divergence is recorded in the store: started again, the
+trainer says so at once (exit 5) instead of training again.
 
 Run without the main CLI: ``python -m protocol.agents_cli trainer ...``.
 """
@@ -45,6 +52,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -57,6 +65,9 @@ log = logging.getLogger(__name__)
 
 EXIT_TIMEOUT = 3
 EXIT_REFUSED = 4
+EXIT_DIVERGED = 5
+#: Seconds between the trainer's checks, while it pre-trains, that the job is still open.
+PRETRAIN_STATUS_EVERY = 5.0
 JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
 _DONE = ("finalized", "fraudulent", "cancelled")
 #: protocol.cheats.CHEATS' names (not imported here: that pulls in torch, and `--help` stays quick).
@@ -436,11 +447,17 @@ def policy_options(role: str):
                 "--interval-seconds", type=click.FloatRange(min=0), default=600.0, show_default=True,
                 help="Seconds this trainer needs to train and post one interval (the posting period must cover it).",
             )(f)
+            f = click.option(
+                "--step-seconds", type=click.FloatRange(min=0), default=None,
+                help="Seconds one training step of this job takes (measured or declared): the clock must then "
+                "also cover the K + 1 steps a game makes the trainer regenerate. [default: not counted]",
+            )(f)
         else:
             f = click.option(
                 "--replay-seconds", type=click.FloatRange(min=0), default=600.0, show_default=True,
                 help="Seconds this auditor needs to fetch and replay one interval and challenge it (the "
-                "challenge window must cover it).",
+                "challenge window must cover it). Count the fetch at the slowest rate accepted "
+                "(--min-read-rate): the trainer chooses how fast it serves.",
             )(f)
         return f
 
@@ -878,6 +895,15 @@ def _withdraw(chain, proto, acct: str) -> int:
 @click.option("--account-index", type=int, default=2, show_default=True, help="The trainer's unlocked account.")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train each interval on this many data-parallel ranks (same artifacts and roots).")
+@click.option(
+    "--pretrain/--no-pretrain",
+    default=True,
+    show_default=True,
+    help="Train the whole job into the store before accepting it (the stake is at risk from acceptance "
+    "on): a job whose training reaches a step with no finite value is refused by name, never staked on; "
+    "a restart resumes the pre-training; once accepted, every interval is posted from the store. "
+    "--no-pretrain: accept first, train interval by interval (a job that diverges then costs the stake).",
+)
 @device_option
 @policy_options("trainer")
 @click.option(
@@ -904,6 +930,7 @@ def trainer_cmd(
     term_margin: float,
     move_seconds: float,
     interval_seconds: float,
+    step_seconds: float | None,
     max_stake_ratio: float,
     min_bond: int,
     serve_port: int | None,
@@ -912,8 +939,10 @@ def trainer_cmd(
     events: bool,
     nproc: int = 1,
     device: str = "cpu",
+    pretrain: bool = True,
 ) -> None:
-    """Train JOB and post its intervals, defend every game, finalize and withdraw."""
+    """Train JOB (before accepting it, with --pretrain) and post its intervals, defend every game,
+    finalize and withdraw."""
     from protocol.cheats import CHEATS
     from protocol.jobs import JobContext
     from protocol.policy import TermsPolicy
@@ -926,6 +955,8 @@ def trainer_cmd(
     spec = load_spec(spec_path)
     if key_file is not None:
         read_key_file(key_file)  # a malformed key fails before anything is contacted
+    policy = TermsPolicy("trainer", move_seconds, interval_seconds, margin=term_margin,
+                         max_stake_ratio=max_stake_ratio, min_bond=min_bond, step_seconds=step_seconds)
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)
     me = use_key(chain, key_file, account_index, "--account-index")
     check_job_exists(proto, job_id)  # before the spec's graph and dataset are built (seconds)
@@ -944,10 +975,8 @@ def trainer_cmd(
         raise click.ClickException(f"--store {store_dir}: {e}") from None
     if nproc > 1 and cheat_obj is not None:
         raise click.ClickException("--cheat runs in one process: drop --nproc")
-    policy = TermsPolicy("trainer", move_seconds, interval_seconds, margin=term_margin,
-                         max_stake_ratio=max_stake_ratio, min_bond=min_bond)
     agent = TrainerAgent(proto, me, ctx, store, job_id, cheat=cheat_obj, policy=policy, nproc=nproc,
-                         device=device)
+                         device=device, pretrain=pretrain)
     if agent.status() == "open":  # not staked yet: the job's terms decide whether to take it
         reasons = agent.refusals()
         if reasons:
@@ -957,37 +986,84 @@ def trainer_cmd(
     if repaired:
         out.say(f"[yellow]regenerated damaged artifacts of interval(s) {repaired}[/]")
         out.event("repaired", intervals=repaired)
-    server = None
-    if serve_port is not None:
+    servers: list = []
+
+    def serve() -> None:
+        """Serve the store, once the job is accepted: before, it may hold the whole pre-trained job,
+        which a client could take and then cancel."""
+        if serve_port is None or servers:
+            return
         try:
             server, url = serve_store(store_dir, port=serve_port)
         except OSError as e:
             raise click.ClickException(f"--serve-store {serve_port}: {e.strerror or e}") from None
+        servers.append(server)
         out.say(f"serving the artifact store {store_dir} at {url}")
         out.event("serving", url=url)
+
     out.event("started", account=me, pid=_pid(), block=block_number(chain))
     try:
-        res = through_outages(lambda: _trainer_loop(agent, params, out, deadline, poll), out, deadline)
+        res = through_outages(lambda: _trainer_loop(agent, params, out, deadline, poll, serve=serve), out, deadline)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
     finally:
-        if server is not None:
+        for server in servers:
             server.shutdown()
             server.server_close()
     out.result(**res)
     if not res["ok"]:
-        sys.exit(EXIT_TIMEOUT)
+        sys.exit(EXIT_DIVERGED if res.get("error") == "diverged" else EXIT_TIMEOUT)
 
 
-def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) -> dict:
+def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float,
+                  serve: Callable[[], None] | None = None, status_every: float = PRETRAIN_STATUS_EVERY) -> dict:
+    """The trainer's passes until the job is over. While the job is open it pre-trains (with
+    ``agent.pretrain``; every ``status_every`` s it checks the job is still open and stops if the
+    client cancelled it), then accepts; ``serve()`` is called once the job is active."""
     from protocol.chain import Reverted
     from protocol.jobs import Terms
     from protocol.policy import JobRefused
+    from protocol.trainer import JobDiverges
 
     proto, chain, job = agent.proto, agent.proto.chain, agent.job_id
     n = agent.ctx.n_intervals
     idle = Idle(out)
     posted = 0
+    checked = [time.monotonic()]
+
+    def stop_pretraining() -> bool:
+        """True once --timeout is reached or the job is no longer open (checked every status_every s)."""
+        now = time.monotonic()
+        if now > deadline:
+            return True
+        if now - checked[0] < status_every:
+            return False
+        checked[0] = now
+        status = agent.status()
+        if status != "open":
+            out.say(f"job {status} while pre-training: stopping")
+            return True
+        return False
+
+    def pretrained(step: int, _loss: float) -> None:
+        i = (step - 1) // agent.ctx.spec.interval
+        if step == agent.ctx.interval_span(i)[0] + agent.ctx.interval_span(i)[1] - 1:
+            out.say(f"trained interval {i} of {n} before accepting")
+            out.event("pretrained", interval=i)
+
+    def diverged(e: JobDiverges) -> dict:
+        i = agent.next_interval()
+        due = int(chain.call(proto.registry.functions.postingDeadline(job, i)))
+        bps = int(chain.call(proto.registry.functions.bountyBps()))
+        out.say(f"[red]{e.site}: no finite value[/]: job {job} can never be finished: interval {i} cannot be "
+                f"posted (due in {max(0, due - chain.now())} s); then the client can reclaim its payment and "
+                f"{bps / 100:g}% of the stake, the rest is burned. Not training it again (recorded in the "
+                f"store); exit status {EXIT_DIVERGED}")
+        out.event("diverged", step=e.step, op=e.op, kind=e.kind, detail=e.detail)
+        return {"ok": False, "error": "diverged", "step": e.step, "op": e.op, "kind": e.kind,
+                "message": str(e), "status": agent.status(), "posted": posted,
+                "games": games_json(agent.player.stats), "withdrawn": 0}
+
     while True:
         if time.monotonic() > deadline:
             out.say("[red]timed out[/]")
@@ -1004,20 +1080,28 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
         sent = False
         if status == "open":
             try:
-                agent.accept(Terms(trainer_stake=int(params[11])))
+                accepted = agent.accept(Terms(trainer_stake=int(params[11])), on_step=pretrained,
+                                        stop=stop_pretraining)
             except JobRefused as e:
                 refuse(out, job, [str(e)])
-            out.say(f"accepted the job (staked {int(params[11]) / 1e18:g} ETH)")
-            out.event("accepted", stake=int(params[11]))
-            sent = True
+            if accepted:
+                out.say(f"accepted the job (staked {int(params[11]) / 1e18:g} ETH)")
+                out.event("accepted", stake=int(params[11]))
+            sent = True  # (not accepted: the next pass sees the timeout or the cancelled job)
         elif status == "active":
+            if serve is not None:
+                serve()
             j = chain.call(proto.registry.functions.getJob(job))
             nxt, open_games = int(j[4]), int(j[5])
             if nxt < n:
                 # SAFETY: an interval may take longer to train than a game's clock: the games of the
                 # intervals already posted (and demands) are played between its steps, so a griefer
-                # challenging as soon as an interval is posted cannot win on time.
-                i = agent.run_interval(on_step=lambda _s, _loss: agent.play())
+                # challenging as soon as an interval is posted cannot win on time. Pre-trained
+                # intervals are posted one a pass, the games played between them.
+                try:
+                    i = agent.run_interval(on_step=lambda _s, _loss: agent.play())
+                except JobDiverges as e:
+                    return diverged(e)
                 if i is not None:
                     posted += 1
                     out.say(f"posted interval {i} of {n}")
@@ -1071,6 +1155,15 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float) 
     "--false-challenger", is_flag=True, help="Challenge interval 0 without cause, once, and play blindly (demo)."
 )
 @click.option("--account-index", type=int, default=3, show_default=True, help="The auditor's unlocked account.")
+@click.option(
+    "--min-read-rate",
+    type=click.FloatRange(min=1024),
+    default=float(1 << 20),
+    show_default=True,
+    help="Bytes per second the trainer's server must keep up, on average, past the socket timeout: a read "
+    "of N bytes may take up to timeout + N / rate seconds, then it is cut off (the artifact counts as "
+    "unavailable). Lower it for a slow honest server sending big checkpoints.",
+)
 @policy_options("auditor")
 @device_option
 @agent_options
@@ -1087,6 +1180,7 @@ def auditor_cmd(
     state_dir: Path | None,
     false_challenger: bool,
     account_index: int,
+    min_read_rate: float,
     term_margin: float,
     move_seconds: float,
     replay_seconds: float,
@@ -1107,7 +1201,7 @@ def auditor_cmd(
     if key_file is not None:
         read_key_file(key_file)  # a malformed key fails before anything is contacted
     try:
-        reader = caching_reader(HttpArtifactReader(store_url))
+        reader = caching_reader(HttpArtifactReader(store_url, min_rate=min_read_rate))
     except ValueError as e:
         raise click.ClickException(f"--store-url: {e}") from None
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)

@@ -1,9 +1,17 @@
 """The trainer agent: trains with controlled numerics, posts one root per interval, publishes the
 artifacts, and defends its commitments in every game. Restart-safe: progress is read back from
-the chain (next interval) and the artifact store (records, logs, checkpoints)."""
+the chain (next interval) and the artifact store (records, logs, checkpoints).
+
+Pre-training (``TrainerAgent.pretrain``, on by default): the stake is at risk from acceptance on,
+and a job whose training reaches a value with no finite FP32 value can never be finished (no
+honest trainer can post that step; the client reclaims payment + bounty once it is overdue). So
+the agent trains every interval into its store *before* it accepts, refuses a job that diverges
+(naming the step and op), and once accepted posts each interval from its store
+(docs/security.md, "a job that cannot be finished")."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +43,7 @@ from protocol.store import ArtifactStore, StepRecord, load_checkpoint, save_chec
 from vtrain.commit.merkle import MerkleTree
 from vtrain.commit.roots import interval_root, step_log_root, tensor_root, tensor_tree
 from vtrain.commit.trace import StepTrace, TraceRoots
-from vtrain.errors import CorruptArtifact, MissingArtifact, VtrainError
+from vtrain.errors import CorruptArtifact, MissingArtifact, NonFiniteValue, VtrainError
 from vtrain.graph.executor import StepLog, state_tensors
 from vtrain.graph.step_graph import OpKind
 from vtrain.numerics.logfile import decode_step_log, encode_step_log
@@ -47,6 +55,28 @@ log = logging.getLogger(__name__)
 REORG_DEPTH = 16
 
 JOB_STATUS = ["none", "open", "active", "cancelled", "finalized", "fraudulent"]
+
+#: Local work files (never served) of pre-training: one marker per interval trained and stored
+#: before acceptance, and the record of a divergence (the step with no finite value).
+_PRETRAINED, _DIVERGED = "local/pretrain", "local/diverged"
+
+
+class JobDiverges(NonFiniteValue):
+    """Training this job reaches a value with no finite FP32 value (at ``step``, op ``op`` of kind
+    ``kind`` when known): no honest trainer can post that step, so the job can never be finished.
+    ``detail`` is the executor's message."""
+
+    def __init__(self, job: int, step: int, op: int | None, kind: str | None, detail: str) -> None:
+        self.job, self.step, self.op, self.kind, self.detail = job, step, op, kind, detail
+        super().__init__(f"{self.site}: no finite value ({detail})", op=op)
+
+    @property
+    def site(self) -> str:
+        """``step s, op o (KIND)`` (``step s`` when the op is not known)."""
+        return f"step {self.step}" + (f", op {self.op} ({self.kind})" if self.op is not None else "")
+
+    def refusal(self) -> str:
+        return f"{self.site}: no finite value; not accepting job {self.job}"
 
 
 @dataclass
@@ -62,6 +92,10 @@ class TrainerAgent:
     """Data-parallel ranks for training an interval (vtrain.distributed): the same artifacts and roots."""
     policy: TermsPolicy = field(default_factory=lambda: TermsPolicy("trainer"))
     """What this trainer requires of a job's terms before it stakes (``accept`` checks it)."""
+    pretrain: bool = True
+    """Train every interval into the store before staking (``accept`` does, and refuses a job that
+    diverges); ``run_interval`` then posts from the store. False: stake first, train interval by
+    interval after (a diverging job then costs the stake)."""
     player: Player = field(init=False)
     _responder: Any = field(default=None, init=False, repr=False)
     disputes: DisputedSteps = field(init=False, repr=False)
@@ -90,9 +124,16 @@ class TrainerAgent:
             reasons.append(str(e))
         return reasons + self.policy.refusals(tuple(j[0]), int(j[2]), self.ctx.job.graph, self.ctx.spec.interval)
 
-    def accept(self, terms: Terms | None = None) -> None:
+    def accept(self, terms: Terms | None = None, on_step: Callable[[int, float], None] | None = None,
+               stop: Callable[[], bool] | None = None) -> bool:
         """Stake and accept the job, unless ``refusals`` gives a reason: then JobRefused (logged),
-        and nothing is sent. The stake sent is the job's (``terms``, if given, must agree)."""
+        and nothing is sent. The stake sent is the job's (``terms``, if given, must agree).
+
+        With ``pretrain`` (the default) every interval is first trained into the store
+        (:meth:`pretrain_job`, resumed where a previous run stopped): a job whose training reaches
+        a value with no finite value is refused by name ("step s, op o (KIND): no finite value; not
+        accepting job N") and never accepted. Returns False, with nothing sent, when ``stop()``
+        ended the pre-training or the job is no longer open (the client cancelled it meanwhile)."""
         reasons = self.refusals()
         if reasons:
             log.warning("job %d: refused: %s", self.job_id, "; ".join(reasons))
@@ -101,12 +142,141 @@ class TrainerAgent:
         if terms is not None and terms.trainer_stake != stake:
             raise JobRefused(f"job {self.job_id} refused: it asks a stake of {stake} wei, "
                              f"not the {terms.trainer_stake} wei expected")
+        if self.pretrain:
+            try:
+                ready = self.pretrain_job(on_step, stop)
+            except JobDiverges as e:
+                log.warning("job %d: refused: %s", self.job_id, e.refusal())
+                raise JobRefused(e.refusal()) from e
+            if not ready:
+                return False
+            if self.status() != "open":
+                log.warning("job %d: %s while pre-training; not accepting it", self.job_id, self.status())
+                return False
         self.proto.chain.send(
             self.proto.registry.functions.acceptJob(self.job_id),
             self.account,
             value=stake,
             what=f"job {self.job_id}: acceptJob",
         )
+        return True
+
+    # -- pre-training --------------------------------------------------------------------------------
+    @cached_property
+    def _identity(self) -> dict[str, Any]:
+        """What a local record of this job's training is valid for: this chain, registry, job and
+        spec (and a cheat, for the tests' dishonest trainers). A store folder reused for another
+        job of the same number holds records that do not match, and they are not used."""
+        return {"chain_id": int(self.proto.chain.w3.eth.chain_id), "registry": str(self.proto.registry.address),
+                "job": self.job_id, "spec_hash": self.ctx.spec_hash.hex(),
+                "cheat": type(self.cheat).__name__ if self.cheat is not None else None}
+
+    def _read_local_json(self, rel: str) -> dict | None:
+        try:
+            obj = json.loads(self.store.get_local(self.job_id, rel))
+        except (MissingArtifact, ValueError, UnicodeDecodeError):
+            return None
+        return obj if isinstance(obj, dict) and obj.get("identity") == self._identity else None
+
+    def divergence(self) -> JobDiverges | None:
+        """The divergence this trainer recorded for the job (a step with no finite value), if any:
+        training it again would stop at the same step (training is deterministic)."""
+        d = self._read_local_json(_DIVERGED)
+        if d is None:
+            return None
+        try:
+            op = d["op"] if d["op"] is None else int(d["op"])
+            return JobDiverges(self.job_id, int(d["step"]), op, d["kind"], str(d["detail"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def pretrained_root(self, i: int) -> bytes | None:
+        """The root of interval ``i`` if it was trained before acceptance and its artifacts are
+        intact in the store: marker of this job, every record, log and checkpoint readable, the
+        checkpoints at both ends the states of the records around them, and the records hashing
+        to the marker's root. None otherwise (it is then trained again)."""
+        d = self._read_local_json(f"{_PRETRAINED}/{i}")
+        if d is None or d.get("interval") != i or self._damage(i):
+            return None
+        first, n = self.ctx.interval_span(i)
+        try:
+            recs = [self.store.get_step(self.job_id, s) for s in range(first, first + n)]
+            before = self.ctx.initial[0] if i == 0 else self.store.get_step(self.job_id, first - 1).components
+            ends = [(i, tuple(before))]
+            if first + n - 1 < self.ctx.spec.steps:
+                ends.append((i + 1, recs[-1].components))
+            for k, want in ends:
+                if tuple(component_roots(self._checkpoint(k))) != tuple(want):
+                    return None
+        except (MissingArtifact, CorruptArtifact):
+            return None
+        root = interval_root([r.leaf() for r in recs])
+        return root if d.get("root") == root.hex() else None
+
+    def pretrain_job(self, on_step: Callable[[int, float], None] | None = None,
+                     stop: Callable[[], bool] | None = None) -> bool:
+        """Train every interval of the job into the store, as :meth:`run_interval` would after
+        acceptance, without posting: the intervals already trained and intact are kept (a restart
+        resumes, it does not redo), each finished one gets a marker. ``stop()`` is asked before
+        each step: True ends it (returns False; what was trained is kept). Returns True when the
+        whole job is trained. Raises :class:`JobDiverges` (also recorded: asked again, it raises at
+        once) when a step has no finite value."""
+        recorded = self.divergence()
+        if recorded is not None:
+            raise recorded
+        for i in range(self.ctx.n_intervals):
+            if self.pretrained_root(i) is not None:
+                continue
+            root = self._train_interval(i, on_step, stop, replace=True)
+            if root is None:
+                return False
+            self.store.put_local(self.job_id, f"{_PRETRAINED}/{i}", json.dumps(
+                {"identity": self._identity, "interval": i, "root": root.hex()}).encode())
+            log.info("job %d: interval %d trained before acceptance (root %s)", self.job_id, i, root.hex()[:16])
+        return True
+
+    def _train_interval(self, i: int, on_step: Callable[[int, float], None] | None = None,
+                        stop: Callable[[], bool] | None = None, replace: bool = False) -> bytes | None:
+        """Train interval ``i`` into the store (its checkpoint, each step's log and record, the
+        next interval's checkpoint) and return its root; None when ``stop()`` said to stop first.
+        A step with no finite value: :class:`JobDiverges`, recorded in the store."""
+        first, n = self.ctx.interval_span(i)
+        state = self._state_at(first - 1)
+        self.store.put_checkpoint(self.job_id, i, checkpoint_bytes(self.ctx, state), replace=replace)
+        leaves: list[bytes] = []
+        steps = self._train(state, first, first + n - 1)
+        try:
+            for s in range(first, first + n):
+                if stop is not None and stop():
+                    log.info("job %d: stopped before step %d", self.job_id, s)
+                    return None
+                try:
+                    o = next(steps)
+                except NonFiniteValue as e:  # (only the step's own computation: not on_step's)
+                    raise self._diverged(s, e) from e
+                self.store.put_log(self.job_id, o.step, encode_step_log(o.log, o.step, self.ctx.job.graph),
+                                   replace=replace)
+                rec = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
+                self.store.put_step(self.job_id, rec, replace=replace)
+                leaves.append(rec.leaf())
+                if on_step:
+                    on_step(o.step, o.loss)
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+        if first + n - 1 < self.ctx.spec.steps:
+            self.store.put_checkpoint(self.job_id, i + 1, checkpoint_bytes(self.ctx, o.state), replace=replace)
+        return interval_root(leaves)
+
+    def _diverged(self, step: int, e: NonFiniteValue) -> JobDiverges:
+        op = e.op if isinstance(e.op, int) and 0 <= e.op < self.ctx.job.graph.n_ops else None
+        kind = self.ctx.job.graph.ops[op].kind.name if op is not None else None
+        d = JobDiverges(self.job_id, step, op, kind, str(e))
+        self.store.put_local(self.job_id, _DIVERGED, json.dumps(
+            {"identity": self._identity, "step": step, "op": op, "kind": kind, "detail": str(e)}).encode())
+        log.error("job %d: %s: this job can never be finished", self.job_id, d)
+        return d
 
     def next_interval(self) -> int:
         return int(self.proto.chain.call(self.proto.registry.functions.getJob(self.job_id))[4])
@@ -115,24 +285,20 @@ class TrainerAgent:
         return JOB_STATUS[int(self.proto.chain.call(self.proto.registry.functions.jobStatus(self.job_id)))]
 
     def run_interval(self, on_step: Callable[[int, float], None] | None = None) -> int | None:
-        """Train the next unposted interval, publish its artifacts, post its root. None when done."""
+        """Post the next unposted interval: from the store when it was trained before acceptance
+        (:meth:`pretrained_root`), else train it first and publish its artifacts. None when done.
+        A step with no finite value: :class:`JobDiverges` (recorded: a later call raises it at once,
+        without training again)."""
         i = self.next_interval()
         if i >= self.ctx.n_intervals:
             return None
-        first, n = self.ctx.interval_span(i)
-        state = self._state_at(first - 1)
-        self.store.put_checkpoint(self.job_id, i, checkpoint_bytes(self.ctx, state))
-        leaves = []
-        for o in self._train(state, first, first + n - 1):
-            self.store.put_log(self.job_id, o.step, encode_step_log(o.log, o.step, self.ctx.job.graph))
-            rec = StepRecord(o.step, o.state_root, o.log_root, tuple(o.component_roots))
-            self.store.put_step(self.job_id, rec)
-            leaves.append(rec.leaf())
-            if on_step:
-                on_step(o.step, o.loss)
-        if first + n - 1 < self.ctx.spec.steps:
-            self.store.put_checkpoint(self.job_id, i + 1, checkpoint_bytes(self.ctx, o.state))
-        root = interval_root(leaves)
+        root = self.pretrained_root(i)
+        if root is None:
+            recorded = self.divergence()
+            if recorded is not None:
+                raise recorded
+            root = self._train_interval(i, on_step)
+            assert root is not None
         try:
             self.proto.chain.send(
                 self.proto.registry.functions.postInterval(self.job_id, i, root),

@@ -60,7 +60,7 @@ def test_an_honest_trainer_stops_where_the_step_has_no_finite_value(demo_world) 
 
     ctx = JobContext.of(DIVERGING)
     job = create_job(proto, accounts["client"], accounts["trainer"], ctx, TERMS)
-    trainer = TrainerAgent(proto, accounts["trainer"], ctx, store, job)
+    trainer = TrainerAgent(proto, accounts["trainer"], ctx, store, job, pretrain=False)  # stakes first
     trainer.accept(TERMS)
     with pytest.raises(NonFiniteValue, match="step 3, op 17"):
         trainer.run_interval()

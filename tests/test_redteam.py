@@ -286,7 +286,9 @@ def test_a_griefer_challenging_while_the_trainer_trains_a_long_interval_cannot_w
     proto = deploy(chain, a[0])
     ctx = JobContext.of(default_spec("mlp"))
     job = create_job(proto, a[1], a[2], ctx, terms)
-    trainer = TrainerAgent(proto, a[2], ctx, ArtifactStore(tmp_path), job)
+    # the trainer that stakes first and trains each interval after (--no-pretrain): a pre-training
+    # trainer trains before it accepts, so no game can run while it trains an interval
+    trainer = TrainerAgent(proto, a[2], ctx, ArtifactStore(tmp_path), job, pretrain=False)
     games: list[int] = []
     train = trainer._train
 

@@ -459,7 +459,7 @@ class StepExecutor:
                             op, ins, state, data, log_in, out_log, stats, resolver_factory, check, violations, sums
                         )
             except NonFiniteValue as e:
-                raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}") from None
+                raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}", op=op.id) from None
             except CorruptLog as e:
                 raise CorruptLog(f"{where}, op {op.id} ({op.kind.name}): {e}") from None
             if op_hook is not None:
@@ -519,7 +519,7 @@ class StepExecutor:
                 elif out is None:
                     out = self._exact_fp32(op, mins, self._plan_native(op), stats, sums, pool)
             except NonFiniteValue as e:
-                raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}") from None
+                raise NonFiniteValue(f"{where}, op {op.id} ({op.kind.name} {op.name}): {e}", op=op.id) from None
             local[m] = out
         for i in group.outputs:
             vals[i] = local[i]
