@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vtrain.errors import GraphError
 from vtrain.frontend.errors import FrontendError, UnsupportedOp, describe_function, node_origin
 from vtrain.frontend.lowering import (
     NO_FOLD,
@@ -280,6 +281,12 @@ def lower_program(ep, L: Lowerer, placeholders: dict[str, Any],
             except Exception as e:  # noqa: BLE001 - any failure of a user's op is reported with its origin
                 raise _unsupported(node, f"evaluating it at build time failed: {e}", loss_name) from None
             continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.numel() == 0 and node.target not in NO_FOLD:
+            # no elements (``x[..., d:]`` with d the axis length, as partial rotary embeddings slice):
+            # nothing of it depends on any input; a known empty tensor (``cat`` drops it)
+            env[node.name] = torch.zeros(tuple(int(s) for s in val.shape), dtype=val.dtype)
+            continue
         fn = lowering_of(node.target)
         if fn is None:
             raise _unsupported(node, "", loss_name)
@@ -289,6 +296,8 @@ def lower_program(ep, L: Lowerer, placeholders: dict[str, Any],
         except UnsupportedOp as e:
             if "Supported ATen ops" in str(e):
                 raise
+            raise _unsupported(node, str(e), loss_name) from None
+        except GraphError as e:  # a lowering's arguments the graph cannot express: named with its origin
             raise _unsupported(node, str(e), loss_name) from None
         env[node.name] = _check_shapes(L, node, out)
     return outputs, counts
@@ -423,6 +432,15 @@ def _refuse_backward_hooks(module: nn.Module) -> None:
                                 "graph's gradient is autodiff's of the forward, without hooks; remove it")
 
 
+TORCH_NOISE: tuple[tuple[type[Warning], str], ...] = (
+    # its pytree deprecation notice, on every export (and the deepcopy in run_decompositions)
+    (FutureWarning, r".*LeafSpec"),
+    # nn.RNN/LSTM/GRU re-list their own parameters in ``_flat_weights`` when export swaps them in
+    (UserWarning, r"The tensor attributes ([\w.\[\]']+\._flat_weights\[\d+\](, )?)+ were assigned during export"),
+)
+"""Warnings torch prints while capturing an ordinary model (filtered there, and nowhere else)."""
+
+
 def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Captured:
     """Export ``task``'s model and loss on a batch of ``batch_size`` rows and build the step graph."""
     cfg = optimizer_config(task.optimizer)  # bad settings are refused before anything runs
@@ -436,13 +454,14 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
     wrapper = _WithLoss(module, task.loss, flds)
     custom: list[type] = []
     try:
-        with warnings.catch_warnings():  # torch's own pytree deprecation notice, on every export
-            warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+        with warnings.catch_warnings():  # torch's own notices, not the user's to act on
+            for category, message in TORCH_NOISE:
+                warnings.filterwarnings("ignore", category=category, message=message)
             with _custom_functions(custom):
                 ep = torch.export.export(wrapper, (rows,), strict=False)
-        mark_detaches(ep)
-        mark_no_grad_regions(ep)
-        ep = ep.run_decompositions(decomposition_table())
+            mark_detaches(ep)
+            mark_no_grad_regions(ep)
+            ep = ep.run_decompositions(decomposition_table())
     except UnsupportedOp:
         raise
     except Exception as e:  # noqa: BLE001 - export errors come from the user's code; keep them short
