@@ -52,6 +52,7 @@ def fails(r: Result, *words: str, code: int | None = None) -> str:
     (["--hidden", "8,x"], ["--hidden", "8,x"]),
     (["--spec", "/nonexistent/spec.json"], ["--spec", "does not exist"]),
     (["--text", "/nonexistent/corpus.txt", "--model", "gpt"], ["--text", "does not exist"]),
+    (["--threads", "100000"], ["--threads", "100000 threads", "at most"]),  # before: the BLAS crashed the process
 ])
 def test_bad_train_options_are_usage_errors(tmp_path: Path, args: list[str], words: list[str]) -> None:
     fails(run("train", "--out", str(tmp_path / "run"), *args), *words, code=2)
@@ -212,6 +213,11 @@ def _flip(p: Path, at: int) -> None:
     ("bad spec", ["spec.json", "unknown key"], 1),
     ("garbage roots line", ["roots.jsonl", "line 1"], 1),
     ("empty roots", ["records no steps"], 1),
+    # a flipped byte that still decodes: named with its file (before: a divergence at step 1, or nothing)
+    ("flipped initial checkpoint", ["checkpoint", "step_000000.safetensors", "state root", "recorded"], 1),
+    ("flipped later checkpoint", ["run folder was changed", "step_000002.safetensors", "state root"], 1),
+    ("changed log root record", ["roots.jsonl: step 1 records log root", "step_000001.vtlog"], 1),
+    ("changed loss record", ["roots.jsonl: step 2 records loss"], 1),
 ])
 def test_damaged_run_folders_are_refused_with_the_artifact_named(copy: Path, damage: str, words: list[str],
                                                                  code: int) -> None:
@@ -234,6 +240,16 @@ def test_damaged_run_folders_are_refused_with_the_artifact_named(copy: Path, dam
         (copy / "roots.jsonl").write_text("hello\n")
     elif damage == "empty roots":
         (copy / "roots.jsonl").write_text("")
+    elif damage.startswith("flipped"):
+        ckpt = ckpt0 if "initial" in damage else copy / "checkpoints" / "step_000002.safetensors"
+        _flip(ckpt, -2)  # a byte of the last tensor's values
+    elif damage.startswith("changed"):
+        lines = [json.loads(line) for line in (copy / "roots.jsonl").read_text().splitlines()]
+        if "log root" in damage:
+            lines[0]["log_root"] = "0" * 64
+        else:
+            lines[1]["loss"] *= 2
+        (copy / "roots.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
     fails(run("replay", "--run", str(copy)), *words, code=code)
 
 

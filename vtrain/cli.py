@@ -258,13 +258,33 @@ def _resume_point(run: Any, job: Any) -> tuple[int, list]:
     return resume_point(run, job)
 
 
+THREADS_PER_CPU = 16
+MIN_THREAD_CAP = 64
+"""``--threads`` above ``max(MIN_THREAD_CAP, THREADS_PER_CPU * CPUs)`` is refused: only slower, and at
+some thousands the BLAS fails to start its threads and the process crashes (a segmentation fault)."""
+
+
+def _usable_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _apply_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int:
     """Set this process's compute threads as soon as the option is parsed (before any step)."""
     from vtrain.errors import VtrainError
     from vtrain.graph.executor import set_threads
 
+    source = "--threads"
     if value is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         value = int(os.environ["OMP_NUM_THREADS"]) or None
+        source = "$OMP_NUM_THREADS"
+    cpus = _usable_cpus()
+    most = max(MIN_THREAD_CAP, THREADS_PER_CPU * cpus)
+    if value is not None and value > most:  # thousands of threads: the BLAS cannot start them and the process dies
+        raise click.BadParameter(f"{value} threads for the {cpus} CPUs this process may use (at most {most}); "
+                                 "give the cores you may use", param_hint=source)
     try:
         return set_threads(value)
     except VtrainError as e:
@@ -570,9 +590,14 @@ def _replay(
     _check_model_code(run, spec, trust_model_code)
     job = build_job(spec)
     run.verify_dataset(job.dataset)
-    state = run.read_checkpoint(from_step, job.graph)
+    from vtrain.outputs.export import verified_state
+
+    _, state = verified_state(run, job, from_step)  # a changed checkpoint is named, not a divergence at once
+    logged = (mode or spec.mode) == spec.mode and spec.mode in ("certified", "paper")
+    checkpoints = set(run.checkpoint_steps())
     first_bad = None
     matched = 0
+    damaged: list[str] = []
     t0 = time.perf_counter()
     with StepProgress("replay", last, done=from_step) as prog:
         logs = lambda s: run.read_log(s, job.graph)  # noqa: E731
@@ -582,14 +607,47 @@ def _replay(
                 raise Failure(f"roots.jsonl has no record of step {o.step}")
             if o.state_root.hex() == want["state_root"]:
                 matched += 1
+                if first_bad is None:  # the run's other records of this step, checked against the replay
+                    damaged += _damaged_records(run, job, o, want, logged, o.step in checkpoints)
             elif first_bad is None:
                 first_bad = o.step
             prog.update(o.step)
     verdict = {"run": str(run_path), "steps": last - from_step, "matched": matched, "first_divergent_step": first_bad,
                "seconds": round(time.perf_counter() - t0, 3), "device": device, "threads": threads}
+    if damaged:
+        verdict["damaged"] = damaged
     click.echo(json.dumps(verdict))
     if first_bad is not None:
         sys.exit(EXIT_DIVERGED)
+    if damaged:
+        more = f" (and {len(damaged) - 1} more, listed in the verdict)" if len(damaged) > 1 else ""
+        raise Failure(f"every state root matched, but the run folder was changed: {damaged[0]}{more}")
+
+
+def _damaged_records(run: Any, job: Any, o: Any, want: dict, logged: bool, has_checkpoint: bool) -> list[str]:
+    """What of step ``o.step``'s records differs from its (matching) replay: the loss and the log root of
+    roots.jsonl (a certified or paper replay reads the step's log), and the step's checkpoint."""
+    from vtrain.commit.roots import state_root
+    from vtrain.errors import VtrainError
+    from vtrain.training.loop import component_roots
+
+    out = []
+    rec = run.path / "roots.jsonl"
+    if want.get("loss") != o.loss:
+        out.append(f"{rec}: step {o.step} records loss {want.get('loss')!r}, the replay's is {o.loss!r}")
+    if logged and want.get("log_root") != o.log_root.hex():
+        out.append(f"{rec}: step {o.step} records log root {want.get('log_root')}, its log "
+                   f"{run.log_path(o.step)} has {o.log_root.hex()}")
+    if has_checkpoint:
+        try:
+            got = state_root(component_roots(run.read_checkpoint(o.step, job.graph))).hex()
+        except VtrainError as e:
+            out.append(str(e))
+        else:
+            if got != o.state_root.hex():
+                out.append(f"checkpoint {run.ckpt_path(o.step)}: state root {got}, the replay's (and the recorded) "
+                           f"{o.state_root.hex()}")
+    return out
 
 
 # -- using what was trained -------------------------------------------------------------------------

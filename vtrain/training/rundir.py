@@ -294,14 +294,15 @@ class RunDir:
         got = json.loads(json.dumps(spec.to_dict()))  # as recorded (tuples are JSON lists)
         if got != want:
             key = _first_difference(want, got)
-            raise DataChanged(f"{self.path / 'spec.json'} changed since training: {key}")
+            raise DataChanged(f"{self.path / 'spec.json'} changed since training (or the copy of the spec that "
+                              f"{self.path / 'inputs.json'} records did): {key}")
 
     def verify_dataset(self, dataset: Dataset) -> None:
         """The dataset built for a replay is the one trained on (sha256 of its samples)."""
         want = (self.read_inputs() or {}).get("dataset_sha256")
         if want is not None and (got := dataset_sha256(dataset)) != want:
             raise DataChanged(f"the dataset of {self.path} differs from the one trained on: "
-                              f"sha256 {got}, recorded {want}")
+                              f"sha256 {got}, recorded in {self.path / 'inputs.json'} {want}")
 
     def read_vocab(self, dataset: Dataset) -> list[str] | None:
         """The vocabulary of the run: ``dataset``'s (built from the pinned text), checked against
