@@ -77,6 +77,44 @@ def test_train_out_that_is_a_file_is_refused_and_kept(tmp_path: Path) -> None:
     assert f.read_text() == "keep me"
 
 
+def test_train_out_holding_files_a_run_would_write_is_refused_and_kept(tmp_path: Path) -> None:
+    """A folder with no run but its own ``checkpoints`` (or ``model``, ``logs``...): refused before a byte is
+    written (before: the user's checkpoints/step_000000.safetensors was overwritten); other files are no clash."""
+    mine = tmp_path / "mine"
+    (mine / "checkpoints").mkdir(parents=True)
+    (mine / "checkpoints" / "step_000000.safetensors").write_text("my weights")
+    fails(run("train", "--out", str(mine), *TINY), "--out", "holds no run", "checkpoints", "new or empty folder",
+          code=1)
+    assert (mine / "checkpoints" / "step_000000.safetensors").read_text() == "my weights"
+    assert sorted(p.name for p in mine.iterdir()) == ["checkpoints"]
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "README.txt").write_text("keep me")
+    assert run("train", "--out", str(notes), *TINY).exit_code == 0
+    assert (notes / "README.txt").read_text() == "keep me"
+
+
+def test_a_refused_file_model_leaves_no_run_folder_and_names_the_users_file(tmp_path: Path) -> None:
+    """A factory that fails: the error names the user's file (not the run folder's copy), the folder this start
+    made is gone, and the fixed model trains into the same --out (before: model/ was left behind)."""
+    src = tmp_path / "net.py"
+    src.write_text("def task():\n    raise ValueError('no data yet')\n")
+    out = tmp_path / "run"
+    text = fails(run("train", "--out", str(out), "--model", f"{src}:task", "--steps", "1"), "ValueError: no data yet",
+                 code=1)
+    assert f"{src}:task raised" in text and f"at {src}, line 2" in text and str(out) not in text
+    assert not out.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("keep me")
+    fails(run("train", "--out", str(kept), "--model", f"{src}:task", "--steps", "1"), "no data yet", code=1)
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+    src.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parents[1] / 'examples')!r})\n"
+                   "from zoo import mlp_acts as task\n")
+    r = run("train", "--out", str(out), "--model", f"{src}:task", "--steps", "1", "--batch-size", "4")
+    assert r.exit_code == 0, r.output
+
+
 def test_gpt_text_datasets_that_are_not_usable(tmp_path: Path) -> None:
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("caf\u00e9 cr\u00e8me ".encode("latin-1") * 20)

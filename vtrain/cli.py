@@ -438,6 +438,7 @@ def _train(
     threads: int | None = None,
     trust_model_code: bool = False,
 ) -> None:
+    from vtrain.errors import VtrainError
     from vtrain.training.rundir import RunDir
     from vtrain.training.spec import TrainSpec, build_job
     from vtrain.training.trust import trust
@@ -465,13 +466,33 @@ def _train(
                 raise Failure(f"--out {out} already holds a run of another spec ({diff}); choose another --out")
             _check_model_code(run, old, trust_model_code)
             spec = old
-    stored = spec
+    stored = given = spec
+    made_folder = False
     if fresh:  # a file model is built from its pinned copy in the run folder, not the user's file
-        stored = run.pin_model(spec)
+        if clash := run.foreign_entries():
+            raise Failure(f"--out {run.path} holds no run but has {', '.join(clash)} of its own, which a new "
+                          "run would write over; choose a new or empty folder")
+        made_folder = not run.path.exists()
+        try:
+            stored = run.pin_model(spec)
+        except BaseException:
+            run.remove_unstarted(spec, made_folder)
+            raise
         spec = run.resolve_model(stored)
         if stored.pinned:  # the user named this source: theirs to run again from the run folder
             trust(stored.model_sha256, spec.model.rpartition(":")[0])
-    job = build_job(spec)
+    try:
+        job = build_job(spec)
+    except BaseException as e:  # a refused model leaves no half-made run folder behind (a retry starts fresh)
+        if not fresh:
+            raise
+        run.remove_unstarted(stored, made_folder)
+        if not stored.pinned or not isinstance(e, VtrainError):
+            raise
+        # the error names the user's file, which they edit, not the (removed) copy it was built from
+        failure = _failure(e)
+        failure.message = failure.message.replace(spec.model.rpartition(":")[0], given.model.rpartition(":")[0])
+        raise failure from None
     if not fresh:
         run.verify_dataset(job.dataset)
         roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
