@@ -531,6 +531,14 @@ def test_adam_without_decay_is_adamw_without_decay() -> None:
     ({"name": "SGD", "lr": 0.1, "dampening": 0.5}, "dampening must be 0"),
     ({"name": "RMSprop", "lr": 0.01}, "expected name 'SGD', 'Adam' or 'AdamW'"),
     ({"name": "Adam", "lr": 0.01, "decoupled_weight_decay": True}, r"unsupported setting\(s\) \['decoupled"),
+    # settings of the wrong type or range (a model argument passed on as is): named, not a ValueError traceback
+    ({"name": "SGD", "lr": "x"}, "optimizer SGD: lr: expected a finite number, got 'x'"),
+    ({"name": "SGD", "lr": "0.1"}, "lr: expected a finite number, got '0.1'"),
+    ({"name": "SGD", "lr": 0.1, "momentum": float("nan")}, "momentum: expected a finite number, got nan"),
+    ({"name": "SGD", "lr": -0.1}, r"lr: expected a number >= 0 \(as torch.optim\), got -0.1"),
+    ({"name": "AdamW", "lr": 0.1, "betas": 0.9}, r"betas: expected two numbers \(beta1, beta2\), got 0.9"),
+    ({"name": "Adam", "lr": 0.1, "betas": (0.9, 1.0)}, r"betas\[1\]: expected a number in \[0, 1\)"),
+    ({"name": "AdamW", "lr": 0.1, "eps": None}, "eps: expected a finite number, got None"),
 ])
 def test_unsupported_optimizer_options_are_refused_by_name(opt: dict, match: str) -> None:
     from vtrain.frontend.capture import optimizer_config

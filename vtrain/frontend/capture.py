@@ -181,22 +181,39 @@ def optimizer_config(settings: Mapping[str, Any]) -> OptimConfig:
     for k in _IGNORED:
         s.pop(k, None)
     if name == "sgd":
-        if float(s.pop("dampening", 0.0)) != 0.0:
+        if _number(s.pop("dampening", 0.0), "dampening", what) != 0.0:
             raise FrontendError("optimizer SGD: dampening must be 0")
         nesterov = bool(s.pop("nesterov", False))
         _only(s, {"lr", "momentum", "weight_decay"}, "SGD")
-        momentum = float(s.get("momentum", 0.0))
+        momentum = _number(s.get("momentum", 0.0), "momentum", what)
         if nesterov and momentum <= 0.0:
             raise FrontendError("optimizer SGD: nesterov=True needs momentum > 0 (as torch.optim.SGD)")
         cls = NesterovSGDConfig if nesterov else SGDConfig
-        return cls(lr=float(s.get("lr", 1e-3)), momentum=momentum, weight_decay=float(s.get("weight_decay", 0.0)))
+        return cls(lr=_number(s.get("lr", 1e-3), "lr", what), momentum=momentum,
+                   weight_decay=_number(s.get("weight_decay", 0.0), "weight_decay", what))
     _only(s, {"lr", "betas", "eps", "weight_decay"}, what)
-    b1, b2 = s.get("betas", (0.9, 0.999))
+    betas = s.get("betas", (0.9, 0.999))
+    if not isinstance(betas, list | tuple) or len(betas) != 2:
+        raise FrontendError(f"optimizer {what}: betas: expected two numbers (beta1, beta2), got {betas!r}")
+    b1, b2 = (_number(b, f"betas[{i}]", what) for i, b in enumerate(betas))
     default_wd = 0.0 if name == "adam" else 0.01  # torch.optim's defaults
-    wd = float(s.get("weight_decay", default_wd))
+    wd = _number(s.get("weight_decay", default_wd), "weight_decay", what)
     acls = AdamConfig if name == "adam" and wd != 0.0 else AdamWConfig  # Adam with wd 0 is AdamW with wd 0
-    return acls(lr=float(s.get("lr", 1e-3)), beta1=float(b1), beta2=float(b2), eps=float(s.get("eps", 1e-8)),
-                weight_decay=wd)
+    return acls(lr=_number(s.get("lr", 1e-3), "lr", what), beta1=b1, beta2=b2,
+                eps=_number(s.get("eps", 1e-8), "eps", what), weight_decay=wd)
+
+
+def _number(v: Any, key: str, what: str) -> float:
+    """An optimizer setting as a float: a finite int or float (a 0-dim tensor's value) in torch.optim's range
+    (not negative; a beta below 1), else FrontendError."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.dtype.is_complex:
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise FrontendError(f"optimizer {what}: {key}: expected a finite number, got {v!r}")
+    if v < 0.0 or (key.startswith("betas") and v >= 1.0):
+        bound = "in [0, 1)" if key.startswith("betas") else ">= 0"
+        raise FrontendError(f"optimizer {what}: {key}: expected a number {bound} (as torch.optim), got {v!r}")
+    return float(v)
 
 
 def torch_optimizer(cfg: OptimConfig, params: list[torch.Tensor], lr: float | None = None) -> torch.optim.Optimizer:
