@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -240,6 +241,18 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     assert "loss 0.0400" in lines[-1] and "s/step" in lines[0] and "left" in lines[0]
     r = run("train", "--out", tmp_path / "r", *MLP)  # CliRunner's stderr is not a terminal
     assert "train mlp (certified): step 6/6 loss" in r.stderr
+
+
+def test_a_warning_is_one_plain_line_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    """Before: rich wrapped it at 80 columns under a timestamp (8 lines for the missing native library)."""
+    env = {**os.environ, "VTRAIN_NATIVE_NUMERICS_LIB": str(tmp_path / "absent.so")}
+    env.pop("VTRAIN_NATIVE_NUMERICS", None)
+    r = subprocess.run([sys.executable, "-m", "protocol.cli", "train", "--out", str(tmp_path / "r"), *MLP],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "native" in ln or "numpy" in ln]
+    assert len(lines) == 1 and lines[0].startswith("WARNING vtrain.numerics.native: native numerics kernels "
+                                                   "unavailable (") and "using numpy" in lines[0], r.stderr
 
 
 # -- using what was trained ----------------------------------------------------------------------------
