@@ -50,7 +50,8 @@ def _check(task: TorchTask, batch: int, seed: bytes | None = None) -> None:
 
 
 # --- the zoo --------------------------------------------------------------------------------------------
-DEFAULT_ZOO = {"mlp_acts", "cnn_groupnorm", "conv1d_seq", "stats_forward", "ema_buffer"}  # the rest: slow (each ~1 s)
+# the rest: slow (each ~1 s)
+DEFAULT_ZOO = {"mlp_acts", "cnn_groupnorm", "conv1d_seq", "llama_style", "stats_forward", "ema_buffer"}
 
 
 @pytest.mark.parametrize("name", [n if n in DEFAULT_ZOO else pytest.param(n, marks=pytest.mark.slow)
