@@ -614,7 +614,8 @@ def _replay(
     from vtrain.outputs.export import verified_state
 
     _, state = verified_state(run, job, from_step)  # a changed checkpoint is named, not a divergence at once
-    logged = (mode or spec.mode) == spec.mode and spec.mode in ("certified", "paper")
+    same_mode = (mode or spec.mode) == spec.mode  # another mode's replay recomputes other values
+    logged = same_mode and spec.mode in ("certified", "paper")
     checkpoints = set(run.checkpoint_steps())
     first_bad = None
     matched = 0
@@ -629,7 +630,7 @@ def _replay(
             if o.state_root.hex() == want["state_root"]:
                 matched += 1
                 if first_bad is None:  # the run's other records of this step, checked against the replay
-                    damaged += _damaged_records(run, job, o, want, logged, o.step in checkpoints)
+                    damaged += _damaged_records(run, job, o, want, same_mode, logged, o.step in checkpoints)
             elif first_bad is None:
                 first_bad = o.step
             prog.update(o.step)
@@ -645,16 +646,17 @@ def _replay(
         raise Failure(f"every state root matched, but the run folder was changed: {damaged[0]}{more}")
 
 
-def _damaged_records(run: Any, job: Any, o: Any, want: dict, logged: bool, has_checkpoint: bool) -> list[str]:
-    """What of step ``o.step``'s records differs from its (matching) replay: the loss and the log root of
-    roots.jsonl (a certified or paper replay reads the step's log), and the step's checkpoint."""
+def _damaged_records(run: Any, job: Any, o: Any, want: dict, same_mode: bool, logged: bool,
+                     has_checkpoint: bool) -> list[str]:
+    """What of step ``o.step``'s records differs from its (matching) replay: the loss (a replay in the run's
+    mode) and the log root (one that reads the step's log) of roots.jsonl, and the step's checkpoint."""
     from vtrain.commit.roots import state_root
     from vtrain.errors import VtrainError
     from vtrain.training.loop import component_roots
 
     out = []
     rec = run.path / "roots.jsonl"
-    if want.get("loss") != o.loss:
+    if same_mode and want.get("loss") != o.loss:
         out.append(f"{rec}: step {o.step} records loss {want.get('loss')!r}, the replay's is {o.loss!r}")
     if logged and want.get("log_root") != o.log_root.hex():
         out.append(f"{rec}: step {o.step} records log root {want.get('log_root')}, its log "
