@@ -328,6 +328,21 @@ def test_export_of_the_mlp_and_a_tampered_checkpoint(mlp_run: Path, tmp_path: Pa
     assert not (tmp_path / "y").exists()
 
 
+def test_export_never_writes_over_a_models_own_files(mlp_run: Path, tmp_path: Path) -> None:
+    """A folder with a model.safetensors / config.json no export wrote (a HF model folder) is refused and kept
+    (before: both were overwritten); an earlier export in the folder is replaced."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"their weights")
+    (hf / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    err(run("export", mlp_run, "--out", hf), 1, "model.safetensors and config.json", "no vtrain export wrote")
+    assert (hf / "model.safetensors").read_bytes() == b"their weights"
+    assert (hf / "config.json").read_text() == '{"architectures": ["GPT2LMHeadModel"]}'
+    ok(run("export", mlp_run, "--out", tmp_path / "x"))
+    ok(run("export", mlp_run, "--out", tmp_path / "x", "--step", "2"))
+    assert json.loads((tmp_path / "x" / "config.json").read_text())["step"] == 2
+
+
 def test_inspect_counts_entries_and_draws_the_plots(mlp_run: Path, tmp_path: Path) -> None:
     from vtrain.training.rundir import RunDir
     from vtrain.training.spec import build_job

@@ -743,7 +743,26 @@ def _export(run_path: Path, out: Path, step: int | None, trust_model_code: bool 
     from vtrain.outputs.export import export_run
 
     run, job = _open_run(run_path, trust_model_code)
+    if foreign := [n for n in ("model.safetensors", "config.json") if not _our_export(out / n)]:
+        raise Failure(f"--out {out} holds {' and '.join(foreign)} that no vtrain export wrote (a model's own "
+                      "files?); export would write over them: choose another folder")
     click.echo(json.dumps(export_run(run, job, out, step)))
+
+
+def _our_export(p: Path) -> bool:
+    """True when ``p`` is absent or one of vtrain's own export files (its ``step`` field): re-exporting into
+    the same folder replaces them, anything else there is the user's."""
+    if not os.path.lexists(p):
+        return True
+    try:
+        with open(p, "rb") as f:
+            if p.suffix == ".safetensors":
+                n = int.from_bytes(f.read(8), "little")
+                head = json.loads(f.read(min(n, 1 << 20)).decode("utf-8"))
+                return "step" in (head.get("__metadata__") or {})
+            return "step" in json.loads(f.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
 
 
 @click.command("inspect", epilog=EXIT_CODES_HELP)
