@@ -163,7 +163,7 @@ def test_a_complete_or_different_run_is_not_overwritten(mlp_run: Path) -> None:
     before = (mlp_run / "roots.jsonl").read_bytes()
     err(run("train", "--out", mlp_run, *MLP), 1, "already holds a complete run")
     err(run("train", "--out", mlp_run, *MLP[:-1], "16"), 1, "another spec", "mlp.hidden")
-    err(run("train", "--resume", mlp_run), 1, "already holds a complete run")
+    err(run("train", "--resume", mlp_run), 1, "already holds a complete run", "nothing to resume")
     assert (mlp_run / "roots.jsonl").read_bytes() == before
 
 

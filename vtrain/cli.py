@@ -497,7 +497,8 @@ def _train(
         run.verify_dataset(job.dataset)
         roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
         if len(roots) >= spec.steps and all(s in roots for s in range(1, spec.steps + 1)):
-            raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; choose another --out")
+            raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; "
+                          + ("nothing to resume" if resume is not None else "choose another --out"))
     if nproc > 1:
         from vtrain.distributed.launch import launch
         from vtrain.distributed.worker import check_spec
