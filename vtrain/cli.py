@@ -614,7 +614,10 @@ def _replay(
     run.verify_dataset(job.dataset)
     from vtrain.outputs.export import verified_state
 
-    _, state = verified_state(run, job, from_step)  # a changed checkpoint is named, not a divergence at once
+    if from_step > 0 or job.torch is None:  # a changed checkpoint is named, not a divergence at once
+        _, state = verified_state(run, job, from_step)
+    else:  # a torch model's initial weights come from torch's RNG, whose bits can differ between machines
+        state = run.read_checkpoint(0, job.graph)  # (vectorised normal_): the run's own step 0 is the start
     same_mode = (mode or spec.mode) == spec.mode  # another mode's replay recomputes other values
     logged = same_mode and spec.mode in ("certified", "paper")
     checkpoints = set(run.checkpoint_steps())
