@@ -220,6 +220,50 @@ def transformer_sdpa(lr: float = 1e-2):
     return _task(SDPABlock(), F.mse_loss, {"name": "AdamW", "lr": lr}, [_x(5, 8)], _x(5, 8, seed=8))
 
 
+# --- 6b. a Llama-style block: RMSNorm, rotary embeddings over the whole head, SwiGLU, tied weights --------------
+class LlamaStyle(nn.Module):
+    def __init__(self, vocab: int = 16, d: int = 8, heads: int = 2, ctx: int = 6) -> None:
+        super().__init__()
+        self.heads, hd = heads, d // heads
+        self.tok = nn.Embedding(vocab, d)
+        self.norm1, self.norm2, self.norm = nn.RMSNorm(d), nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.gate, self.up, self.down = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False), \
+            nn.Linear(2 * d, d, bias=False)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied
+        freqs = torch.outer(torch.arange(ctx).float(), 1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd))
+        self.register_buffer("cos", torch.cat([freqs.cos()] * 2, -1), persistent=False)
+        self.register_buffer("sin", torch.cat([freqs.sin()] * 2, -1), persistent=False)
+        self.rot = hd  # rotary over the whole head: x[..., rot:] is empty (as Phi-3 / partial_rotary_factor 1)
+
+    def rope(self, x):
+        r, rest = x[..., : self.rot], x[..., self.rot :]
+        half = r.shape[-1] // 2
+        rotated = torch.cat([-r[..., half:], r[..., :half]], -1)
+        return torch.cat([r * self.cos + rotated * self.sin, rest], -1)
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+                   for t in self.qkv(self.norm1(x)).split(C, -1))
+        y = F.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True, dropout_p=0.1)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
+        h = self.norm2(x)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return self.head(self.norm(x)).transpose(1, 2)  # [B, vocab, T]: cross-entropy's class axis 1
+
+
+def llama_style(lr: float = 0.1):
+    """RMSNorm, rotary embeddings (an empty slice past the head), SDPA with attention dropout, SwiGLU, tied
+    embedding / head; cross-entropy over [B, vocab, T] with label smoothing; SGD with momentum."""
+    toks = _labels(16, 7, seed=9)
+    return _task(LlamaStyle(), lambda o, t: F.cross_entropy(o, t, label_smoothing=0.1),
+                 {"name": "SGD", "lr": lr, "momentum": 0.9}, [toks[:, :6]], toks[:, 1:])
+
+
 # --- 7. statistics in the forward ------------------------------------------------------------------------
 class StatsNet(nn.Module):
     def __init__(self) -> None:
@@ -332,5 +376,5 @@ def max_norm_embedding():
 
 
 TRAINED = ["mlp_acts", "cnn_groupnorm", "conv1d_seq", "lstm_cell", "gru", "embed_mean", "embedding_bag",
-           "transformer_mha", "transformer_sdpa", "stats_forward", "frozen_unused", "ema_buffer"]
+           "transformer_mha", "transformer_sdpa", "llama_style", "stats_forward", "frozen_unused", "ema_buffer"]
 REFUSED = ["erf_gelu", "sort_model", "max_norm_embedding"]

@@ -42,11 +42,19 @@ console = Console(width=None if Console().is_terminal else 120)
 def main(verbose: int) -> None:
     """Verifiable training with an on-chain dispute game."""
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(
-        level=level,
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
-    )
+    logging.basicConfig(level=level, format="%(name)s: %(message)s", handlers=[log_handler()])
+
+
+def log_handler() -> logging.Handler:
+    """Rich on a terminal; elsewhere (a CI log, a pipe) one plain line per record (rich wrapped each at 80
+    columns under a timestamp)."""
+    import sys
+
+    if sys.stderr.isatty():
+        return RichHandler(console=Console(stderr=True), show_path=False)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    return handler
 
 
 @click.command()

@@ -52,6 +52,7 @@ def fails(r: Result, *words: str, code: int | None = None) -> str:
     (["--hidden", "8,x"], ["--hidden", "8,x"]),
     (["--spec", "/nonexistent/spec.json"], ["--spec", "does not exist"]),
     (["--text", "/nonexistent/corpus.txt", "--model", "gpt"], ["--text", "does not exist"]),
+    (["--threads", "100000"], ["--threads", "100000 threads", "at most"]),  # before: the BLAS crashed the process
 ])
 def test_bad_train_options_are_usage_errors(tmp_path: Path, args: list[str], words: list[str]) -> None:
     fails(run("train", "--out", str(tmp_path / "run"), *args), *words, code=2)
@@ -74,6 +75,44 @@ def test_train_out_that_is_a_file_is_refused_and_kept(tmp_path: Path) -> None:
     f.write_text("keep me")
     fails(run("train", "--out", str(f), *TINY), "--out", "not a folder")
     assert f.read_text() == "keep me"
+
+
+def test_train_out_holding_files_a_run_would_write_is_refused_and_kept(tmp_path: Path) -> None:
+    """A folder with no run but its own ``checkpoints`` (or ``model``, ``logs``...): refused before a byte is
+    written (before: the user's checkpoints/step_000000.safetensors was overwritten); other files are no clash."""
+    mine = tmp_path / "mine"
+    (mine / "checkpoints").mkdir(parents=True)
+    (mine / "checkpoints" / "step_000000.safetensors").write_text("my weights")
+    fails(run("train", "--out", str(mine), *TINY), "--out", "holds no run", "checkpoints", "new or empty folder",
+          code=1)
+    assert (mine / "checkpoints" / "step_000000.safetensors").read_text() == "my weights"
+    assert sorted(p.name for p in mine.iterdir()) == ["checkpoints"]
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "README.txt").write_text("keep me")
+    assert run("train", "--out", str(notes), *TINY).exit_code == 0
+    assert (notes / "README.txt").read_text() == "keep me"
+
+
+def test_a_refused_file_model_leaves_no_run_folder_and_names_the_users_file(tmp_path: Path) -> None:
+    """A factory that fails: the error names the user's file (not the run folder's copy), the folder this start
+    made is gone, and the fixed model trains into the same --out (before: model/ was left behind)."""
+    src = tmp_path / "net.py"
+    src.write_text("def task():\n    raise ValueError('no data yet')\n")
+    out = tmp_path / "run"
+    text = fails(run("train", "--out", str(out), "--model", f"{src}:task", "--steps", "1"), "ValueError: no data yet",
+                 code=1)
+    assert f"{src}:task raised" in text and f"at {src}, line 2" in text and str(out) not in text
+    assert not out.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("keep me")
+    fails(run("train", "--out", str(kept), "--model", f"{src}:task", "--steps", "1"), "no data yet", code=1)
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+    src.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parents[1] / 'examples')!r})\n"
+                   "from zoo import mlp_acts as task\n")
+    r = run("train", "--out", str(out), "--model", f"{src}:task", "--steps", "1", "--batch-size", "4")
+    assert r.exit_code == 0, r.output
 
 
 def test_gpt_text_datasets_that_are_not_usable(tmp_path: Path) -> None:
@@ -212,6 +251,11 @@ def _flip(p: Path, at: int) -> None:
     ("bad spec", ["spec.json", "unknown key"], 1),
     ("garbage roots line", ["roots.jsonl", "line 1"], 1),
     ("empty roots", ["records no steps"], 1),
+    # a flipped byte that still decodes: named with its file (before: a divergence at step 1, or nothing)
+    ("flipped initial checkpoint", ["checkpoint", "step_000000.safetensors", "state root", "recorded"], 1),
+    ("flipped later checkpoint", ["run folder was changed", "step_000002.safetensors", "state root"], 1),
+    ("changed log root record", ["roots.jsonl: step 1 records log root", "step_000001.vtlog"], 1),
+    ("changed loss record", ["roots.jsonl: step 2 records loss"], 1),
 ])
 def test_damaged_run_folders_are_refused_with_the_artifact_named(copy: Path, damage: str, words: list[str],
                                                                  code: int) -> None:
@@ -234,6 +278,16 @@ def test_damaged_run_folders_are_refused_with_the_artifact_named(copy: Path, dam
         (copy / "roots.jsonl").write_text("hello\n")
     elif damage == "empty roots":
         (copy / "roots.jsonl").write_text("")
+    elif damage.startswith("flipped"):
+        ckpt = ckpt0 if "initial" in damage else copy / "checkpoints" / "step_000002.safetensors"
+        _flip(ckpt, -2)  # a byte of the last tensor's values
+    elif damage.startswith("changed"):
+        lines = [json.loads(line) for line in (copy / "roots.jsonl").read_text().splitlines()]
+        if "log root" in damage:
+            lines[0]["log_root"] = "0" * 64
+        else:
+            lines[1]["loss"] *= 2
+        (copy / "roots.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
     fails(run("replay", "--run", str(copy)), *words, code=code)
 
 

@@ -327,6 +327,23 @@ def test_spec_model_file_errors(tmp_path: Path) -> None:
     assert TrainSpec.from_json(spec.to_json()) == spec
 
 
+def test_a_factory_that_raises_is_named_with_its_line(tmp_path: Path) -> None:
+    """Any exception of the user's factory is one SpecError naming the factory, the error and its line (before:
+    a traceback for anything but TypeError, and a TypeError inside the factory blamed the model_args)."""
+    from vtrain.training.spec import TrainSpec, build_job
+
+    src = tmp_path / "raises.py"
+    src.write_text("def helper(n):\n    return [1, 2][n]\n\n\ndef task(n=5):\n    return helper(n)\n\n\n"
+                   "def typo():\n    return len(3)\n")
+    with pytest.raises(SpecError, match=rf"raises\.py:task raised IndexError: list index out of range \(at {src}, "
+                                        r"line 2: return \[1, 2\]\[n\]\)"):
+        build_job(TrainSpec(model=f"{src}:task"))
+    with pytest.raises(SpecError, match=r"typo raised TypeError: object of type 'int' has no len\(\).*line 10"):
+        build_job(TrainSpec(model=f"{src}:typo"))
+    with pytest.raises(SpecError, match=r"model_args \['m'\]: the factory rejects them"):
+        build_job(TrainSpec(model=f"{src}:task", model_args={"m": 1}))
+
+
 def test_checkpoint_is_the_initial_state(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 

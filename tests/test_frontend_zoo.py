@@ -50,7 +50,8 @@ def _check(task: TorchTask, batch: int, seed: bytes | None = None) -> None:
 
 
 # --- the zoo --------------------------------------------------------------------------------------------
-DEFAULT_ZOO = {"mlp_acts", "cnn_groupnorm", "conv1d_seq", "stats_forward", "ema_buffer"}  # the rest: slow (each ~1 s)
+# the rest: slow (each ~1 s)
+DEFAULT_ZOO = {"mlp_acts", "cnn_groupnorm", "conv1d_seq", "llama_style", "stats_forward", "ema_buffer"}
 
 
 @pytest.mark.parametrize("name", [n if n in DEFAULT_ZOO else pytest.param(n, marks=pytest.mark.slow)
@@ -381,6 +382,97 @@ def test_group_and_instance_norm_and_embedding_bag_lowerings() -> None:
         _check(TorchTask(bag, F.cross_entropy, {"name": "SGD", "lr": 0.1}, [ids], np.arange(4) % 2), 4)
 
 
+def test_gather_along_any_axis_with_several_indices_per_row() -> None:
+    """cross_entropy over [N, C, T] (class axis 1: a gather on a middle axis), and gather with k indices per
+    row from a wider tensor (RoBERTa's token-type ids: a [1, P] buffer gathered by [B, T] positions)."""
+    torch.manual_seed(3)
+    x = np.random.default_rng(20).standard_normal((4, 5, 6)).astype(np.float32)
+    idx = np.random.default_rng(21).integers(0, 5, (4, 3, 6))
+
+    class Gathers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(5, 6))
+
+        def forward(self, a, i):
+            h = a * self.w
+            return (torch.gather(h, 1, i).sum((1, 2)) + torch.gather(h, 2, i[:, :2, :4].transpose(1, 2)).sum((1, 2))
+                    + torch.gather(h, 0, i[:2, :, :3].transpose(0, 1).clamp(max=3)).sum()
+                    + F.cross_entropy(h, i[:, 0, :]))
+
+    task = TorchTask(Gathers(), lambda o, t: (o * t).sum(), {"name": "SGD", "lr": 0.1}, [x, idx],
+                     np.random.default_rng(22).uniform(-1, 1, 4).astype(np.float32))
+    _check(task, 4)
+
+
+def test_attention_dropout_is_checked_with_the_graphs_masks() -> None:
+    """SDPA's and nn.MultiheadAttention's attention dropout is the graph's DROPOUT_MASK on the weights; the
+    FP64 check gives torch the same masks (torch's fused attention would draw its own)."""
+
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+            self.mha = nn.MultiheadAttention(8, 2, dropout=0.25, batch_first=True)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, -1)
+            h = F.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
+            return self.mha(h, h, h, need_weights=False)[0].mean(1)
+
+    torch.manual_seed(4)
+    x = np.random.default_rng(23).standard_normal((4, 5, 8)).astype(np.float32)
+    _check(TorchTask(Attn(), lambda o, t: (o * t).sum(), {"name": "SGD", "lr": 0.1}, [x],
+                     np.random.default_rng(24).uniform(-1, 1, (4, 8)).astype(np.float32)), 4, seed=bytes(range(32)))
+
+
+def test_an_empty_slice_is_a_known_empty_tensor() -> None:
+    """Rotary embeddings over the whole head (Phi-3, partial_rotary_factor 1) slice ``x[..., d:]`` to nothing
+    and concatenate it back: no elements, nothing computed (before: a GraphError from the builder)."""
+
+    class Rot(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            rot, rest = h[..., :4], h[..., 4:]
+            return torch.cat([torch.cat([-rot[..., 2:], rot[..., :2]], -1) * 0.5 + rot, rest], -1)
+
+    torch.manual_seed(5)
+    x = np.random.default_rng(25).standard_normal((4, 3, 4)).astype(np.float32)
+    _check(TorchTask(Rot(), F.mse_loss, {"name": "SGD", "lr": 0.1}, [x], x), 4)
+
+
+def test_capturing_a_recurrent_model_prints_none_of_torchs_own_warnings() -> None:
+    """torch's pytree deprecation (every export) and nn.LSTM's ``_flat_weights`` notice are torch's noise;
+    a user's own warning still shows."""
+    import warnings
+
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(7, 4)
+            self.rnn = nn.LSTM(4, 4, batch_first=True)
+            self.out = nn.Linear(4, 7)
+
+        def forward(self, x):
+            warnings.warn("the user's own warning", UserWarning, stacklevel=1)
+            return self.out(self.rnn(self.emb(x))[0])
+
+    torch.manual_seed(6)
+    ids = np.random.default_rng(26).integers(0, 7, (4, 5))
+    task = TorchTask(LM(), lambda o, t: F.cross_entropy(o.flatten(0, 1), t.flatten()), {"name": "SGD", "lr": 0.1},
+                     [ids], ids)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        capture(task, 4)
+    messages = [str(w.message) for w in seen]
+    assert not [m for m in messages if "LeafSpec" in m or "_flat_weights" in m], messages
+    assert "the user's own warning" in messages
+
+
 # --- optimizers -----------------------------------------------------------------------------------------
 def _mlp_task(opt: dict) -> TorchTask:
     torch.manual_seed(6)
@@ -440,6 +532,14 @@ def test_adam_without_decay_is_adamw_without_decay() -> None:
     ({"name": "SGD", "lr": 0.1, "dampening": 0.5}, "dampening must be 0"),
     ({"name": "RMSprop", "lr": 0.01}, "expected name 'SGD', 'Adam' or 'AdamW'"),
     ({"name": "Adam", "lr": 0.01, "decoupled_weight_decay": True}, r"unsupported setting\(s\) \['decoupled"),
+    # settings of the wrong type or range (a model argument passed on as is): named, not a ValueError traceback
+    ({"name": "SGD", "lr": "x"}, "optimizer SGD: lr: expected a finite number, got 'x'"),
+    ({"name": "SGD", "lr": "0.1"}, "lr: expected a finite number, got '0.1'"),
+    ({"name": "SGD", "lr": 0.1, "momentum": float("nan")}, "momentum: expected a finite number, got nan"),
+    ({"name": "SGD", "lr": -0.1}, r"lr: expected a number >= 0 \(as torch.optim\), got -0.1"),
+    ({"name": "AdamW", "lr": 0.1, "betas": 0.9}, r"betas: expected two numbers \(beta1, beta2\), got 0.9"),
+    ({"name": "Adam", "lr": 0.1, "betas": (0.9, 1.0)}, r"betas\[1\]: expected a number in \[0, 1\)"),
+    ({"name": "AdamW", "lr": 0.1, "eps": None}, "eps: expected a finite number, got None"),
 ])
 def test_unsupported_optimizer_options_are_refused_by_name(opt: dict, match: str) -> None:
     from vtrain.frontend.capture import optimizer_config

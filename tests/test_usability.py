@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -162,7 +163,7 @@ def test_a_complete_or_different_run_is_not_overwritten(mlp_run: Path) -> None:
     before = (mlp_run / "roots.jsonl").read_bytes()
     err(run("train", "--out", mlp_run, *MLP), 1, "already holds a complete run")
     err(run("train", "--out", mlp_run, *MLP[:-1], "16"), 1, "another spec", "mlp.hidden")
-    err(run("train", "--resume", mlp_run), 1, "already holds a complete run")
+    err(run("train", "--resume", mlp_run), 1, "already holds a complete run", "nothing to resume")
     assert (mlp_run / "roots.jsonl").read_bytes() == before
 
 
@@ -242,6 +243,18 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     assert "train mlp (certified): step 6/6 loss" in r.stderr
 
 
+def test_a_warning_is_one_plain_line_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    """Before: rich wrapped it at 80 columns under a timestamp (8 lines for the missing native library)."""
+    env = {**os.environ, "VTRAIN_NATIVE_NUMERICS_LIB": str(tmp_path / "absent.so")}
+    env.pop("VTRAIN_NATIVE_NUMERICS", None)
+    r = subprocess.run([sys.executable, "-m", "protocol.cli", "train", "--out", str(tmp_path / "r"), *MLP],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "native" in ln or "numpy" in ln]
+    assert len(lines) == 1 and lines[0].startswith("WARNING vtrain.numerics.native: native numerics kernels "
+                                                   "unavailable (") and "using numpy" in lines[0], r.stderr
+
+
 # -- using what was trained ----------------------------------------------------------------------------
 
 
@@ -313,6 +326,21 @@ def test_export_of_the_mlp_and_a_tampered_checkpoint(mlp_run: Path, tmp_path: Pa
     ck.write_bytes(save(d))
     err(run("export", copy, "--out", tmp_path / "y"), 1, "step_000006", "state root")
     assert not (tmp_path / "y").exists()
+
+
+def test_export_never_writes_over_a_models_own_files(mlp_run: Path, tmp_path: Path) -> None:
+    """A folder with a model.safetensors / config.json no export wrote (a HF model folder) is refused and kept
+    (before: both were overwritten); an earlier export in the folder is replaced."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"their weights")
+    (hf / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    err(run("export", mlp_run, "--out", hf), 1, "model.safetensors and config.json", "no vtrain export wrote")
+    assert (hf / "model.safetensors").read_bytes() == b"their weights"
+    assert (hf / "config.json").read_text() == '{"architectures": ["GPT2LMHeadModel"]}'
+    ok(run("export", mlp_run, "--out", tmp_path / "x"))
+    ok(run("export", mlp_run, "--out", tmp_path / "x", "--step", "2"))
+    assert json.loads((tmp_path / "x" / "config.json").read_text())["step"] == 2
 
 
 def test_inspect_counts_entries_and_draws_the_plots(mlp_run: Path, tmp_path: Path) -> None:

@@ -258,13 +258,33 @@ def _resume_point(run: Any, job: Any) -> tuple[int, list]:
     return resume_point(run, job)
 
 
+THREADS_PER_CPU = 16
+MIN_THREAD_CAP = 64
+"""``--threads`` above ``max(MIN_THREAD_CAP, THREADS_PER_CPU * CPUs)`` is refused: only slower, and at
+some thousands the BLAS fails to start its threads and the process crashes (a segmentation fault)."""
+
+
+def _usable_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _apply_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int:
     """Set this process's compute threads as soon as the option is parsed (before any step)."""
     from vtrain.errors import VtrainError
     from vtrain.graph.executor import set_threads
 
+    source = "--threads"
     if value is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         value = int(os.environ["OMP_NUM_THREADS"]) or None
+        source = "$OMP_NUM_THREADS"
+    cpus = _usable_cpus()
+    most = max(MIN_THREAD_CAP, THREADS_PER_CPU * cpus)
+    if value is not None and value > most:  # thousands of threads: the BLAS cannot start them and the process dies
+        raise click.BadParameter(f"{value} threads for the {cpus} CPUs this process may use (at most {most}); "
+                                 "give the cores you may use", param_hint=source)
     try:
         return set_threads(value)
     except VtrainError as e:
@@ -418,6 +438,7 @@ def _train(
     threads: int | None = None,
     trust_model_code: bool = False,
 ) -> None:
+    from vtrain.errors import VtrainError
     from vtrain.training.rundir import RunDir
     from vtrain.training.spec import TrainSpec, build_job
     from vtrain.training.trust import trust
@@ -445,18 +466,39 @@ def _train(
                 raise Failure(f"--out {out} already holds a run of another spec ({diff}); choose another --out")
             _check_model_code(run, old, trust_model_code)
             spec = old
-    stored = spec
+    stored = given = spec
+    made_folder = False
     if fresh:  # a file model is built from its pinned copy in the run folder, not the user's file
-        stored = run.pin_model(spec)
+        if clash := run.foreign_entries():
+            raise Failure(f"--out {run.path} holds no run but has {', '.join(clash)} of its own, which a new "
+                          "run would write over; choose a new or empty folder")
+        made_folder = not run.path.exists()
+        try:
+            stored = run.pin_model(spec)
+        except BaseException:
+            run.remove_unstarted(spec, made_folder)
+            raise
         spec = run.resolve_model(stored)
         if stored.pinned:  # the user named this source: theirs to run again from the run folder
             trust(stored.model_sha256, spec.model.rpartition(":")[0])
-    job = build_job(spec)
+    try:
+        job = build_job(spec)
+    except BaseException as e:  # a refused model leaves no half-made run folder behind (a retry starts fresh)
+        if not fresh:
+            raise
+        run.remove_unstarted(stored, made_folder)
+        if not stored.pinned or not isinstance(e, VtrainError):
+            raise
+        # the error names the user's file, which they edit, not the (removed) copy it was built from
+        failure = _failure(e)
+        failure.message = failure.message.replace(spec.model.rpartition(":")[0], given.model.rpartition(":")[0])
+        raise failure from None
     if not fresh:
         run.verify_dataset(job.dataset)
         roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
         if len(roots) >= spec.steps and all(s in roots for s in range(1, spec.steps + 1)):
-            raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; choose another --out")
+            raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; "
+                          + ("nothing to resume" if resume is not None else "choose another --out"))
     if nproc > 1:
         from vtrain.distributed.launch import launch
         from vtrain.distributed.worker import check_spec
@@ -570,9 +612,18 @@ def _replay(
     _check_model_code(run, spec, trust_model_code)
     job = build_job(spec)
     run.verify_dataset(job.dataset)
-    state = run.read_checkpoint(from_step, job.graph)
+    from vtrain.outputs.export import verified_state
+
+    if from_step > 0 or job.torch is None:  # a changed checkpoint is named, not a divergence at once
+        _, state = verified_state(run, job, from_step)
+    else:  # a torch model's initial weights come from torch's RNG, whose bits can differ between machines
+        state = run.read_checkpoint(0, job.graph)  # (vectorised normal_): the run's own step 0 is the start
+    same_mode = (mode or spec.mode) == spec.mode  # another mode's replay recomputes other values
+    logged = same_mode and spec.mode in ("certified", "paper")
+    checkpoints = set(run.checkpoint_steps())
     first_bad = None
     matched = 0
+    damaged: list[str] = []
     t0 = time.perf_counter()
     with StepProgress("replay", last, done=from_step) as prog:
         logs = lambda s: run.read_log(s, job.graph)  # noqa: E731
@@ -582,14 +633,48 @@ def _replay(
                 raise Failure(f"roots.jsonl has no record of step {o.step}")
             if o.state_root.hex() == want["state_root"]:
                 matched += 1
+                if first_bad is None:  # the run's other records of this step, checked against the replay
+                    damaged += _damaged_records(run, job, o, want, same_mode, logged, o.step in checkpoints)
             elif first_bad is None:
                 first_bad = o.step
             prog.update(o.step)
     verdict = {"run": str(run_path), "steps": last - from_step, "matched": matched, "first_divergent_step": first_bad,
                "seconds": round(time.perf_counter() - t0, 3), "device": device, "threads": threads}
+    if damaged:
+        verdict["damaged"] = damaged
     click.echo(json.dumps(verdict))
     if first_bad is not None:
         sys.exit(EXIT_DIVERGED)
+    if damaged:
+        more = f" (and {len(damaged) - 1} more, listed in the verdict)" if len(damaged) > 1 else ""
+        raise Failure(f"every state root matched, but the run folder was changed: {damaged[0]}{more}")
+
+
+def _damaged_records(run: Any, job: Any, o: Any, want: dict, same_mode: bool, logged: bool,
+                     has_checkpoint: bool) -> list[str]:
+    """What of step ``o.step``'s records differs from its (matching) replay: the loss (a replay in the run's
+    mode) and the log root (one that reads the step's log) of roots.jsonl, and the step's checkpoint."""
+    from vtrain.commit.roots import state_root
+    from vtrain.errors import VtrainError
+    from vtrain.training.loop import component_roots
+
+    out = []
+    rec = run.path / "roots.jsonl"
+    if same_mode and want.get("loss") != o.loss:
+        out.append(f"{rec}: step {o.step} records loss {want.get('loss')!r}, the replay's is {o.loss!r}")
+    if logged and want.get("log_root") != o.log_root.hex():
+        out.append(f"{rec}: step {o.step} records log root {want.get('log_root')}, its log "
+                   f"{run.log_path(o.step)} has {o.log_root.hex()}")
+    if has_checkpoint:
+        try:
+            got = state_root(component_roots(run.read_checkpoint(o.step, job.graph))).hex()
+        except VtrainError as e:
+            out.append(str(e))
+        else:
+            if got != o.state_root.hex():
+                out.append(f"checkpoint {run.ckpt_path(o.step)}: state root {got}, the replay's (and the recorded) "
+                           f"{o.state_root.hex()}")
+    return out
 
 
 # -- using what was trained -------------------------------------------------------------------------
@@ -662,7 +747,26 @@ def _export(run_path: Path, out: Path, step: int | None, trust_model_code: bool 
     from vtrain.outputs.export import export_run
 
     run, job = _open_run(run_path, trust_model_code)
+    if foreign := [n for n in ("model.safetensors", "config.json") if not _our_export(out / n)]:
+        raise Failure(f"--out {out} holds {' and '.join(foreign)} that no vtrain export wrote (a model's own "
+                      "files?); export would write over them: choose another folder")
     click.echo(json.dumps(export_run(run, job, out, step)))
+
+
+def _our_export(p: Path) -> bool:
+    """True when ``p`` is absent or one of vtrain's own export files (its ``step`` field): re-exporting into
+    the same folder replaces them, anything else there is the user's."""
+    if not os.path.lexists(p):
+        return True
+    try:
+        with open(p, "rb") as f:
+            if p.suffix == ".safetensors":
+                n = int.from_bytes(f.read(8), "little")
+                head = json.loads(f.read(min(n, 1 << 20)).decode("utf-8"))
+                return "step" in (head.get("__metadata__") or {})
+            return "step" in json.loads(f.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
 
 
 @click.command("inspect", epilog=EXIT_CODES_HELP)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vtrain.errors import GraphError
 from vtrain.frontend.errors import FrontendError, UnsupportedOp, describe_function, node_origin
 from vtrain.frontend.lowering import (
     NO_FOLD,
@@ -180,22 +181,39 @@ def optimizer_config(settings: Mapping[str, Any]) -> OptimConfig:
     for k in _IGNORED:
         s.pop(k, None)
     if name == "sgd":
-        if float(s.pop("dampening", 0.0)) != 0.0:
+        if _number(s.pop("dampening", 0.0), "dampening", what) != 0.0:
             raise FrontendError("optimizer SGD: dampening must be 0")
         nesterov = bool(s.pop("nesterov", False))
         _only(s, {"lr", "momentum", "weight_decay"}, "SGD")
-        momentum = float(s.get("momentum", 0.0))
+        momentum = _number(s.get("momentum", 0.0), "momentum", what)
         if nesterov and momentum <= 0.0:
             raise FrontendError("optimizer SGD: nesterov=True needs momentum > 0 (as torch.optim.SGD)")
         cls = NesterovSGDConfig if nesterov else SGDConfig
-        return cls(lr=float(s.get("lr", 1e-3)), momentum=momentum, weight_decay=float(s.get("weight_decay", 0.0)))
+        return cls(lr=_number(s.get("lr", 1e-3), "lr", what), momentum=momentum,
+                   weight_decay=_number(s.get("weight_decay", 0.0), "weight_decay", what))
     _only(s, {"lr", "betas", "eps", "weight_decay"}, what)
-    b1, b2 = s.get("betas", (0.9, 0.999))
+    betas = s.get("betas", (0.9, 0.999))
+    if not isinstance(betas, list | tuple) or len(betas) != 2:
+        raise FrontendError(f"optimizer {what}: betas: expected two numbers (beta1, beta2), got {betas!r}")
+    b1, b2 = (_number(b, f"betas[{i}]", what) for i, b in enumerate(betas))
     default_wd = 0.0 if name == "adam" else 0.01  # torch.optim's defaults
-    wd = float(s.get("weight_decay", default_wd))
+    wd = _number(s.get("weight_decay", default_wd), "weight_decay", what)
     acls = AdamConfig if name == "adam" and wd != 0.0 else AdamWConfig  # Adam with wd 0 is AdamW with wd 0
-    return acls(lr=float(s.get("lr", 1e-3)), beta1=float(b1), beta2=float(b2), eps=float(s.get("eps", 1e-8)),
-                weight_decay=wd)
+    return acls(lr=_number(s.get("lr", 1e-3), "lr", what), beta1=b1, beta2=b2,
+                eps=_number(s.get("eps", 1e-8), "eps", what), weight_decay=wd)
+
+
+def _number(v: Any, key: str, what: str) -> float:
+    """An optimizer setting as a float: a finite int or float (a 0-dim tensor's value) in torch.optim's range
+    (not negative; a beta below 1), else FrontendError."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.dtype.is_complex:
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise FrontendError(f"optimizer {what}: {key}: expected a finite number, got {v!r}")
+    if v < 0.0 or (key.startswith("betas") and v >= 1.0):
+        bound = "in [0, 1)" if key.startswith("betas") else ">= 0"
+        raise FrontendError(f"optimizer {what}: {key}: expected a number {bound} (as torch.optim), got {v!r}")
+    return float(v)
 
 
 def torch_optimizer(cfg: OptimConfig, params: list[torch.Tensor], lr: float | None = None) -> torch.optim.Optimizer:
@@ -280,6 +298,12 @@ def lower_program(ep, L: Lowerer, placeholders: dict[str, Any],
             except Exception as e:  # noqa: BLE001 - any failure of a user's op is reported with its origin
                 raise _unsupported(node, f"evaluating it at build time failed: {e}", loss_name) from None
             continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.numel() == 0 and node.target not in NO_FOLD:
+            # no elements (``x[..., d:]`` with d the axis length, as partial rotary embeddings slice):
+            # nothing of it depends on any input; a known empty tensor (``cat`` drops it)
+            env[node.name] = torch.zeros(tuple(int(s) for s in val.shape), dtype=val.dtype)
+            continue
         fn = lowering_of(node.target)
         if fn is None:
             raise _unsupported(node, "", loss_name)
@@ -289,6 +313,8 @@ def lower_program(ep, L: Lowerer, placeholders: dict[str, Any],
         except UnsupportedOp as e:
             if "Supported ATen ops" in str(e):
                 raise
+            raise _unsupported(node, str(e), loss_name) from None
+        except GraphError as e:  # a lowering's arguments the graph cannot express: named with its origin
             raise _unsupported(node, str(e), loss_name) from None
         env[node.name] = _check_shapes(L, node, out)
     return outputs, counts
@@ -423,6 +449,15 @@ def _refuse_backward_hooks(module: nn.Module) -> None:
                                 "graph's gradient is autodiff's of the forward, without hooks; remove it")
 
 
+TORCH_NOISE: tuple[tuple[type[Warning], str], ...] = (
+    # its pytree deprecation notice, on every export (and the deepcopy in run_decompositions)
+    (FutureWarning, r".*LeafSpec"),
+    # nn.RNN/LSTM/GRU re-list their own parameters in ``_flat_weights`` when export swaps them in
+    (UserWarning, r"The tensor attributes ([\w.\[\]']+\._flat_weights\[\d+\](, )?)+ were assigned during export"),
+)
+"""Warnings torch prints while capturing an ordinary model (filtered there, and nowhere else)."""
+
+
 def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Captured:
     """Export ``task``'s model and loss on a batch of ``batch_size`` rows and build the step graph."""
     cfg = optimizer_config(task.optimizer)  # bad settings are refused before anything runs
@@ -436,13 +471,14 @@ def capture(task: TorchTask, batch_size: int, n_steps: int | None = None) -> Cap
     wrapper = _WithLoss(module, task.loss, flds)
     custom: list[type] = []
     try:
-        with warnings.catch_warnings():  # torch's own pytree deprecation notice, on every export
-            warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+        with warnings.catch_warnings():  # torch's own notices, not the user's to act on
+            for category, message in TORCH_NOISE:
+                warnings.filterwarnings("ignore", category=category, message=message)
             with _custom_functions(custom):
                 ep = torch.export.export(wrapper, (rows,), strict=False)
-        mark_detaches(ep)
-        mark_no_grad_regions(ep)
-        ep = ep.run_decompositions(decomposition_table())
+            mark_detaches(ep)
+            mark_no_grad_regions(ep)
+            ep = ep.run_decompositions(decomposition_table())
     except UnsupportedOp:
         raise
     except Exception as e:  # noqa: BLE001 - export errors come from the user's code; keep them short

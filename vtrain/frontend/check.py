@@ -22,7 +22,8 @@ from vtrain.graph.step_graph import OpKind, bits_f32, f32_bits
 
 @contextlib.contextmanager
 def same_dropout(seed: bytes, step: int) -> Iterator[None]:
-    """Make torch's ``F.dropout`` (and the channel dropouts ``F.dropout1d/2d/3d``) use the graph's masks: the
+    """Make torch's ``F.dropout`` (the channel dropouts ``F.dropout1d/2d/3d``, and the attention dropout of
+    ``F.scaled_dot_product_attention``, which ``nn.MultiheadAttention`` calls) use the graph's masks: the
     k-th dropout call with p > 0 gets DROPOUT_MASK salt k (the builder numbers them in the same, execution,
     order); a channel dropout's mask has one element per (sample, channel)."""
     F = torch.nn.functional
@@ -49,13 +50,35 @@ def same_dropout(seed: bytes, step: int) -> Iterator[None]:
         scale = bits_f32(f32_bits(1.0 / (1.0 - p)))
         return x * (keep.to(x.dtype) * scale)
 
+    orig_sdpa = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        """torch's math attention with its dropout on the weights through :func:`dropout` (torch's fused
+        kernels draw their own mask; the graph's decomposition is this one with a DROPOUT_MASK)."""
+        if dropout_p == 0.0:
+            return orig_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                             enable_gqa=enable_gqa)
+        n, s = q.size(-2), k.size(-2)
+        bias = torch.zeros(n, s, dtype=q.dtype)
+        if is_causal:
+            bias = bias.masked_fill(~torch.ones(n, s, dtype=torch.bool).tril(), float("-inf"))
+        if attn_mask is not None:
+            bias = bias.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else attn_mask + bias
+        if enable_gqa:
+            k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
+            v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
+        w = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.size(-1)) if scale is None else scale) + bias
+        return dropout(torch.softmax(w, -1), dropout_p) @ v
+
     F.dropout = dropout
+    F.scaled_dot_product_attention = sdpa
     for name in originals:
         setattr(F, name, channel_dropout)
     try:
         yield
     finally:
         F.dropout = orig
+        F.scaled_dot_product_attention = orig_sdpa
         for name, fn in originals.items():
             setattr(F, name, fn)
 

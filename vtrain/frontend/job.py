@@ -145,6 +145,19 @@ def apply_checkpoint(module: torch.nn.Module, sd: dict[str, torch.Tensor], where
             own_t.copy_(v.to(own_t.dtype))
 
 
+def _user_frame(e: BaseException, model: str) -> str:
+    """`` (at FILE, line N: code)`` of the innermost frame of ``e`` in the model's file, else the innermost one."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)[1:]  # [0] is make_task's call
+    if not frames:
+        return ""
+    source = str(parse_model_ref(model)[0])
+    mine = [f for f in frames if f.filename == source]
+    f = (mine or frames)[-1]
+    return f" (at {f.filename}, line {f.lineno}" + (f": {f.line})" if f.line else ")")
+
+
 def make_task(model: str, model_args: dict[str, Any], seed: int, checkpoint: str | None,
               model_sha256: str | None = None, checkpoint_sha256: str | None = None) -> TorchTask:
     """Call the factory (seeded), check what it returns, load the checkpoint if any (each file
@@ -152,10 +165,18 @@ def make_task(model: str, model_args: dict[str, Any], seed: int, checkpoint: str
     fn = load_factory(model, model_sha256)
     torch.manual_seed(seed % 2**63)
     np.random.seed(seed % 2**32)
+    import inspect
+
     try:
-        task = fn(**model_args)
+        inspect.signature(fn).bind(**model_args)
     except TypeError as e:
         raise SpecError(f"spec: model_args {sorted(model_args)}: the factory rejects them ({e})") from None
+    except ValueError:  # no signature to check (a builtin): the call says
+        pass
+    try:
+        task = fn(**model_args)
+    except Exception as e:  # noqa: BLE001 - the user's factory: one line naming its file and line
+        raise SpecError(f"spec: model: {model} raised {type(e).__name__}: {e}{_user_frame(e, model)}") from None
     if not isinstance(task, TorchTask):
         raise SpecError(f"spec: model: {model} must return a vtrain.frontend.TorchTask, got {type(task).__name__}")
     if not isinstance(task.module, torch.nn.Module):

@@ -1399,12 +1399,24 @@ def _index(L: Lowerer, node, a, indices):
 
 @lowering(aten.gather.default)
 def _gather(L: Lowerer, node, a, dim, index, sparse_grad=False):
-    """``a.gather(dim, index)`` along the last axis with one index per row: GATHER."""
+    """``a.gather(dim, index)``: ``dim`` moved last (PERMUTE), ``a`` SLICEd to the index's extent on the
+    other axes; one index per row is one GATHER, ``k`` per row GATHER from ``a`` EXPANDed ``k`` times."""
     t, ti = L.t(a), L.t(index)
-    if dim % t.rank != t.rank - 1 or ti.shape != t.shape[:-1] + (1,):
-        raise UnsupportedOp(f"gather along dim {dim} with index shape {ti.shape} "
-                            "(only the last axis, one index per row)")
-    return Sym(L.g.gather(t, ti))
+    dim %= t.rank
+    if ti.rank != t.rank or any(ti.shape[d] > t.shape[d] for d in range(t.rank) if d != dim):
+        raise UnsupportedOp(f"gather along dim {dim} with index shape {ti.shape} from shape {t.shape}")
+    for d in range(t.rank):
+        if d != dim and ti.shape[d] < t.shape[d]:
+            t = L.g.slice(t, d, 0, ti.shape[d])
+    x, back = L.to_last(t, dim)
+    ix, _ = L.to_last(ti, dim)
+    k, n = ix.shape[-1], x.shape[-1]
+    if k == 1:
+        out = L.g.gather(x, ix)
+    else:
+        rows = L.g.expand(L.reshape(x, x.shape[:-1] + (1, n)), x.shape[:-1] + (k, n))
+        out = L.reshape(L.g.gather(rows, L.reshape(ix, ix.shape + (1,))), ix.shape)
+    return Sym(L.perm(out, back) if back else out)
 
 
 # === tensors known at build time =====================================================================

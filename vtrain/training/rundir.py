@@ -22,6 +22,7 @@ changed since training is reported (the file and both sha256) before any step ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -95,6 +96,10 @@ def decode_checkpoint(data: bytes, graph: Graph, what: str = "checkpoint") -> li
     return state_tensors(out)
 
 
+LAYOUT = ("spec.json", "inputs.json", "roots.jsonl", "vocab.json", "data", "model", "logs", "checkpoints")
+"""The names a run writes in its folder (``inspect`` adds ``plots``)."""
+
+
 @dataclass
 class RunDir:
     """Reader/writer of one run folder."""
@@ -103,6 +108,28 @@ class RunDir:
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+
+    def foreign_entries(self) -> list[str]:
+        """Entries of :data:`LAYOUT` already in a folder that holds no run (no spec.json, no roots.jsonl):
+        not this project's, and a new run would write over them."""
+        if not self.path.is_dir() or (self.path / "spec.json").exists() or (self.path / "roots.jsonl").exists():
+            return []
+        return [n for n in LAYOUT if os.path.lexists(self.path / n)]
+
+    def remove_unstarted(self, spec: TrainSpec, made_folder: bool) -> None:
+        """Undo a fresh start that failed before its spec.json was written: the pinned copies of the model
+        source and checkpoint (:meth:`pin_model`, written into a folder :meth:`foreign_entries` found
+        free of them), ``model/`` if that leaves it empty, and the run folder if this start made it and
+        it is empty. Nothing else is touched."""
+        if (self.path / "spec.json").exists():
+            return
+        if spec.pinned:
+            for rel in (spec.model.rpartition(":")[0], spec.checkpoint):
+                if rel and not Path(rel).is_absolute() and rel.startswith("model/"):
+                    (self.path / rel).unlink(missing_ok=True)
+        for d in ([self.path / "model"] + ([self.path] if made_folder else [])):
+            with contextlib.suppress(OSError):  # not empty (or not there): kept
+                d.rmdir()
 
     # spec
     def write_spec(self, spec: TrainSpec) -> None:
@@ -294,14 +321,15 @@ class RunDir:
         got = json.loads(json.dumps(spec.to_dict()))  # as recorded (tuples are JSON lists)
         if got != want:
             key = _first_difference(want, got)
-            raise DataChanged(f"{self.path / 'spec.json'} changed since training: {key}")
+            raise DataChanged(f"{self.path / 'spec.json'} changed since training (or the copy of the spec that "
+                              f"{self.path / 'inputs.json'} records did): {key}")
 
     def verify_dataset(self, dataset: Dataset) -> None:
         """The dataset built for a replay is the one trained on (sha256 of its samples)."""
         want = (self.read_inputs() or {}).get("dataset_sha256")
         if want is not None and (got := dataset_sha256(dataset)) != want:
             raise DataChanged(f"the dataset of {self.path} differs from the one trained on: "
-                              f"sha256 {got}, recorded {want}")
+                              f"sha256 {got}, recorded in {self.path / 'inputs.json'} {want}")
 
     def read_vocab(self, dataset: Dataset) -> list[str] | None:
         """The vocabulary of the run: ``dataset``'s (built from the pinned text), checked against
