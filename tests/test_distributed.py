@@ -447,3 +447,28 @@ def test_torchrun_runs_the_worker_with_its_rendezvous(tmp_path):
     done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert [run.read_roots()[s]["state_root"] for s in (1, 2, 3)] == ref
+
+
+def test_a_step_with_no_finite_value_on_two_ranks_is_a_divergence_as_in_one_process():
+    """lr 1e6 on the MLP: step 3's MUL (op 17) overflows. Two real ranks give the steps before it and
+    then the same typed error as one process (op named), not an anonymous failed rank: a trainer
+    agent with --nproc 2 refuses such a job by name (protocol.trainer.JobDiverges) instead of a
+    generic rank failure."""
+    from dataclasses import replace
+
+    from vtrain.distributed.launch import train_span
+    from vtrain.errors import NonFiniteValue
+
+    spec = TrainSpec(model="mlp", batch_size=16, steps=4, interval=4)
+    job = build_job(replace(spec, optimizer=replace(spec.optimizer, lr=1e6)))
+    state = state_tensors(job.initial_state)
+    one, two = [], []
+    with pytest.raises(NonFiniteValue) as e1:
+        for o in train_steps(job, state, 1, 4):
+            one.append(o.state_root)
+    with pytest.raises(NonFiniteValue) as e2:
+        for o in train_span(job, state, 1, 4, nproc=2):
+            two.append(o.state_root)
+    assert len(one) == 2 and two == one
+    assert e1.value.op == e2.value.op == 17, (e1.value, e2.value)
+    assert "step 3" in str(e2.value)

@@ -8,7 +8,9 @@ rendezvous variables torchrun would set (``MASTER_ADDR=127.0.0.1``, ``MASTER_POR
 
 If a rank fails, the others stop at their next collective (the peer is gone, or the collective
 timeout passes); the launcher then ends any rank still running and raises
-:class:`~vtrain.errors.VtrainError` naming the ranks and their last error line. The leader writes
+:class:`~vtrain.errors.VtrainError` naming the ranks and their last error line, or
+:class:`~vtrain.errors.NonFiniteValue` (with the op and element the rank named) when a rank's step
+had no finite value: the run diverged, as one process would have said. The leader writes
 checkpoints as it goes, so the folder resumes (``resume=True``) from the last one.
 """
 
@@ -30,7 +32,7 @@ import torch
 
 import vtrain
 from vtrain.commit.roots import state_root
-from vtrain.errors import VtrainError
+from vtrain.errors import NonFiniteValue, VtrainError
 from vtrain.training.loop import StepOutcome, component_roots
 from vtrain.training.rundir import RunDir
 from vtrain.training.spec import Job
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: How long the other ranks get to notice a failed rank and exit before the launcher ends them.
 GRACE_S = 30.0
+#: A rank's error line for a step with no finite value (then a JSON record: op, index, message).
+NONFINITE_MARK = "vtrain-nonfinite: "
 
 
 def free_port() -> int:
@@ -114,6 +118,9 @@ def launch(
     err_text, out_text = texts[:nproc], texts[nproc:]
     failed = [r for r, c in enumerate(codes) if c != 0]
     if failed:
+        diverged = _nonfinite(err_text[r] for r in failed)
+        if diverged is not None:
+            raise diverged
         parts = []
         for r in failed:
             lines = [ln for ln in err_text[r].splitlines() if ln.strip()]
@@ -125,6 +132,23 @@ def launch(
     if not lines:
         raise VtrainError(f"rank 0 printed no summary; its error output: {err_text[0][-500:]}")
     return json.loads(lines[-1])
+
+
+def _nonfinite(texts: Iterator[str]) -> NonFiniteValue | None:
+    """The first failed rank's report of a step with no finite value (``NONFINITE_MARK``), if any:
+    the other ranks then fail only because that one stopped."""
+    for text in texts:
+        for line in text.splitlines():
+            if not line.startswith(NONFINITE_MARK):
+                continue
+            try:
+                r = json.loads(line[len(NONFINITE_MARK):])
+                op, index = r.get("op"), r.get("index")
+                return NonFiniteValue(str(r["message"]), op=op if isinstance(op, int) else None,
+                                      index=index if isinstance(index, int) else None)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return None
 
 
 def _wait(procs: list[subprocess.Popen]) -> list[int]:
@@ -157,9 +181,15 @@ def train_span(
         run = RunDir(Path(tmp))
         run.write_spec(job.spec)
         run.write_checkpoint(first - 1, job.graph, state)
-        launch(run.path, nproc, span=(first, last), device=device)
-        roots = run.read_roots()
+        diverged: NonFiniteValue | None = None
+        try:
+            launch(run.path, nproc, span=(first, last), device=device)
+        except NonFiniteValue as e:  # the steps before it are outcomes, as in one process
+            diverged = e
+        roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
         for s in range(first, last + 1):
+            if diverged is not None and s not in roots:
+                raise diverged
             st = run.read_checkpoint(s, job.graph)
             comp = component_roots(st)
             rec = roots[s]

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from vtrain.errors import VtrainError
+from vtrain.errors import NonFiniteValue, VtrainError
 from vtrain.graph.executor import StepExecutor, state_tensors
 from vtrain.numerics.logfile import encode_step_log
 from vtrain.numerics.rounding import Mode
@@ -35,6 +35,7 @@ from vtrain.training.rundir import RunDir
 from vtrain.training.spec import Job, TrainSpec, build_job
 
 from .collective import Collective, Combiner, DistCombiner, agree, collective_device
+from .launch import NONFINITE_MARK
 from .sharding import analyse, shards
 
 log = logging.getLogger(__name__)
@@ -256,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (VtrainError, OSError, RuntimeError, ValueError) as e:  # gloo reports a lost peer as RuntimeError
         msg = " ".join(str(e).split())
+        if isinstance(e, NonFiniteValue):  # typed for the launcher: a divergence, not a failed rank
+            record = {"error": "NonFiniteValue", "op": e.op, "index": e.index, "message": msg[:2000]}
+            print(NONFINITE_MARK + json.dumps(record), file=sys.stderr, flush=True)
         print(f"rank {rank}: {type(e).__name__}: {msg[:2000]}", file=sys.stderr, flush=True)
         return 1
 
