@@ -72,6 +72,37 @@ def pin_files(spec):
     return out
 
 
+#: A run folder's pin of the initial weights a file model's factory drew (``model/initial.safetensors``).
+INITIAL_WEIGHTS = "initial.safetensors"
+
+#: Why a file model without a checkpoint has no portable initial state (messages of train, create-job,
+#: replay and the agents).
+RANDOM_INIT_CAUSE = ("its initial weights are what the factory draws from torch's random number generator, "
+                     "and torch's random init kernels (normal_, uniform_, kaiming_uniform_) give different bits "
+                     "on CPUs with other vector instructions (AVX2, AVX-512, ARM, ATEN_CPU_CAPABILITY)")
+
+
+def draws_initial_weights(spec) -> bool:
+    """True for a file model without a ``checkpoint``: its initial state is whatever its factory
+    draws after ``torch.manual_seed``, which depends on the CPU's torch kernels (not portable)."""
+    return is_file_model(spec.model) and spec.checkpoint is None
+
+
+def initial_weights_bytes(module: torch.nn.Module) -> bytes:
+    """``module.state_dict()`` as safetensors bytes, each tensor once (tied weights under their first
+    name, as :func:`apply_checkpoint` accepts them): loaded back, the same bits."""
+    from safetensors.torch import save
+
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for k, v in module.state_dict(keep_vars=True).items():
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        out[k] = v.detach().clone().contiguous()
+    return save(out, metadata={"format": "pt", "vtrain": "initial weights drawn by the factory"})
+
+
 def load_factory(model: str, sha256: str | None = None):
     """The factory function named by ``model`` (the file imported under a private module name).
 
