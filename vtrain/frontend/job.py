@@ -1,10 +1,11 @@
 """A training job from a user's Python file: ``model = "path/to/file.py:factory"`` in the spec.
 
 ``factory(**model_args)`` returns a :class:`~vtrain.frontend.TorchTask`. It is called after
-``torch.manual_seed(spec.seed)`` so a randomly initialised module is the same on every machine (the
-initial state is committed either way). ``checkpoint`` (safetensors or a ``state_dict`` .pt file)
-replaces the module's initial weights: fine-tuning starts from it, and it is what the initial
-state root commits to.
+``torch.manual_seed(spec.seed)``; the weights it draws are still not the same bits on every CPU
+(:data:`RANDOM_INIT_CAUSE`), so a run folder pins them as its checkpoint
+(:meth:`~vtrain.training.rundir.RunDir.pin_initial_weights`). ``checkpoint`` (safetensors or a
+``state_dict`` .pt file) replaces the module's initial weights: fine-tuning starts from it, and it
+is what the initial state root commits to.
 """
 
 from __future__ import annotations
