@@ -227,3 +227,13 @@ def test_create_job_refuses_a_file_model_without_a_checkpoint_and_the_advice_wor
     ok(run("train", "--out", out, "--spec", spec_file))
     r = run("client", "create-job", *chain, "--spec", out / "spec.json")
     assert r.exit_code == 1 and "has no checkpoint" not in r.output and "none.json" in r.output, r.output
+
+
+def test_a_spec_refused_for_data_parallel_training_leaves_nothing_pinned(user: Path, tmp_path: Path) -> None:
+    """`--nproc 2` with a mode it refuses: nothing is written (before: model/ with the source and the drawn
+    weights was left, and the retry was refused as a folder holding files of its own)."""
+    out = tmp_path / "run"
+    r = run("train", "--out", out, "--model", f"{user}/net.py:task", *ARGS, "--nproc", "2", "--mode", "fp32")
+    assert r.exit_code == 1 and "expected mode 'certified'" in r.output, r.output
+    assert not out.exists()
+    ok(run("train", "--out", out, "--model", f"{user}/net.py:task", *ARGS, "--mode", "fp32"))

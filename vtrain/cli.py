@@ -471,6 +471,10 @@ def _train(
                 raise Failure(f"--out {out} already holds a run of another spec ({diff}); choose another --out")
             spec = run.read_spec()
             _check_model_code(run, spec, trust_model_code)
+    if nproc > 1:  # before anything is pinned: a refused spec leaves no model/ behind to block a retry
+        from vtrain.distributed.worker import check_spec
+
+        check_spec(spec, nproc)
     stored = given = spec
     made_folder = False
     if fresh:  # a file model is built from its pinned copy in the run folder, not the user's file
@@ -514,9 +518,7 @@ def _train(
                           + ("nothing to resume" if resume is not None else "choose another --out"))
     if nproc > 1:
         from vtrain.distributed.launch import launch
-        from vtrain.distributed.worker import check_spec
 
-        check_spec(spec, nproc)
         if fresh:
             run.write_spec(run.pin_inputs(stored, job.dataset, drawn))
         click.echo(json.dumps(launch(run.path, nproc, resume=not fresh, device=device)))
