@@ -492,13 +492,10 @@ def load_spec(path: Path):
     folder's ``spec.json`` is read as the run's spec (pinned files resolved inside the folder and
     checked against their sha256), so it works from any directory."""
     from vtrain.errors import VtrainError
-    from vtrain.training.rundir import RunDir
-    from vtrain.training.spec import TrainSpec
+    from vtrain.training.rundir import read_spec_file
 
     try:
-        if path.name == "spec.json" and (path.parent / "inputs.json").is_file():
-            return RunDir(path.parent).read_spec()
-        return TrainSpec.from_file(path)
+        return read_spec_file(path)
     except VtrainError as e:
         raise click.ClickException(str(e)) from None
 
@@ -734,6 +731,7 @@ def create_job_cmd(
     from protocol.jobs import JobContext, Terms
     from protocol.rulability import UnrulableJob, check_rulable
     from vtrain.errors import VtrainError
+    from vtrain.frontend.job import RANDOM_INIT_CAUSE, draws_initial_weights
 
     spec = load_spec(spec_path)
     if spec.model not in ("mlp", "gpt") and not spec.pinned:  # the agents would refuse the job
@@ -742,6 +740,13 @@ def create_job_cmd(
             f"{' or checkpoint_sha256' if spec.checkpoint else ''}): a job would commit to its file name, not its "
             "bytes, and no trainer or auditor runs it; use the run folder's spec.json (vtrain train --out); "
             "nothing was sent")
+    if draws_initial_weights(spec):  # a trainer or auditor on another CPU would build another initial state
+        raise click.ClickException(
+            f"--spec {spec_path}: the file model {spec.model!r} has no checkpoint: {RANDOM_INIT_CAUSE}, so a "
+            "trainer or auditor on another machine would build another initial state and refuse the job. Pin the "
+            f"initial weights once: `vtrain train --out RUN --spec {spec_path}` writes RUN/model/initial.safetensors "
+            "and pins it in RUN/spec.json (before its first step); create the job with --spec RUN/spec.json and "
+            "hand the run folder (spec.json, inputs.json, model/) to the trainer and auditors; nothing was sent")
     if key_file is not None:
         read_key_file(key_file)  # a malformed key fails before anything is contacted
     chain, proto = connect(rpc, deployment_path, rpc_retries, rpc_deadline)

@@ -439,8 +439,9 @@ def _train(
     trust_model_code: bool = False,
 ) -> None:
     from vtrain.errors import VtrainError
-    from vtrain.training.rundir import RunDir
-    from vtrain.training.spec import TrainSpec, build_job
+    from vtrain.frontend.job import draws_initial_weights
+    from vtrain.training.rundir import RunDir, read_spec_file
+    from vtrain.training.spec import build_job
     from vtrain.training.trust import trust
 
     if resume is not None:
@@ -452,20 +453,28 @@ def _train(
         fresh = False
     else:
         assert out is not None
-        spec = TrainSpec.from_file(spec_path) if spec_path else spec_from_options(**opts)
+        spec = read_spec_file(spec_path) if spec_path else spec_from_options(**opts)
         run = RunDir(out)
         if out.exists() and not out.is_dir():
             raise Failure(f"--out {out}: exists and is not a folder")
         fresh = not (out / "spec.json").exists() and not (out / "roots.jsonl").exists()
         if not fresh:
             old = run.read_spec()
+            if draws_initial_weights(spec) and old.checkpoint is not None and run.drawn_initial_weights():
+                import dataclasses  # the run pinned what its factory drew (pin_initial_weights): the same spec
+
+                old = dataclasses.replace(old, checkpoint=None, checkpoint_sha256=None)
             diff = _spec_difference(old, spec)
             if diff is None and _text_sha(old.text_path) != _text_sha(spec.text_path):
                 diff = "the text file's contents differ"
             if diff is not None:
                 raise Failure(f"--out {out} already holds a run of another spec ({diff}); choose another --out")
-            _check_model_code(run, old, trust_model_code)
-            spec = old
+            spec = run.read_spec()
+            _check_model_code(run, spec, trust_model_code)
+    if nproc > 1:  # before anything is pinned: a refused spec leaves no model/ behind to block a retry
+        from vtrain.distributed.worker import check_spec
+
+        check_spec(spec, nproc)
     stored = given = spec
     made_folder = False
     if fresh:  # a file model is built from its pinned copy in the run folder, not the user's file
@@ -493,6 +502,14 @@ def _train(
         failure = _failure(e)
         failure.message = failure.message.replace(spec.model.rpartition(":")[0], given.model.rpartition(":")[0])
         raise failure from None
+    drawn = fresh and draws_initial_weights(stored)
+    if drawn:  # pin the weights the factory drew: torch's random init is not the same bits on every CPU
+        try:
+            stored = run.pin_initial_weights(stored, job.torch.task.module)
+        except BaseException:
+            run.remove_unstarted(stored, made_folder)
+            raise
+        spec = job.spec = run.resolve_model(stored)
     if not fresh:
         run.verify_dataset(job.dataset)
         roots = run.read_roots() if (run.path / "roots.jsonl").exists() else {}
@@ -501,18 +518,16 @@ def _train(
                           + ("nothing to resume" if resume is not None else "choose another --out"))
     if nproc > 1:
         from vtrain.distributed.launch import launch
-        from vtrain.distributed.worker import check_spec
 
-        check_spec(spec, nproc)
         if fresh:
-            run.write_spec(run.pin_inputs(stored, job.dataset))
+            run.write_spec(run.pin_inputs(stored, job.dataset, drawn))
         click.echo(json.dumps(launch(run.path, nproc, resume=not fresh, device=device)))
         return
     if fresh:
         from vtrain.graph.executor import state_tensors
         from vtrain.training.rundir import reset_roots
 
-        run.write_spec(run.pin_inputs(stored, job.dataset))
+        run.write_spec(run.pin_inputs(stored, job.dataset, drawn))
         reset_roots(run)
         state = state_tensors(job.initial_state)
         run.write_checkpoint(0, job.graph, state)
@@ -612,12 +627,19 @@ def _replay(
     _check_model_code(run, spec, trust_model_code)
     job = build_job(spec)
     run.verify_dataset(job.dataset)
+    from vtrain.errors import CorruptArtifact
+    from vtrain.frontend.job import draws_initial_weights
     from vtrain.outputs.export import verified_state
 
-    if from_step > 0 or job.torch is None:  # a changed checkpoint is named, not a divergence at once
+    try:  # a changed checkpoint is named, not a divergence at once
         _, state = verified_state(run, job, from_step)
-    else:  # a torch model's initial weights come from torch's RNG, whose bits can differ between machines
-        state = run.read_checkpoint(0, job.graph)  # (vectorised normal_): the run's own step 0 is the start
+    except CorruptArtifact as e:
+        if from_step > 0 or not draws_initial_weights(spec):
+            raise
+        # a run folder from before initial weights were pinned: its factory's draw here is not the
+        # run's (torch's random init differs between CPUs); its own step-0 checkpoint is the start
+        log.warning("%s; replaying from the run's own step-0 checkpoint", e)
+        state = run.read_checkpoint(0, job.graph)
     same_mode = (mode or spec.mode) == spec.mode  # another mode's replay recomputes other values
     logged = same_mode and spec.mode in ("certified", "paper")
     checkpoints = set(run.checkpoint_steps())

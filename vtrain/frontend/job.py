@@ -1,10 +1,11 @@
 """A training job from a user's Python file: ``model = "path/to/file.py:factory"`` in the spec.
 
 ``factory(**model_args)`` returns a :class:`~vtrain.frontend.TorchTask`. It is called after
-``torch.manual_seed(spec.seed)`` so a randomly initialised module is the same on every machine (the
-initial state is committed either way). ``checkpoint`` (safetensors or a ``state_dict`` .pt file)
-replaces the module's initial weights: fine-tuning starts from it, and it is what the initial
-state root commits to.
+``torch.manual_seed(spec.seed)``; the weights it draws are still not the same bits on every CPU
+(:data:`RANDOM_INIT_CAUSE`), so a run folder pins them as its checkpoint
+(:meth:`~vtrain.training.rundir.RunDir.pin_initial_weights`). ``checkpoint`` (safetensors or a
+``state_dict`` .pt file) replaces the module's initial weights: fine-tuning starts from it, and it
+is what the initial state root commits to.
 """
 
 from __future__ import annotations
@@ -70,6 +71,37 @@ def pin_files(spec):
         raw = pinned_bytes(Path(spec.checkpoint), spec.checkpoint_sha256, "checkpoint")
         out = dataclasses.replace(out, checkpoint_sha256=hashlib.sha256(raw).hexdigest())
     return out
+
+
+#: A run folder's pin of the initial weights a file model's factory drew (``model/initial.safetensors``).
+INITIAL_WEIGHTS = "initial.safetensors"
+
+#: Why a file model without a checkpoint has no portable initial state (messages of train, create-job,
+#: replay and the agents).
+RANDOM_INIT_CAUSE = ("its initial weights are what the factory draws from torch's random number generator, "
+                     "and torch's random init kernels (normal_, uniform_, kaiming_uniform_) give different bits "
+                     "on CPUs with other vector instructions (AVX2, AVX-512, ARM, ATEN_CPU_CAPABILITY)")
+
+
+def draws_initial_weights(spec) -> bool:
+    """True for a file model without a ``checkpoint``: its initial state is whatever its factory
+    draws after ``torch.manual_seed``, which depends on the CPU's torch kernels (not portable)."""
+    return is_file_model(spec.model) and spec.checkpoint is None
+
+
+def initial_weights_bytes(module: torch.nn.Module) -> bytes:
+    """``module.state_dict()`` as safetensors bytes, each tensor once (tied weights under their first
+    name, as :func:`apply_checkpoint` accepts them): loaded back, the same bits."""
+    from safetensors.torch import save
+
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for k, v in module.state_dict(keep_vars=True).items():
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        out[k] = v.detach().clone().contiguous()
+    return save(out, metadata={"format": "pt", "vtrain": "initial weights drawn by the factory"})
 
 
 def load_factory(model: str, sha256: str | None = None):

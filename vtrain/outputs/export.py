@@ -41,6 +41,12 @@ def verified_state(run: RunDir, job: Job, step: int | None = None) -> tuple[int,
     got = state_root(component_roots(state)).hex()
     if want is None:
         raise CorruptArtifact(f"{run.path}: roots.jsonl records no state root for step {step}")
+    from vtrain.frontend.job import RANDOM_INIT_CAUSE, draws_initial_weights
+
+    if got != want and step == 0 and draws_initial_weights(job.spec):  # a run folder from before the pin
+        raise CorruptArtifact(f"checkpoint {run.ckpt_path(step)}: state root {got}, the initial state its factory "
+                              f"draws here has {want} (the spec pins no initial weights: {RANDOM_INIT_CAUSE}; a run "
+                              "trained now pins them in model/initial.safetensors)")
     if got != want:
         raise CorruptArtifact(f"checkpoint {run.ckpt_path(step)}: state root {got}, recorded {want}")
     return step, state

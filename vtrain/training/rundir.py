@@ -216,10 +216,31 @@ class RunDir:
             out = dataclasses.replace(out, checkpoint=crel, checkpoint_sha256=digest)
         return out
 
+    def pin_initial_weights(self, spec: TrainSpec, module: torch.nn.Module) -> TrainSpec:
+        """A file model without a checkpoint (``spec`` as :meth:`pin_model` returned it): write the
+        weights its factory drew (``module``, before any step) to ``model/initial.safetensors`` and
+        return the spec pinning them as its ``checkpoint``. Torch's random init differs between CPUs
+        (:data:`~vtrain.frontend.job.RANDOM_INIT_CAUSE`): every later replay, resume, export and
+        agent loads these bytes instead of drawing its own. The values are the module's, so the
+        initial state root is the one the factory's weights give on this machine."""
+        from vtrain.frontend.job import INITIAL_WEIGHTS, initial_weights_bytes
+
+        rel = f"model/{INITIAL_WEIGHTS}"  # the source's copy ends in .py: never this name
+        raw = initial_weights_bytes(module)
+        self.write_member(rel, raw, "initial weights")
+        return dataclasses.replace(spec, checkpoint=rel, checkpoint_sha256=hashlib.sha256(raw).hexdigest())
+
+    def drawn_initial_weights(self) -> str | None:
+        """The run's checkpoint that its factory drew (``inputs.json``: ``initial_weights``), if any:
+        a run started without ``--checkpoint``."""
+        v = (self.read_inputs() or {}).get("initial_weights")
+        return v if isinstance(v, str) else None
+
     # pinned inputs: data copy, vocabulary, hashes
-    def pin_inputs(self, spec: TrainSpec, dataset: Dataset) -> TrainSpec:
+    def pin_inputs(self, spec: TrainSpec, dataset: Dataset, drawn_initial: bool = False) -> TrainSpec:
         """Copy the spec's text file into ``data/``, write ``vocab.json`` and ``inputs.json``; return
-        the spec to store (its ``text_path`` relative to the run folder)."""
+        the spec to store (its ``text_path`` relative to the run folder). ``drawn_initial``: the spec's
+        checkpoint holds the weights its factory drew (:meth:`pin_initial_weights`), recorded as such."""
         files: dict[str, str] = {}
         if spec.pinned:  # copied by pin_model: record the pins with the other files
             files[spec.model.rpartition(":")[0]] = spec.model_sha256  # type: ignore[assignment]
@@ -236,6 +257,8 @@ class RunDir:
             self.write_member("vocab.json", json.dumps(vocab, ensure_ascii=False).encode(), "vocabulary")
         inputs = {"files": files, "dataset_sha256": dataset_sha256(dataset),
                   "dataset_shape": list(dataset.samples.shape), "spec": spec.to_dict()}
+        if drawn_initial:
+            inputs["initial_weights"] = spec.checkpoint
         self.write_member("inputs.json", json.dumps(inputs, indent=1).encode(), "inputs record")
         return spec
 
@@ -554,6 +577,16 @@ def _first_difference(want: object, got: object, where: str = "") -> str:
             if want.get(k) != got.get(k):
                 return _first_difference(want.get(k), got.get(k), f"{where}{k}.")
     return f"{where.rstrip('.') or 'spec'}: recorded {json.dumps(want)}, now {json.dumps(got)}"
+
+
+def read_spec_file(path: str | Path) -> TrainSpec:
+    """A spec file (:meth:`TrainSpec.from_file`); a run folder's ``spec.json`` (an ``inputs.json``
+    beside it) is read as that run's spec (:meth:`RunDir.read_spec`: its pinned files resolved inside
+    the folder and checked), so it works from any directory."""
+    path = Path(path)
+    if path.name == "spec.json" and (path.parent / "inputs.json").is_file():
+        return RunDir(path.parent).read_spec()
+    return TrainSpec.from_file(path)
 
 
 def reset_roots(run: RunDir) -> None:
