@@ -6,6 +6,8 @@ matrix row "posts every interval at once"). Every test ends with the solvency in
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import da_harness as D
 import game_harness as H
 import pytest
@@ -76,8 +78,8 @@ def test_an_interval_posted_after_its_scheduled_time_keeps_a_whole_window(dep, l
     assert dep.call(dep.registry.functions.windowEnd(job, 0)) == t0 + CFG.challenge_window
     H.post_intervals(dep, job, lr.run, upto=2)  # interval 1 right after: its scheduled start is later
     t1 = dep.call(dep.registry.functions.getInterval(job, 1))[1]
-    assert t1 < accepted + CFG.posting_period + 1 < t1 + CFG.challenge_window
-    assert dep.call(dep.registry.functions.windowEnd(job, 1)) == max(t1, accepted + CFG.posting_period) + CFG.challenge_window
+    assert t1 < accepted + CFG.posting_period  # before its scheduled time: the window starts there
+    assert dep.call(dep.registry.functions.windowEnd(job, 1)) == accepted + CFG.posting_period + CFG.challenge_window
 
 
 def test_demands_and_their_extension_cap_follow_the_scheduled_window(dep, lr):
@@ -113,3 +115,63 @@ def test_demands_and_their_extension_cap_follow_the_scheduled_window(dep, lr):
     dep.tx(fresh.functions.extendWindow(1, N - 1, cap), dep.anyone)
     assert dep.call(fresh.functions.windowEnd(1, N - 1)) == cap
     dep.tx(fresh.functions.convict(1, dep.anyone), dep.anyone)  # settled: dep's solvency check ignores it
+
+
+# ------------------------------------------------------------------ agents: the attack end to end
+
+
+def test_a_slow_auditor_still_wins_against_a_cheat_in_the_last_of_intervals_posted_at_once(fresh_demo_world):
+    """An honest-looking pre-training trainer (it trains the whole job, then posts every interval at
+    once) cheats in the last of four intervals. The auditor replays one interval in 1,800 s (chain
+    time passes while it replays: 7,200 s for the job), as its policy declared: the old windows
+    (postedAt + 3,600 s) had all closed before it found the cheat; the scheduled one of interval 3
+    (acceptedAt + 3 x 7,200 + 3,600 s) is still open, and the auditor challenges and wins."""
+    from protocol.agents_cli import job_refusals
+    from protocol.auditor import AuditorAgent
+    from protocol.cheats import PoisonSample
+    from protocol.demo import MAX_ROUNDS, create_job, default_spec
+    from protocol.game import STATUS_CHALLENGER_WON, STATUS_IN_PROGRESS
+    from protocol.jobs import JobContext, Terms
+    from protocol.policy import TermsPolicy
+    from protocol.trainer import TrainerAgent
+
+    proto, store, a = fresh_demo_world
+    chain, reg = proto.chain, proto.registry.functions
+    replay = 1_800
+    terms = Terms(challenge_window=3_600, posting_period=7_200)
+    ctx = JobContext.of(replace(default_spec("mlp"), steps=8, interval=2))
+    job = create_job(proto, a["client"], a["trainer"], ctx, terms)
+    last = ctx.n_intervals - 1
+    assert last == 3
+    # the auditor's policy takes these terms: window and posting period >= 2 x 1,800 s
+    assert job_refusals(proto, job, ctx, TermsPolicy("auditor", replay_seconds=replay)) == []
+    trainer = TrainerAgent(proto, a["trainer"], ctx, store, job, cheat=PoisonSample(7))  # step 7: interval 3
+    trainer.accept(terms)  # pre-trains the whole job first
+    while trainer.run_interval() is not None:
+        pass
+    accepted = int(chain.call(reg.getJob(job))[-1])
+    posted = [int(chain.call(reg.getInterval(job, i))[1]) for i in range(ctx.n_intervals)]
+    assert posted[-1] - accepted < 60  # every interval posted at once
+    assert int(chain.call(reg.windowEnd(job, last))) == accepted + last * terms.posting_period + terms.challenge_window
+
+    auditor = AuditorAgent(proto, a["auditor"], ctx, store, job)
+    fetch = auditor._verified_step_data
+
+    def slow(i: int):  # noqa: ANN202 (each interval's replay takes `replay` seconds of chain time)
+        chain.advance_time(replay)
+        return fetch(i)
+
+    auditor._verified_step_data = slow  # type: ignore[method-assign]
+    assert auditor.audit() == last
+    assert chain.now() > posted[last] + terms.challenge_window  # where the old window ended
+    gid = auditor.challenge(last, terms)
+    for _ in range(MAX_ROUNDS):
+        sent = trainer.play() + auditor.play()
+        if auditor.player.view(gid).status != STATUS_IN_PROGRESS:
+            break
+        if not sent:
+            chain.advance_time(terms.clock + 1)
+    assert auditor.player.view(gid).status == STATUS_CHALLENGER_WON
+    assert trainer.status() == "fraudulent"
+    bounty = terms.trainer_stake * int(chain.call(reg.bountyBps())) // 10_000
+    assert int(chain.call(reg.owed(a["auditor"]))) == terms.challenger_bond + bounty
