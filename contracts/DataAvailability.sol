@@ -9,7 +9,7 @@ import "contracts/interfaces/IDataAvailability.sol";
 import {IJobRegistry} from "contracts/interfaces/IJobRegistry.sol";
 import {LibClock} from "contracts/lib/Clock.sol";
 import {
-    InvalidDeployment, Interval, JobId, JobParams, JobStatus, Unauthorized, WrongJobStatus, WrongLength
+    InvalidDeployment, JobId, JobParams, JobStatus, Unauthorized, WrongJobStatus, WrongLength
 } from "contracts/lib/GameTypes.sol";
 import {Merkle} from "contracts/lib/Merkle.sol";
 import {TensorProof} from "contracts/lib/TensorProof.sol";
@@ -79,7 +79,7 @@ contract DataAvailability is IDataAvailability {
         JobParams memory p = registry.jobParams(job);
         // INVARIANT: a page starts at an op of the graph (its length is then fixed by nOps).
         if (firstOp >= p.nOps) revert OpOutOfRange(firstOp, p.nOps);
-        id = _open(job, interval, step, DemandKind.Step, p, _stepFee(p, firstOp));
+        id = _open(job, interval, step, DemandKind.Step, _stepFee(p, firstOp));
         _demands[id].op = firstOp;
         _emitCreated(id, _demands[id]);
     }
@@ -107,7 +107,7 @@ contract DataAvailability is IDataAvailability {
             uint64 size = _logSize[keccak256(abi.encode(job, step, op))];
             if (startPosition >= size) revert StartNotPublished(startPosition, size);
         }
-        id = _open(job, interval, step, DemandKind.Log, p, _logFee(fromIndex, toIndex, startPosition));
+        id = _open(job, interval, step, DemandKind.Log, _logFee(fromIndex, toIndex, startPosition));
         Demand storage d = _demands[id];
         d.op = op;
         d.fromIndex = fromIndex;
@@ -284,15 +284,17 @@ contract DataAvailability is IDataAvailability {
     }
 
     /// @dev Locks the bond and the fee in the registry (status, posted interval, value) and records the demand.
-    function _open(JobId job, uint64 interval, uint64 step, DemandKind kind, JobParams memory p, uint256 fee)
+    function _open(JobId job, uint64 interval, uint64 step, DemandKind kind, uint256 fee)
         internal
         returns (DemandId id)
     {
-        Interval memory iv = registry.getInterval(job, interval);
-        uint256 end = uint256(iv.postedAt) + p.challengeWindow;
+        // Unextended window end: max(postedAt, acceptedAt + interval * postingPeriod) + challengeWindow
+        // (0 when not posted: lockDemand reverts with IntervalNotPosted).
+        uint256 end = registry.unextendedWindowEnd(job, interval);
         // SAFETY: demands only inside the unextended window, so answers extend it by at most
-        // 2 * clock in all (registry.extendWindow's cap): a demander cannot delay finalize further.
-        if (iv.root != bytes32(0) && block.timestamp > end) {
+        // 2 * clock in all (registry.extendWindow's cap, from the same base): a demander cannot
+        // delay finalize further.
+        if (end != 0 && block.timestamp > end) {
             revert DemandWindowClosed(job, interval, end, block.timestamp);
         }
         // SAFETY: the registry checks Active, posted, its window and the exact bond + fee, and keeps them.

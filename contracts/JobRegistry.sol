@@ -56,10 +56,11 @@ contract JobRegistry is IJobRegistry {
 
     mapping(JobId job => Job record) internal _jobs;
     mapping(JobId job => mapping(uint64 index => Interval interval)) internal _intervals;
-    /// @dev Challenge-window ends moved later by `extendWindow` (0: not extended).
-    mapping(JobId job => mapping(uint64 index => uint64 end)) internal _extendedEnd;
+    /// @dev Challenge-window ends moved later by `extendWindow` (0: not extended). uint256: a
+    ///      scheduled window start (acceptedAt + index * postingPeriod) may pass 2^64.
+    mapping(JobId job => mapping(uint64 index => uint256 end)) internal _extendedEnd;
     /// @dev Latest extended window end over the job's intervals (finalize waits for it).
-    mapping(JobId job => uint64 end) internal _lastExtendedEnd;
+    mapping(JobId job => uint256 end) internal _lastExtendedEnd;
     /// @dev Answer fees of the job's open availability demands (part of its escrow).
     mapping(JobId job => uint256 amount) internal _feesHeld;
 
@@ -160,7 +161,7 @@ contract JobRegistry is IJobRegistry {
         _intervals[job][index] = Interval({root: root, postedAt: uint64(block.timestamp)});
         j.nextInterval = index + 1;
         (uint64 firstStep, uint64 size) = _span(j.params, index);
-        emit IntervalPosted(job, index, root, firstStep, size, block.timestamp + j.params.challengeWindow);
+        emit IntervalPosted(job, index, root, firstStep, size, _baseWindowEnd(j, index, block.timestamp));
     }
 
     /// @inheritdoc IJobRegistry
@@ -169,10 +170,13 @@ contract JobRegistry is IJobRegistry {
         _expectStatus(job, j.status, JobStatus.Active);
         uint64 n = _nIntervals(j.params);
         if (j.nextInterval != n) revert IntervalsMissing(job, j.nextInterval, n);
-        // INVARIANT: unextended windows close in posting order, so the last interval's closes last;
-        // an answered availability demand may have extended an earlier one (_lastExtendedEnd).
-        uint256 end = uint256(_intervals[job][n - 1].postedAt) + j.params.challengeWindow;
-        if (_lastExtendedEnd[job] > end) end = _lastExtendedEnd[job];
+        // INVARIANT: every interval's window has closed. Unextended windows close in index order
+        // (their start, max(postedAt, acceptedAt + index * postingPeriod), never decreases with the
+        // index), so the last interval's closes last; an answered availability demand may have
+        // extended an earlier one (_lastExtendedEnd: the latest extension over all intervals).
+        uint256 end = _baseWindowEnd(j, n - 1, _intervals[job][n - 1].postedAt);
+        uint256 ext = _lastExtendedEnd[job];
+        if (ext > end) end = ext;
         if (block.timestamp <= end) revert WindowStillOpen(job, end, block.timestamp);
         // INVARIANT: a game still running could yet prove fraud.
         if (j.openGames != 0) revert GamesOpen(job, j.openGames);
@@ -339,15 +343,15 @@ contract JobRegistry is IJobRegistry {
         Job storage j = _job(job);
         _expectStatus(job, j.status, JobStatus.Active);
         if (index >= j.nextInterval) revert IntervalNotPosted(job, index, j.nextInterval);
-        uint256 base = uint256(_intervals[job][index].postedAt) + j.params.challengeWindow;
-        // SAFETY: demands are made inside the unextended window and answered within one clock, so
-        // an honest extension never passes base + 2 * clock; nothing can push finalize further.
+        uint256 base = _baseWindowEnd(j, index, _intervals[job][index].postedAt);
+        // SAFETY: demands are made inside the unextended window (the same base: DataAvailability
+        // reads unextendedWindowEnd) and answered within one clock, so an honest extension never
+        // passes base + 2 * clock; nothing can push finalize further.
         uint256 cap = base + 2 * uint256(j.params.clock);
         if (until > cap) revert ExtensionTooLong(job, index, until, cap);
         if (until <= _windowEnd(job, j, index)) return;
-        // SAFETY: until <= cap < 2^64 (postedAt, challengeWindow and clock are uint64 seconds).
-        _extendedEnd[job][index] = uint64(until);
-        if (until > _lastExtendedEnd[job]) _lastExtendedEnd[job] = uint64(until);
+        _extendedEnd[job][index] = until;
+        if (until > _lastExtendedEnd[job]) _lastExtendedEnd[job] = until;
         emit WindowExtended(job, index, until);
     }
 
@@ -397,6 +401,13 @@ contract JobRegistry is IJobRegistry {
     function windowEnd(JobId job, uint64 index) external view returns (uint256) {
         if (_intervals[job][index].root == bytes32(0)) return 0;
         return _windowEnd(job, _jobs[job], index);
+    }
+
+    /// @inheritdoc IJobRegistry
+    function unextendedWindowEnd(JobId job, uint64 index) external view returns (uint256) {
+        Interval storage iv = _intervals[job][index];
+        if (iv.root == bytes32(0)) return 0;
+        return _baseWindowEnd(_jobs[job], index, iv.postedAt);
     }
 
     /// @inheritdoc IJobRegistry
@@ -451,11 +462,22 @@ contract JobRegistry is IJobRegistry {
         emit JobFraudulent(job, winner, bond + bounty, j.payment, burned);
     }
 
-    /// @dev Last second interval `index` can be challenged: postedAt + challengeWindow, or later if extended.
+    /// @dev Last second interval `index` can be challenged: its unextended end, or later if extended.
     function _windowEnd(JobId job, Job storage j, uint64 index) internal view returns (uint256 end) {
-        end = uint256(_intervals[job][index].postedAt) + j.params.challengeWindow;
+        end = _baseWindowEnd(j, index, _intervals[job][index].postedAt);
         uint256 ext = _extendedEnd[job][index];
         if (ext > end) end = ext;
+    }
+
+    /// @dev Unextended end of interval `index`'s window, posted at `postedAt`: the window starts at
+    ///      max(postedAt, acceptedAt + index * postingPeriod) and lasts challengeWindow seconds.
+    ///      SAFETY: never earlier than if the interval had been posted on the terms' schedule, so a
+    ///      trainer that posts every interval at once cannot make the auditors replay the whole job
+    ///      inside one window: an auditor replaying one interval per posting period keeps up.
+    function _baseWindowEnd(Job storage j, uint64 index, uint256 postedAt) internal view returns (uint256) {
+        uint256 start = uint256(j.acceptedAt) + uint256(index) * j.params.postingPeriod;
+        if (postedAt > start) start = postedAt;
+        return start + j.params.challengeWindow;
     }
 
     function _credit(address account, JobId job, uint256 amount) internal {

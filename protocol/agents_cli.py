@@ -456,8 +456,9 @@ def policy_options(role: str):
             f = click.option(
                 "--replay-seconds", type=click.FloatRange(min=0), default=600.0, show_default=True,
                 help="Seconds this auditor needs to fetch and replay one interval and challenge it (the "
-                "challenge window must cover it). Count the fetch at the slowest rate accepted "
-                "(--min-read-rate): the trainer chooses how fast it serves.",
+                "challenge window and the posting period must cover it, times --term-margin: windows follow "
+                "the posting schedule, so replaying one interval per posting period keeps up). Count the "
+                "fetch at the slowest rate accepted (--min-read-rate): the trainer chooses how fast it serves.",
             )(f)
         return f
 

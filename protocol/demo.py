@@ -133,7 +133,11 @@ def run_scenario(
     else:
         verdict, ruling, max_tx = "no dispute", "-", 0
     if trainer.status() == "active":
-        chain.advance_time(terms.challenge_window + 1)
+        # past every interval's window: one never closes before its scheduled one (acceptedAt +
+        # i * postingPeriod + challengeWindow), however early it was posted; extensions included
+        reg = proto.registry.functions
+        end = max(int(chain.call(reg.windowEnd(job, i))) for i in range(ctx.n_intervals))
+        chain.advance_time(max(1, end - chain.now() + 1))
         trainer.finalize()
         say(f"  challenge window passed: job {job} finalized")
     for role in ("trainer", "auditor", "false_challenger", "client"):

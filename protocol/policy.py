@@ -11,7 +11,11 @@ agent also refuses terms shorter than *it* can safely answer within, with a marg
   one interval; it stakes at most ``max_stake_ratio`` x the payment, and wants a challenger bond
   of at least ``min_bond`` (a false challenge costs the trainer gas; the bond pays for it);
 - the auditor: the challenge window must cover ``margin`` x the seconds it needs to fetch and
-  replay one interval and challenge it.
+  replay one interval and challenge it, and so must the posting period: interval i's window closes
+  no earlier than ``acceptedAt + i x postingPeriod + challengeWindow`` however early it is posted
+  (docs/protocol.md, "Challenge windows"), so an auditor that replays one interval within a
+  posting period keeps up with a trainer that posts every interval at once; one that needs longer
+  falls behind by the difference every interval and runs out of window in a long job.
 
 Refusals are values (``TermsPolicy.refusals``: one line each, naming the term, what the job gives
 and what is needed); ``JobRefused`` carries them when an agent declines a job.
@@ -120,4 +124,8 @@ class TermsPolicy:
                 out.append(f"challenge window {int(params[WINDOW])} s is shorter than this auditor needs to "
                            f"replay and challenge an interval: {self.margin:g} x {self.replay_seconds:g} s = "
                            f"{need} s (--replay-seconds, --term-margin)")
+            if int(params[POSTING]) < need:
+                out.append(f"posting period {int(params[POSTING])} s is shorter than this auditor needs to "
+                           f"replay an interval: {self.margin:g} x {self.replay_seconds:g} s = {need} s; intervals "
+                           "posted on that schedule would outrun its replay (--replay-seconds, --term-margin)")
         return out

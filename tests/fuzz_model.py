@@ -55,8 +55,10 @@ FLOORS = {"challengeWindow": MIN_WINDOW, "clock": MIN_CLOCK, "postingPeriod": MI
 #: ``demand_escrow``: the model forgets an open demand's bond in the job's escrow (solvency);
 #: ``extension``: the model forgets that an answer extends the interval's window (expectation).
 #: ``demand_fee``: the model forgets the answer fees of open demands in the job's escrow (solvency).
+#: ``schedule``: the model closes a window ``challengeWindow`` after posting, not after the later of
+#: posting and the interval's scheduled time (the old rule; expectation).
 SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen", "reclaim", "bounty", "burn", "floor",
-             "demand_escrow", "extension", "demand_fee")
+             "demand_escrow", "extension", "demand_fee", "schedule")
 
 
 class Violation(AssertionError):
@@ -92,6 +94,8 @@ class JobModel:
     """Window ends moved later by answered availability demands (interval -> last second)."""
     fees_held: int = 0
     """Answer fees of the job's open demands (held in its escrow until answered or refunded)."""
+    scheduled_windows: bool = True
+    """Windows start no earlier than the interval's scheduled time (False: sabotage ``schedule``)."""
 
     @property
     def honest_posts(self) -> bool:
@@ -129,8 +133,14 @@ class JobModel:
         return max(self.base_window_end(index), self.extended.get(index, 0))
 
     def base_window_end(self, index: int) -> int:
-        """postedAt + challengeWindow: the last second a demand on ``index`` can be made."""
-        return self.posted_at[index] + self.window
+        """The unextended window end, max(postedAt, acceptedAt + index * postingPeriod) +
+        challengeWindow (the registry's ``unextendedWindowEnd``): the last second a demand on
+        ``index`` can be made."""
+        start = self.posted_at[index]
+        if self.scheduled_windows:
+            assert self.accepted_at is not None
+            start = max(start, self.accepted_at + index * self.posting_period)
+        return start + self.window
 
     def bounty(self) -> int:
         """What a conviction of this job pays its winner beyond its bond (the registry's rounding)."""
@@ -383,6 +393,7 @@ class Model:
         if job.job in self.jobs:
             raise Violation("solvency", f"job id {job.job} issued twice")
         self.jobs[job.job] = job
+        job.scheduled_windows = self.sabotage != "schedule"
         self.ledger.deposited += job.payment
         self.touched_jobs.add(job.job)
 

@@ -180,6 +180,22 @@ def test_the_auditor_policy_refuses_a_window_too_short_to_replay_in(world) -> No
     assert job_refusals(proto, job, ctx, replace(policy, replay_seconds=400)) == []
 
 
+def test_the_auditor_policy_refuses_a_posting_period_shorter_than_its_replay(world) -> None:
+    """Windows follow the posting schedule (interval i's closes no earlier than acceptedAt + i x
+    postingPeriod + challengeWindow): an auditor that replays an interval slower than the terms
+    post them falls further behind every interval, so it declines such a job."""
+    from protocol.agents_cli import job_refusals
+    from protocol.policy import TermsPolicy
+
+    proto, _, _ = world
+    ctx, job, _ = _open_job(world, replace(TERMS, posting_period=1_000, challenge_window=3_600))
+    policy = TermsPolicy("auditor")  # 600 s to replay an interval, margin 2
+    (why,) = job_refusals(proto, job, ctx, policy)
+    assert why.startswith("posting period 1000 s is shorter than this auditor needs to replay an interval")
+    assert "2 x 600 s = 1200 s" in why and "--replay-seconds" in why
+    assert job_refusals(proto, job, ctx, replace(policy, replay_seconds=500)) == []
+
+
 def test_game_moves_bound_grows_with_the_trees_of_the_job() -> None:
     from protocol.policy import FIXED_MOVES, game_moves
 

@@ -406,8 +406,13 @@ def test_griefing_challengers_each_lose_their_bond_and_cannot_stall_the_job(dep,
     every move to its deadline: each loses its bond, the trainer is paid, and the job finalizes
     within both clocks of that second."""
     with trial(f"griefing-{griefers}-challenges"):
-        job = H.active_job(dep, honest)
+        # interval 0 posted 1 s before its deadline, interval 1 at its scheduled time: their windows
+        # end 1 s apart (a window never ends before acceptedAt + i * postingPeriod + challengeWindow)
+        job = H.active_job(dep, honest, post=False)
+        dep.at(dep.job(job)["acceptedAt"] + CFG.posting_period - 1)
+        H.post_intervals(dep, job, honest)
         end = dep.call(dep.registry.functions.windowEnd(job, 1))
+        assert dep.call(dep.registry.functions.windowEnd(job, 0)) == end - 1
         addrs = [dep.challenger, dep.challenger2, dep.anyone]
         dep.at(end - griefers)
         games = []

@@ -362,7 +362,11 @@ def test_finalize_waits_for_open_demands_and_the_extended_window(dep, lr):
 
 
 def test_extension_of_an_earlier_interval_delays_finalize(dep, lr):
-    job = _active(dep, lr)
+    # interval 0 posted near its deadline, interval 1 right after: their windows end 5 s apart (a
+    # window never closes before its scheduled one, acceptedAt + i * postingPeriod + window)
+    job = _active(dep, lr, post=False)
+    dep.at(dep.job(job)["acceptedAt"] + CFG.posting_period - 5)
+    H.post_intervals(dep, job, lr.run)
     end0 = dep.call(dep.registry.functions.windowEnd(job, 0))
     end1 = dep.call(dep.registry.functions.windowEnd(job, 1))
     dep.at(end0)

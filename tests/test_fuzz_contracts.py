@@ -518,6 +518,12 @@ class ContractMachine(RuleBasedStateMachine):
         if r is not None:
             self.model.post(j.job, root, t)
             self.stats.counts["interval.posted" + ("" if root == j.honest_roots[index] else ".wrong")] += 1
+            (ev,) = self.dep.registry.events.IntervalPosted().process_receipt(r, errors=DISCARD)
+            view = self.dep.call(self.dep.registry.functions.windowEnd(j.job, index))
+            if not ev.args.windowEnd == view == j.base_window_end(index):
+                raise self._violation("expectation", f"interval {index} of job {j.job} posted at {t}: window end "
+                                      f"{ev.args.windowEnd} (event), {view} (view); the model says "
+                                      f"{j.base_window_end(index)}")
 
     # ------------------------------------------------------------------ rules
 
@@ -1345,6 +1351,7 @@ def _slow(*args: str):
         _slow("bounty", "solvency"),
         _slow("burn", "solvency"),
         _slow("floor", "expectation"),
+        ("schedule", "expectation"),
     ],
 )
 def test_fuzzer_finds_a_deliberately_wrong_expectation(sabotage, invariant):

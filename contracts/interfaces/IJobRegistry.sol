@@ -28,7 +28,8 @@ interface IJobRegistry {
     /// @notice Emitted when the client cancels a job that was not accepted.
     event JobCancelled(JobId indexed job, uint256 refund);
     /// @notice Emitted when the trainer posts interval `index` covering steps firstStep..firstStep+size-1.
-    /// @param windowEnd Last second at which the interval can be challenged.
+    /// @param windowEnd Last second at which the interval can be challenged (before any extension):
+    ///        max(postedAt, acceptedAt + index * postingPeriod) + challengeWindow.
     event IntervalPosted(
         JobId indexed job, uint64 indexed index, bytes32 root, uint64 firstStep, uint64 size, uint256 windowEnd
     );
@@ -86,15 +87,19 @@ interface IJobRegistry {
 
     /// @notice The trainer posts the root of interval `index` (steps index*K+1 .. min(index*K+K, nSteps)).
     /// @dev Intervals are posted in order without gaps; posted roots cannot be changed. Its
-    ///      challenge window starts now. Reverts with `WrongInterval`, `ZeroRoot`, `Unauthorized`,
+    ///      challenge window is open from now until `unextendedWindowEnd`: challengeWindow seconds
+    ///      after now or after its scheduled time acceptedAt + index * postingPeriod, whichever is
+    ///      later (posting early never shortens the auditors' time). Reverts with `WrongInterval`, `ZeroRoot`, `Unauthorized`,
     ///      `WrongJobStatus` (only while Active).
     /// @param job The job.
     /// @param index Must equal the number of intervals posted so far and be < nIntervals.
     /// @param root RFC 9162 root over the interval's step leaves.
     function postInterval(JobId job, uint64 index, bytes32 root) external;
 
-    /// @notice Anyone finalizes an Active job whose intervals are all posted, whose last challenge
-    ///         window has passed and that has no open game: the trainer is credited payment + stake.
+    /// @notice Anyone finalizes an Active job whose intervals are all posted, whose every challenge
+    ///         window (extensions included) has passed and that has no open game: the trainer is
+    ///         credited payment + stake. The last window ends no earlier than acceptedAt +
+    ///         (n - 1) * postingPeriod + challengeWindow, however early the intervals were posted.
     /// @param job The job.
     function finalize(JobId job) external;
 
@@ -198,7 +203,8 @@ interface IJobRegistry {
     /// @notice Moves the end of interval `index`'s challenge window to `until` if that is later, so an
     ///         auditor has time to replay data published near the window's end.
     /// @dev Only the availability contract; the job must be Active. Reverts with `ExtensionTooLong`
-    ///      past postedAt + challengeWindow + 2 * clock (finalize is delayed by at most 2 * clock).
+    ///      past the unextended window end (`unextendedWindowEnd`) + 2 * clock (finalize is delayed by
+    ///      at most 2 * clock).
     /// @param job The job.
     /// @param index A posted interval.
     /// @param until The new last second of the window.
@@ -250,11 +256,19 @@ interface IJobRegistry {
     /// @param index The interval.
     function getInterval(JobId job, uint64 index) external view returns (Interval memory);
 
-    /// @notice Last second at which interval `index` can be challenged (0 when not posted): postedAt +
-    ///         challengeWindow, or later once `extendWindow` moved it.
+    /// @notice Last second at which interval `index` can be challenged (0 when not posted): its
+    ///         `unextendedWindowEnd`, or later once `extendWindow` moved it.
     /// @param job The job.
     /// @param index The interval.
     function windowEnd(JobId job, uint64 index) external view returns (uint256);
+
+    /// @notice Last second of interval `index`'s challenge window before any extension (0 when not
+    ///         posted): max(postedAt, acceptedAt + index * postingPeriod) + challengeWindow. The
+    ///         window never closes before it would have had the interval been posted on the terms'
+    ///         schedule, however early it was posted. Availability demands are accepted until then.
+    /// @param job The job.
+    /// @param index The interval.
+    function unextendedWindowEnd(JobId job, uint64 index) external view returns (uint256);
 
     /// @notice Last second at which interval `index` may be posted before the client can reclaim the
     ///         job: acceptedAt + (index + 1) * postingPeriod (0 before acceptance).

@@ -94,7 +94,8 @@ enum Ruling {
 /// @param intervalLength Steps per posted interval K (>= 1).
 /// @param trainerStake Exact value the trainer locks with `acceptJob`.
 /// @param challengerBond Exact value a challenger locks per game.
-/// @param challengeWindow Seconds after an interval is posted during which it can be challenged.
+/// @param challengeWindow Seconds during which an interval can be challenged, counted from its
+///        posting or from its scheduled time acceptedAt + i * postingPeriod, whichever is later.
 /// @param clock Seconds on each party's chess clock per game.
 /// @param postingPeriod Seconds the trainer has per interval: interval i is due by
 ///        acceptedAt + (i + 1) * postingPeriod; once the next one is overdue the client may
@@ -138,7 +139,8 @@ struct Job {
 
 /// @notice One posted interval.
 /// @param root RFC 9162 root over the interval's step leaves.
-/// @param postedAt Unix time of posting; the challenge window is [postedAt, postedAt + challengeWindow].
+/// @param postedAt Unix time of posting; the challenge window is [postedAt, max(postedAt, acceptedAt +
+///        index * postingPeriod) + challengeWindow] (IJobRegistry.unextendedWindowEnd), extensions aside.
 struct Interval {
     bytes32 root;
     uint64 postedAt;
@@ -299,7 +301,7 @@ error PostingNotOverdue(JobId job, uint64 index, uint256 deadline, uint256 now_)
 error GameAlreadySet(address game);
 /// @notice Thrown when the availability contract is already set or is the zero address.
 error AvailabilityAlreadySet(address availability);
-/// @notice Thrown when a window extension goes past postedAt + challengeWindow + 2 * clock.
+/// @notice Thrown when a window extension goes past the unextended window end + 2 * clock.
 error ExtensionTooLong(JobId job, uint64 index, uint256 until, uint256 cap);
 
 // ---------------------------------------------------------------- errors: game
