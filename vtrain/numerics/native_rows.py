@@ -273,18 +273,20 @@ def matmul_round_norm(
     bias = _contiguous(ins[2], keep) if len(ins) == 3 else None
     n = v.numel()
     r = torch.empty(v.shape, dtype=torch.float32)
-    idx = torch.empty(n, dtype=torch.int64)  # pages are touched only where candidates land
     cap = min(n, _KEEP_DECISIONS)
-    o = torch.empty(4 * cap, dtype=torch.int64)
-    status = torch.zeros(3, dtype=torch.int64)
+    # one buffer: the candidates (n; pages are touched only where candidates land), the handed-back
+    # decisions (4 cap) and the kernel's status (3, every one written by the kernel)
+    buf = torch.empty(n + 4 * cap + 3, dtype=torch.int64)
+    at = buf.data_ptr()
     count = _LIB.vt_matmul_round_norm(v.data_ptr(), a, b, bias, batches, m, k, ncols, int(add_bias), sub, factor,
-                                      band, coef, r.data_ptr(), idx.data_ptr(), cap, o.data_ptr(), status.data_ptr())
+                                      band, coef, r.data_ptr(), at, cap, at + 8 * n, at + 8 * (n + 4 * cap))
     if count < 0:
         raise MemoryError("native rows: the MATMUL epilogue could not allocate its scratch rows")
-    nonfinite, kept, attention = status.tolist()
-    cand = idx[:count].numpy().copy()
+    nonfinite, kept, attention = buf[-3:].tolist()
+    whole = buf.numpy()
+    cand = whole[:count].copy()
     decided = None
     if kept >= 0 and attention:
-        dec = o[: 4 * count].numpy().reshape(4, count)
+        dec = whole[n : n + 4 * count].reshape(4, count)
         decided = (dec[0, :kept].copy(), dec[1, :kept].copy(), dec[2, :kept].copy(), dec[3, :kept] != 0)
     return MatmulRound(r, cand, not nonfinite, decided, attention)
