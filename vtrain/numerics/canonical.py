@@ -277,6 +277,10 @@ def replay_sum_values(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor
     return v.reshape(op.shape), d.reshape(op.shape), (r.reshape(op.shape), cand, finite)
 
 
+#: The smallest FP32 subnormal as a float (``executor._norm_bound``'s ``n * 2^-149`` term).
+_SUBNORMAL_F = 2.0**-149
+
+
 def round_canonical_matmul(
     graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str
 ) -> tuple[torch.Tensor, OpLog, int] | None:
@@ -297,9 +301,6 @@ def round_canonical_matmul(
         return got.r, OpLog.empty(), 0
     return _round_canonical_at(graph, op, ins, v, got.r, torch.from_numpy(got.cand), got.finite, what,
                                decided=got.decided if got.finite else None, into=False)
-
-
-_SUBNORMAL_F = 2.0**-149
 
 
 def _round_canonical_at(
