@@ -108,10 +108,9 @@ def _exempted(job, monkeypatch, steps: int):
     """Run ``steps`` canonical certified steps; collect, per exempted element (a candidate the grid
     rule settled), what the contract's judge needs."""
     seen = []
-    real = vexec.round_canonical
+    real, real_matmul = vexec.round_canonical, vexec.round_canonical_matmul
 
-    def spy(graph, op, ins, v, d, what):
-        out, log, slow = real(graph, op, ins, v, d, what)
+    def record(graph, op, ins, v, d, out, log) -> None:
         if op.kind in SUMS:
             cand = candidates(v, d)
             if cand.numel():
@@ -120,9 +119,22 @@ def _exempted(job, monkeypatch, steps: int):
                 idx = cand[grid].numpy()
                 seen.append((graph, op, [x.detach().cpu().numpy().copy() for x in ins], out.reshape(-1).clone(),
                              log, idx))
+
+    def spy(graph, op, ins, v, d, what):
+        out, log, slow = real(graph, op, ins, v, d, what)
+        record(graph, op, ins, v, d, out, log)
         return out, log, slow
 
+    def spy_matmul(graph, op, ins, v, what):  # (the trainer's MATMULs: v without the bias, the norm bound)
+        v0 = v.clone()
+        got = real_matmul(graph, op, ins, v, what)
+        if got is not None:
+            d = vexec._norm_bound([t.double() for t in ins], v0, True, ins)  # (adds the bias to v0)
+            record(graph, op, ins, v0, d, got[0], got[1])
+        return got
+
     monkeypatch.setattr(vexec, "round_canonical", spy)
+    monkeypatch.setattr(vexec, "round_canonical_matmul", spy_matmul)
     ex = executor_for(job, "certified")
     state = state_tensors(job.initial_state)
     for s in range(1, steps + 1):

@@ -521,3 +521,94 @@ def test_a_library_built_from_older_sources_is_refused_whole(tmp_path: Path) -> 
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "False"]
     assert "expected ABI version" in r.stderr and "make native" in r.stderr
+
+
+def _epilogue_reference(ins: list[torch.Tensor], v: torch.Tensor) -> tuple:
+    """The trainer's MATMUL epilogue kernel by kernel (``executor._norm_bound``, ``round_filter``,
+    ``decide``/``decide_into``): ``(v + bias, r, cand, finite, decisions, attention)``."""
+    from vtrain.graph.executor import _norm_bound
+    from vtrain.numerics import native_filter as NF
+
+    x = [t.double() for t in ins]
+    v = v.clone()
+    nt = ins[0].shape[-1] + (len(ins) == 3)
+    d = _norm_bound(x, v, True, ins)  # (adds the bias to v)
+    r, cand, finite = NF.round_filter(v, d, C._BAND)
+    if not finite or not len(cand):
+        return v, r, cand, finite, None, 0
+    tight = (v.reshape(-1), r.reshape(-1), TRAINER_BOUND_SLACK * gamma(nt), C._BAND)
+    dec = native_rows.decide(OpKind.MATMUL, ins, cand, tight=tight)
+    attention = int((~dec[3] | (dec[2] != 0)).sum())
+    if not attention:
+        assert native_rows.decide_into(OpKind.MATMUL, ins, torch.from_numpy(cand), r.reshape(-1), tight=tight) == 0
+    return v, r, cand, finite, dec, attention
+
+
+def _epilogue_inputs(case, spoil: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A MATMUL's FP32 operands and FP64 products (no bias); every third product moved onto a
+    midpoint (candidates), element 0 exactly on a midpoint off the grid where ``K >= 4`` (an entry);
+    ``spoil="inf"``: one product past FP32's range (no decision is taken)."""
+    batch, m, k, n, bias, grid = case
+    rng = np.random.default_rng(m * k + n + 1)
+    ins = _matmul_inputs(rng, batch, m, k, n, bias, grid)
+    if k >= 4:  # e = 1 + 2^-24: a midpoint of FP32, and the 2^-80 terms keep it off the exact grid
+        first = (0,) * len(batch) + (0,)
+        ins[0][first] = 0.0
+        ins[1][first] = 0.0
+        ins[0][first][:4] = torch.tensor([1.0, 2.0**-24, 2.0**-80, -(2.0**-80)])
+        ins[1][first][:4] = 1.0
+        if bias:
+            ins[2][0] = 0.0
+    v = ins[0].double() @ ins[1].double().transpose(-1, -2)
+    vf = v.reshape(-1)
+    out = vf.float()
+    vf[::3] = (out[::3].double() + torch.nextafter(out[::3], torch.tensor(np.inf)).double()) / 2
+    if spoil == "inf":
+        vf[1] = 2.0**200
+    return ins, v
+
+
+@pytest.mark.parametrize("spoil", ["", "inf"])
+@pytest.mark.parametrize("case", CASES, ids=[f"b{c[0]}m{c[1]}k{c[2]}n{c[3]}{'+bias' if c[4] else ''}"
+                                             f"{'-grid' if c[5] else ''}" for c in CASES])
+def test_matmul_epilogue_is_its_kernels_in_order(case, spoil: str, monkeypatch) -> None:
+    """``matmul_round_norm`` (one C call) against the kernels it composes, called one by one: the same
+    biased ``v``, ``r`` bits, candidates, finiteness, decisions and attention count; also where the
+    decisions do not fit the handed-back buffer (then none is handed back)."""
+    ins, v = _epilogue_inputs(case, spoil)
+    v_ref, r_ref, cand_ref, finite_ref, dec_ref, att_ref = _epilogue_reference(ins, v)
+    nt = ins[0].shape[-1] + (len(ins) == 3)
+    coef = TRAINER_BOUND_SLACK * gamma(nt)
+    args = (len(ins) == 3, nt * 2.0**-149, coef * (1.0 + (nt + 4) * 2.0**-52), C._BAND, coef)
+    for cap in (native_rows._KEEP_DECISIONS, 1):
+        monkeypatch.setattr(native_rows, "_KEEP_DECISIONS", cap)
+        vv = v.clone()
+        got = native_rows.matmul_round_norm(ins, vv, native_rows.matmul_operands(ins, vv), *args)
+        assert torch.equal(vv.view(torch.int64), v_ref.view(torch.int64))
+        assert torch.equal(got.r.view(torch.int32), r_ref.view(torch.int32))
+        assert np.array_equal(got.cand, cand_ref) and got.finite == finite_ref and got.attention == att_ref
+        if att_ref and len(cand_ref) <= cap:
+            assert all(np.array_equal(x, y) for x, y in zip(got.decided, dec_ref, strict=True))
+        else:
+            assert got.decided is None
+    assert (spoil == "" and case[2] >= 4) == (att_ref > 0), "the exact midpoint needs an entry (spoiled: none)"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_canonical_matmul_in_one_call_is_round_canonical(case) -> None:
+    """The trainer's whole MATMUL rounding through ``round_canonical_matmul`` against
+    ``round_canonical`` of the biased ``v`` and its norm bound: the same output bits and log."""
+    from types import SimpleNamespace
+
+    from vtrain.graph.executor import _norm_bound
+
+    ins, v = _epilogue_inputs(case, "")
+    batch, m, _, n, _, _ = case
+    op = SimpleNamespace(kind=OpKind.MATMUL, id=0, inputs=tuple(range(len(ins))), shape=(*batch, m, n))
+    v_ref = v.clone()
+    want = C.round_canonical(None, op, ins, v_ref, _norm_bound([t.double() for t in ins], v_ref, True, ins), "op")
+    got = C.round_canonical_matmul(None, op, ins, v, "op")
+    assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)) and got[2] == want[2]
+    for field in ("index", "code", "value"):
+        assert np.array_equal(getattr(got[1], field), getattr(want[1], field))
+    assert (len(want[1].index) > 0) == (case[2] >= 4), "the exact midpoint's entry"

@@ -32,6 +32,7 @@ from vtrain.numerics.canonical import (
     is_exact_rounding,
     op_desc,
     round_canonical,
+    round_canonical_matmul,
     round_canonical_sum,
 )
 from vtrain.numerics.rounding import TRAINER_BOUND_SLACK, LogViolation, apply_log, gamma
@@ -115,6 +116,8 @@ def test_the_trainer_decides_on_the_exact_value_next_to_the_overflow_threshold(
     runs = [lambda vv=vv: round_canonical(graph, op, ins, vv, d, "op") for vv in evaluations]
     if kind == OpKind.SUM and path == "native":  # the one-pass SUM kernel (no numpy twin to call)
         runs.append(lambda: round_canonical_sum(graph, op, ins, "op"))
+    if kind == OpKind.MATMUL and path == "native":  # the trainer's one-call MATMUL (norm bound; adds the bias)
+        runs.append(lambda: round_canonical_matmul(graph, op, ins, ins[0].double() @ ins[1].double().T, "op"))
     if want is None:
         for run in runs:
             with pytest.raises(NonFiniteValue, match=r"op: expected finite values, got NaN/Inf \(element \d: RN32 ov"):

@@ -34,6 +34,7 @@ from vtrain.numerics.canonical import (
     grid_elements,
     replay_sum_values,
     round_canonical,
+    round_canonical_matmul,
     round_canonical_sum,
     sum_bound_factor,
     tight_bound_at,
@@ -623,6 +624,12 @@ class StepExecutor:
                 stats.ambiguous_resolved += slow
                 self._log_entries(op, entries, out_log, stats)
                 return out
+        if bound_kind == "norm" and log_in is None and k == OpKind.MATMUL and self.mode == Mode.CERTIFIED:
+            out, entries, slow = self._canonical_matmul(op, ins, what)
+            stats.values += out.numel()
+            stats.ambiguous_resolved += slow
+            self._log_entries(op, entries, out_log, stats)
+            return out
         checked_sum = bound_kind == "tight" and log_in is not None and k in (OpKind.SUM, OpKind.MEAN)
         if checked_sum and self.mode == Mode.CERTIFIED:
             # checked replay: v, d and the filter in one native pass (the trainer's sums)
@@ -659,6 +666,18 @@ class StepExecutor:
             self._log_entries(op, entries, out_log, stats)
             return out
         return self._replay_op(op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind)
+
+    def _canonical_matmul(self, op: OpNode, ins: list[torch.Tensor], what: str) -> tuple[torch.Tensor, OpLog, int]:
+        """The canonical trainer's MATMUL under the norm bound: the FP64 products, then the bias add,
+        norms, filter and decisions in one native call (:func:`round_canonical_matmul`) where it takes
+        the tensors, else :func:`_norm_bound` and :func:`round_canonical` (the same bits)."""
+        x = [t.double() for t in ins[:2]]
+        v = torch.matmul(x[0], x[1].transpose(-1, -2))
+        got = round_canonical_matmul(self.graph, op, ins, v, what)
+        if got is None:
+            x.extend(t.double() for t in ins[2:])
+            got = round_canonical(self.graph, op, ins, v, _norm_bound(x, v, True, ins), what)
+        return got
 
     def _replay_op(
         self, op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind, filtered=None

@@ -277,11 +277,39 @@ def replay_sum_values(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor
     return v.reshape(op.shape), d.reshape(op.shape), (r.reshape(op.shape), cand, finite)
 
 
+#: The smallest FP32 subnormal as a float (``executor._norm_bound``'s ``n * 2^-149`` term).
+_SUBNORMAL_F = 2.0**-149
+
+
+def round_canonical_matmul(
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str
+) -> tuple[torch.Tensor, OpLog, int] | None:
+    """:func:`round_canonical` of a MATMUL under the trainer's norm bound (``executor._norm_bound``)
+    from its FP64 products ``v`` (C-contiguous, *without* the bias: it is added here, in place, as
+    ``v.add_(bias.double())`` would), the row norms, bias add, filter and decisions in one native call
+    (``native_rows.matmul_round_norm``: the same kernels in the same order, so the same bits); the
+    rest of :func:`_round_canonical_at` only where a candidate needs it. None where the kernel does
+    not take these tensors (``v`` untouched)."""
+    shape = native_rows.matmul_operands(ins, v)
+    if shape is None:
+        return None
+    n = ins[0].shape[-1] + (len(ins) == 3)
+    coef = TRAINER_BOUND_SLACK * gamma(n)
+    factor = coef * (1.0 + (n + 4) * 2.0**-52)  # executor._norm_bound's factor and sub
+    got = native_rows.matmul_round_norm(ins, v, shape, True, n * _SUBNORMAL_F, factor, _BAND, coef)
+    if not len(got.cand) or (got.finite and not got.attention):
+        return got.r, OpLog.empty(), 0
+    return _round_canonical_at(graph, op, ins, v, got.r, torch.from_numpy(got.cand), got.finite, what,
+                               decided=got.decided if got.finite else None, into=False)
+
+
 def _round_canonical_at(
     graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor | None, r: torch.Tensor,
-    cand: torch.Tensor, finite: bool, what: str,
+    cand: torch.Tensor, finite: bool, what: str, decided: native_rows.Decisions | None = None, into: bool = True,
 ) -> tuple[torch.Tensor, OpLog, int]:
-    """:func:`round_canonical` from ``r = RN32(v)`` and the candidates (``v`` read by MATMUL only)."""
+    """:func:`round_canonical` from ``r = RN32(v)`` and the candidates (``v`` read by MATMUL only).
+    ``decided``: the candidates' native decisions where the caller has them (:func:`native_rows.decide`'s
+    result); ``into`` False: the caller knows that :func:`native_rows.decide_into` would not settle them."""
     if cand.numel() == 0:  # also proves every element finite (a NaN/Inf margin is never > 0)
         return r, OpLog.empty(), 0
     overflow = _overflows_to_decide(op, v, r, cand, what) if not finite else None
@@ -289,12 +317,12 @@ def _round_canonical_at(
         _decide_exactly(graph, op, ins, overflow[:1], what)
     out = r.reshape(-1)
     got = None
-    if finite and op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) and cand.device.type == "cpu":
+    if into and finite and op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) and cand.device.type == "cpu":
         # the common case in one native call: every kept candidate decided, none due an entry
         if native_rows.decide_into(op.kind, ins, cand, out, tight=_tight_args(op, ins, v, out)) == 0:
             return out.reshape(r.shape), OpLog.empty(), 0
     if op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
-        got = _decide_candidates(op, ins, v, out, cand)
+        got = _decide_candidates(op, ins, v, out, cand, decided)
         if got is None:  # the MATMUL tight bound cleared every candidate
             return out.reshape(r.shape), OpLog.empty(), 0
         cand, bits, codes, undecided = got
@@ -373,15 +401,17 @@ _Decided = tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _decide_candidates(
-    op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out: torch.Tensor, cand: torch.Tensor
+    op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, out: torch.Tensor, cand: torch.Tensor,
+    decided: native_rows.Decisions | None = None,
 ) -> _Decided | None:
     """``(cand, bits, codes, undecided)`` of a MATMUL/SUM/MEAN op's candidates (``out`` its FP32
     outputs, ``v`` its FP64 values): MATMUL candidates the tight bound clears are dropped (None when
     none is left); the double-double decision, then ``math.fsum`` on the rows it leaves undecided;
     ``undecided`` rows go to exact rationals. The C kernels (:mod:`vtrain.numerics.native_rows`) on
-    CPU tensors when loaded, else the numpy path (the same bits)."""
-    got = None
-    if cand.device.type == "cpu":
+    CPU tensors when loaded, else the numpy path (the same bits); ``decided``: their result where the
+    caller has it."""
+    got = decided
+    if got is None and cand.device.type == "cpu":
         got = native_rows.decide(op.kind, ins, cand, tight=_tight_args(op, ins, v, out))
     if got is None:
         return _decide_candidates_np(op, ins, v, out, cand)

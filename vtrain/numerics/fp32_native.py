@@ -16,6 +16,7 @@ The torch / FP64 paths stay the fallback (:func:`available` False: library absen
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 
 import torch
@@ -158,6 +159,7 @@ def swaps_last_two(perm: tuple[int, ...]) -> bool:
     return n >= 2 and tuple(perm) == (*range(n - 2), n - 1, n - 2)
 
 
+@functools.lru_cache(maxsize=1024)
 def block_swap(perm: tuple[int, ...]) -> tuple[int, int] | None:
     """``(lead, split)`` where ``perm`` keeps the axes before ``lead`` and swaps the blocks of axes
     ``[lead, split)`` and ``[split, n)`` (a transpose of ``[rows, cols]`` matrices once those blocks
@@ -176,7 +178,7 @@ def block_swap(perm: tuple[int, ...]) -> tuple[int, int] | None:
 def permute(a: torch.Tensor, perm: tuple[int, ...]) -> torch.Tensor | None:
     """``a.permute(*perm).contiguous()`` (the bits copied) by :func:`transpose` where ``perm`` is a
     :func:`block_swap`; None where it is not, or the kernel does not apply (use torch then)."""
-    got = block_swap(perm)
+    got = block_swap(tuple(perm))  # (cached: a graph has few distinct permutations)
     if got is None or _TRANSPOSE is None or a.dtype is not torch.float32 or not a.is_cpu or not a.is_contiguous():
         return None
     lead, split = got

@@ -14,6 +14,7 @@ taken with ``Tensor.data_ptr()`` (a numpy array's ``.ctypes`` costs about 1.6 us
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ assert (int(Code.NONE), int(Code.DOWN), int(Code.UP), int(Code.EXPLICIT)) == (0,
 
 def _bind() -> ctypes.CDLL | None:
     lib = native.lib()
-    names = ("vt_rows_decide", "vt_rows_decide_into", "vt_rows_is_rn32", "vt_rows_grid")
+    names = ("vt_rows_decide", "vt_rows_decide_into", "vt_rows_is_rn32", "vt_rows_grid", "vt_matmul_round_norm")
     if lib is None or not all(hasattr(lib, n) for n in names):
         return None
     p, i32, i64, f64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
@@ -44,6 +45,8 @@ def _bind() -> ctypes.CDLL | None:
     lib.vt_rows_is_rn32.restype = ctypes.c_int
     lib.vt_rows_grid.argtypes = [*src, i32, p, i64, p]
     lib.vt_rows_grid.restype = ctypes.c_int
+    lib.vt_matmul_round_norm.argtypes = [p, p, p, p, i64, i64, i64, i64, i32, f64, f64, f64, f64, p, p, i64, p, p]
+    lib.vt_matmul_round_norm.restype = i64
     return lib
 
 
@@ -212,3 +215,78 @@ def grid(kind: OpKind, ins: list[torch.Tensor], cand: np.ndarray) -> np.ndarray 
     out = np.empty(c, dtype=np.bool_)
     _check(_LIB.vt_rows_grid(*src, _KIND[kind], c_ptr, c, _ptr(out)), "grid", src[-1])
     return out
+
+
+Decisions = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""``(kept, bits, codes, decided)`` of candidates, as :func:`decide` returns them."""
+
+#: Candidates whose decisions :func:`matmul_round_norm` hands back (more: the caller decides again).
+_KEEP_DECISIONS = 4096
+
+
+class MatmulRound(NamedTuple):
+    """What :func:`matmul_round_norm` gives: ``r`` (RN32 of ``v``, canonical zeros, the decided bits
+    written where no candidate needs more), the candidates (sorted flat int64 indices), whether every
+    ``r`` is finite, ``decided`` (``(kept, bits, codes, decided)`` as :func:`decide` returns them, or
+    None where the kernel did not keep them) and ``attention`` (how many kept candidates are
+    undecided or due an entry: 0 means ``r`` is final)."""
+
+    r: torch.Tensor
+    cand: np.ndarray
+    finite: bool
+    decided: Decisions | None
+    attention: int
+
+
+def matmul_operands(ins: list[torch.Tensor], v: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """``(batches, m, k, ncols)`` where :func:`matmul_round_norm` takes a MATMUL's FP32 CPU operands
+    ``ins`` (``[..., M, K]``, ``[..., N, K]``, optional bias ``[N]``) and its FP64 values ``v``
+    (C-contiguous ``[..., M, N]``): the same batch shape on both operands and ``v``, ``K > 0``; else None."""
+    if _LIB is None or not _usable(ins) or len(ins) not in (2, 3):
+        return None
+    if v.device.type != "cpu" or v.dtype != torch.float64 or not v.is_contiguous():
+        return None
+    a, b = ins[0], ins[1]
+    if a.dim() < 2 or a.shape[:-2] != b.shape[:-2] or a.shape[:-2] != v.shape[:-2] or b.dim() != a.dim():
+        return None
+    m, k, ncols = a.shape[-2], a.shape[-1], b.shape[-2]
+    if b.shape[-1] != k or k == 0 or v.shape[-2:] != (m, ncols) or v.numel() == 0:
+        return None
+    if len(ins) == 3 and (ins[2].dim() != 1 or ins[2].shape[0] != ncols):
+        return None
+    return v.numel() // (m * ncols), m, k, ncols
+
+
+def matmul_round_norm(
+    ins: list[torch.Tensor], v: torch.Tensor, shape: tuple[int, int, int, int], add_bias: bool,
+    sub: float, factor: float, band: float, coef: float,
+) -> MatmulRound:
+    """A MATMUL's norm-bound rounding, filter and decisions in one C call (``csrc/numerics/matmul.c``):
+    the row norms of ``ins[0]`` and ``ins[1]`` (:func:`native_filter.row_norms`), with ``add_bias``
+    ``v += bias`` in place, ``native_filter.round_filter`` of ``v`` under ``NormBound(na, nb, bias,
+    m, sub, factor)`` at scale ``band``, then (every ``r`` finite) :func:`decide_into`'s tight
+    re-filter (``coef``, ``band``) and decisions, written into ``r`` where none needs more. ``shape``:
+    :func:`matmul_operands` of ``ins`` and ``v``."""
+    batches, m, k, ncols = shape
+    keep: list[torch.Tensor] = []
+    a, b = _contiguous(ins[0], keep), _contiguous(ins[1], keep)
+    bias = _contiguous(ins[2], keep) if len(ins) == 3 else None
+    n = v.numel()
+    r = torch.empty(v.shape, dtype=torch.float32)
+    cap = min(n, _KEEP_DECISIONS)
+    # one buffer: the candidates (n; pages are touched only where candidates land), the handed-back
+    # decisions (4 cap) and the kernel's status (3, every one written by the kernel)
+    buf = torch.empty(n + 4 * cap + 3, dtype=torch.int64)
+    at = buf.data_ptr()
+    count = _LIB.vt_matmul_round_norm(v.data_ptr(), a, b, bias, batches, m, k, ncols, int(add_bias), sub, factor,
+                                      band, coef, r.data_ptr(), at, cap, at + 8 * n, at + 8 * (n + 4 * cap))
+    if count < 0:
+        raise MemoryError("native rows: the MATMUL epilogue could not allocate its scratch rows")
+    nonfinite, kept, attention = buf[-3:].tolist()
+    whole = buf.numpy()
+    cand = whole[:count].copy()
+    decided = None
+    if kept >= 0 and attention:
+        dec = whole[n : n + 4 * count].reshape(4, count)
+        decided = (dec[0, :kept].copy(), dec[1, :kept].copy(), dec[2, :kept].copy(), dec[3, :kept] != 0)
+    return MatmulRound(r, cand, not nonfinite, decided, attention)

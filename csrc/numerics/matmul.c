@@ -1,0 +1,108 @@
+/* The canonical trainer's MATMUL epilogue in one call (vtrain/numerics/native_rows.py,
+ * matmul_round_norm; canonical.round_canonical_matmul).
+ *
+ * It runs, in the same order and on the same values, the kernels the Python path calls one by one
+ * for a MATMUL whose bound is the Cauchy-Schwarz norm bound (executor._norm_bound):
+ *
+ *   vt_row_norms32        the FP64 row norms of A [batches * m, k] and of B [batches * ncols, k];
+ *   v += bias             torch's v.add_(bias.double()): one IEEE addition per element;
+ *   vt_round_filter_norm  r = RN32(v) and the candidates under the norm bound;
+ *   vt_rows_decide        the tight re-filter and the decisions of the candidates (when every r is
+ *                         finite), written into r where none needs more (vt_rows_decide_into's rule);
+ *
+ * so its results are theirs, bit for bit (tests/test_native_rows.py compares them). Compiled with
+ * -ffp-contract=off and without -ffast-math, as every kernel of the library. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VT_EXPORT __attribute__((visibility("default")))
+
+/* The kernels composed here (filter.c, rows.c). */
+void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out);
+int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
+                             const double *nb, const double *bias, double sub, double factor, double scale,
+                             float *r, int64_t *idx, uint32_t *nonfinite);
+int64_t vt_rows_decide(int32_t src, const float *a, const float *b, const float *bias, int64_t m, int64_t k,
+                       int64_t ncols, const void *x, int64_t n, int64_t limit, int32_t kind, const int64_t *cand,
+                       int64_t c, const double *v, const float *r, double coef, double band, int64_t *out);
+
+enum { SRC_MATMUL = 0, KIND_MATMUL = 0, CODE_NONE = 0 };
+/* status[] slots */
+enum { ST_NONFINITE = 0, ST_KEPT = 1, ST_ATTENTION = 2 };
+
+/* The decided rows' bits into r at their element indices (canonical zero), as vt_rows_decide_into. */
+static void write_decided(const int64_t *o, int64_t c, int64_t kept, float *r) {
+    for (int64_t j = 0; j < kept; j++) {
+        uint32_t bits = (uint32_t)o[c + j];
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        r[o[j]] = f + 0.0f;
+    }
+}
+
+/* How many kept rows need the caller's full path: undecided, or due an entry. */
+static int64_t needing_attention(const int64_t *o, int64_t c, int64_t kept) {
+    int64_t attention = 0;
+    for (int64_t j = 0; j < kept; j++) attention += !o[3 * c + j] || o[2 * c + j] != CODE_NONE;
+    return attention;
+}
+
+/* v [batches * m, ncols] (C-contiguous FP64, the products A B^T without the bias), a [batches * m, k],
+ * b [batches * ncols, k], bias [ncols] or NULL (FP32, C-contiguous). With `add_bias`, v += bias first.
+ * Writes r (RN32(v), canonical zeros, then the decided bits) and the candidates' element indices into
+ * idx (capacity batches * m * ncols); returns their count, or -1 when scratch memory cannot be had.
+ * status[ST_NONFINITE]: whether some r is not finite (then nothing is decided: kept = -1);
+ * status[ST_KEPT]: the rows the tight re-filter keeps, whose decisions are in o as [4, count]
+ * (vt_rows_decide's layout: index, bits, code, decided), or -1 where they were not kept (the count
+ * above `cap`, or not finite); status[ST_ATTENTION]: how many of them need the full path (0: every
+ * decided bit is already in r). */
+VT_EXPORT int64_t vt_matmul_round_norm(double *v, const float *a, const float *b, const float *bias,
+                                       int64_t batches, int64_t m, int64_t k, int64_t ncols, int32_t add_bias,
+                                       double sub, double factor, double band, double coef, float *r,
+                                       int64_t *idx, int64_t cap, int64_t *o, int64_t *status) {
+    const int64_t rows = batches * m;
+    double *na = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(double));
+    double *nb = malloc((size_t)(batches * ncols > 0 ? batches * ncols : 1) * sizeof(double));
+    double *bias64 = bias ? malloc((size_t)(ncols > 0 ? ncols : 1) * sizeof(double)) : NULL;
+    int64_t count = -1;
+    status[ST_NONFINITE] = 0;
+    status[ST_KEPT] = -1;
+    status[ST_ATTENTION] = 0;
+    if (!na || !nb || (bias && !bias64)) goto done;
+    vt_row_norms32(a, rows, k, na);
+    vt_row_norms32(b, batches * ncols, k, nb);
+    if (bias) {
+        for (int64_t j = 0; j < ncols; j++) bias64[j] = (double)bias[j];
+        if (add_bias)
+            for (int64_t i = 0; i < rows; i++) {
+                double *vr = v + i * ncols;
+                for (int64_t j = 0; j < ncols; j++) vr[j] = vr[j] + bias64[j];
+            }
+    }
+    uint32_t nonfinite = 0;
+    count = vt_round_filter_norm(v, rows, m, ncols, na, nb, bias64, sub, factor, band, r, idx, &nonfinite);
+    status[ST_NONFINITE] = nonfinite;
+    if (count == 0 || nonfinite) goto done;
+    int64_t *dec = count <= cap ? o : malloc((size_t)count * 4 * sizeof(int64_t));
+    if (!dec) {
+        count = -1;
+        goto done;
+    }
+    const int64_t kept = vt_rows_decide(SRC_MATMUL, a, b, bias, m, k, ncols, NULL, 0, rows * ncols, KIND_MATMUL,
+                                        idx, count, v, r, coef, band, dec);
+    if (kept < 0) {
+        count = -1;
+    } else {
+        const int64_t attention = needing_attention(dec, count, kept);
+        if (!attention) write_decided(dec, count, kept, r);
+        status[ST_KEPT] = dec == o ? kept : -1;
+        status[ST_ATTENTION] = attention;
+    }
+    if (dec != o) free(dec);
+done:
+    free(na);
+    free(nb);
+    free(bias64);
+    return count;
+}
