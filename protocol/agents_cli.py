@@ -745,8 +745,9 @@ def create_job_cmd(
         raise click.ClickException(
             f"--spec {spec_path}: the file model {spec.model!r} has no checkpoint: {RANDOM_INIT_CAUSE}, so a "
             "trainer or auditor on another machine would build another initial state and refuse the job. Pin the "
-            f"initial weights once: `vtrain train --out RUN --spec {spec_path}` writes RUN/model/initial.safetensors "
-            "and pins it in RUN/spec.json (before its first step); create the job with --spec RUN/spec.json and "
+            f"initial weights once: `vtrain train --out RUN --spec {spec_path} --pin-only` writes "
+            "RUN/model/initial.safetensors and pins it in RUN/spec.json (no step is trained; `vtrain train --resume "
+            "RUN` trains it); create the job with --spec RUN/spec.json and "
             "hand the run folder (spec.json, inputs.json, model/) to the trainer and auditors; nothing was sent")
     if key_file is not None:
         read_key_file(key_file)  # a malformed key fails before anything is contacted

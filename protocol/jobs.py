@@ -149,8 +149,9 @@ class JobContext:
                     f"job commits to a different initialStateRoot: chain has {_show(b)}, this spec gives {_show(a)}. "
                     f"Likely cause: the spec pins no initial weights (no checkpoint), so {RANDOM_INIT_CAUSE}: the "
                     "job was probably created on a machine whose CPU has other vector instructions than this one. "
-                    "Fix: create the job from a spec that pins them (`vtrain train --out RUN --spec SPEC` writes "
-                    "RUN/model/initial.safetensors and pins it in RUN/spec.json); refusing to train or replay this one")
+                    "Fix: create the job from a spec that pins them (`vtrain train --out RUN --spec SPEC --pin-only` "
+                    "writes RUN/model/initial.safetensors and pins it in RUN/spec.json); refusing to train or replay "
+                    "this one")
             raise ChainError(f"job commits to a different {name}: chain has {_show(b)}, this spec gives {_show(a)}")
 
     def _model_source(self) -> str:

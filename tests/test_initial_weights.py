@@ -202,7 +202,7 @@ print(json.dumps({{"unpinned": err}}))
     got = in_other_isa(code)
     err = got["unpinned"]
     assert err is not None and "different initialStateRoot" in err
-    assert "torch's random init kernels" in err and "vtrain train --out RUN --spec SPEC" in err, err
+    assert "torch's random init kernels" in err and "vtrain train --out RUN --spec SPEC --pin-only" in err, err
 
 
 def test_create_job_refuses_a_file_model_without_a_checkpoint_and_the_advice_works(user: Path,
@@ -220,13 +220,21 @@ def test_create_job_refuses_a_file_model_without_a_checkpoint_and_the_advice_wor
     r = run("client", "create-job", *chain, "--spec", spec_file)
     text = " ".join(r.output.split())
     assert r.exit_code == 1 and "Traceback" not in text, text
-    for w in ("has no checkpoint", "torch's random init kernels", f"vtrain train --out RUN --spec {spec_file}",
-              "RUN/model/initial.safetensors", "--spec RUN/spec.json", "nothing was sent"):
+    for w in ("has no checkpoint", "torch's random init kernels",
+              f"vtrain train --out RUN --spec {spec_file} --pin-only", "RUN/model/initial.safetensors",
+              "--spec RUN/spec.json", "nothing was sent"):
         assert w in text, f"{w!r} not in {text!r}"
     out = tmp_path / "RUN"
-    ok(run("train", "--out", out, "--spec", spec_file))
+    pinned = ok(run("train", "--out", out, "--spec", spec_file, "--pin-only"))
+    assert pinned["steps"] == 0 and (out / "model/initial.safetensors").exists()
+    assert not (out / "roots.jsonl").exists() and (out / "checkpoints/step_000000.safetensors").exists()
     r = run("client", "create-job", *chain, "--spec", out / "spec.json")
     assert r.exit_code == 1 and "has no checkpoint" not in r.output and "none.json" in r.output, r.output
+    # the pinned folder trains with --resume to what an uninterrupted run gives
+    ok(run("train", "--resume", out))
+    whole = tmp_path / "whole"
+    ok(run("train", "--out", whole, "--spec", spec_file))
+    assert (out / "roots.jsonl").read_text() == (whole / "roots.jsonl").read_text()
 
 
 def test_a_spec_refused_for_data_parallel_training_leaves_nothing_pinned(user: Path, tmp_path: Path) -> None:

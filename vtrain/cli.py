@@ -400,6 +400,13 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
     help="Data-parallel ranks on this host (torch.distributed, gloo); same roots and logs as one process. "
     "Several hosts: torchrun (docs/architecture.md).",
 )
+@click.option(
+    "--pin-only",
+    is_flag=True,
+    help="Write the run folder (spec, data, pinned model source and initial weights, step-0 checkpoint) and "
+    "stop before the first step: `vtrain client create-job --spec RUN/spec.json` takes it, and "
+    "`vtrain train --resume RUN` trains it.",
+)
 @device_option
 @threads_option
 @trust_option
@@ -410,6 +417,7 @@ def train_cmd(
     resume: Path | None,
     spec_path: Path | None,
     nproc: int,
+    pin_only: bool,
     device: str,
     threads: int,
     trust_model_code: bool,
@@ -424,7 +432,9 @@ def train_cmd(
     otherwise); stdout gets one JSON line at the end.
     """
     _refuse_conflicts(ctx, spec_path, resume, out)
-    _train(out, resume, spec_path, opts, nproc, device, threads, trust_model_code)
+    if pin_only and resume is not None:
+        raise click.UsageError("--pin-only writes a new run folder (--out): a run to --resume is already pinned")
+    _train(out, resume, spec_path, opts, nproc, device, threads, trust_model_code, pin_only)
 
 
 @_guarded
@@ -437,6 +447,7 @@ def _train(
     device: str = "cpu",
     threads: int | None = None,
     trust_model_code: bool = False,
+    pin_only: bool = False,
 ) -> None:
     from vtrain.errors import VtrainError
     from vtrain.frontend.job import draws_initial_weights
@@ -516,6 +527,14 @@ def _train(
         if len(roots) >= spec.steps and all(s in roots for s in range(1, spec.steps + 1)):
             raise Failure(f"{run.path} already holds a complete run of {spec.steps} steps; "
                           + ("nothing to resume" if resume is not None else "choose another --out"))
+    if pin_only:
+        if not fresh:
+            raise Failure(f"--pin-only: {run.path} already holds this run (pinned); `vtrain train --resume "
+                          f"{run.path}` trains it")
+        _pin_run(run, job, stored, drawn)
+        click.echo(json.dumps({"run": str(run.path), "spec": str(run.path / "spec.json"), "steps": 0,
+                               "pinned": True, "initial_state_root": _initial_root(job)}))
+        return
     if nproc > 1:
         from vtrain.distributed.launch import launch
 
@@ -525,17 +544,30 @@ def _train(
         return
     if fresh:
         from vtrain.graph.executor import state_tensors
-        from vtrain.training.rundir import reset_roots
 
-        run.write_spec(run.pin_inputs(stored, job.dataset, drawn))
-        reset_roots(run)
+        _pin_run(run, job, stored, drawn)
         state = state_tensors(job.initial_state)
-        run.write_checkpoint(0, job.graph, state)
         start = 0
     else:
         start, state = _resume_point(run, job)
         click.echo(f"resuming {run.path} after step {start} of {spec.steps}", err=True)
     _train_loop(run, job, state, start, device, threads)
+
+
+def _pin_run(run: Any, job: Any, stored: Any, drawn: bool) -> None:
+    """A new run folder's spec, inputs, empty roots and step-0 checkpoint: everything before step 1."""
+    from vtrain.graph.executor import state_tensors
+    from vtrain.training.rundir import reset_roots
+
+    run.write_spec(run.pin_inputs(stored, job.dataset, drawn))
+    reset_roots(run)
+    run.write_checkpoint(0, job.graph, state_tensors(job.initial_state))
+
+
+def _initial_root(job: Any) -> str:
+    from vtrain.training.loop import initial_commitment
+
+    return initial_commitment(job)[1].hex()
 
 
 def _train_loop(run: Any, job: Any, state: list, start: int, device: str = "cpu", threads: int | None = None) -> None:
