@@ -288,7 +288,7 @@ contract DataAvailability is IDataAvailability {
         internal
         returns (DemandId id)
     {
-        // Unextended window end: max(postedAt, acceptedAt + interval * postingPeriod) + challengeWindow
+        // Unextended window end: the interval's chained window start + challengeWindow
         // (0 when not posted: lockDemand reverts with IntervalNotPosted).
         uint256 end = registry.unextendedWindowEnd(job, interval);
         // SAFETY: demands only inside the unextended window, so answers extend it by at most

@@ -57,7 +57,7 @@ contract JobRegistry is IJobRegistry {
     mapping(JobId job => Job record) internal _jobs;
     mapping(JobId job => mapping(uint64 index => Interval interval)) internal _intervals;
     /// @dev Challenge-window ends moved later by `extendWindow` (0: not extended). uint256: a
-    ///      scheduled window start (acceptedAt + index * postingPeriod) may pass 2^64.
+    ///      chained window start (Interval.windowStart) may pass 2^64.
     mapping(JobId job => mapping(uint64 index => uint256 end)) internal _extendedEnd;
     /// @dev Latest extended window end over the job's intervals (finalize waits for it).
     mapping(JobId job => uint256 end) internal _lastExtendedEnd;
@@ -158,10 +158,21 @@ contract JobRegistry is IJobRegistry {
         if (index != j.nextInterval || index >= n) revert WrongInterval(index, j.nextInterval, n);
         // SAFETY: a zero root would read as "not posted".
         if (root == bytes32(0)) revert ZeroRoot();
-        _intervals[job][index] = Interval({root: root, postedAt: uint64(block.timestamp)});
+        // The chained schedule: interval 0's window starts now (>= acceptedAt), interval i's at the
+        // later of now and one posting period after interval i-1's start. So start_i >= acceptedAt
+        // + i * postingPeriod (posting early never shortens a window), and overdue intervals posted
+        // together still get windows one posting period apart.
+        uint256 start = block.timestamp;
+        if (index != 0) {
+            uint256 scheduled = uint256(_intervals[job][index - 1].windowStart) + j.params.postingPeriod;
+            if (scheduled > start) start = scheduled;
+        }
+        // SAFETY: start <= max(timestamps) + index * postingPeriod < 2^64 + 2^128 < 2^192.
+        _intervals[job][index] =
+            Interval({root: root, postedAt: uint64(block.timestamp), windowStart: uint192(start)});
         j.nextInterval = index + 1;
         (uint64 firstStep, uint64 size) = _span(j.params, index);
-        emit IntervalPosted(job, index, root, firstStep, size, _baseWindowEnd(j, index, block.timestamp));
+        emit IntervalPosted(job, index, root, firstStep, size, start + j.params.challengeWindow);
     }
 
     /// @inheritdoc IJobRegistry
@@ -171,10 +182,10 @@ contract JobRegistry is IJobRegistry {
         uint64 n = _nIntervals(j.params);
         if (j.nextInterval != n) revert IntervalsMissing(job, j.nextInterval, n);
         // INVARIANT: every interval's window has closed. Unextended windows close in index order
-        // (their start, max(postedAt, acceptedAt + index * postingPeriod), never decreases with the
-        // index), so the last interval's closes last; an answered availability demand may have
-        // extended an earlier one (_lastExtendedEnd: the latest extension over all intervals).
-        uint256 end = _baseWindowEnd(j, n - 1, _intervals[job][n - 1].postedAt);
+        // (their chained starts increase by at least postingPeriod >= 1 with the index), so the
+        // last interval's closes last; an answered availability demand may have extended an
+        // earlier one (_lastExtendedEnd: the latest extension over all intervals).
+        uint256 end = _baseWindowEnd(j, _intervals[job][n - 1]);
         uint256 ext = _lastExtendedEnd[job];
         if (ext > end) end = ext;
         if (block.timestamp <= end) revert WindowStillOpen(job, end, block.timestamp);
@@ -343,7 +354,7 @@ contract JobRegistry is IJobRegistry {
         Job storage j = _job(job);
         _expectStatus(job, j.status, JobStatus.Active);
         if (index >= j.nextInterval) revert IntervalNotPosted(job, index, j.nextInterval);
-        uint256 base = _baseWindowEnd(j, index, _intervals[job][index].postedAt);
+        uint256 base = _baseWindowEnd(j, _intervals[job][index]);
         // SAFETY: demands are made inside the unextended window (the same base: DataAvailability
         // reads unextendedWindowEnd) and answered within one clock, so an honest extension never
         // passes base + 2 * clock; nothing can push finalize further.
@@ -407,7 +418,7 @@ contract JobRegistry is IJobRegistry {
     function unextendedWindowEnd(JobId job, uint64 index) external view returns (uint256) {
         Interval storage iv = _intervals[job][index];
         if (iv.root == bytes32(0)) return 0;
-        return _baseWindowEnd(_jobs[job], index, iv.postedAt);
+        return _baseWindowEnd(_jobs[job], iv);
     }
 
     /// @inheritdoc IJobRegistry
@@ -464,20 +475,19 @@ contract JobRegistry is IJobRegistry {
 
     /// @dev Last second interval `index` can be challenged: its unextended end, or later if extended.
     function _windowEnd(JobId job, Job storage j, uint64 index) internal view returns (uint256 end) {
-        end = _baseWindowEnd(j, index, _intervals[job][index].postedAt);
+        end = _baseWindowEnd(j, _intervals[job][index]);
         uint256 ext = _extendedEnd[job][index];
         if (ext > end) end = ext;
     }
 
-    /// @dev Unextended end of interval `index`'s window, posted at `postedAt`: the window starts at
-    ///      max(postedAt, acceptedAt + index * postingPeriod) and lasts challengeWindow seconds.
-    ///      SAFETY: never earlier than if the interval had been posted on the terms' schedule, so a
-    ///      trainer that posts every interval at once cannot make the auditors replay the whole job
-    ///      inside one window: an auditor replaying one interval per posting period keeps up.
-    function _baseWindowEnd(Job storage j, uint64 index, uint256 postedAt) internal view returns (uint256) {
-        uint256 start = uint256(j.acceptedAt) + uint256(index) * j.params.postingPeriod;
-        if (postedAt > start) start = postedAt;
-        return start + j.params.challengeWindow;
+    /// @dev Unextended end of posted interval `iv`'s window: its stored chained start (set by
+    ///      postInterval) + challengeWindow.
+    ///      SAFETY: starts are at least one posting period apart and never before acceptedAt +
+    ///      index * postingPeriod, so a trainer that posts every interval at once, early or overdue,
+    ///      cannot make the auditors replay several intervals inside one window: an auditor
+    ///      replaying one interval per posting period keeps up.
+    function _baseWindowEnd(Job storage j, Interval storage iv) internal view returns (uint256) {
+        return uint256(iv.windowStart) + j.params.challengeWindow;
     }
 
     function _credit(address account, JobId job, uint256 amount) internal {

@@ -547,6 +547,13 @@ def ignore_served_abis(deployment_path: Path, abis: object) -> None:
 _DEPLOYED = ("JobRegistry", "DisputeGame", "Adjudicator", "DataAvailability")
 
 
+def last_window_end(proto, job: int, n: int) -> int:
+    """The latest challenge-window end over the job's ``n`` intervals: finalize waits for it. Not
+    only the last interval's: an answered availability demand may have extended an earlier
+    interval's window past the last one's."""
+    return max(int(proto.chain.call(proto.registry.functions.windowEnd(job, i))) for i in range(n))
+
+
 def save_deployment(proto, path: Path) -> None:
     """The deployment file: the addresses, and the deployed contracts' ABIs for other tools (vtrain's
     agents decode with the ABIs of the code they verified, never these: ``ignore_served_abis``)."""
@@ -1117,7 +1124,7 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float,
             if agent.play():
                 sent = True
             if not sent and nxt == n and open_games == 0:
-                end = int(chain.call(proto.registry.functions.windowEnd(job, n - 1)))
+                end = last_window_end(proto, job, n)
                 if chain.now() > end:
                     try:
                         agent.finalize()

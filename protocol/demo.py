@@ -133,8 +133,8 @@ def run_scenario(
     else:
         verdict, ruling, max_tx = "no dispute", "-", 0
     if trainer.status() == "active":
-        # past every interval's window: one never closes before its scheduled one (acceptedAt +
-        # i * postingPeriod + challengeWindow), however early it was posted; extensions included
+        # past every interval's window: they follow the chained schedule (each starts at least one
+        # posting period after the previous one), however early they were posted; extensions included
         reg = proto.registry.functions
         end = max(int(chain.call(reg.windowEnd(job, i))) for i in range(ctx.n_intervals))
         chain.advance_time(max(1, end - chain.now() + 1))

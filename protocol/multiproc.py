@@ -32,7 +32,7 @@ from typing import Any
 
 from hexbytes import HexBytes
 
-from protocol.agents_cli import save_deployment
+from protocol.agents_cli import last_window_end, save_deployment
 from protocol.chain import Chain, ChainError
 from protocol.demo import (
     DEFAULT_CHEAT,
@@ -329,7 +329,7 @@ class ProcessScenario:
             j = self.chain.call(self.proto.registry.functions.getJob(self.job))
             if JOB_STATUS[int(j[3])] != "active" or int(j[4]) < self.ctx.n_intervals:
                 return
-            end = int(self.chain.call(self.proto.registry.functions.windowEnd(self.job, self.ctx.n_intervals - 1)))
+            end = last_window_end(self.proto, self.job, self.ctx.n_intervals)  # every window, extensions too
             if now > end:
                 return
             secs, why = end - now + 1, "past the challenge window"

@@ -11,10 +11,11 @@ agent also refuses terms shorter than *it* can safely answer within, with a marg
   one interval; it stakes at most ``max_stake_ratio`` x the payment, and wants a challenger bond
   of at least ``min_bond`` (a false challenge costs the trainer gas; the bond pays for it);
 - the auditor: the challenge window must cover ``margin`` x the seconds it needs to fetch and
-  replay one interval and challenge it, and so must the posting period: interval i's window closes
-  no earlier than ``acceptedAt + i x postingPeriod + challengeWindow`` however early it is posted
-  (docs/protocol.md, "Challenge windows"), so an auditor that replays one interval within a
-  posting period keeps up with a trainer that posts every interval at once; one that needs longer
+  replay one interval and challenge it, and so must the posting period: interval i's window starts
+  no earlier than one posting period after interval i-1's (so never before ``acceptedAt + i x
+  postingPeriod``), however early or late it is posted (docs/protocol.md, "Challenge windows"), so
+  an auditor that replays one interval within a posting period keeps up with a trainer that posts
+  every interval at once, on time or overdue; one that needs longer
   falls behind by the difference every interval and runs out of window in a long job.
 
 Refusals are values (``TermsPolicy.refusals``: one line each, naming the term, what the job gives

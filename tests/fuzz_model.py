@@ -55,8 +55,8 @@ FLOORS = {"challengeWindow": MIN_WINDOW, "clock": MIN_CLOCK, "postingPeriod": MI
 #: ``demand_escrow``: the model forgets an open demand's bond in the job's escrow (solvency);
 #: ``extension``: the model forgets that an answer extends the interval's window (expectation).
 #: ``demand_fee``: the model forgets the answer fees of open demands in the job's escrow (solvency).
-#: ``schedule``: the model closes a window ``challengeWindow`` after posting, not after the later of
-#: posting and the interval's scheduled time (the old rule; expectation).
+#: ``schedule``: the model closes a window ``challengeWindow`` after posting, not after its chained
+#: start (the later of posting and the previous start + postingPeriod; the old rule; expectation).
 SABOTAGES = ("escrow", "double_pay", "honest", "bound", "frozen", "reclaim", "bounty", "burn", "floor",
              "demand_escrow", "extension", "demand_fee", "schedule")
 
@@ -95,7 +95,7 @@ class JobModel:
     fees_held: int = 0
     """Answer fees of the job's open demands (held in its escrow until answered or refunded)."""
     scheduled_windows: bool = True
-    """Windows start no earlier than the interval's scheduled time (False: sabotage ``schedule``)."""
+    """Windows follow the chained schedule, one posting period apart at least (False: sabotage ``schedule``)."""
 
     @property
     def honest_posts(self) -> bool:
@@ -132,15 +132,19 @@ class JobModel:
         """Last second interval ``index`` can be challenged (extended by answered demands)."""
         return max(self.base_window_end(index), self.extended.get(index, 0))
 
+    def window_start(self, index: int) -> int:
+        """The chained window start: start_0 = max(postedAt_0, acceptedAt), start_i =
+        max(postedAt_i, start_{i-1} + postingPeriod) (sabotage ``schedule``: postedAt_i)."""
+        assert self.accepted_at is not None
+        start = self.accepted_at - self.posting_period
+        for i in range(index + 1):
+            start = max(self.posted_at[i], start + self.posting_period) if self.scheduled_windows else self.posted_at[i]
+        return start
+
     def base_window_end(self, index: int) -> int:
-        """The unextended window end, max(postedAt, acceptedAt + index * postingPeriod) +
-        challengeWindow (the registry's ``unextendedWindowEnd``): the last second a demand on
-        ``index`` can be made."""
-        start = self.posted_at[index]
-        if self.scheduled_windows:
-            assert self.accepted_at is not None
-            start = max(start, self.accepted_at + index * self.posting_period)
-        return start + self.window
+        """The unextended window end, the chained window start + challengeWindow (the registry's
+        ``unextendedWindowEnd``): the last second a demand on ``index`` can be made."""
+        return self.window_start(index) + self.window
 
     def bounty(self) -> int:
         """What a conviction of this job pays its winner beyond its bond (the registry's rounding)."""

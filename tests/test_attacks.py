@@ -406,19 +406,17 @@ def test_griefing_challengers_each_lose_their_bond_and_cannot_stall_the_job(dep,
     every move to its deadline: each loses its bond, the trainer is paid, and the job finalizes
     within both clocks of that second."""
     with trial(f"griefing-{griefers}-challenges"):
-        # interval 0 posted 1 s before its deadline, interval 1 at its scheduled time: their windows
-        # end 1 s apart (a window never ends before acceptedAt + i * postingPeriod + challengeWindow)
-        job = H.active_job(dep, honest, post=False)
-        dep.at(dep.job(job)["acceptedAt"] + CFG.posting_period - 1)
-        H.post_intervals(dep, job, honest)
+        # both intervals posted at once: the windows follow the chained schedule, one posting
+        # period apart, so the last second of the job's windows is the last interval's
+        job = H.active_job(dep, honest)
         end = dep.call(dep.registry.functions.windowEnd(job, 1))
-        assert dep.call(dep.registry.functions.windowEnd(job, 0)) == end - 1
+        assert dep.call(dep.registry.functions.windowEnd(job, 0)) == end - CFG.posting_period
         addrs = [dep.challenger, dep.challenger2, dep.anyone]
         dep.at(end - griefers)
         games = []
         for k in range(griefers):
             addr = addrs[k % len(addrs)]
-            gid = H.challenge(dep, job, k % 2, challenger=addr)
+            gid = H.challenge(dep, job, 1, challenger=addr)
             ch = StallingChallenger(dep, position=k % 4, op=honest.graph.index["update0"], element=100, addr=addr)
             games.append((gid, H.Trainer(dep, honest), ch))
         assert dep.now() <= end + 1

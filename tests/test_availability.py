@@ -4,6 +4,8 @@ solvency invariant (fixture ``dep``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import da_harness as D
 import game_harness as H
 import pytest
@@ -361,14 +363,20 @@ def test_finalize_waits_for_open_demands_and_the_extended_window(dep, lr):
     assert dep.job(job)["openGames"] == 1
 
 
-def test_extension_of_an_earlier_interval_delays_finalize(dep, lr):
-    # interval 0 posted near its deadline, interval 1 right after: their windows end 5 s apart (a
-    # window never closes before its scheduled one, acceptedAt + i * postingPeriod + window)
-    job = _active(dep, lr, post=False)
-    dep.at(dep.job(job)["acceptedAt"] + CFG.posting_period - 5)
-    H.post_intervals(dep, job, lr.run)
+@pytest.fixture(scope="module")
+def lr_short_period() -> D.LogRun:
+    """CFG with the posting period at its floor (200 s), under two clocks (1,000 s)."""
+    return D.with_logs(H.simulate(replace(CFG, posting_period=H.MIN_POSTING)))
+
+
+def test_extension_of_an_earlier_interval_delays_finalize(dep, lr_short_period):
+    # both intervals posted at once: their windows end one posting period (200 s) apart, less than
+    # the 2 * clock an answered demand may extend interval 0's by
+    lr = lr_short_period
+    job = _active(dep, lr)
     end0 = dep.call(dep.registry.functions.windowEnd(job, 0))
     end1 = dep.call(dep.registry.functions.windowEnd(job, 1))
+    assert end1 - end0 == H.MIN_POSTING < 2 * CFG.clock
     dep.at(end0)
     did = D.demand_step(dep, job, 0, 1)
     dep.advance(CFG.clock - 2)

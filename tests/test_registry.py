@@ -213,7 +213,7 @@ def test_postInterval_in_order_records_root_and_window(dep, run):
     t = dep.now()
     dep.tx(dep.registry.functions.postInterval(job, 0, run.interval_roots[0]), dep.trainer)
     iv = dep.call(dep.registry.functions.getInterval(job, 0))
-    assert iv == (run.interval_roots[0], t)
+    assert iv == (run.interval_roots[0], t, t)  # root, postedAt, windowStart (interval 0: postedAt)
     assert dep.call(dep.registry.functions.windowEnd(job, 0)) == t + CFG.challenge_window
     assert dep.call(dep.registry.functions.windowEnd(job, 1)) == 0
     assert dep.job(job)["nextInterval"] == 1

@@ -1,8 +1,9 @@
-"""Challenge windows follow the terms' posting schedule: interval i's window ends at
-max(postedAt_i, acceptedAt + i * postingPeriod) + challengeWindow (then demand extensions, capped
-from the same base), so a trainer that posts every interval at once cannot squeeze the auditors'
-replay of the whole job into one window (docs/protocol.md "Challenge windows"; docs/security.md,
-matrix row "posts every interval at once"). Every test ends with the solvency invariant."""
+"""Challenge windows follow a chained posting schedule: interval i's window starts at start_i =
+max(postedAt_i, start_{i-1} + postingPeriod) (start_0 = postedAt_0 >= acceptedAt) and ends
+challengeWindow later (then demand extensions, capped from the same base), so a trainer that posts
+every interval at once, early or overdue, cannot squeeze the auditors' replay of the whole job into
+one window (docs/protocol.md "Challenge windows"; docs/security.md, matrix row "posts every
+interval at once"). Every test ends with the solvency invariant."""
 
 from __future__ import annotations
 
@@ -32,18 +33,24 @@ def _posted_at_once(dep: H.Deployment, lr: D.LogRun) -> tuple[int, int, list[int
     return job, accepted, posted
 
 
-def _scheduled_end(accepted: int, posted: int, i: int) -> int:
-    return max(posted, accepted + i * CFG.posting_period) + CFG.challenge_window
+def _chained_ends(posted: list[int]) -> list[int]:
+    """The unextended window ends of intervals posted at ``posted`` (the chained schedule)."""
+    starts: list[int] = []
+    for t in posted:
+        starts.append(max(t, starts[-1] + CFG.posting_period) if starts else t)
+    return [s + CFG.challenge_window for s in starts]
 
 
 def test_intervals_posted_at_once_keep_the_windows_of_their_schedule(dep, lr):
     job, accepted, posted = _posted_at_once(dep, lr)
     reg = dep.registry.functions
     events = {ev.index: ev.windowEnd for ev in dep.events(dep.registry, "IntervalPosted", job=job)}
+    ends = _chained_ends(posted)
     for i in range(N):
-        want = _scheduled_end(accepted, posted[i], i)
-        assert dep.call(reg.windowEnd(job, i)) == want == events[i]
-    last = accepted + (N - 1) * CFG.posting_period + CFG.challenge_window
+        assert dep.call(reg.windowEnd(job, i)) == ends[i] == events[i]
+        assert ends[i] >= accepted + i * CFG.posting_period + CFG.challenge_window  # never before the schedule
+        assert dep.call(reg.getInterval(job, i))[2] == ends[i] - CFG.challenge_window  # the stored start
+    last = posted[0] + (N - 1) * CFG.posting_period + CFG.challenge_window
     assert dep.call(reg.windowEnd(job, N - 1)) == last > posted[-1] + CFG.challenge_window
     assert [dep.call(reg.unextendedWindowEnd(job, i)) for i in range(N + 1)] == [*events.values(), 0]
     # an auditor still replaying after postedAt + challengeWindow challenges the last interval
@@ -58,7 +65,7 @@ def test_intervals_posted_at_once_keep_the_windows_of_their_schedule(dep, lr):
 
 def test_finalize_waits_for_the_last_scheduled_window(dep, lr):
     job, accepted, posted = _posted_at_once(dep, lr)
-    last = accepted + (N - 1) * CFG.posting_period + CFG.challenge_window
+    last = posted[0] + (N - 1) * CFG.posting_period + CFG.challenge_window
     for t in (posted[-1] + CFG.challenge_window + 1, last):  # the old end has passed, the scheduled one not
         dep.at(t)
         with reverts("WindowStillOpen", job, last, t):
@@ -79,12 +86,42 @@ def test_an_interval_posted_after_its_scheduled_time_keeps_a_whole_window(dep, l
     H.post_intervals(dep, job, lr.run, upto=2)  # interval 1 right after: its scheduled start is later
     t1 = dep.call(dep.registry.functions.getInterval(job, 1))[1]
     assert t1 < accepted + CFG.posting_period  # before its scheduled time: the window starts there
-    assert dep.call(dep.registry.functions.windowEnd(job, 1)) == accepted + CFG.posting_period + CFG.challenge_window
+    assert dep.call(dep.registry.functions.windowEnd(job, 1)) == t0 + CFG.posting_period + CFG.challenge_window
+
+
+def test_overdue_intervals_posted_at_once_get_windows_one_posting_period_apart(dep, lr):
+    """A late trainer (the client has not reclaimed) posts every overdue interval together: the
+    windows still close one posting period apart, not together, so the auditors get a posting
+    period per interval; finalize waits for the last."""
+    job = H.active_job(dep, lr.run, post=False)
+    accepted = dep.job(job)["acceptedAt"]
+    dep.at(accepted + N * CFG.posting_period + 100)  # every interval overdue
+    H.post_intervals(dep, job, lr.run)
+    reg = dep.registry.functions
+    posted = [dep.call(reg.getInterval(job, i))[1] for i in range(N)]
+    assert posted[-1] - posted[0] < CFG.challenge_window  # all of them inside the first window
+    events = {ev.index: ev.windowEnd for ev in dep.events(dep.registry, "IntervalPosted", job=job)}
+    ends = [dep.call(reg.windowEnd(job, i)) for i in range(N)]
+    assert ends == [posted[0] + i * CFG.posting_period + CFG.challenge_window for i in range(N)]
+    assert ends == [events[i] for i in range(N)] == [dep.call(reg.unextendedWindowEnd(job, i)) for i in range(N)]
+    assert ends[-1] > posted[-1] + CFG.challenge_window  # not the posting-time window
+    # interval 1 is challenged after interval 0's window closed; then each window closes in turn
+    dep.at(ends[0] + 1)
+    with reverts("WindowClosed", job, 0, ends[0], ends[0] + 1):
+        dep.dry(dep.game.functions.challenge(job, 0), dep.challenger, value=CFG.challenger_bond)
+    dep.at(ends[1])
+    H.challenge(dep, job, 1)
+    dep.at(ends[1] + 1)
+    with reverts("WindowClosed", job, 1, ends[1], ends[1] + 1):
+        dep.dry(dep.game.functions.challenge(job, 1), dep.anyone, value=CFG.challenger_bond)
+    dep.at(ends[-1])
+    H.challenge(dep, job, N - 1, challenger=dep.anyone)
+    assert dep.job(job)["openGames"] == 2
 
 
 def test_demands_and_their_extension_cap_follow_the_scheduled_window(dep, lr):
     job, accepted, posted = _posted_at_once(dep, lr)
-    base = accepted + (N - 1) * CFG.posting_period + CFG.challenge_window
+    base = posted[0] + (N - 1) * CFG.posting_period + CFG.challenge_window
     s = (N - 1) * CFG.interval_length + 1  # the last interval's first step
     dep.at(base - 10)  # long past postedAt + challengeWindow: still accepted
     assert dep.now() > posted[-1] + CFG.challenge_window
@@ -108,8 +145,8 @@ def test_demands_and_their_extension_cap_follow_the_scheduled_window(dep, lr):
     dep.tx(fresh.functions.acceptJob(1), dep.trainer, value=CFG.trainer_stake)
     for i in range(N):
         dep.tx(fresh.functions.postInterval(1, i, lr.run.interval_roots[i]), dep.trainer)
-    accepted = H._named(fresh, "getJob", dep.call(fresh.functions.getJob(1)))["acceptedAt"]
-    cap = accepted + (N - 1) * CFG.posting_period + CFG.challenge_window + 2 * CFG.clock
+    start0 = dep.call(fresh.functions.getInterval(1, 0))[1]
+    cap = start0 + (N - 1) * CFG.posting_period + CFG.challenge_window + 2 * CFG.clock
     with reverts("ExtensionTooLong", 1, N - 1, cap + 1, cap):
         dep.dry(fresh.functions.extendWindow(1, N - 1, cap + 1), dep.anyone)
     dep.tx(fresh.functions.extendWindow(1, N - 1, cap), dep.anyone)
@@ -124,8 +161,8 @@ def test_a_slow_auditor_still_wins_against_a_cheat_in_the_last_of_intervals_post
     """An honest-looking pre-training trainer (it trains the whole job, then posts every interval at
     once) cheats in the last of four intervals. The auditor replays one interval in 1,800 s (chain
     time passes while it replays: 7,200 s for the job), as its policy declared: the old windows
-    (postedAt + 3,600 s) had all closed before it found the cheat; the scheduled one of interval 3
-    (acceptedAt + 3 x 7,200 + 3,600 s) is still open, and the auditor challenges and wins."""
+    (postedAt + 3,600 s) had all closed before it found the cheat; the chained one of interval 3
+    (postedAt_0 + 3 x 7,200 + 3,600 s) is still open, and the auditor challenges and wins."""
     from protocol.agents_cli import job_refusals
     from protocol.auditor import AuditorAgent
     from protocol.cheats import PoisonSample
@@ -152,7 +189,7 @@ def test_a_slow_auditor_still_wins_against_a_cheat_in_the_last_of_intervals_post
     accepted = int(chain.call(reg.getJob(job))[-1])
     posted = [int(chain.call(reg.getInterval(job, i))[1]) for i in range(ctx.n_intervals)]
     assert posted[-1] - accepted < 60  # every interval posted at once
-    assert int(chain.call(reg.windowEnd(job, last))) == accepted + last * terms.posting_period + terms.challenge_window
+    assert int(chain.call(reg.windowEnd(job, last))) == posted[0] + last * terms.posting_period + terms.challenge_window
 
     auditor = AuditorAgent(proto, a["auditor"], ctx, store, job)
     fetch = auditor._verified_step_data

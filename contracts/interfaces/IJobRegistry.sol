@@ -29,7 +29,8 @@ interface IJobRegistry {
     event JobCancelled(JobId indexed job, uint256 refund);
     /// @notice Emitted when the trainer posts interval `index` covering steps firstStep..firstStep+size-1.
     /// @param windowEnd Last second at which the interval can be challenged (before any extension):
-    ///        max(postedAt, acceptedAt + index * postingPeriod) + challengeWindow.
+    ///        windowStart + challengeWindow, windowStart = max(postedAt, previous interval's windowStart
+    ///        + postingPeriod) (interval 0: postedAt).
     event IntervalPosted(
         JobId indexed job, uint64 indexed index, bytes32 root, uint64 firstStep, uint64 size, uint256 windowEnd
     );
@@ -88,8 +89,10 @@ interface IJobRegistry {
     /// @notice The trainer posts the root of interval `index` (steps index*K+1 .. min(index*K+K, nSteps)).
     /// @dev Intervals are posted in order without gaps; posted roots cannot be changed. Its
     ///      challenge window is open from now until `unextendedWindowEnd`: challengeWindow seconds
-    ///      after now or after its scheduled time acceptedAt + index * postingPeriod, whichever is
-    ///      later (posting early never shortens the auditors' time). Reverts with `WrongInterval`, `ZeroRoot`, `Unauthorized`,
+    ///      after its window start, the later of now and the previous interval's window start +
+    ///      postingPeriod (interval 0: now). Chained so, windows start at least one posting period
+    ///      apart: posting early, or posting overdue intervals together, never shortens the
+    ///      auditors' time. Reverts with `WrongInterval`, `ZeroRoot`, `Unauthorized`,
     ///      `WrongJobStatus` (only while Active).
     /// @param job The job.
     /// @param index Must equal the number of intervals posted so far and be < nIntervals.
@@ -99,7 +102,8 @@ interface IJobRegistry {
     /// @notice Anyone finalizes an Active job whose intervals are all posted, whose every challenge
     ///         window (extensions included) has passed and that has no open game: the trainer is
     ///         credited payment + stake. The last window ends no earlier than acceptedAt +
-    ///         (n - 1) * postingPeriod + challengeWindow, however early the intervals were posted.
+    ///         (n - 1) * postingPeriod + challengeWindow, however early the intervals were posted,
+    ///         and at least (n - 1 - i) posting periods after interval i was posted.
     /// @param job The job.
     function finalize(JobId job) external;
 
@@ -251,7 +255,7 @@ interface IJobRegistry {
     /// @return size Number of steps in the interval.
     function intervalSpan(JobId job, uint64 index) external view returns (uint64 firstStep, uint64 size);
 
-    /// @notice A posted interval's root and posting time (zeros when not posted).
+    /// @notice A posted interval's root, posting time and window start (zeros when not posted).
     /// @param job The job.
     /// @param index The interval.
     function getInterval(JobId job, uint64 index) external view returns (Interval memory);
@@ -263,9 +267,12 @@ interface IJobRegistry {
     function windowEnd(JobId job, uint64 index) external view returns (uint256);
 
     /// @notice Last second of interval `index`'s challenge window before any extension (0 when not
-    ///         posted): max(postedAt, acceptedAt + index * postingPeriod) + challengeWindow. The
-    ///         window never closes before it would have had the interval been posted on the terms'
-    ///         schedule, however early it was posted. Availability demands are accepted until then.
+    ///         posted): windowStart + challengeWindow, where windowStart = max(postedAt, previous
+    ///         interval's windowStart + postingPeriod) (interval 0: postedAt). The window never
+    ///         closes before it would have had the interval been posted on the terms' schedule
+    ///         (windowStart >= acceptedAt + index * postingPeriod), however early it was posted, and
+    ///         overdue intervals posted together close one posting period apart. Availability
+    ///         demands are accepted until then.
     /// @param job The job.
     /// @param index The interval.
     function unextendedWindowEnd(JobId job, uint64 index) external view returns (uint256);

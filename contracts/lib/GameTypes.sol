@@ -95,7 +95,8 @@ enum Ruling {
 /// @param trainerStake Exact value the trainer locks with `acceptJob`.
 /// @param challengerBond Exact value a challenger locks per game.
 /// @param challengeWindow Seconds during which an interval can be challenged, counted from its
-///        posting or from its scheduled time acceptedAt + i * postingPeriod, whichever is later.
+///        window start: its posting, or one postingPeriod after the previous interval's window start,
+///        whichever is later (Interval.windowStart).
 /// @param clock Seconds on each party's chess clock per game.
 /// @param postingPeriod Seconds the trainer has per interval: interval i is due by
 ///        acceptedAt + (i + 1) * postingPeriod; once the next one is overdue the client may
@@ -139,11 +140,16 @@ struct Job {
 
 /// @notice One posted interval.
 /// @param root RFC 9162 root over the interval's step leaves.
-/// @param postedAt Unix time of posting; the challenge window is [postedAt, max(postedAt, acceptedAt +
-///        index * postingPeriod) + challengeWindow] (IJobRegistry.unextendedWindowEnd), extensions aside.
+/// @param postedAt Unix time of posting.
+/// @param windowStart Start of the interval's challenge window on the chained schedule: interval 0's
+///        is its postedAt (>= acceptedAt), interval i's max(postedAt_i, windowStart_{i-1} + postingPeriod)
+///        (so never before acceptedAt + i * postingPeriod, and intervals posted together start one
+///        posting period apart). The window is open from posting until windowStart + challengeWindow
+///        (IJobRegistry.unextendedWindowEnd), extensions aside. uint192: the chain may pass 2^64.
 struct Interval {
     bytes32 root;
     uint64 postedAt;
+    uint192 windowStart;
 }
 
 /// @notice A node of an RFC 9162 tree under bisection, with its revealed children.
