@@ -62,11 +62,15 @@ deadline; caught by 10 x 20).
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import da_harness as D
@@ -1266,8 +1270,29 @@ def run_fuzz(name: str, budget: settings) -> Stats:
     return stats
 
 
+_FRESH_PROCESS_FUZZ = """
+import dataclasses, json, sys
+sys.path[:0] = ["tests", "."]
+import test_fuzz_contracts as T
+stats = T.run_fuzz("contracts_small", T.FAST_CONTRACTS)
+print(json.dumps({**dataclasses.asdict(stats), "counts": dict(stats.counts)}))
+"""
+
+
+def run_fuzz_in_fresh_process() -> Stats:
+    """:func:`run_fuzz` of the small budget in a new interpreter. The draws of a derandomized run are
+    fixed for a fresh process (26 sequences, 357 steps, 6 reclaims here, run after run), but tests run
+    before it in the same process changed them (after the front-end zoo's tests: 403 steps and no
+    reclaim, so the budget's coverage claim failed only inside the full suite)."""
+    p = subprocess.run([sys.executable, "-c", _FRESH_PROCESS_FUZZ], cwd=Path(__file__).resolve().parent.parent,
+                       capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-6000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    return Stats(got["sequences"], got["steps"], got["checks"], got["violations"], Counter(got["counts"]))
+
+
 def test_fuzz_contracts_small_budget():
-    stats = run_fuzz("contracts_small", FAST_CONTRACTS)
+    stats = run_fuzz_in_fresh_process()
     assert stats.sequences >= FAST_CONTRACTS.max_examples and stats.violations == 0
     # The budget reaches games that end (not only reverts): a sequence that never plays is no test.
     assert stats.counts["game.created"] + stats.counts["game.created.honest_challenger"] > 0, stats.counts
