@@ -1339,6 +1339,7 @@ class DemandMachine(ContractMachine):
             self._challenge(j, c)
 
 
+@pytest.mark.slow  # ~35 s; the demand machine still runs in the default suite through its sabotages
 def test_fuzz_demands_small_budget():
     stats = Stats()
     machine = type("DemandFuzz", (DemandMachine,), {"stats": stats})

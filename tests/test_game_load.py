@@ -159,6 +159,7 @@ def test_concurrent_false_games_cost_the_trainer_o_games_steps(posted, monkeypat
     assert len(list((local / "states").iterdir())) <= trainer.disputes.max_states
 
 
+@pytest.mark.slow  # ~20 s; with the other game-load tests under -m slow
 def test_concurrent_false_games_cost_o_games_steps_across_a_restart(posted, monkeypatch) -> None:
     """The default-suite row: the games above with the trainer restarted mid-game and one of its
     kept files damaged (a crash mid-write): the restarted trainer reuses what it kept."""

@@ -115,6 +115,7 @@ def test_tamper_attention_targets_the_attention_matmuls_of_the_gpt(ctx) -> None:
         check_cheat("rnn", "tamper-weight")
 
 
+@pytest.mark.slow  # ~7 s; the softmax EXP cheat stays in the default suite
 def test_attention_cheat_is_caught_at_the_tampered_op_and_element_and_loses_the_stake(demo_world, ctx) -> None:
     proto = demo_world[0]
     cheat = TamperAttention.of(SPEC, CHEAT_STEP)

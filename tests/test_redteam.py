@@ -260,6 +260,7 @@ def test_a_malformed_http_answer_is_unavailable_never_another_exception(how):
 # -- the trainer's game clock vs. its own training of the next interval -----------------------------
 
 
+@pytest.mark.slow  # ~17 s (a long interval trained between moves)
 def test_a_griefer_challenging_while_the_trainer_trains_a_long_interval_cannot_win_on_time(tmp_path, monkeypatch):
     """A griefer challenges interval 0 of an honest trainer as soon as it is posted, then never
     moves. The next interval takes the trainer longer than the game's clock to train (simulated:
