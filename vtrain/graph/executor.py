@@ -31,7 +31,9 @@ from vtrain.graph.step_graph import (
 )
 from vtrain.numerics import fp32_native, native_filter
 from vtrain.numerics.canonical import (
+    SUBNORMAL_F32,
     grid_elements,
+    norm_bound_factor,
     replay_sum_values,
     round_canonical,
     round_canonical_matmul,
@@ -952,7 +954,6 @@ def _replay_norm(op: OpNode, ins: list[torch.Tensor]) -> bool:
     return op.kind == OpKind.MATMUL and math.prod(op.shape) * ins[0].shape[-1] >= _REPLAY_NORM_MIN
 
 
-_SUBNORMAL = 2.0**-149
 _TIGHT_FLOOR = 2.0**-100
 
 
@@ -1031,8 +1032,8 @@ def _compute_fp64(
             s.add_(ins[2].abs())
             n += 1
         if lazy and native_filter.usable(v):
-            return v, native_filter.TightBound(s, n * _SUBNORMAL, TRAINER_BOUND_SLACK * gamma(n))
-        return v, s.double().add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n))
+            return v, native_filter.TightBound(s, n * SUBNORMAL_F32, TRAINER_BOUND_SLACK * gamma(n))
+        return v, s.double().add_(n * SUBNORMAL_F32).mul_(TRAINER_BOUND_SLACK * gamma(n))
     if k in (OpKind.SUM, OpKind.MEAN):
         n = ins[0].shape[-1]
         v = x[0].sum(dim=-1, keepdim=True)
@@ -1077,8 +1078,7 @@ def _norm_bound(
         if len(x) == 3:
             v.add_(x[2])
         m = n + (len(x) == 3)
-        factor = TRAINER_BOUND_SLACK * gamma(m) * (1.0 + (m + 4) * 2.0**-52)
-        return native_filter.norm_bound(x, v, factor, m * _SUBNORMAL, ins)
+        return native_filter.norm_bound(x, v, norm_bound_factor(m), m * SUBNORMAL_F32, ins)
     src = ins if ins is not None else x
     na = native_filter.row_norms(src[0])  # [..., M, 1]
     nb = native_filter.row_norms(src[1])  # [..., N, 1]
@@ -1087,7 +1087,7 @@ def _norm_bound(
         v.add_(x[2])
         s.add_(x[2].abs())
         n += 1
-    return s.add_(n * _SUBNORMAL).mul_(TRAINER_BOUND_SLACK * gamma(n) * (1.0 + (n + 4) * 2.0**-52))
+    return s.add_(n * SUBNORMAL_F32).mul_(norm_bound_factor(n))
 
 
 def state_tensors(arrays: list[np.ndarray]) -> list[torch.Tensor]:

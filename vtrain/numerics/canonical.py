@@ -277,8 +277,15 @@ def replay_sum_values(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor
     return v.reshape(op.shape), d.reshape(op.shape), (r.reshape(op.shape), cand, finite)
 
 
-#: The smallest FP32 subnormal as a float (``executor._norm_bound``'s ``n * 2^-149`` term).
-_SUBNORMAL_F = 2.0**-149
+#: The smallest FP32 subnormal as a float (the trainer bounds' ``n * 2^-149`` underflow term).
+SUBNORMAL_F32 = 2.0**-149
+
+
+def norm_bound_factor(n: int) -> float:
+    """The factor of the trainer's Cauchy-Schwarz MATMUL bound over ``n`` terms (bias included): the
+    tight bound's ``TRAINER_BOUND_SLACK * gamma(n)`` times ``1 + (n + 4) 2^-52`` for the FP64 norms'
+    own rounding (``executor._norm_bound``, :func:`round_canonical_matmul`)."""
+    return TRAINER_BOUND_SLACK * gamma(n) * (1.0 + (n + 4) * 2.0**-52)
 
 
 def round_canonical_matmul(
@@ -295,8 +302,7 @@ def round_canonical_matmul(
         return None
     n = ins[0].shape[-1] + (len(ins) == 3)
     coef = TRAINER_BOUND_SLACK * gamma(n)
-    factor = coef * (1.0 + (n + 4) * 2.0**-52)  # executor._norm_bound's factor and sub
-    got = native_rows.matmul_round_norm(ins, v, shape, True, n * _SUBNORMAL_F, factor, _BAND, coef)
+    got = native_rows.matmul_round_norm(ins, v, shape, True, n * SUBNORMAL_F32, norm_bound_factor(n), _BAND, coef)
     if not len(got.cand) or (got.finite and not got.attention):
         return got.r, OpLog.empty(), 0
     return _round_canonical_at(graph, op, ins, v, got.r, torch.from_numpy(got.cand), got.finite, what,
