@@ -17,7 +17,7 @@ import {Transcendental} from "contracts/Transcendental.sol";
 ///         docs/numerics.md to the claimed value and the committed log entry (RoundingRule).
 ///         Supported kinds: ADD SUB MUL DIV ADD_S MUL_S DIV_S RSUB_S SQRT MATMUL SUM MEAN MAX RELU
 ///         RELU_GRAD OUTPUT RESHAPE PERMUTE SLICE PAD EXPAND ONE_HOT GATHER TAKE SELECT MAX_GRAD
-///         DROPOUT_MASK STEP CONCAT DATA EXP LOG TANH (the last three enclosed by the `Transcendental`
+///         DROPOUT_MASK STEP CONCAT DATA EXP LOG TANH ERF (the last four enclosed by the `Transcendental`
 ///         contract this one deploys). The bind ops
 ///         INPUT CONST (ruled by the game) and unknown codes revert with `UnsupportedOp`.
 ///
@@ -89,10 +89,10 @@ contract Adjudicator is IAdjudicator {
     /// @notice Longest DATA sample one ruling opens (about 160 gas an element: ~10.6M gas at the limit).
     uint256 public constant MAX_SAMPLE = 65_536;
 
-    /// @notice The enclosures of EXP LOG TANH (a separate contract keeps this one under EIP-170).
+    /// @notice The enclosures of EXP LOG TANH ERF (a separate contract keeps this one under EIP-170).
     Transcendental public immutable transcendental;
 
-    /// @notice Deploys the `Transcendental` contract this adjudicator calls for EXP LOG TANH.
+    /// @notice Deploys the `Transcendental` contract this adjudicator calls for EXP LOG TANH ERF.
     constructor() {
         transcendental = new Transcendental();
     }
@@ -172,7 +172,7 @@ contract Adjudicator is IAdjudicator {
         }
         if (k == OpKinds.OUTPUT || (k >= OpKinds.RESHAPE && k <= OpKinds.EXPAND)) return (_move(c), true);
         if (k == OpKinds.CONCAT) return (_concat(c), true);
-        if (k == OpKinds.EXP || k == OpKinds.LOG || k == OpKinds.TANH) {
+        if (k == OpKinds.EXP || k == OpKinds.LOG || k == OpKinds.TANH || k == OpKinds.ERF) {
             _inputs(c, 1);
             _sameShape(c, 0);
             return transcendental.enclose(k, _read(c, 0, c.index));

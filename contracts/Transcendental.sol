@@ -6,7 +6,7 @@ import {OpKinds} from "contracts/lib/OpKinds.sol";
 import {RoundingRule} from "contracts/lib/RoundingRule.sol";
 
 /// @title Transcendental
-/// @notice Rigorous enclosures of exp, log and tanh of one FP32 value, in integer arithmetic
+/// @notice Rigorous enclosures of exp, log, tanh and erf of one FP32 value, in integer arithmetic
 ///         (docs/numerics.md, "Transcendental ops on-chain"; mirrored bit for bit by
 ///         `vtrain/numerics/transcendental.py`). Deployed by the Adjudicator's constructor and called with a
 ///         staticcall, so the Adjudicator's runtime code stays small.
@@ -20,9 +20,13 @@ import {RoundingRule} from "contracts/lib/RoundingRule.sol";
 ///        x <= 0: no finite value.
 ///      - tanh: odd; |x| < 1/2: x g / (1 + x g), g = expm1(2x) / 2x = sum (2x)^k / (k + 1)!;
 ///        1/2 <= |x| < 40: 1 - 2 / (exp(2|x|) + 1); |x| >= 40: [1 - 2^-110, 1].
-///      The bound is dc = floor(L (2^40 - 1) / 2^91) = 4u (1 - 2^-40) L, L the lower bound of |e|.
+///      - erf: odd; |x| < 6: (2/sqrt(pi)) x exp(-x^2) S(2x^2), S(z) = sum z^n / (1*3*...*(2n+1)) (positive
+///        terms, units 2^-96, stopped once the term ratio is <= 1/2 and the term <= 2^-88 of the sum; the
+///        tail is then at most the last term); |x| >= 6: [1 - 2^-55, 1] (erfc 6 < 2^-55.3).
+///      The bound is dc = floor(L (2^40 - 1) / 2^91) = 4u (1 - 2^-40) L, L the lower bound of |e|
+///      (erf: / 2^90, 8u (1 - 2^-40) L, as the trainer's allowance for erf is 8u|v|).
 contract Transcendental {
-    /// @notice Thrown for op kinds other than EXP, LOG and TANH.
+    /// @notice Thrown for op kinds other than EXP, LOG, TANH and ERF.
     error NotTranscendental(uint8 kind);
 
     uint256 private constant F = 120;
@@ -37,8 +41,17 @@ contract Transcendental {
     uint256 private constant TANH_SAT_BITS = 110;
     uint256 private constant DC_MUL = (1 << 40) - 1;
     uint256 private constant DC_SHIFT = 91;
+    uint256 private constant DC_SHIFT_ERF = 90;
+    /// @dev floor(2/sqrt(pi) * 2^120); 2/sqrt(pi) lies strictly inside (C, C + 1) * 2^-120.
+    uint256 private constant TWO_OVER_SQRT_PI_F = 1499873178763820871004525654118497670;
+    uint256 private constant ERF_SAT = 6;
+    uint256 private constant ERF_SAT_BITS = 55;
+    uint256 private constant ERF_G = 96;
+    uint256 private constant ERF_TERMS = 160;
+    uint256 private constant ERF_STOP_BITS = 88;
+    uint256 private constant ERF_NORM_BITS = 128;
 
-    /// @notice The enclosure of `kind(x)` (EXP, LOG or TANH) for the finite FP32 `bits`;
+    /// @notice The enclosure of `kind(x)` (EXP, LOG, TANH or ERF) for the finite FP32 `bits`;
     ///         `defined` is false where the value has no finite FP32 value (exp >= 89, log <= 0).
     function enclose(uint8 kind, uint32 bits) external pure returns (RoundingRule.Enclosure memory x, bool defined) {
         Float32.requireFinite(bits);
@@ -46,6 +59,7 @@ contract Transcendental {
         if (kind == OpKinds.EXP) return _exp(neg, m, ex);
         if (kind == OpKinds.LOG) return _log(neg, m, ex);
         if (kind == OpKinds.TANH) return (_tanh(neg, m, ex), true);
+        if (kind == OpKinds.ERF) return (_erf(neg, m, ex), true);
         revert NotTranscendental(kind);
     }
 
@@ -138,6 +152,70 @@ contract Transcendental {
             : RoundingRule.Enclosure(int256(lo), int256(hi), _dc(lo), e, 1);
     }
 
+    function _erf(bool neg, uint256 m, int256 ex) private pure returns (RoundingRule.Enclosure memory x) {
+        if (m == 0) return RoundingRule.Enclosure(0, 0, 0, 0, 1);
+        uint256 lo;
+        uint256 hi;
+        int256 e;
+        if (_atLeast(m, ex, ERF_SAT)) {
+            (lo, hi, e) = ((1 << ERF_SAT_BITS) - 1, 1 << ERF_SAT_BITS, -int256(ERF_SAT_BITS));
+        } else {
+            // (2/sqrt(pi)) exp(-x^2) in [qlo, qhi] * 2^(-n - F), from exp(x^2) in [elo, ehi] * 2^(n - F).
+            (uint256 ylo, uint256 yhi) = _fixed(m * m, 2 * ex);
+            (uint256 n, uint256 elo, uint256 ehi) = _expPos(ylo, yhi);
+            uint256 qlo = (TWO_OVER_SQRT_PI_F * ((1 << (2 * F)) / ehi)) >> F;
+            uint256 qhi = _cdiv((TWO_OVER_SQRT_PI_F + 1) * _cdiv(1 << (2 * F), elo), ONE_F);
+            (uint256 slo, uint256 shi) = _erfSeries(m * m, 2 * ex + int256(ERF_G) + 1);
+            uint256 k1;
+            (slo, shi, k1) = _normalize(slo, shi);
+            uint256 k2;
+            (lo, hi, k2) = _normalize(qlo * slo, qhi * shi);
+            lo *= m;
+            hi *= m;
+            e = ex - int256(n) - int256(F) - int256(ERF_G) + int256(k1 + k2);
+        }
+        // SAFETY: lo, hi < 2^152, so the int256 casts are exact.
+        x = neg
+            ? RoundingRule.Enclosure(-int256(hi), -int256(lo), _dcErf(lo), e, 1)
+            : RoundingRule.Enclosure(int256(lo), int256(hi), _dcErf(lo), e, 1);
+    }
+
+    /// @dev S(z) = sum_n z^n / (1*3*...*(2n+1)) for z = zm * 2^s (< 72) in units 2^-G, rounded down and up;
+    ///      once the next term's ratio z / (2n+3) is at most 1/2 the terms after term n sum to at most term n.
+    function _erfSeries(uint256 zm, int256 s) private pure returns (uint256 slo, uint256 shi) {
+        uint256 zlo;
+        uint256 zhi;
+        if (s >= 0) {
+            zlo = zm << uint256(s);
+            zhi = zlo;
+        } else {
+            uint256 r = uint256(-s);
+            zlo = zm >> r;
+            zhi = (zlo << r) != zm ? zlo + 1 : zlo;
+        }
+        uint256 tlo = 1 << ERF_G;
+        uint256 thi = tlo;
+        slo = tlo;
+        shi = tlo;
+        for (uint256 n = 1; n < ERF_TERMS; ++n) {
+            uint256 d = (2 * n + 1) << ERF_G;
+            tlo = (tlo * zlo) / d;
+            thi = _cdiv(thi * zhi, d);
+            slo += tlo;
+            shi += thi;
+            if (((2 * n + 3) << ERF_G) >= 2 * zhi && (thi << ERF_STOP_BITS) <= shi) break;
+        }
+        shi += thi;
+    }
+
+    /// @dev [lo, hi] within [lo', hi'] * 2^k, hi' < 2^ERF_NORM_BITS.
+    function _normalize(uint256 lo, uint256 hi) private pure returns (uint256, uint256, uint256 k) {
+        uint256 b = Float32.bitLength(hi);
+        if (b <= ERF_NORM_BITS) return (lo, hi, 0);
+        k = b - ERF_NORM_BITS;
+        return (lo >> k, _cdiv(hi, 1 << k), k);
+    }
+
     /// @dev exp of a value in [ylo, yhi] * 2^-F (ylo < 2^128): (n, lo, hi), exp in [lo, hi] * 2^(n - F).
     function _expPos(uint256 ylo, uint256 yhi) private pure returns (uint256 n, uint256 lo, uint256 hi) {
         n = ylo / (LN2_F + 1);
@@ -179,6 +257,10 @@ contract Transcendental {
 
     function _dc(uint256 low) private pure returns (uint256) {
         return (low * DC_MUL) >> DC_SHIFT;
+    }
+
+    function _dcErf(uint256 low) private pure returns (uint256) {
+        return (low * DC_MUL) >> DC_SHIFT_ERF;
     }
 
     function _cdiv(uint256 a, uint256 b) private pure returns (uint256) {

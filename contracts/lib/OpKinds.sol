@@ -21,6 +21,7 @@ library OpKinds {
     uint8 internal constant EXP = 21;
     uint8 internal constant LOG = 22;
     uint8 internal constant TANH = 23;
+    uint8 internal constant ERF = 24;
     uint8 internal constant MATMUL = 30;
     uint8 internal constant SUM = 31;
     uint8 internal constant MEAN = 32;

@@ -38,6 +38,7 @@ class OpKind(enum.IntEnum):
     EXP = 21
     LOG = 22
     TANH = 23
+    ERF = 24
     MATMUL = 30
     SUM = 31
     MEAN = 32
@@ -73,6 +74,7 @@ ROUNDING_KINDS = frozenset(
         OpKind.EXP,
         OpKind.LOG,
         OpKind.TANH,
+        OpKind.ERF,
         OpKind.MATMUL,
         OpKind.SUM,
         OpKind.MEAN,
@@ -91,7 +93,9 @@ the two). :class:`GraphBuilder` lowers a longer row as a tree of MAX ops over ch
 GENERATED_KINDS = frozenset({OpKind.DROPOUT_MASK, OpKind.STEP})
 """Kinds without inputs whose output follows from the job's data seed and the step number."""
 
-LOGGING_KINDS = frozenset({OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.MATMUL, OpKind.SUM, OpKind.MEAN})
+LOGGING_KINDS = frozenset(
+    {OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.ERF, OpKind.MATMUL, OpKind.SUM, OpKind.MEAN}
+)
 """Kinds with a non-zero certified bound: the only ones that can have rounding-log entries."""
 
 
@@ -293,6 +297,10 @@ class GraphBuilder:
 
     def tanh(self, a: T) -> T:
         return self._op(OpKind.TANH, [a], a.shape)
+
+    def erf(self, a: T) -> T:
+        """The error function ``erf(a)``, certified-rounded to FP32 (one rounding)."""
+        return self._op(OpKind.ERF, [a], a.shape)
 
     def relu(self, a: T) -> T:
         return self._op(OpKind.RELU, [a], a.shape)
@@ -589,6 +597,10 @@ class GraphBuilder:
             return [(ins[0].op, self.div(g, ins[0]))]
         if k == K.TANH:
             return [(ins[0].op, self.mul(g, self.rsub_s(1.0, self.mul(out, out))))]
+        if k == K.ERF:  # d erf(x)/dx = (2/sqrt(pi)) exp(-x^2): MUL, MUL_S -1, EXP, MUL_S 2/sqrt(pi), MUL
+            x = ins[0]
+            slope = self.mul_s(self.exp(self.neg(self.mul(x, x))), 2.0 / math.sqrt(math.pi))
+            return [(x.op, self.mul(g, slope))]
         if k == K.RELU:
             return [(ins[0].op, self.relu_grad(ins[0], g))]
         if k == K.MATMUL:

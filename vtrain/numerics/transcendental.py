@@ -1,4 +1,4 @@
-"""Rigorous integer enclosures of ``exp``, ``log`` and ``tanh`` of an FP32 value.
+"""Rigorous integer enclosures of ``exp``, ``log``, ``tanh`` and ``erf`` of an FP32 value.
 
 Bit-for-bit mirror of ``contracts/Transcendental.sol`` (docs/numerics.md, "Transcendental ops
 on-chain"). Every quantity is an integer; a fixed-point number ``X`` stands for ``X * 2^-F`` with
@@ -17,9 +17,17 @@ lies in the returned ``[lo, hi]``. All three functions are increasing, so a lowe
 - ``tanh``: odd. ``|x| < 1/2``: ``tanh x = x g / (1 + x g)``, ``g = expm1(2x) / 2x = sum
   (2x)^k / (k+1)!`` (relative precision down to the smallest subnormal); ``1/2 <= |x| < 40``:
   ``1 - 2 / (exp(2|x|) + 1)``; ``|x| >= 40``: ``[1 - 2^-110, 1]``.
+- ``erf``: odd. ``|x| < 6``: ``erf x = (2/sqrt(pi)) x exp(-x^2) S(2x^2)``, ``S(z) = sum_n z^n /
+  (1*3*...*(2n+1))`` (all terms positive; ``exp(-x^2)`` from the exp series at the fixed-point
+  enclosure of ``x^2``, ``2/sqrt(pi)`` in ``(C, C + 1) * 2^-120``; ``S`` in units ``2^-96``, summed
+  until the term ratio ``z/(2n+3)`` is at most 1/2 and the term is at most ``2^-88`` of the sum, the
+  tail then at most the last term); ``|x| >= 6``: ``[1 - 2^-55, 1]`` (``erfc 6 < exp(-36) /
+  (6 sqrt(pi)) < 2^-55.3``; no FP32 midpoint lies within ``2^-26`` of 1).
 
 The bound is ``dc = 4u L (1 - 2^-40)`` (``u = 2^-53``, ``L`` the enclosure's lower bound of
-``|e|``), floored to the unit: ``dc <= 4u |v|`` for any ``v`` within ``4u|v|`` of ``e``.
+``|e|``), floored to the unit: ``dc <= 4u |v|`` for any ``v`` within ``4u|v|`` of ``e``. ERF's
+trainer allowance is twice that (``8u|v|``: CUDA documents 2 ulp for its double ``erf``), so its
+``dc = 8u L (1 - 2^-40)``.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from __future__ import annotations
 from vtrain.errors import VtrainError
 from vtrain.graph.step_graph import OpKind
 
-__all__ = ["F", "LN2_F", "enclose", "enclose_exp", "enclose_log", "enclose_tanh", "dc_of"]
+__all__ = ["F", "LN2_F", "TWO_OVER_SQRT_PI_F", "enclose", "enclose_exp", "enclose_log", "enclose_tanh", "enclose_erf",
+           "dc_of", "relative_allowance"]
 
 #: Fraction bits of the fixed-point numbers.
 F = 120
@@ -47,6 +56,28 @@ TANH_SAT_BITS = 110
 #: dc = floor(L * (2^40 - 1) / 2^91): 4u (1 - 2^-40) L.
 _DC_MUL = (1 << 40) - 1
 _DC_SHIFT = 91
+#: ERF: dc = floor(L * (2^40 - 1) / 2^90) = 8u (1 - 2^-40) L (the trainer's allowance is 8u|v|).
+_DC_SHIFT_ERF = 90
+#: floor(2/sqrt(pi) * 2^120); 2/sqrt(pi) lies strictly inside (C, C + 1) * 2^-120 (it is irrational).
+TWO_OVER_SQRT_PI_F = 1499873178763820871004525654118497670
+#: erf: saturation threshold (erfc 6 < 2^-55.3) and the unit of the saturated enclosure.
+ERF_SAT = 6
+ERF_SAT_BITS = 55
+#: erf: fraction bits of the series S(2x^2) (its largest term times 2x^2 stays below 2^248).
+ERF_G = 96
+#: erf: at most this many series terms (the ratio 2x^2 / (2n+3) <= 1/2 from n = 71 on for |x| < 6;
+#: tests check the stopping test below always ends the loop earlier).
+ERF_TERMS = 160
+#: erf: the series stops once its term is at most 2^-ERF_STOP_BITS of the sum.
+ERF_STOP_BITS = 88
+#: erf: products are renormalised to at most this many bits before the next multiplication.
+ERF_NORM_BITS = 128
+
+
+def relative_allowance(kind: int) -> float:
+    """The trainer's libm allowance ``c`` of a transcendental op, ``d = c |v|``: ``4u`` for EXP LOG TANH,
+    ``8u`` for ERF (docs/numerics.md)."""
+    return 2.0**-50 if kind == OpKind.ERF else 2.0**-51
 
 Enc = tuple[int, int, int, int, int]
 """``(lo, hi, dc, exp, den)``: ``e`` in ``[lo, hi] * 2^exp / den``, bound ``dc`` in the same unit."""
@@ -80,10 +111,11 @@ def _fixed(m: int, ex: int) -> tuple[int, int]:
     return lo, lo + (1 if (lo << -s) != m else 0)
 
 
-def dc_of(lo: int, hi: int) -> int:
-    """4u (1 - 2^-40) times the enclosure's lower bound of |e|, floored (same unit)."""
+def dc_of(lo: int, hi: int, shift: int = _DC_SHIFT) -> int:
+    """4u (1 - 2^-40) times the enclosure's lower bound of |e|, floored (same unit); ``shift`` 90
+    (ERF) doubles it."""
     low = lo if lo > 0 else (-hi if hi < 0 else 0)
-    return (low * _DC_MUL) >> _DC_SHIFT
+    return (low * _DC_MUL) >> shift
 
 
 def _series(z: int, up: bool, shift: int) -> int:
@@ -184,12 +216,68 @@ def enclose_tanh(b: int) -> Enc:
     return lo, hi, dc_of(lo, hi), e, 1
 
 
+def _normalize(lo: int, hi: int) -> tuple[int, int, int]:
+    """``(lo', hi', k)`` with ``[lo, hi] in [lo', hi'] * 2^k`` and ``hi' < 2^ERF_NORM_BITS`` (0 <= lo <= hi)."""
+    k = max(0, hi.bit_length() - ERF_NORM_BITS)
+    if k == 0:
+        return lo, hi, 0
+    return lo >> k, _cdiv(hi, 1 << k), k
+
+
+def _erf_series(zlo: int, zhi: int) -> tuple[int, int]:
+    """S(z) = sum_n z^n / (1*3*...*(2n+1)) for z in [zlo, zhi] * 2^-G (z < 72), rounded down and up
+    (units 2^-G). Upper: once the ratio of the next term, z / (2n+3), is at most 1/2, the terms after
+    term n sum to at most term n."""
+    one = 1 << ERF_G
+    tlo = thi = slo = shi = one
+    for n in range(1, ERF_TERMS):
+        d = (2 * n + 1) << ERF_G
+        tlo = tlo * zlo // d
+        thi = _cdiv(thi * zhi, d)
+        slo += tlo
+        shi += thi
+        if ((2 * n + 3) << ERF_G) >= 2 * zhi and (thi << ERF_STOP_BITS) <= shi:
+            break
+    return slo, shi + thi
+
+
+def enclose_erf(b: int) -> Enc:
+    """Enclosure of erf(x) for FP32 bits ``b`` (finite)."""
+    neg, m, ex = _decode(b)
+    if m == 0:
+        return 0, 0, 0, 0, 1
+    if _at_least(m, ex, ERF_SAT):
+        lo, hi, e = (1 << ERF_SAT_BITS) - 1, 1 << ERF_SAT_BITS, -ERF_SAT_BITS
+    else:
+        ylo, yhi = _fixed(m * m, 2 * ex)  # x^2, units 2^-F
+        n, elo, ehi = _exp_pos(ylo, yhi)  # exp(x^2) in [elo, ehi] * 2^(n - F)
+        # (2/sqrt(pi)) exp(-x^2) in [qlo, qhi] * 2^(-n - F)
+        qlo = TWO_OVER_SQRT_PI_F * ((1 << (2 * F)) // ehi) >> F
+        qhi = _cdiv((TWO_OVER_SQRT_PI_F + 1) * _cdiv(1 << (2 * F), elo), ONE_F)
+        s = 2 * ex + ERF_G + 1  # 2 x^2 in units 2^-G
+        zm = m * m
+        if s >= 0:
+            zlo = zhi = zm << s
+        else:
+            zlo = zm >> -s
+            zhi = zlo + (1 if (zlo << -s) != zm else 0)
+        slo, shi, k1 = _normalize(*_erf_series(zlo, zhi))
+        plo, phi, k2 = _normalize(qlo * slo, qhi * shi)
+        lo, hi = m * plo, m * phi
+        e = ex - n - F - ERF_G + k1 + k2
+    if neg:
+        lo, hi = -hi, -lo
+    return lo, hi, dc_of(lo, hi, _DC_SHIFT_ERF), e, 1
+
+
 def enclose(kind: int, b: int) -> Enc | None:
-    """The enclosure of op ``kind`` (EXP, LOG or TANH) at FP32 bits ``b``; None where undefined."""
+    """The enclosure of op ``kind`` (EXP, LOG, TANH or ERF) at FP32 bits ``b``; None where undefined."""
     if kind == OpKind.EXP:
         return enclose_exp(b)
     if kind == OpKind.LOG:
         return enclose_log(b)
     if kind == OpKind.TANH:
         return enclose_tanh(b)
-    raise VtrainError(f"op kind {kind} is not a transcendental op (expected EXP, LOG or TANH)")
+    if kind == OpKind.ERF:
+        return enclose_erf(b)
+    raise VtrainError(f"op kind {kind} is not a transcendental op (expected EXP, LOG, TANH or ERF)")
