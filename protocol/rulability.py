@@ -50,6 +50,7 @@ ADJUDICATED_KINDS = frozenset(
         OpKind.EXP,
         OpKind.LOG,
         OpKind.TANH,
+        OpKind.ERF,
         OpKind.MATMUL,
         OpKind.SUM,
         OpKind.MEAN,

@@ -16,6 +16,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -701,6 +702,66 @@ def nonfinite_vectors() -> dict[str, Any]:
     }
 
 
+def erf_inputs() -> list[tuple[str, int]]:
+    """``(name, FP32 bits)`` of erf.json: zeros, subnormals, tiny values, the ordinary range, the
+    FP32 rounds-to-1 threshold (3.92), the series' last inputs and the saturation threshold (6),
+    large values, and the non-finite patterns the contract rejects."""
+    fmax = 0x7F7FFFFF
+
+    def b(x: float) -> int:
+        return exact.bits_of(x)
+
+    named = [
+        ("+0", 0), ("-0", exact.SIGN), ("smallest subnormal", 1), ("-smallest subnormal", exact.SIGN | 1),
+        ("largest subnormal", 0x007FFFFF), ("smallest normal", 0x00800000), ("tiny 1e-30", b(1e-30)),
+        ("-tiny 3e-20", b(-3e-20)), ("2^-12", b(2.0**-12)), ("0.1", b(0.1)), ("0.5", b(0.5)), ("-0.5", b(-0.5)),
+        ("1", b(1.0)), ("-1", b(-1.0)), ("1/sqrt(2) (FP32)", b(2.0**-0.5)), ("2.5", b(2.5)), ("-2.5", b(-2.5)),
+        ("3.9", b(3.9)), ("3.92 (below the rounds-to-1 threshold)", b(3.9192)),
+        ("3.925 (above it)", b(3.925)), ("4", b(4.0)), ("-4", b(-4.0)),
+        ("largest below 6 (the series' largest input)", exact.neighbour(b(6.0), False)),
+        ("6 (saturated)", b(6.0)), ("-6 (saturated)", b(-6.0)), ("just above 6", exact.neighbour(b(6.0), True)),
+        ("10", b(10.0)), ("-1e10", b(-1e10)), ("FLT_MAX", fmax), ("-FLT_MAX", fmax | exact.SIGN),
+        ("+inf", exact.POS_INF), ("-inf", exact.POS_INF | exact.SIGN), ("NaN", 0x7FC00000),
+    ]
+    rng = np.random.default_rng(2024)
+    named += [(f"random {i}", b(float(x))) for i, x in enumerate(rng.uniform(-6.5, 6.5, 12))]
+    return named
+
+
+def erf_vectors() -> dict[str, Any]:
+    import mpmath
+
+    from vtrain.numerics import transcendental
+
+    cases = []
+    for name, bits in erf_inputs():
+        case: dict[str, Any] = {"name": name, "bits": bits, "finite": exact.is_finite(bits)}
+        if case["finite"]:
+            lo, hi, dc, e, den = transcendental.enclose_erf(bits)
+            x = exact.value_of(bits)
+            with mpmath.workprec(400):
+                y = mpmath.erf(mpmath.mpf(x.numerator) / x.denominator)
+                sign, man, ex, _ = y._mpf_
+            ref = Fraction(0) if man == 0 else Fraction(-int(man) if sign else int(man)) * Fraction(2) ** int(ex)
+            rn = exact.rn32(ref)
+            enc = exact.Enclosure(lo, hi, dc, e, den)
+            case["enclosure"] = {"lo": str(lo), "hi": str(hi), "dc": str(dc), "exp": e, "den": str(den)}
+            case["rn32"] = rn
+            case["claims"] = [
+                {"bits": c, "code": exact.NONE, "value": 0, "stands": exact.judge(enc, c, exact.NONE, 0)}
+                for c in dict.fromkeys([rn, exact.neighbour(rn, True), exact.neighbour(rn, False)])
+            ]
+        cases.append(case)
+    return {
+        "description": "ERF (op kind 24): for FP32 bits, the contract's enclosure of erf(x) "
+        "(Transcendental.enclose(24, bits) = vtrain.numerics.transcendental.enclose_erf: integers in the unit "
+        "2^exp / den, dc the certified bound 8u(1 - 2^-40)|e|_low), rn32 = RN32(erf(x)) from mpmath at 400 bits, "
+        "and unlogged claims with whether they stand (RoundingRule.judge); finite = false: the contract reverts "
+        "with Float32.NonFinite(bits) and the Python reference rejects the input",
+        "cases": cases,
+    }
+
+
 BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "merkle.json": merkle_vectors,
     "tensor.json": tensor_vectors,
@@ -713,6 +774,7 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "rule.json": rule_vectors,
     "wide.json": wide_vectors,
     "nonfinite.json": nonfinite_vectors,
+    "erf.json": erf_vectors,
 }
 
 

@@ -61,6 +61,7 @@ RULED = [
     K.EXP,
     K.LOG,
     K.TANH,
+    K.ERF,
 ]
 
 
@@ -248,7 +249,7 @@ def make_case(kind: OpKind, rng: np.random.Generator) -> Case:
         s = rand_shape(rng)
         c = exact.bits_of(f32(rng, (1,)).reshape(-1)[0])
         return Case(D(kind, (0,), s, (s,), (c,)), (f32(rng, s),))
-    if kind in (K.EXP, K.LOG, K.TANH):  # more in tests/test_transcendental.py
+    if kind in (K.EXP, K.LOG, K.TANH, K.ERF):  # more in tests/test_transcendental.py, tests/test_erf.py
         s = rand_shape(rng)
         x = f32(rng, s)
         return Case(D(kind, (0,), s, (s,), ()), (np.abs(x) if kind == K.LOG and rng.random() < 0.8 else x,))

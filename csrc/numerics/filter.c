@@ -11,7 +11,7 @@
  * `reach` is computed inline by one of three forms, each the FP64 operation sequence of the Python
  * path it replaces:
  *   dense:    reach = d[i] * scale
- *   relative: reach = (c * |v[i]|) * scale            (EXP/LOG/TANH: d = 4u |v|)
+ *   relative: reach = (c * |v[i]|) * scale            (EXP/LOG/TANH: d = 4u |v|; ERF: 8u |v|)
  *   scaled32: reach = (((double)s[i] + sub) * factor) * scale
  *             (MATMUL's tight bound from the FP32 |A| @ |B| (+ |bias|): the FP64 copy never exists)
  *   norm:     reach = ((((na[row] * nb[batch, j]) + |bias[j]|) + sub) * factor) * scale

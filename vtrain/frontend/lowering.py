@@ -297,6 +297,19 @@ def _tanh(L: Lowerer, node, a):
     return Sym(L.g.tanh(L.t(a)))
 
 
+@lowering(aten.erf.default)
+def _erf(L: Lowerer, node, a):
+    """``erf(a)``: ERF."""
+    return Sym(L.g.erf(L.t(a)))
+
+
+@lowering(aten.erfc.default)
+def _erfc(L: Lowerer, node, a):
+    """``erfc(a) = 1 - erf(a)``: ERF, RSUB_S. Accurate to about 2^-24 absolutely, not relatively: for
+    ``a`` above about 3.9 ERF rounds to 1 and the result is 0 (torch's FP32 erfc keeps the tail)."""
+    return Sym(L.g.rsub_s(1.0, L.g.erf(L.t(a))))
+
+
 @lowering(aten.exp.default)
 def _exp(L: Lowerer, node, a):
     """``exp(a)``: EXP."""
@@ -392,13 +405,23 @@ def _silu(L: Lowerer, node, a):
     return Sym(L.g.mul(L.t(a), _sigmoid(L, node, a).t))
 
 
+#: ``1/sqrt(2)``, stored as the FP32 constant of a MUL_S (0.70710677).
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
 @lowering(aten.gelu.default)
 def _gelu(L: Lowerer, node, a, approximate="none"):
-    """``approximate='tanh'`` only: ``0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))`` as single ops."""
-    if approximate != "tanh":
-        raise UnsupportedOp("gelu with approximate='none' needs erf, which has no primitive; use "
-                            "approximate='tanh' (nn.GELU(approximate='tanh'))")
+    """``approximate='none'`` (torch's default, erf): ``0.5 a (1 + erf(a * c))`` with ``c`` the FP32
+    constant nearest ``1/sqrt(2)``: MUL_S, ERF, ADD_S, MUL_S, MUL, one rounding each. This is vtrain's
+    definition of exact GELU; it is within FP32 rounding of torch's (the constant and each op round to
+    FP32, torch's FP32 kernel rounds its own way), and equal to it in FP64 but for the constant.
+    ``approximate='tanh'``: ``0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))`` as single ops."""
+    if approximate not in ("none", "tanh"):
+        raise UnsupportedOp(f"gelu with approximate={approximate!r} (supported: 'none', 'tanh')")
     x = L.t(a)
+    if approximate == "none":
+        e = L.g.erf(L.g.mul_s(x, _INV_SQRT2))
+        return Sym(L.g.mul(L.g.mul_s(x, 0.5), L.g.add_s(e, 1.0)))
     x3 = L.g.mul(L.g.mul(x, x), x)
     inner = L.g.mul_s(L.g.add(x, L.g.mul_s(x3, 0.044715)), math.sqrt(2.0 / math.pi))
     return Sym(L.g.mul(L.g.mul_s(x, 0.5), L.g.add_s(L.g.tanh(inner), 1.0)))

@@ -989,7 +989,7 @@ def _compute_fp64(
     the canonical trainer, where ``d`` only selects the candidates it decides exactly) or ``"none"``
     (MATMUL, SUM, MEAN: ``d`` is not computed, for modes that never read it).
 
-    ``lazy``: where the native filter takes ``v`` (``native_filter.usable``), the bounds of EXP/LOG/TANH,
+    ``lazy``: where the native filter takes ``v`` (``native_filter.usable``), the bounds of EXP/LOG/TANH/ERF,
     MATMUL, SUM and MEAN come back unmaterialized (``native_filter.RelativeBound``/``NormBound``/``TightBound``,
     the same bits wherever they are read); the consumers of ``d`` then must accept one.
     """
@@ -1013,12 +1013,13 @@ def _compute_fp64(
         return _scalar(op) - x[0], None
     if k == OpKind.SQRT:
         return torch.sqrt(x[0]), None
-    if k in (OpKind.EXP, OpKind.LOG, OpKind.TANH):
-        fn = {OpKind.EXP: exp64, OpKind.LOG: torch.log, OpKind.TANH: torch.tanh}[k]
+    if k in (OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.ERF):
+        fn = {OpKind.EXP: exp64, OpKind.LOG: torch.log, OpKind.TANH: torch.tanh, OpKind.ERF: torch.erf}[k]
         v = fn(x[0])
+        c = (8.0 if k == OpKind.ERF else 4.0) * U  # libm allowance (docs/numerics.md): erf 8u, the others 4u
         if lazy and native_filter.usable(v):
-            return v, native_filter.RelativeBound(v, 4.0 * U)
-        return v, 4.0 * U * v.abs()
+            return v, native_filter.RelativeBound(v, c)
+        return v, c * v.abs()
     if k == OpKind.MATMUL:
         v = torch.matmul(x[0], x[1].transpose(-1, -2))
         if bound == "none":

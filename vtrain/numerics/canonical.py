@@ -65,10 +65,10 @@ CANDIDATE_BAND = 4.0
 #: The canonical bound over the contract's for sums (covers the trainer's FP32 estimate of ``S``
 #: times 1.01 plus the rounding of that estimate, for ``n < 2^20``: docs/numerics.md).
 _SUM_RATIO = Fraction(5, 4)
-#: Transcendental ops: ``Dc = 4u |e| (1 + 2^-40)`` bounds the trainer's ``4u |v|``.
+#: Transcendental ops: ``Dc = 4u |e| (1 + 2^-40)`` bounds the trainer's ``4u |v|`` (ERF: ``8u``).
 _TRANS_RATIO = 1 + Fraction(1, 1 << 40)
 _SUBNORMAL = Fraction(1, 1 << 149)
-_KINDS = {OpKind.MATMUL, OpKind.SUM, OpKind.MEAN, OpKind.EXP, OpKind.LOG, OpKind.TANH}
+_KINDS = {OpKind.MATMUL, OpKind.SUM, OpKind.MEAN, OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.ERF}
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,8 @@ def exact_element(desc: X.OpDesc, tensors: list[np.ndarray], index: int) -> Exac
         grid = on_grid(kind, terms)
     else:
         grid = False
-    if kind in (OpKind.EXP, OpKind.LOG, OpKind.TANH):
-        big = 4 * abs(e) * _TRANS_RATIO / X.TWO53
+    if kind in (OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.ERF):
+        big = (8 if kind == OpKind.ERF else 4) * abs(e) * _TRANS_RATIO / X.TWO53
         return ExactElement(e, dc, max(big, dc))
     if kind == OpKind.MATMUL:
         n = desc.in_shapes[0][-1] + (len(desc.inputs) == 3)

@@ -8,7 +8,8 @@ For one output element of one op (a descriptor, its FP32 input tensors and a fla
   works with (``contracts/lib/ExactSum.sol``: one int256 accumulator; exact unless terms span more
   than ~2^72, width <= 2^-19 * dc, and where an FP32 midpoint then lies inside, ``rounded`` holds
   ``RN32(e)`` of the exact second pass; its bound uses an upper bound of ``S`` within 2^-19; EXP LOG
-  TANH: ``vtrain.numerics.transcendental``, width about 2^-110 relative, ``dc = 4u (1 - 2^-40) |e|_low``);
+  TANH: ``vtrain.numerics.transcendental``, width about 2^-110 relative, ``dc = 4u (1 - 2^-40) |e|_low``;
+  ERF: width at most 2^-80 relative below saturation, 2^-55 at it, ``dc = 8u (1 - 2^-40) |e|_low``);
 - :func:`judge_element` -- the contract's rule on a claimed value and the committed log entry,
   bit for bit what ``Adjudicator.adjudicate`` returns for a well-formed proof;
 - :func:`reads` -- the input elements the contract reads, in the order the proof opens them
@@ -261,7 +262,7 @@ class _Sem:
     """One element's exact semantics: the reads and what is computed from them."""
 
     reads: tuple[Read, ...]
-    op: str  # copy | sum | mul | div | sqrt | dot | mean | exp | log | tanh | count (bits[0] an integer)
+    op: str  # copy | sum | mul | div | sqrt | dot | mean | exp | log | tanh | erf | count (bits[0] an integer)
     bits: tuple[int, ...] = ()  # operands (FP32 bits); dot: a0, b0, a1, b1, ... (+ bias)
     negate: tuple[bool, ...] = ()  # sum (dc = 0): negate operand i
     n: int = 0  # reductions: the bound's term count
@@ -339,7 +340,7 @@ class _Reader:
         return self.row(i, flat, 1)[0]
 
 
-_TRANSCENDENTAL = {OpKind.EXP: "exp", OpKind.LOG: "log", OpKind.TANH: "tanh"}
+_TRANSCENDENTAL = {OpKind.EXP: "exp", OpKind.LOG: "log", OpKind.TANH: "tanh", OpKind.ERF: "erf"}
 _TRANSCENDENTAL_KIND = {v: k for k, v in _TRANSCENDENTAL.items()}
 #: Working precision (bits) of the auditor's reference value of exp/log/tanh (mpmath).
 MP_PREC = 400
@@ -620,9 +621,9 @@ def _exact(sem: _Sem) -> Fraction | None:
 
 
 def _transcendental_value(op: str, b: int) -> Fraction | None:
-    """exp/log/tanh of FP32 ``b`` rounded to MP_PREC bits (mpmath), or None where the contract has
+    """exp/log/tanh/erf of FP32 ``b`` rounded to MP_PREC bits (mpmath), or None where the contract has
     no finite value (exp(x) for x >= 89, log(x) for x <= 0). Exact where the value is rational
-    (exp 0 = 1, log 1 = 0, tanh 0 = 0). Below 2^-1100 (exp of x < -762) the result is clamped to
+    (exp 0 = 1, log 1 = 0, tanh 0 = erf 0 = 0). Below 2^-1100 (exp of x < -762) the result is clamped to
     2^-1100, which rounds to the same FP32 zero."""
     import mpmath
 

@@ -7,7 +7,7 @@ numpy/torch path stays the fallback (``native.available()`` False, CUDA tensors,
 
 ``reach`` is ``d * scale``, where the bound ``d`` is a dense FP64 tensor or a lazy bound evaluated
 inside the kernel with the same operations the dense one would take: :class:`RelativeBound`
-(``c |v|``, EXP/LOG/TANH), :class:`NormBound` (MATMUL's Cauchy-Schwarz bound,
+(``c |v|``, EXP/LOG/TANH/ERF), :class:`NormBound` (MATMUL's Cauchy-Schwarz bound,
 ``executor._norm_bound``) and :class:`TightBound` (MATMUL's tight bound from the FP32
 ``|A| @ |B|``). Consumers read a lazy bound at their few candidates (:func:`bound_at`).
 """
@@ -25,7 +25,7 @@ from vtrain.numerics import native
 
 @dataclass(frozen=True)
 class RelativeBound:
-    """``d = c |v|`` (the trainer bound of EXP/LOG/TANH, ``c = 4u``), not materialized."""
+    """``d = c |v|`` (the trainer bound of EXP/LOG/TANH, ``c = 4u``; ERF ``c = 8u``), not materialized."""
 
     v: torch.Tensor
     c: float
