@@ -17,7 +17,6 @@ Slower sweeps: ``pytest tests/test_erf.py -m slow``.
 from __future__ import annotations
 
 import json
-import math
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,11 +25,11 @@ import mpmath
 import numpy as np
 import pytest
 import torch
+from revert_helpers import expect_revert
 from test_adjudicator import Case, adjudicator_errors, check, deploy_adjudicator, honest, variant
 
 from protocol.auditor import exact_resolver
 from protocol.build import load_artifact
-from revert_helpers import expect_revert
 from vtrain.commit.roots import LogEntry
 from vtrain.graph.fp64 import evaluate_fp64
 from vtrain.graph.step_graph import GraphBuilder, OpKind, OpNode
