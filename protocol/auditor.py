@@ -50,8 +50,8 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
     """Resolver factory for :func:`vtrain.numerics.rounding.apply_log`: keep the trainer's value where the
     contract would uphold it (only ``RN32(e)``, wide-span sums included, but for a transcendental whose
     2^-109 bracket (ERF: 2^-80) held a midpoint), else take the exact rounding (``vtrain.numerics.exact``;
-    EXP LOG TANH ERF: the value at 400 bits, mpmath, whose RN32 is the correctly rounded result). Every overruled element
-    (op, index) is appended to ``overruled``.
+    EXP LOG TANH ERF: the value at 400 bits, mpmath, whose RN32 is the correctly rounded result). Every overruled
+    element (op, index) is appended to ``overruled``.
 
     Entries the replay did not flag are checked against ``RN32(e)`` first, in one batch
     (:func:`vtrain.numerics.canonical.is_exact_rounding`): the contract demands that value of every claim,
