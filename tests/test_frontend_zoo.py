@@ -51,7 +51,7 @@ def _check(task: TorchTask, batch: int, seed: bytes | None = None) -> None:
 
 # --- the zoo --------------------------------------------------------------------------------------------
 # the rest: slow (each ~1 s)
-DEFAULT_ZOO = {"mlp_acts", "cnn_groupnorm", "conv1d_seq", "llama_style", "stats_forward", "ema_buffer"}
+DEFAULT_ZOO = {"mlp_acts", "cnn_groupnorm", "conv1d_seq", "llama_style", "stats_forward", "ema_buffer", "erf_gelu"}
 
 
 @pytest.mark.parametrize("name", [n if n in DEFAULT_ZOO else pytest.param(n, marks=pytest.mark.slow)
@@ -62,7 +62,6 @@ def test_zoo_model_matches_torch_in_fp64(name: str) -> None:
 
 
 REFUSALS = {  # factory -> (ATen op, module, what to use instead)
-    "erf_gelu": ("aten.gelu.default", "module act (GELU)", "approximate='tanh'"),
     "sort_model": ("aten.sort.default", "module <root> (Sorter)", "Supported ATen ops"),
     "max_norm_embedding": ("aten.embedding_renorm_.default", "module emb (Embedding)", "drop max_norm"),
 }
@@ -223,6 +222,7 @@ UNARY = {
     "softplus": F.softplus,
     "softplus_beta": lambda a: F.softplus(a, beta=2.0, threshold=10.0),
     "mish": F.mish,
+    "gelu_erf": lambda a: F.gelu(a) + torch.erf(a * 0.5) + torch.erfc(a),
     "clamp": lambda a: torch.clamp(a, -1.0, 1.0),
     "clamp_min_max": lambda a: torch.clamp_min(a, -0.5) + torch.clamp_max(a, 6.0) + a.clamp(max=0.0),
     "hardtanh_relu6": lambda a: F.hardtanh(a, -0.5, 0.5) + F.relu6(a),
@@ -242,7 +242,8 @@ UNARY = {
 
 
 UNARY_GROUPS = {
-    "activations": ("leaky_relu", "elu", "selu", "softplus", "softplus_beta", "mish", "logsigmoid", "log1p"),
+    "activations": ("leaky_relu", "elu", "selu", "softplus", "softplus_beta", "mish", "logsigmoid", "log1p",
+                    "gelu_erf"),
     "clamps": ("clamp", "clamp_min_max", "hardtanh_relu6", "sign_abs"),
     "statistics": ("var_std", "var_mean", "logsumexp", "vector_norm"),
     "more": ("flip_cumsum", "pow_int", "exp2_log2_log10"),
@@ -580,13 +581,41 @@ def test_a_zoo_model_trains_and_replays_through_the_cli(tmp_path: Path) -> None:
     _train_and_replay(tmp_path, "stats_forward")
 
 
+def test_an_erf_gelu_model_trains_and_replays_through_the_cli(tmp_path: Path) -> None:
+    """nn.Sequential(Linear, GELU(), Linear): its ERF ops are certified-rounded and replay to the same bits."""
+    _train_and_replay(tmp_path, "erf_gelu")
+
+
+BERT_FILE = ROOT / "examples" / "hf_bert.py"
+
+
+@pytest.mark.slow
+def test_a_tiny_hf_bert_with_erf_gelu_matches_torch_and_trains_and_replays(tmp_path: Path) -> None:
+    """``BertConfig(hidden_act="gelu")``: the FP64 gradients equal torch autograd's, and it trains and replays
+    through the CLI (about 30 s: ``pytest tests/test_frontend_zoo.py -m slow -k bert``)."""
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("hf_bert_example", BERT_FILE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    task = mod.tiny()
+    cap = capture(task, 4)
+    assert sum(o.kind == OpKind.ERF for o in cap.graph.ops) == 1  # one layer: one GELU
+    cmp = compare_fp64(task, cap, task.samples()[:4])
+    assert cmp.worst() < 1e-6, cmp.worst()
+    run = tmp_path / "bert"
+    out = _cli("train", "--out", str(run), "--model", f"{BERT_FILE}:tiny", "--steps", "2", "--batch-size", "4")
+    assert out["steps"] == 2 and np.isfinite(out["final_loss"])
+    rep = _cli("replay", "--run", str(run))
+    assert rep["matched"] == 2 and rep["first_divergent_step"] is None
+
+
 def test_a_refused_zoo_model_stops_the_cli_before_training(tmp_path: Path) -> None:
     from protocol.cli import main
 
-    res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "r"), "--model", f"{ZOO_FILE}:erf_gelu",
+    res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "r"), "--model", f"{ZOO_FILE}:sort_model",
                                     "--steps", "2", "--batch-size", "4"])
     assert res.exit_code == 1, res.output
-    for part in ("aten.gelu.default", "approximate='tanh'", "module act (GELU)", 'zoo.py", line '):
+    for part in ("aten.sort.default", "Supported ATen ops", "module <root> (Sorter)", 'zoo.py", line '):
         assert part in res.output, res.output
     assert "Traceback" not in res.output
     assert not (tmp_path / "r" / "roots.jsonl").exists()
