@@ -158,7 +158,8 @@ def op_cases() -> list[BenchCase]:
 
 
 def transcendental_cases() -> list[BenchCase]:
-    """EXP LOG TANH (256x256 inputs): a typical element, and one from each costlier branch."""
+    """EXP LOG TANH ERF (256x256 inputs): a typical element, and one from each costlier branch (ERF: its
+    series sums more terms as |x| grows, up to x just below 6; from 6 on it is a constant)."""
     rng = np.random.default_rng(2)
     s = (256, 256)
     x = _f32(rng, s)
@@ -171,6 +172,11 @@ def transcendental_cases() -> list[BenchCase]:
         (K.LOG, "LOG (x = 2^-140)", 2.0**-140),
         (K.TANH, "TANH", None),
         (K.TANH, "TANH (x = 5)", 5.0),
+        (K.ERF, "ERF (x = 1e-30)", 1e-30),
+        (K.ERF, "ERF (x = 1)", 1.0),
+        (K.ERF, "ERF (x = 3)", 3.0),
+        (K.ERF, "ERF (x = 5.9999995)", float(np.nextafter(np.float32(6.0), np.float32(0.0)))),
+        (K.ERF, "ERF (x = 8, saturated)", 8.0),
     ):
         a = np.abs(x) if kind == K.LOG else x.copy()
         if value is not None:
