@@ -26,7 +26,7 @@ def _graph(kind: OpKind, shapes: list[tuple[int, ...]]):
     elif kind == OpKind.MEAN:
         y = g.mean(ins[0])
     else:
-        y = {OpKind.EXP: g.exp, OpKind.LOG: g.log, OpKind.TANH: g.tanh}[kind](ins[0])
+        y = {OpKind.EXP: g.exp, OpKind.LOG: g.log, OpKind.TANH: g.tanh, OpKind.ERF: g.erf}[kind](ins[0])
     return g, y
 
 
@@ -54,7 +54,7 @@ def _case(kind: OpKind, rng: np.random.Generator, style: str):
                 a[..., h : 2 * h] = (-a[..., :h] if first else a[..., :h]) + noise
         else:
             a = rng.standard_normal(s).astype(np.float32)
-        if kind in (OpKind.EXP, OpKind.LOG, OpKind.TANH):  # near-ties are rare here: plain values in range
+        if kind in (OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.ERF):  # near-ties are rare: plain values in range
             a = np.clip(rng.standard_normal(s) * 3, -20, 20).astype(np.float32)
         if kind == OpKind.LOG:
             a = np.abs(a) + np.float32(1e-3)
@@ -68,7 +68,7 @@ def _case(kind: OpKind, rng: np.random.Generator, style: str):
     return graph, op, [torch.from_numpy(a) for a in arrays]
 
 
-KINDS = [OpKind.MATMUL, OpKind.SUM, OpKind.MEAN, OpKind.EXP, OpKind.TANH, OpKind.LOG]
+KINDS = [OpKind.MATMUL, OpKind.SUM, OpKind.MEAN, OpKind.EXP, OpKind.TANH, OpKind.LOG, OpKind.ERF]
 
 
 def _grid_mask(op, ins: list[torch.Tensor]) -> torch.Tensor:

@@ -247,7 +247,7 @@ def test_erf_vectors_on_chain(adj, tr) -> None:
 
 def test_contract_erf_equals_the_mirror_on_random_inputs(tr) -> None:
     rng = np.random.default_rng(5)
-    for b in random_bits(rng, 40):
+    for b in random_bits(rng, 16):
         (lo, hi, dc, e, den), defined = tr.functions.enclose(int(K.ERF), b).call()
         assert defined and (lo, hi, dc, e, den) == transcendental.enclose_erf(b), hex(b)
 
@@ -259,7 +259,7 @@ def elementwise_case(xs: list[int]) -> Case:
 
 def test_honest_erf_claims_stand_and_tampers_lose_on_chain(adj) -> None:
     rng = np.random.default_rng(7)
-    xs = random_bits(rng, 10)
+    xs = random_bits(rng, 6)
     case = elementwise_case(xs)
     for i in range(len(xs)):
         claimed, entries = honest(case, i)

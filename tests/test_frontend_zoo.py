@@ -679,3 +679,25 @@ def test_a_cheat_on_a_zoo_models_clamp_is_caught_at_its_op(fresh_demo_world) -> 
     assert (game["step"], game["op"], game["index"]) == (CHEAT_STEP, op, element), game
     assert (game["winner"], game["ruling"]) == (WINNER_CHALLENGER, RULING_ADJUDICATED), game
     assert trainer.status() == "fraudulent"
+
+
+@pytest.mark.slow
+def test_a_cheat_on_an_erf_gelu_element_is_convicted_on_chain(fresh_demo_world) -> None:
+    """A trainer that changes one element of nn.GELU()'s ERF op is caught there: the game narrows to the ERF
+    op and element and the Adjudicator (through contracts/Transcendental.sol) rules for the challenger
+    (``pytest tests/test_frontend_zoo.py -m slow -k erf_gelu_element``)."""
+    from test_frontend_disputes import CHEAT_STEP, RULING_ADJUDICATED, WINNER_CHALLENGER, _element, _game_of, _play
+
+    from protocol.cheats import TamperAttention
+
+    proto, store, accounts = fresh_demo_world
+    ctx = _zoo_context("erf_gelu")
+    g = ctx.job.graph
+    op = next(o.id for o in g.ops[: g.loss_op] if o.kind == OpKind.ERF)
+    element = _element(ctx, "erf", op)
+    job, gid, trainer = _play(proto, store, accounts, ctx, cheat=TamperAttention(step=CHEAT_STEP, op=op,
+                                                                                  element=element, delta=0.5))
+    game = _game_of(proto, gid)
+    assert (game["step"], game["op"], game["index"], game["kind"]) == (CHEAT_STEP, op, element, OpKind.ERF), game
+    assert (game["winner"], game["ruling"]) == (WINNER_CHALLENGER, RULING_ADJUDICATED), game
+    assert trainer.status() == "fraudulent"
