@@ -336,3 +336,13 @@ def test_erf_backward_is_two_over_sqrt_pi_exp_minus_x_squared() -> None:
     got = vals[dw.op]
     assert torch.allclose(got, wt.grad, rtol=1e-7, atol=0)
     assert [op.kind for op in graph.ops].count(K.ERF) == 1 and K.EXP in [op.kind for op in graph.ops]
+
+
+def test_the_adjudicator_and_transcendental_fit_eip170() -> None:
+    """ERF's code lives in Transcendental, deployed by the Adjudicator's constructor: both runtimes stay under
+    EIP-170 (24,576 bytes) and the Adjudicator's creation code, which embeds Transcendental's, under EIP-3860."""
+    for name in ("Adjudicator", "Transcendental"):
+        art = load_artifact(name)
+        runtime = (len(art.deployed_bytecode) - 2) // 2
+        assert 0 < runtime < 24_576, (name, runtime)
+    assert (len(load_artifact("Adjudicator").bytecode) - 2) // 2 < 49_152
