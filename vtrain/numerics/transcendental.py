@@ -36,7 +36,7 @@ from vtrain.errors import VtrainError
 from vtrain.graph.step_graph import OpKind
 
 __all__ = ["F", "LN2_F", "TWO_OVER_SQRT_PI_F", "enclose", "enclose_exp", "enclose_log", "enclose_tanh", "enclose_erf",
-           "dc_of", "relative_allowance"]
+           "dc_of"]
 
 #: Fraction bits of the fixed-point numbers.
 F = 120
@@ -72,12 +72,6 @@ ERF_TERMS = 160
 ERF_STOP_BITS = 88
 #: erf: products are renormalised to at most this many bits before the next multiplication.
 ERF_NORM_BITS = 128
-
-
-def relative_allowance(kind: int) -> float:
-    """The trainer's libm allowance ``c`` of a transcendental op, ``d = c |v|``: ``4u`` for EXP LOG TANH,
-    ``8u`` for ERF (docs/numerics.md)."""
-    return 2.0**-50 if kind == OpKind.ERF else 2.0**-51
 
 Enc = tuple[int, int, int, int, int]
 """``(lo, hi, dc, exp, den)``: ``e`` in ``[lo, hi] * 2^exp / den``, bound ``dc`` in the same unit."""
