@@ -183,7 +183,8 @@ def test_client_status_cancel_and_watch_of_a_job_never_accepted(tmp_path: Path, 
 
     # the offer is firm for its accept period: a cancel before its end says until when, sends nothing
     early = run("client", "cancel-job", *common, "--job", str(job), "--account-index", "6")
-    assert early.exit_code == 1 and f"job {job} cannot be cancelled: job {job}'s offer is firm until" in early.output
+    assert early.exit_code == 1 and f"job {job} cannot be cancelled: " in early.output, early.output
+    assert f"job {job}'s offer is firm until" in early.output and " s from now)" in early.output, early.output
     assert "CancelTooEarly" in early.output and "Traceback" not in early.output, early.output
     chain.advance_time(61)
     cancelled = last_json(run("client", "cancel-job", *common, "--job", str(job), "--account-index", "6"))
