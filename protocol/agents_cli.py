@@ -38,10 +38,11 @@ already in the job (a restart) carries on whatever the terms.
 
 Exit status: 0 done, 1 error (a clear message), 3 ``--timeout`` reached (the result says so),
 4 the agent refused the job (the result's ``refused`` lists why; a trainer also refuses a job whose
-training it found to reach a step with no finite value), 5 the trainer accepted a job (with
-``--no-pretrain``) whose training reaches a step with no finite value: it can never be finished;
-the result names the step and op. The divergence is recorded in the store: started again, the
-trainer says so at once (exit 5) instead of training again.
+training it found to reach a step with no finite value, and one whose accept deadline leaves less
+than ``--term-margin`` x its steps left x ``--step-seconds`` or passed while it pre-trained), 5 the
+trainer accepted a job (with ``--no-pretrain``) whose training reaches a step with no finite
+value: it can never be finished; the result names the step and op. The divergence is recorded
+in the store: started again, the trainer says so at once (exit 5) instead of training again.
 
 Run without the main CLI: ``python -m protocol.agents_cli trainer ...``.
 """
