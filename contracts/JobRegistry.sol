@@ -120,7 +120,8 @@ contract JobRegistry is IJobRegistry {
         // SAFETY: msg.value fits in uint128 (total ETH supply is far below 2^128 wei).
         j.payment = uint128(msg.value);
         j.status = JobStatus.Open;
-        emit JobCreated(job, msg.sender, params.trainer, params, msg.value);
+        j.createdAt = uint64(block.timestamp);
+        emit JobCreated(job, msg.sender, params.trainer, params, msg.value, block.timestamp + params.acceptPeriod);
     }
 
     /// @inheritdoc IJobRegistry
@@ -129,6 +130,11 @@ contract JobRegistry is IJobRegistry {
         // INVARIANT: only the payer takes its payment back, and only before the trainer staked.
         if (msg.sender != j.client) revert Unauthorized(msg.sender, j.client);
         _expectStatus(job, j.status, JobStatus.Open);
+        // INVARIANT: the offer is firm until the accept deadline: a trainer training the job before
+        // it stakes cannot see the payment taken back mid-way (no second where both cancel and
+        // accept succeed: accept needs now <= deadline, cancel now > deadline).
+        uint256 deadline = _acceptDeadline(j);
+        if (block.timestamp <= deadline) revert CancelTooEarly(job, deadline, block.timestamp);
         j.status = JobStatus.Cancelled;
         uint256 refund = j.payment;
         _credit(j.client, job, refund);
@@ -141,6 +147,10 @@ contract JobRegistry is IJobRegistry {
         // INVARIANT: the client named the trainer; nobody else can stake in its place.
         if (msg.sender != j.params.trainer) revert Unauthorized(msg.sender, j.params.trainer);
         _expectStatus(job, j.status, JobStatus.Open);
+        // INVARIANT: an expired offer cannot be taken: the client, free to cancel from the next
+        // second, is never held past the deadline it chose.
+        uint256 deadline = _acceptDeadline(j);
+        if (block.timestamp > deadline) revert AcceptDeadlinePassed(job, deadline, block.timestamp);
         // INVARIANT: escrow of an Active job is exactly payment + stake (+ bonds).
         if (msg.value != j.params.trainerStake) revert WrongValue(msg.value, j.params.trainerStake);
         j.status = JobStatus.Active;
@@ -429,6 +439,11 @@ contract JobRegistry is IJobRegistry {
     }
 
     /// @inheritdoc IJobRegistry
+    function acceptDeadline(JobId job) external view returns (uint256) {
+        return _acceptDeadline(_job(job));
+    }
+
+    /// @inheritdoc IJobRegistry
     function escrowOf(JobId job) external view returns (uint256) {
         Job storage j = _jobs[job];
         uint256 bonds = uint256(j.openGames) * j.params.challengerBond + _feesHeld[job];
@@ -497,6 +512,11 @@ contract JobRegistry is IJobRegistry {
         emit Credited(account, job, amount);
     }
 
+    /// @dev Last second at which the trainer may accept, and the client may not cancel, the job.
+    function _acceptDeadline(Job storage j) internal view returns (uint256) {
+        return uint256(j.createdAt) + j.params.acceptPeriod;
+    }
+
     function _postingDeadline(Job storage j, uint64 index) internal view returns (uint256) {
         return uint256(j.acceptedAt) + (uint256(index) + 1) * j.params.postingPeriod;
     }
@@ -535,6 +555,11 @@ contract JobRegistry is IJobRegistry {
         // gas to defend it.
         if (p.challengerBond < minChallengerBond) {
             revert TermBelowFloor("challengerBond", p.challengerBond, minChallengerBond);
+        }
+        // SAFETY: a zero period would let the client cancel at once (no firm offer); past the cap
+        // the client's own payment would be locked for years (a period in milliseconds by mistake).
+        if (p.acceptPeriod == 0 || p.acceptPeriod > MAX_ACCEPT_PERIOD) {
+            revert InvalidJobParam("acceptPeriod", p.acceptPeriod);
         }
         // SAFETY: nSteps + K - 1 in _nIntervals must not overflow uint64.
         if (p.nSteps > type(uint64).max - p.intervalLength) revert InvalidJobParam("nSteps", p.nSteps);

@@ -38,10 +38,11 @@ already in the job (a restart) carries on whatever the terms.
 
 Exit status: 0 done, 1 error (a clear message), 3 ``--timeout`` reached (the result says so),
 4 the agent refused the job (the result's ``refused`` lists why; a trainer also refuses a job whose
-training it found to reach a step with no finite value), 5 the trainer accepted a job (with
-``--no-pretrain``) whose training reaches a step with no finite value: it can never be finished;
-the result names the step and op. The divergence is recorded in the store: started again, the
-trainer says so at once (exit 5) instead of training again.
+training it found to reach a step with no finite value, and one whose accept deadline leaves less
+than ``--term-margin`` x its steps left x ``--step-seconds`` or passed while it pre-trained), 5 the
+trainer accepted a job (with ``--no-pretrain``) whose training reaches a step with no finite
+value: it can never be finished; the result names the step and op. The divergence is recorded
+in the store: started again, the trainer says so at once (exit 5) instead of training again.
 
 Run without the main CLI: ``python -m protocol.agents_cli trainer ...``.
 """
@@ -719,6 +720,14 @@ def client() -> None:
     default=None,
     help="Seconds the trainer has per interval after accepting; then the client may reclaim. [default: 86400]",
 )
+@click.option(
+    "--accept-period",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Seconds from creation during which the offer is firm: the trainer may accept (it trains the whole "
+    "job first) and the job cannot be cancelled; after it, the trainer can no longer accept and cancel-job "
+    "refunds the payment. At most 365 days. [default: 86400]",
+)
 @clean_errors
 def create_job_cmd(
     rpc: str,
@@ -792,6 +801,8 @@ def create_job_cmd(
             "challenge_window": terms.challenge_window,
             "clock": terms.clock,
             "posting_period": terms.posting_period,
+            "accept_period": terms.accept_period,
+            "accept_deadline": int(chain.call(proto.registry.functions.acceptDeadline(job))),
         }
     )
 
@@ -800,7 +811,11 @@ def check_floors(proto, terms) -> None:
     """ClickException naming the first term below the registry's floor (what createJob would revert
     with), before anything is sent."""
     from protocol.deploy import Floors
+    from protocol.jobs import MAX_ACCEPT_PERIOD
 
+    if not 1 <= terms.accept_period <= MAX_ACCEPT_PERIOD:
+        raise click.ClickException(f"--accept-period {terms.accept_period} is not in 1..{MAX_ACCEPT_PERIOD} "
+                                   "(365 days; createJob would revert); nothing was sent")
     floors = Floors.of(proto.registry, proto.chain.call)
     for option, value, floor in (
         ("--challenge-window", terms.challenge_window, floors.min_challenge_window),
@@ -1044,6 +1059,7 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float,
     idle = Idle(out)
     posted = 0
     checked = [time.monotonic()]
+    offer: list[int] = []  # the job's accept deadline, read once
 
     def stop_pretraining() -> bool:
         """True once --timeout is reached or the job is no longer open (checked every status_every s)."""
@@ -1056,6 +1072,11 @@ def _trainer_loop(agent, params: tuple, out: Out, deadline: float, poll: float,
         status = agent.status()
         if status != "open":
             out.say(f"job {status} while pre-training: stopping")
+            return True
+        if not offer:
+            offer.append(agent.accept_deadline())
+        if chain.now() >= offer[0]:  # acceptJob would revert: the pre-training outlasted the offer
+            out.say(f"the accept deadline ({offer[0]}) passed while pre-training: stopping")
             return True
         return False
 

@@ -232,6 +232,26 @@ class Chain:
             raise Reverted(f"{label}: reverted (tx {receipt['transactionHash'].hex()})")
         return dict(receipt)
 
+    def wait_pending(self, sender: str, timeout: float = 120.0, poll: float = 1.0) -> bool:
+        """Wait until no transaction of ``sender`` is pending (its pending nonce is its mined
+        one), at most ``timeout`` seconds; True when none is. An agent restarted after sending a
+        transaction whose receipt it never saw reads the chain only once it is mined (an embedded
+        chain mines every transaction at once)."""
+        if self.embedded:
+            return True
+        t0 = time.monotonic()
+        while True:
+            pending = int(self._retry("eth_getTransactionCount",
+                                      lambda: self.w3.eth.get_transaction_count(sender, "pending")))  # type: ignore[arg-type]
+            mined = int(self._retry("eth_getTransactionCount",
+                                    lambda: self.w3.eth.get_transaction_count(sender, "latest")))  # type: ignore[arg-type]
+            if pending <= mined:
+                return True
+            if time.monotonic() - t0 >= timeout:
+                return False
+            log.info("%d transaction(s) of %s pending; waiting for them to be mined", pending - mined, sender)
+            time.sleep(poll)
+
     def _transact_once(self, fn: Any, params: dict, sender: str, label: str) -> Any:
         """Send ``fn`` exactly once, also when the connection fails mid-request: on a node the
         transaction carries the account's next nonce, and before a retry the node is asked whether

@@ -95,8 +95,9 @@ def watch_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: f
 @clean_errors
 def cancel_job_cmd(rpc: str, deployment_path: Path, rpc_retries: int, rpc_deadline: float, key_file: Path | None,
                    job_id: int, account_index: int) -> None:
-    """Cancel JOB before its trainer accepted it: the payment is credited back and withdrawn.
-    Prints {"job": ID, "refund": WEI, "withdrawn": WEI}."""
+    """Cancel JOB, which its trainer did not accept by its accept deadline (createdAt +
+    acceptPeriod; before it the offer is firm and this says until when): the payment is credited
+    back and withdrawn. Prints {"job": ID, "refund": WEI, "withdrawn": WEI}."""
     me, refund, withdrawn = client_refund(
         rpc, deployment_path, rpc_retries, rpc_deadline, key_file, account_index, job_id,
         "cancelJob", "JobCancelled", "cancelled",

@@ -24,6 +24,14 @@ class Terms:
     posting_period: int = 86_400
     """Seconds the trainer has per interval after accepting (interval i is due by
     acceptedAt + (i + 1) * posting_period); once one is overdue the client may reclaim the job."""
+    accept_period: int = 86_400
+    """Seconds from createJob during which the offer is firm (1..MAX_ACCEPT_PERIOD): the trainer
+    may accept until createdAt + accept_period (it trains the whole job first), the client may
+    cancel only after."""
+
+
+#: Longest acceptPeriod the registry takes (contracts/lib/GameTypes.sol MAX_ACCEPT_PERIOD: 365 days).
+MAX_ACCEPT_PERIOD = 365 * 86_400
 
 
 @dataclass
@@ -108,6 +116,7 @@ class JobContext:
             terms.challenge_window,
             terms.clock,
             terms.posting_period,
+            terms.accept_period,
         )
 
     def check_onchain(self, params: tuple) -> None:
@@ -119,7 +128,7 @@ class JobContext:
         from protocol.chain import ChainError
 
         check_spec_hash(self.spec, params)
-        mine = self.params(params[0], Terms(0, params[11], params[12], params[13], params[14], params[15]))
+        mine = self.params(params[0], Terms(0, *params[11:17]))
         names = [
             "trainer",
             "specHash",

@@ -284,7 +284,8 @@ def describe(j: JobRecord) -> list[str]:
         f"job {j.job}: {j.status}  client {j.client}  trainer {j.trainer}",
         f"  terms: payment {j.payment / 1e18:g} ETH, stake {int(p.get('trainerStake', 0)) / 1e18:g} ETH, "
         f"bond {int(p.get('challengerBond', 0)) / 1e18:g} ETH, window {_span(int(p.get('challengeWindow', 0)))}, "
-        f"clock {_span(int(p.get('clock', 0)))}, posting period {_span(int(p.get('postingPeriod', 0)))}",
+        f"clock {_span(int(p.get('clock', 0)))}, posting period {_span(int(p.get('postingPeriod', 0)))}, "
+        f"accept period {_span(int(p.get('acceptPeriod', 0)))}",
         f"  steps {p.get('nSteps')}, K {p.get('intervalLength')}, ops/step {p.get('nOps')}; "
         f"intervals posted {len(j.intervals)}",
     ]

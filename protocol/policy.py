@@ -10,6 +10,11 @@ agent also refuses terms shorter than *it* can safely answer within, with a marg
 - the trainer: the posting period must cover ``margin`` x the seconds it needs to train and post
   one interval; it stakes at most ``max_stake_ratio`` x the payment, and wants a challenger bond
   of at least ``min_bond`` (a false challenge costs the trainer gas; the bond pays for it);
+- the trainer, before it trains a job it has not accepted: the job's accept deadline
+  (``createdAt + acceptPeriod``; the client cannot cancel before it, the trainer cannot accept
+  after it) must leave ``margin`` x the steps still to pre-train x the seconds of one step
+  (``step_seconds``, else ``interval_seconds / K``) (``pretrain_refusal``): otherwise the offer
+  would expire while it trains, and the compute would be wasted;
 - the auditor: the challenge window must cover ``margin`` x the seconds it needs to fetch and
   replay one interval and challenge it, and so must the posting period: interval i's window starts
   no earlier than one posting period after interval i-1's (so never before ``acceptedAt + i x
@@ -33,7 +38,7 @@ from vtrain.errors import VtrainError
 from vtrain.graph.step_graph import Graph
 
 #: Indices in the on-chain JobParams tuple.
-STAKE, BOND, WINDOW, CLOCK, POSTING = 11, 12, 13, 14, 15
+STAKE, BOND, WINDOW, CLOCK, POSTING, ACCEPT = 11, 12, 13, 14, 15, 16
 #: Moves one side makes beyond the three bisections: openStep, commitTrace, openOp, openChunk,
 #: oneStep or postPartials + settlePartials (the challenger: pickElement, disputeChunk; fewer).
 FIXED_MOVES = 6
@@ -91,6 +96,30 @@ class TermsPolicy:
                 raise ValueError(f"{name}: expected seconds >= 0, got {getattr(self, name)}")
         if not self.margin >= 1:
             raise ValueError(f"margin: expected a factor >= 1, got {self.margin}")
+
+    def step_estimate(self, interval_length: int) -> tuple[float, str]:
+        """Seconds one training step takes by this policy, and the option it comes from."""
+        if self.step_seconds is not None:
+            return self.step_seconds, "--step-seconds"
+        return self.interval_seconds / max(interval_length, 1), f"--interval-seconds / K={interval_length}"
+
+    def pretrain_refusal(self, job: int, steps_left: int, interval_length: int, now: int,
+                         deadline: int) -> str | None:
+        """Why this trainer does not start (or carry on) training job ``job`` before accepting it:
+        its accept deadline (last second an ``acceptJob`` can be mined) leaves less than ``margin``
+        x the ``steps_left`` steps still to train x one step's seconds (at least 1 s, for the
+        ``acceptJob`` itself). None: it fits."""
+        per_step, source = self.step_estimate(interval_length)
+        need = max(1, math.ceil(self.margin * steps_left * per_step))
+        left = deadline - now
+        if left >= need:
+            return None
+        if left <= 0:
+            return (f"accept deadline passed: job {job} could be accepted until {deadline}, the chain is at "
+                    f"{now} ({-left} s later); not accepting it")
+        return (f"accept deadline in {left} s (at {deadline}) is too soon: training the {steps_left} steps left "
+                f"before accepting needs {self.margin:g} x {steps_left} x {per_step:g} s = {need} s "
+                f"({source}, --term-margin); not starting job {job}")
 
     def refusals(self, params: tuple, payment: int, graph: Graph, interval_length: int) -> list[str]:
         """Why this agent declines a job with these on-chain params (empty: it takes part)."""

@@ -67,8 +67,8 @@ def render(j: JobRecord, proto: Any = None) -> str:
         f"{int(p.get('challengerBond', 0)) / 1e18:g} ETH</td></tr>",
         f"<tr><th>steps, K, ops per step</th><td>{_e(p.get('nSteps'))}, {_e(p.get('intervalLength'))}, "
         f"{_e(p.get('nOps'))}</td></tr>",
-        f"<tr><th>window / clock / posting period</th><td>{_e(p.get('challengeWindow'))} s / {_e(p.get('clock'))} s / "
-        f"{_e(p.get('postingPeriod'))} s</td></tr>",
+        f"<tr><th>window / clock / posting period / accept period</th><td>{_e(p.get('challengeWindow'))} s / "
+        f"{_e(p.get('clock'))} s / {_e(p.get('postingPeriod'))} s / {_e(p.get('acceptPeriod'))} s</td></tr>",
         f"<tr><th>spec hash</th><td><code>{_e(p.get('specHash'))}</code></td></tr>",
         "</table>",
         "<h2>Timeline</h2><table><tr><th>time (UTC)</th><th>block</th><th>event</th><th>details</th></tr>",

@@ -101,6 +101,14 @@ _SENTENCES: dict[str, _Sentence] = {
         if a["deadline"] >= a["now_"]
         else f"every interval of job {a['job']} is posted; there is nothing to reclaim"
     ),
+    "CancelTooEarly": lambda call, a: (
+        f"job {a['job']}'s offer is firm until {_when(a['acceptDeadline'])} ({_span(a['acceptDeadline'] - a['now_'])} "
+        "from now): its trainer may accept it until then; it can be cancelled from the second after"
+    ),
+    "AcceptDeadlinePassed": lambda call, a: (
+        f"job {a['job']} could be accepted until {_when(a['acceptDeadline'])} "
+        f"({_span(a['now_'] - a['acceptDeadline'])} ago); its client may now cancel it"
+    ),
     "UnknownGame": lambda call, a: f"game {a['game']} does not exist",
     "GameOver": lambda call, a: f"game {a['game']} is over ({enum_name('GameStatus', a['status'])})",
     "WrongPhase": lambda call, a: (

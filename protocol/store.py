@@ -511,6 +511,29 @@ class ArtifactStore(ArtifactReader):
         """Publish the checkpoint bytes at the start of ``interval``; returns their digest."""
         return self._put_ref(job, f"checkpoints/{_nonneg(interval, 'interval')}.json", data, replace)
 
+    def fingerprint(self, job: str | int, rels: list[str]) -> tuple | None:
+        """What shows the files ``<job>/<rel>`` unchanged since they were last checked, without
+        reading any blob: the bytes of each (small) file named (step records, log and checkpoint
+        references, local work files) and, for a reference, the size, mtime and inode of the blob
+        it names. None when one is missing or unreadable. A blob is content-addressed, so it
+        changes only when rewritten under its own name: a repair writes a new file (new inode),
+        an edit in place changes its mtime; bit rot changes neither (``TrainerAgent.repair``
+        checks every byte at start-up, an auditor checks every hash)."""
+        job = _job(job)
+        out: list[Any] = []
+        try:
+            for rel in rels:
+                path = self._local_path(job, rel) if rel.startswith(LOCAL_DIR + "/") else self._path(job, rel)
+                raw = path.read_bytes()
+                out.append(raw)
+                if rel.startswith(("logs/", "checkpoints/")):
+                    ref = BlobRef.from_json(loads_json(raw))
+                    st = os.stat(self._path(job, f"objects/{ref.digest.hex()}"))
+                    out.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        except (OSError, ValueError, TypeError, RecursionError):
+            return None
+        return tuple(out)
+
     # -- the owner's local work files (never served: outside _PATH_RE) ----------------------------
     def _local_path(self, job: str | int, rel: str) -> Path:
         if not isinstance(rel, str) or _LOCAL_RE.fullmatch(rel) is None:

@@ -102,6 +102,9 @@ class TrainerAgent:
     """What its games need of their disputed steps, regenerated once and kept on disk (bounded)."""
     _games: set[int] = field(default_factory=set, init=False, repr=False)
     _games_searched: int = field(default=-1, init=False, repr=False)  # the last block searched for games
+    _verified: dict[int, tuple[tuple, bytes]] = field(default_factory=dict, init=False, repr=False)
+    """Interval -> (the store's fingerprint of its files, root) of the pre-trained intervals checked
+    by :meth:`pretrained_root`: checked again only once a file changed."""
 
     def __post_init__(self) -> None:
         if self.nproc > 1 and self.cheat is not None:
@@ -122,7 +125,25 @@ class TrainerAgent:
             check_rulable(self.ctx.job.graph)
         except UnrulableJob as e:
             reasons.append(str(e))
-        return reasons + self.policy.refusals(tuple(j[0]), int(j[2]), self.ctx.job.graph, self.ctx.spec.interval)
+        reasons += self.policy.refusals(tuple(j[0]), int(j[2]), self.ctx.job.graph, self.ctx.spec.interval)
+        if JOB_STATUS[int(j[3])] == "open":  # its offer must outlast what is left to train before accepting
+            late = self.policy.pretrain_refusal(self.job_id, self.steps_left(), self.ctx.spec.interval,
+                                                self.proto.chain.now(), self.accept_deadline())
+            if late:
+                reasons.append(late)
+        return reasons
+
+    def accept_deadline(self) -> int:
+        """Last second an ``acceptJob`` can be mined (createdAt + acceptPeriod); the client cannot
+        cancel before it."""
+        return int(self.proto.chain.call(self.proto.registry.functions.acceptDeadline(self.job_id)))
+
+    def steps_left(self) -> int:
+        """Steps still to train before accepting: all those of the intervals not pre-trained and
+        intact in the store (0 without ``pretrain``: it accepts first)."""
+        if not self.pretrain:
+            return 0
+        return sum(self.ctx.interval_span(i)[1] for i in range(self.ctx.n_intervals) if self.pretrained_root(i) is None)
 
     def accept(self, terms: Terms | None = None, on_step: Callable[[int, float], None] | None = None,
                stop: Callable[[], bool] | None = None) -> bool:
@@ -133,7 +154,19 @@ class TrainerAgent:
         (:meth:`pretrain_job`, resumed where a previous run stopped): a job whose training reaches
         a value with no finite value is refused by name ("step s, op o (KIND): no finite value; not
         accepting job N") and never accepted. Returns False, with nothing sent, when ``stop()``
-        ended the pre-training or the job is no longer open (the client cancelled it meanwhile)."""
+        ended the pre-training or the job is no longer open (the client cancelled it meanwhile).
+
+        The job's accept deadline must leave time to pre-train what is left (``refusals``:
+        ``TermsPolicy.pretrain_refusal``), checked before training and again before sending. A job
+        this trainer already accepted (a restart, also one whose ``acceptJob`` was still pending:
+        its own transactions are waited for first) is not accepted again: True, nothing sent."""
+        status = self._settled_status()
+        if status == "active":  # only the named trainer can have staked: us, before a restart
+            log.info("job %d: already accepted; not sending acceptJob again", self.job_id)
+            return True
+        if status != "open":
+            log.warning("job %d: %s; not accepting it", self.job_id, status)
+            return False
         reasons = self.refusals()
         if reasons:
             log.warning("job %d: refused: %s", self.job_id, "; ".join(reasons))
@@ -153,6 +186,11 @@ class TrainerAgent:
             if self.status() != "open":
                 log.warning("job %d: %s while pre-training; not accepting it", self.job_id, self.status())
                 return False
+        late = self.policy.pretrain_refusal(self.job_id, 0, self.ctx.spec.interval, self.proto.chain.now(),
+                                            self.accept_deadline())
+        if late:  # the pre-training outlasted the offer: acceptJob would revert (AcceptDeadlinePassed)
+            log.warning("job %d: refused: %s", self.job_id, late)
+            raise JobRefused(f"job {self.job_id} refused: {late}")
         self.proto.chain.send(
             self.proto.registry.functions.acceptJob(self.job_id),
             self.account,
@@ -160,6 +198,14 @@ class TrainerAgent:
             what=f"job {self.job_id}: acceptJob",
         )
         return True
+
+    def _settled_status(self) -> str:
+        """The job's status once this account's own pending transactions are mined (an
+        ``acceptJob`` sent before a restart may still be pending, the job reading open)."""
+        if not self.proto.chain.wait_pending(self.account):
+            log.warning("job %d: transactions of %s still pending; reading the job's status anyway",
+                        self.job_id, self.account)
+        return self.status()
 
     # -- pre-training --------------------------------------------------------------------------------
     @cached_property
@@ -194,7 +240,36 @@ class TrainerAgent:
         """The root of interval ``i`` if it was trained before acceptance and its artifacts are
         intact in the store: marker of this job, every record, log and checkpoint readable, the
         checkpoints at both ends the states of the records around them, and the records hashing
-        to the marker's root. None otherwise (it is then trained again)."""
+        to the marker's root. None otherwise (it is then trained again).
+
+        Checked once: the root is kept with the store's fingerprint of the interval's files (their
+        index bytes, their blobs' size, mtime and inode; ``ArtifactStore.fingerprint``) and
+        returned as long as that is unchanged, so a posting pass does not re-read and re-hash what
+        ``pretrain_job`` checked. The fingerprint is taken before the check, so a file changed
+        during it is checked again next time."""
+        key = self._fingerprint(i)
+        hit = self._verified.get(i)
+        if key is not None and hit is not None and hit[0] == key:
+            return hit[1]
+        self._verified.pop(i, None)
+        root = self._check_pretrained(i)
+        if root is not None and key is not None:
+            self._verified[i] = (key, root)
+        return root
+
+    def _fingerprint(self, i: int) -> tuple | None:
+        fingerprint = getattr(self.store, "fingerprint", None)
+        if fingerprint is None:
+            return None
+        first, n = self.ctx.interval_span(i)
+        rels = [f"{_PRETRAINED}/{i}", f"checkpoints/{i}.json"]
+        rels += [f"steps/{s}.json" for s in range(max(first - 1, 1), first + n)]
+        rels += [f"logs/{s}.json" for s in range(first, first + n)]
+        if first + n - 1 < self.ctx.spec.steps:
+            rels.append(f"checkpoints/{i + 1}.json")
+        return fingerprint(self.job_id, rels)
+
+    def _check_pretrained(self, i: int) -> bytes | None:
         d = self._read_local_json(f"{_PRETRAINED}/{i}")
         if d is None or d.get("interval") != i or self._damage(i):
             return None

@@ -96,6 +96,13 @@ class JobModel:
     """Answer fees of the job's open demands (held in its escrow until answered or refunded)."""
     scheduled_windows: bool = True
     """Windows follow the chained schedule, one posting period apart at least (False: sabotage ``schedule``)."""
+    created_at: int = 0
+    accept_period: int = 1
+
+    @property
+    def accept_deadline(self) -> int:
+        """Last second the trainer may accept; the client may cancel only after it."""
+        return self.created_at + self.accept_period
 
     @property
     def honest_posts(self) -> bool:
@@ -291,22 +298,26 @@ class Model:
                 errs.add("TermBelowFloor")
         return errs
 
-    def expect_cancel(self, job: int, sender: str) -> set[str]:
+    def expect_cancel(self, job: int, sender: str, t: int) -> set[str]:
         j = self.jobs[job]
         errs = set()
         if sender != j.client:
             errs.add("Unauthorized")
         if j.status != JobStatus.OPEN:
             errs.add("WrongJobStatus")
+        elif t <= j.accept_deadline:  # the offer is firm until its deadline, that second included
+            errs.add("CancelTooEarly")
         return errs
 
-    def expect_accept(self, job: int, sender: str, value: int) -> set[str]:
+    def expect_accept(self, job: int, sender: str, value: int, t: int) -> set[str]:
         j = self.jobs[job]
         errs = set()
         if sender != j.trainer:
             errs.add("Unauthorized")
         if j.status != JobStatus.OPEN:
             errs.add("WrongJobStatus")
+        elif t > j.accept_deadline:
+            errs.add("AcceptDeadlinePassed")
         if value != j.stake:
             errs.add("WrongValue")
         return errs

@@ -391,6 +391,8 @@ def new_w3() -> Web3:
 #: posting period (seconds), challenger bond (wei), bounty (basis points of a convicted stake).
 MIN_WINDOW, MIN_CLOCK, MIN_POSTING, MIN_BOND, BOUNTY_BPS = 150, 100, 200, 1_000, 5_000
 FLOORS = (MIN_WINDOW, MIN_CLOCK, MIN_POSTING, MIN_BOND, BOUNTY_BPS)
+#: GameTypes.sol MAX_ACCEPT_PERIOD: the longest acceptPeriod createJob takes (365 days).
+MAX_ACCEPT_PERIOD = 365 * 86_400
 #: Wei per gas of a demand's answer fee (DataAvailability constructor; protocol.availability.DEV_FEE_GAS_PRICE).
 DA_FEE_GAS_PRICE = 10**9
 
@@ -435,6 +437,7 @@ class JobConfig:
     challenge_window: int = 1_000
     clock: int = 500
     posting_period: int = 10_000
+    accept_period: int = 5_000
     n_samples: int = 100
     data_seed: bytes = hashlib.sha256(b"seed").digest()
     data_root: bytes = hashlib.sha256(b"dataset").digest()
@@ -611,6 +614,7 @@ class Run:
             trainer, c.spec_hash, c.data_root, c.data_seed, c.n_samples, self.graph.root,
             self.graph.n_ops, c.n_slots, self.registered_init_root, c.n_steps, c.interval_length,
             c.trainer_stake, c.challenger_bond, c.challenge_window, c.clock, c.posting_period,
+            c.accept_period,
         )
 
 
@@ -706,6 +710,13 @@ def create_job(dep: Deployment, run: Run, client: str | None = None, trainer: st
     r = dep.tx(dep.registry.functions.createJob(run.job_params(trainer)), client, value=run.cfg.payment)
     (ev,) = dep.registry.events.JobCreated().process_receipt(r, errors=DISCARD)
     return int(ev.args.job)
+
+
+def expire_offer(dep: Deployment, job: int) -> int:
+    """Moves time past the job's accept deadline (the client may cancel from then on); returns it."""
+    deadline = int(dep.call(dep.registry.functions.acceptDeadline(job)))
+    dep.at(max(dep.now(), deadline + 1))
+    return deadline
 
 
 def accept_job(dep: Deployment, job: int, run: Run, trainer: str | None = None) -> None:

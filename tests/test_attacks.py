@@ -521,9 +521,11 @@ def test_reentrancy_on_cancel_refund(dep, honest):
         reg = dep.registry.functions
         via(dep, client, reg.createJob(honest.job_params(dep.trainer)), value=CFG.payment)
         job = dep.call(reg.jobCount())
+        H.expire_offer(dep, job)
         via(dep, client, reg.cancelJob(job))
         withdraw_reentering(dep, client, reg.withdraw(), "NothingOwed")
         via(dep, client, reg.createJob(honest.job_params(dep.trainer)), value=CFG.payment)
+        H.expire_offer(dep, job + 1)
         via(dep, client, reg.cancelJob(job + 1))
         withdraw_reentering(dep, client, reg.cancelJob(job + 1), "WrongJobStatus")
 

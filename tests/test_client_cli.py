@@ -107,6 +107,9 @@ def test_create_job_refuses_a_term_below_the_registrys_floor(tmp_path: Path, nod
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert "--clock 1 is below the floor of the registry" in r.output and "(60)" in r.output, r.output
     assert int(chain.call(proto.registry.functions.jobCount())) == before
+    r = run("client", "create-job", *common, "--spec", str(_spec(tmp_path)), "--accept-period", "86400000")
+    assert r.exit_code == 1 and "--accept-period 86400000 is not in 1..31536000 (365 days" in r.output, r.output
+    assert int(chain.call(proto.registry.functions.jobCount())) == before
 
 
 def test_trainer_and_auditor_refuse_terms_they_cannot_answer_within(tmp_path: Path, node) -> None:
@@ -168,14 +171,22 @@ def test_client_status_cancel_and_watch_of_a_job_never_accepted(tmp_path: Path, 
     spec = tmp_path / "spec.json"
     spec.write_text(TrainSpec(steps=8, interval=4).to_json())
     common = ["--rpc", url, "--deployment", str(dep)]
-    job = last_json(run("client", "create-job", *common, "--spec", str(spec), "--account-index", "6",
-                        "--trainer-index", "7", "--payment", "1eth"))["job"]
+    created = last_json(run("client", "create-job", *common, "--spec", str(spec), "--account-index", "6",
+                            "--trainer-index", "7", "--payment", "1eth", "--accept-period", "60"))
+    job = created["job"]
+    assert created["accept_period"] == 60 and created["accept_deadline"] == chain.now() + 60, created
 
     st = run("client", "status", *common, "--job", str(job))
     assert st.exit_code == 0 and f"job {job}: Open" in st.output and "payment 1 ETH" in st.output, st.output
     as_json = last_json(run("client", "status", *common, "--job", str(job), "--json"))
     assert as_json["status"] == "Open" and as_json["games"] == [] and as_json["payment"] == 10**18
 
+    # the offer is firm for its accept period: a cancel before its end says until when, sends nothing
+    early = run("client", "cancel-job", *common, "--job", str(job), "--account-index", "6")
+    assert early.exit_code == 1 and f"job {job} cannot be cancelled: " in early.output, early.output
+    assert f"job {job}'s offer is firm until" in early.output and " s from now)" in early.output, early.output
+    assert "CancelTooEarly" in early.output and "Traceback" not in early.output, early.output
+    chain.advance_time(61)
     cancelled = last_json(run("client", "cancel-job", *common, "--job", str(job), "--account-index", "6"))
     assert cancelled["refund"] == 10**18 and cancelled["withdrawn"] == 10**18, cancelled
     assert last_json(run("client", "status", *common, "--job", str(job), "--json"))["status"] == "Cancelled"

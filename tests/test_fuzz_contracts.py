@@ -472,7 +472,7 @@ class ContractMachine(RuleBasedStateMachine):
         cfg = replace(
             base_run(n_steps, k, None).cfg, payment=spec["payment"], trainer_stake=spec["stake"],
             challenger_bond=spec["bond"], challenge_window=spec["window"], clock=spec["clock"],
-            posting_period=spec["posting"],
+            posting_period=spec["posting"], accept_period=spec["window"],  # (no new draw: the same sequences)
         )
         run = replace(base_run(n_steps, k, cheat), cfg=cfg)
         honest = replace(base_run(n_steps, k, None), cfg=cfg)
@@ -481,7 +481,7 @@ class ContractMachine(RuleBasedStateMachine):
         if bad is not None:
             params[BAD_FIELDS[bad]] = 0
         terms = {name: params[TERM_FIELDS[name]] for name in FLOORS}
-        r, _ = self._send(
+        r, created = self._send(
             self.dep.registry.functions.createJob(tuple(params)), client,
             lambda t: self.model.expect_create(terms, bad), f"createJob({bad or 'valid'})", value=cfg.payment,
         )
@@ -494,7 +494,11 @@ class ContractMachine(RuleBasedStateMachine):
         jm = JobModel(
             job, client, trainer, cfg.payment, cfg.trainer_stake, cfg.challenger_bond, cfg.challenge_window,
             cfg.clock, cfg.n_intervals, honest.interval_roots, cheat is None, cfg.posting_period,
+            created_at=created, accept_period=cfg.accept_period,
         )
+        deadline = self.dep.call(self.dep.registry.functions.acceptDeadline(job))
+        if deadline != jm.accept_deadline:
+            raise self._violation("expectation", f"acceptDeadline({job}) is {deadline}, not {jm.accept_deadline}")
         self.model.create(jm)
         self.runs[job], self.honest_runs[job] = run, honest
         self.one_step[job] = cheat is None or spec["one_step"]
@@ -506,7 +510,7 @@ class ContractMachine(RuleBasedStateMachine):
     def _accept(self, j: JobModel, sender: str, value: int) -> None:
         r, t = self._send(
             self.dep.registry.functions.acceptJob(j.job), sender,
-            lambda t: self.model.expect_accept(j.job, sender, value), f"acceptJob({j.job})", value=value,
+            lambda t: self.model.expect_accept(j.job, sender, value, t), f"acceptJob({j.job})", value=value,
         )
         if r is not None:
             self.model.accept(j.job, t)
@@ -564,7 +568,7 @@ class ContractMachine(RuleBasedStateMachine):
         sender = j.client if as_client else j.trainer
         r, _ = self._send(
             self.dep.registry.functions.cancelJob(j.job), sender,
-            lambda t: self.model.expect_cancel(j.job, sender), f"cancelJob({j.job})",
+            lambda t: self.model.expect_cancel(j.job, sender, t), f"cancelJob({j.job})",
         )
         if r is not None:
             self.model.cancel(j.job)
@@ -718,9 +722,10 @@ class ContractMachine(RuleBasedStateMachine):
     def jump(self, i: int, what: str, seconds: int, delta: int) -> None:
         """Time moves on by ``seconds``, or to one second before, at or after a clock deadline, a
         window end or a game bound (the honest sides to move move first)."""
-        if what == "window":
+        if what == "window":  # (and an open job's accept deadline: accept and cancel at its edges)
             times = [j.window_end(k) for j in self.model.jobs.values() if j.status == JobStatus.ACTIVE
                      for k in range(len(j.posted))]
+            times += [j.accept_deadline for j in self.model.jobs.values() if j.status == JobStatus.OPEN]
         elif what in ("deadline", "bound"):
             times = [g.deadline() if what == "deadline" else g.bound() for g in self.model.live_games()]
         else:
@@ -1189,11 +1194,14 @@ class ContractMachine(RuleBasedStateMachine):
             if j.overdue(now):
                 self._reclaim(j, j.client)
         self.check_solvency(full=False)  # the reclaims' credits, before anything is withdrawn
+        offers = [j.accept_deadline for j in m.jobs.values() if j.status == JobStatus.OPEN]
+        if offers:  # the client may cancel once the trainer can no longer accept
+            self._jump_to(max(d.now(), max(offers) + 1))
         for j in m.jobs.values():
             if j.status == JobStatus.OPEN:
                 self._send(
                     d.registry.functions.cancelJob(j.job), j.client,
-                    lambda t, j=j: m.expect_cancel(j.job, j.client), f"drain cancelJob({j.job})",
+                    lambda t, j=j: m.expect_cancel(j.job, j.client, t), f"drain cancelJob({j.job})",
                 )
                 m.cancel(j.job)
         done = [j for j in m.jobs.values() if j.status == JobStatus.ACTIVE and len(j.posted) == j.n_intervals]

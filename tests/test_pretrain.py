@@ -79,6 +79,13 @@ def _result(capsys: pytest.CaptureFixture[str]) -> dict:
     return [x for x in lines if x.get("event") == "result"][-1]
 
 
+def _expire(proto, job: int) -> int:
+    """Moves the chain past the job's accept deadline (the client may cancel); returns the deadline."""
+    deadline = int(proto.chain.call(proto.registry.functions.acceptDeadline(job)))
+    proto.chain.advance_time(max(1, deadline + 1 - proto.chain.now()))
+    return deadline
+
+
 def _wallet(world) -> tuple[int, int, int]:
     """The trainer's balance, nonce (transactions sent) and what the registry owes it."""
     proto, _, a = world
@@ -110,7 +117,8 @@ def test_an_honest_trainer_never_stakes_on_a_job_that_diverges(demo_world, conte
         _loop(again)
     assert done.value.code == agents_cli.EXIT_REFUSED and trained == []
     assert _wallet(demo_world) == before
-    # the client gets its payment back by cancelling; the trainer lost nothing
+    # the client gets its payment back by cancelling once its offer expired; the trainer lost nothing
+    _expire(proto, job)
     proto.chain.send(proto.registry.functions.cancelJob(job), a["client"], what="cancelJob")
     assert agent.status() == "cancelled" and _wallet(demo_world) == before
 
@@ -163,8 +171,40 @@ def test_a_restarted_trainer_resumes_its_pretraining_and_posts_from_its_store(de
                                      for o in outs[2 * i: 2 * i + 2]])
 
 
-def test_the_trainer_stops_pretraining_when_the_client_cancels(demo_world, contexts, node_clock, tmp_path) -> None:
-    """The client cancels while the trainer pre-trains: it notices, stops and never accepts."""
+def test_the_client_cannot_cancel_while_the_trainer_pretrains_within_the_offer(demo_world, contexts, node_clock,
+                                                                              tmp_path) -> None:
+    """The griefing the accept period stops: before, the client cancelled after the trainer's first
+    step (its pre-training compute wasted, for free, as often as the client liked). Now cancelJob
+    reverts until the accept deadline (CancelTooEarly, with the deadline); the trainer trains on,
+    accepts."""
+    from protocol.chain import Reverted
+
+    proto, _, a = demo_world
+    ctx = contexts["finite"]
+    job = create_job(proto, a["client"], a["trainer"], ctx, TERMS)
+    deadline = int(proto.chain.call(proto.registry.functions.acceptDeadline(job)))
+    agent, trained = _agent(demo_world, ctx, job, tmp_path)
+    train = agent._train
+    refused: list[str] = []
+
+    def cancel_after_one_step(state, first, last):  # noqa: ANN001, ANN202
+        for o in train(state, first, last):
+            if o.step == 1:
+                with pytest.raises(Reverted) as e:
+                    proto.chain.send(proto.registry.functions.cancelJob(job), a["client"], what="cancelJob")
+                refused.append(str(e.value))
+            yield o
+
+    agent._train = cancel_after_one_step  # type: ignore[method-assign]
+    assert agent.accept(TERMS) and agent.status() == "active"
+    assert trained == [1, 2, 3, 4] and len(refused) == 1
+    assert f"CancelTooEarly({job}, {deadline}," in refused[0] and "firm until" in refused[0], refused
+
+
+def test_the_trainer_stops_pretraining_when_the_offer_expires_and_the_client_cancels(
+        demo_world, contexts, node_clock, tmp_path, capsys) -> None:
+    """The accept deadline passes while the trainer pre-trains (slower than it estimated): it stops
+    (acceptJob would revert), refuses by name with the times and sends nothing; the client cancels."""
     proto, _, a = demo_world
     ctx = contexts["finite"]
     job = create_job(proto, a["client"], a["trainer"], ctx, TERMS)
@@ -172,16 +212,107 @@ def test_the_trainer_stops_pretraining_when_the_client_cancels(demo_world, conte
     agent, trained = _agent(demo_world, ctx, job, tmp_path)
     train = agent._train
 
-    def cancelled_after_one_step(state, first, last):  # noqa: ANN001, ANN202
+    def slow(state, first, last):  # noqa: ANN001, ANN202
         for o in train(state, first, last):
             if o.step == 1:
-                proto.chain.send(proto.registry.functions.cancelJob(job), a["client"], what="cancelJob")
+                _expire(proto, job)
             yield o
 
-    agent._train = cancelled_after_one_step  # type: ignore[method-assign]
-    res = _loop(agent, status_every=0.0)
-    assert res["ok"] and res["status"] == "cancelled" and res["withdrawn"] == 0, res
-    assert trained == [1] and _wallet(demo_world) == before
+    agent._train = slow  # type: ignore[method-assign]
+    with pytest.raises(SystemExit) as done:
+        _loop(agent, status_every=0.0)
+    assert done.value.code == agents_cli.EXIT_REFUSED
+    (why,) = _result(capsys)["refused"]
+    assert why.startswith(f"job {job} refused: accept deadline passed: job {job} could be accepted until"), why
+    assert trained == [1] and agent.status() == "open" and _wallet(demo_world) == before
+    proto.chain.send(proto.registry.functions.cancelJob(job), a["client"], what="cancelJob")
+    assert agent.status() == "cancelled" and _wallet(demo_world) == before
+
+
+def test_the_trainer_does_not_start_a_job_whose_offer_expires_before_it_could_train_it(
+        demo_world, contexts, node_clock, tmp_path, capsys) -> None:
+    """4 steps at --step-seconds 30 with the margin of 2 need 240 s; an offer of 200 s is refused
+    before any step is trained, naming the figures; nothing is sent. Before: it trained and the
+    client could cancel at the last second (or the acceptJob reverted)."""
+    from protocol.policy import TermsPolicy
+
+    proto, _, a = demo_world
+    ctx = contexts["finite"]
+    job = create_job(proto, a["client"], a["trainer"], ctx, replace(TERMS, accept_period=200))
+    before = _wallet(demo_world)
+    agent, trained = _agent(demo_world, ctx, job, tmp_path, policy=TermsPolicy("trainer", step_seconds=30.0))
+    with pytest.raises(SystemExit) as done:
+        _loop(agent)
+    assert done.value.code == agents_cli.EXIT_REFUSED
+    (why,) = _result(capsys)["refused"]
+    left = int(proto.chain.call(proto.registry.functions.acceptDeadline(job))) - proto.chain.now()
+    assert 0 < left <= 200
+    assert f"accept deadline in {left} s (at " in why and "too soon: training the 4 steps left before accepting " \
+        f"needs 2 x 4 x 30 s = 240 s (--step-seconds, --term-margin); not starting job {job}" in why, why
+    assert trained == [] and _wallet(demo_world) == before
+    # 120 s per step do fit a day's offer (the default): 2 x 4 x 120 = 960 s
+    ok = create_job(proto, a["client"], a["trainer"], ctx, TERMS)
+    fits, _ = _agent(demo_world, ctx, ok, tmp_path / "ok", policy=TermsPolicy("trainer", step_seconds=120.0))
+    assert fits.refusals() == []
+
+
+def test_a_restarted_trainer_does_not_send_acceptJob_again(demo_world, contexts, node_clock, tmp_path) -> None:
+    """A restart after acceptJob was sent: before, ``accept`` sent it again (the job reading open
+    while it was pending, or always with --no-pretrain) and it reverted, costing gas. Now the agent
+    waits for its own pending transactions, reads the job and sends nothing for a job it accepted."""
+    proto, _, a = demo_world
+    ctx = contexts["finite"]
+    job = create_job(proto, a["client"], a["trainer"], ctx, TERMS)
+    first, _ = _agent(demo_world, ctx, job, tmp_path, pretrain=False)
+    assert first.accept(TERMS) and first.status() == "active"
+    nonce = _wallet(demo_world)[1]
+    again, trained = _agent(demo_world, ctx, job, tmp_path, pretrain=False)
+    assert again.accept(TERMS) and _wallet(demo_world)[1] == nonce and trained == []
+
+    # the acceptJob still pending when the restarted agent looks: it is mined while the agent waits
+    job2 = create_job(proto, a["client"], a["trainer"], ctx, TERMS)
+    agent, trained = _agent(demo_world, ctx, job2, tmp_path / "2")
+    waited: list[str] = []
+
+    def mined_meanwhile(sender: str, **_kw) -> bool:  # noqa: ANN003
+        waited.append(sender)
+        proto.chain.send(proto.registry.functions.acceptJob(job2), a["trainer"], value=TERMS.trainer_stake,
+                         what="the acceptJob sent before the restart")
+        return True
+
+    proto.chain.wait_pending = mined_meanwhile  # type: ignore[method-assign]
+    try:
+        nonce = _wallet(demo_world)[1]
+        assert agent.accept(TERMS) and agent.status() == "active"
+    finally:
+        del proto.chain.wait_pending
+    assert waited == [a["trainer"]] and _wallet(demo_world)[1] == nonce + 1 and trained == []
+
+
+def test_the_pretrained_roots_are_checked_once_while_their_files_are_unchanged(demo_world, contexts,
+                                                                                tmp_path) -> None:
+    """Before: every posting pass re-read the interval's records and checkpoints and re-hashed them
+    (``pretrained_root``). Now the checked root is kept with the files' fingerprint: no checkpoint
+    is read again until a file of the interval changes, then it is checked again."""
+    proto, _, a = demo_world
+    ctx = contexts["finite"]
+    job = create_job(proto, a["client"], a["trainer"], ctx, TERMS)
+    agent, _ = _agent(demo_world, ctx, job, tmp_path)
+    assert agent.pretrain_job()
+    reads: list[int] = []
+    load = agent._checkpoint
+    agent._checkpoint = lambda i: reads.append(i) or load(i)  # type: ignore[method-assign]
+    good = [agent.pretrained_root(i) for i in range(2)]
+    assert all(good) and reads  # checked once (pre-training writes, it does not check)
+    reads.clear()
+    assert [agent.pretrained_root(i) for i in range(2)] == good and reads == []
+    rec = tmp_path / str(job) / "steps" / "2.json"
+    rec.write_text(json.dumps(json.loads(rec.read_text()), indent=1))  # the same record, other bytes
+    assert agent.pretrained_root(0) == good[0] and reads  # checked again (its last record)
+    reads.clear()
+    assert agent.pretrained_root(1) == good[1] and reads  # interval 1 starts from step 2's state
+    reads.clear()
+    assert [agent.pretrained_root(i) for i in range(2)] == good and reads == []
 
 
 def test_a_damaged_pretrained_interval_is_trained_again_not_posted(demo_world, contexts, tmp_path) -> None:

@@ -21,7 +21,7 @@ def params_with(run: H.Run, trainer_addr: str, **changes: object) -> tuple:
     names = [
         "trainer", "specHash", "dataRoot", "dataSeed", "nSamples", "graphRoot", "nOps", "nSlots",
         "initialStateRoot", "nSteps", "intervalLength", "trainerStake", "challengerBond",
-        "challengeWindow", "clock", "postingPeriod",
+        "challengeWindow", "clock", "postingPeriod", "acceptPeriod",
     ]
     p = dict(zip(names, run.job_params(trainer_addr), strict=True))
     p.update(changes)
@@ -151,6 +151,7 @@ def test_registry_constructor_rejects_zero_floors_and_a_bounty_of_nothing_or_eve
 
 def test_cancelJob_by_client_before_accept_refunds_payment(dep, run):
     job = H.create_job(dep, run)
+    H.expire_offer(dep, job)
     dep.tx(dep.registry.functions.cancelJob(job), dep.client)
     assert dep.job_status(job) == JobStatus.CANCELLED
     assert dep.owed(dep.client) == CFG.payment
@@ -177,6 +178,55 @@ def test_cancelJob_after_accept_reverts(dep, run):
 def test_cancelJob_of_unknown_job_reverts(dep):
     with reverts("UnknownJob", 7):
         dep.dry(dep.registry.functions.cancelJob(7), dep.client)
+
+
+# ------------------------------------------------------------------ the accept period (a firm offer)
+
+
+def test_the_client_cannot_cancel_while_the_trainer_may_accept(dep, run):
+    """The griefing this stops: a client lets the named trainer train the job before it stakes, then
+    takes its payment back just before acceptance, for free. Before: cancelJob succeeded at once.
+    Now the offer is firm until createdAt + acceptPeriod (that second included), with the times in
+    the error; from the second after, the client cancels and the trainer can no longer accept."""
+    job = H.create_job(dep, run)
+    created = dep.job(job)["createdAt"]
+    deadline = created + CFG.accept_period
+    assert dep.call(dep.registry.functions.acceptDeadline(job)) == deadline
+    (ev,) = dep.events(dep.registry, "JobCreated")
+    assert ev.acceptDeadline == deadline and ev.params["acceptPeriod"] == CFG.accept_period
+    for t in (dep.now(), deadline - 1, deadline):
+        dep.at(t)
+        with reverts("CancelTooEarly", job, deadline, t):
+            dep.dry(dep.registry.functions.cancelJob(job), dep.client)
+        dep.dry(dep.registry.functions.acceptJob(job), dep.trainer, value=CFG.trainer_stake)  # still acceptable
+    dep.at(deadline + 1)
+    with reverts("AcceptDeadlinePassed", job, deadline, deadline + 1):
+        dep.dry(dep.registry.functions.acceptJob(job), dep.trainer, value=CFG.trainer_stake)
+    dep.tx(dep.registry.functions.cancelJob(job), dep.client)
+    assert dep.job_status(job) == JobStatus.CANCELLED and dep.owed(dep.client) == CFG.payment
+
+
+def test_the_trainer_accepts_at_the_deadline_second_and_the_client_cannot_cancel_then(dep, run):
+    job = H.create_job(dep, run)
+    deadline = dep.call(dep.registry.functions.acceptDeadline(job))
+    dep.at(deadline)
+    H.accept_job(dep, job, run)
+    assert dep.job_status(job) == JobStatus.ACTIVE and dep.job(job)["acceptedAt"] == deadline
+    with reverts("WrongJobStatus", job, JobStatus.ACTIVE, JobStatus.OPEN):
+        dep.dry(dep.registry.functions.cancelJob(job), dep.client)
+
+
+def test_the_accept_period_is_bounded(dep, run):
+    """Zero (no firm offer) and more than a year (a period in milliseconds by mistake) revert; 1 s
+    and the cap itself are taken."""
+    for bad in (0, H.MAX_ACCEPT_PERIOD + 1, 86_400_000):
+        with reverts("InvalidJobParam", "acceptPeriod", bad):
+            dep.dry(dep.registry.functions.createJob(params_with(run, dep.trainer, acceptPeriod=bad)), dep.client)
+    for ok in (1, H.MAX_ACCEPT_PERIOD):
+        dep.dry(dep.registry.functions.createJob(params_with(run, dep.trainer, acceptPeriod=ok)), dep.client)
+    from protocol.jobs import MAX_ACCEPT_PERIOD  # the client CLI's check before sending
+
+    assert MAX_ACCEPT_PERIOD == H.MAX_ACCEPT_PERIOD
 
 
 # ------------------------------------------------------------------ accept
@@ -327,6 +377,7 @@ class _Silent(H.Challenger):
 
 def test_withdraw_pays_credit_once_and_double_withdraw_reverts(dep, run):
     job = H.create_job(dep, run)
+    H.expire_offer(dep, job)
     dep.tx(dep.registry.functions.cancelJob(job), dep.client)
     before = dep.w3.eth.get_balance(dep.client)
     r = dep.tx(dep.registry.functions.withdraw(), dep.client)
@@ -349,6 +400,7 @@ def _receiver_client(dep: H.Deployment, run: H.Run):
     data = dep.registry.encode_abi("createJob", [run.job_params(dep.trainer)])
     dep.tx(recv.functions.exec(dep.registry.address, data), dep.client, value=CFG.payment)
     job = dep.call(dep.registry.functions.jobCount())
+    H.expire_offer(dep, job)
     dep.tx(recv.functions.exec(dep.registry.address, dep.registry.encode_abi("cancelJob", [job])), dep.client)
     assert dep.owed(recv.address) == CFG.payment
     return recv

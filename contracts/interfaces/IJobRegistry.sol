@@ -20,12 +20,19 @@ import {Interval, Job, JobId, JobParams, JobStatus} from "contracts/lib/GameType
 ///      (Cancelled, Finalized).
 interface IJobRegistry {
     /// @notice Emitted when a client creates a job.
+    /// @param acceptDeadline Last second at which the trainer may accept (createdAt + acceptPeriod);
+    ///        the client may cancel only after it.
     event JobCreated(
-        JobId indexed job, address indexed client, address indexed trainer, JobParams params, uint256 payment
+        JobId indexed job,
+        address indexed client,
+        address indexed trainer,
+        JobParams params,
+        uint256 payment,
+        uint256 acceptDeadline
     );
     /// @notice Emitted when the trainer accepts a job with its stake.
     event JobAccepted(JobId indexed job, address indexed trainer, uint256 stake);
-    /// @notice Emitted when the client cancels a job that was not accepted.
+    /// @notice Emitted when the client cancels a job that was not accepted by its accept deadline.
     event JobCancelled(JobId indexed job, uint256 refund);
     /// @notice Emitted when the trainer posts interval `index` covering steps firstStep..firstStep+size-1.
     /// @param windowEnd Last second at which the interval can be challenged (before any extension):
@@ -73,16 +80,26 @@ interface IJobRegistry {
     /// @dev Reverts with `InvalidJobParam` when trainer is zero, nOps/nSteps/intervalLength/
     ///      nSamples is zero, or nSlots is not in 1..1024; with `TermBelowFloor` when challengeWindow,
     ///      clock, postingPeriod or challengerBond is below the deployment's floor (`minChallengeWindow`,
-    ///      `minClock`, `minPostingPeriod`, `minChallengerBond`).
+    ///      `minClock`, `minPostingPeriod`, `minChallengerBond`); with `InvalidJobParam` when
+    ///      acceptPeriod is 0 or above MAX_ACCEPT_PERIOD (365 days). The offer is firm until
+    ///      `acceptDeadline` = now + acceptPeriod: the trainer may accept until then, the client may
+    ///      cancel only after.
     /// @param params The job's immutable parameters.
     /// @return job The new job's id (ids start at 1).
     function createJob(JobParams calldata params) external payable returns (JobId job);
 
-    /// @notice The client takes its payment back (credited) while the trainer has not accepted.
+    /// @notice The client takes its payment back (credited) once the trainer has let the accept
+    ///         deadline pass without accepting. Before it the offer is firm: a trainer may be training
+    ///         the job to check it before staking, and a cancel would waste that compute for free.
+    /// @dev Reverts with `Unauthorized` (not the client), `WrongJobStatus` (not Open) and
+    ///      `CancelTooEarly(job, acceptDeadline, now)` while now <= acceptDeadline.
     /// @param job The job to cancel; must be Open and called by its client.
     function cancelJob(JobId job) external;
 
     /// @notice The job's trainer accepts it, sending exactly `trainerStake`; the job becomes Active.
+    /// @dev Reverts with `Unauthorized` (not the trainer), `WrongJobStatus` (not Open), `WrongValue`
+    ///      and `AcceptDeadlinePassed(job, acceptDeadline, now)` once now > acceptDeadline (the offer
+    ///      expired: the client may cancel).
     /// @param job The job to accept; must be Open.
     function acceptJob(JobId job) external payable;
 
@@ -282,6 +299,11 @@ interface IJobRegistry {
     /// @param job The job.
     /// @param index The interval.
     function postingDeadline(JobId job, uint64 index) external view returns (uint256);
+
+    /// @notice Last second at which the trainer may accept the job and before which its client
+    ///         cannot cancel it: createdAt + acceptPeriod (reverts with `UnknownJob`).
+    /// @param job The job.
+    function acceptDeadline(JobId job) external view returns (uint256);
 
     /// @notice Wei held for the job (see the solvency invariant).
     /// @param job The job.

@@ -101,6 +101,11 @@ enum Ruling {
 /// @param postingPeriod Seconds the trainer has per interval: interval i is due by
 ///        acceptedAt + (i + 1) * postingPeriod; once the next one is overdue the client may
 ///        reclaim the job (payment and the bounty to the client, the rest of the stake burned).
+/// @param acceptPeriod Seconds, counted from `createJob`, during which the offer is firm: until
+///        createdAt + acceptPeriod (the accept deadline, inclusive) the named trainer may accept and
+///        the client cannot cancel; after it the trainer can no longer accept and the client may
+///        cancel. So a trainer that trains the job before it stakes (its pre-training) knows how
+///        long the payment stays on offer (1..MAX_ACCEPT_PERIOD).
 struct JobParams {
     address trainer;
     bytes32 specHash;
@@ -118,6 +123,7 @@ struct JobParams {
     uint64 challengeWindow;
     uint64 clock;
     uint64 postingPeriod;
+    uint64 acceptPeriod;
 }
 
 /// @notice A job's registry record.
@@ -128,6 +134,7 @@ struct JobParams {
 /// @param nextInterval Number of intervals posted so far (the next index to post).
 /// @param openGames Games on this job that are neither resolved nor closed.
 /// @param acceptedAt Unix time of `acceptJob` (0 before).
+/// @param createdAt Unix time of `createJob` (the accept deadline is createdAt + acceptPeriod).
 struct Job {
     JobParams params;
     address client;
@@ -136,6 +143,7 @@ struct Job {
     uint64 nextInterval;
     uint32 openGames;
     uint64 acceptedAt;
+    uint64 createdAt;
 }
 
 /// @notice One posted interval.
@@ -254,6 +262,9 @@ uint256 constant MAX_RANK = 16;
 uint256 constant MAX_NUMEL = 2 ** 63;
 /// @dev Most state components of a job (Merkle.rootOf's bound).
 uint256 constant MAX_SLOTS = 1024;
+/// @dev Longest acceptPeriod of a job (365 days): the client's payment is locked that long at most
+///      if the trainer never answers; a period in milliseconds by mistake (1 day = 86,400,000) is refused.
+uint256 constant MAX_ACCEPT_PERIOD = 365 days;
 
 // ---------------------------------------------------------------- errors: registry
 
@@ -303,6 +314,13 @@ error TransferFailed(address to, uint256 amount);
 /// @param index The next interval to post (nIntervals when all are posted).
 /// @param deadline Last second at which interval `index` may be posted before the job can be reclaimed.
 error PostingNotOverdue(JobId job, uint64 index, uint256 deadline, uint256 now_);
+/// @notice Thrown when a client cancels its job while the trainer may still accept it.
+/// @param acceptDeadline Last second at which the trainer may accept (createdAt + acceptPeriod);
+///        the client may cancel from the second after.
+error CancelTooEarly(JobId job, uint256 acceptDeadline, uint256 now_);
+/// @notice Thrown when a trainer accepts a job after its accept deadline (the offer has expired).
+/// @param acceptDeadline Last second at which the trainer could accept (createdAt + acceptPeriod).
+error AcceptDeadlinePassed(JobId job, uint256 acceptDeadline, uint256 now_);
 /// @notice Thrown when the dispute game is already set or is the zero address.
 error GameAlreadySet(address game);
 /// @notice Thrown when the availability contract is already set or is the zero address.
