@@ -818,7 +818,7 @@ def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transp
     weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE; groups > 1: one such conv per
     group (SLICEs), concatenated (PAD, ADD)."""
     if transposed:
-        raise UnsupportedOp("transposed convolution (use nn.Upsample(mode='nearest') and a convolution)")
+        return _transposed_convolution(L, node, x, w, bias, stride, padding, dilation, output_padding, groups)
     if groups != 1:
         return _grouped_convolution(L, node, x, w, bias, stride, padding, dilation, groups)
     tx, tw = L.t(x), L.t(w)
@@ -863,6 +863,62 @@ def _grouped_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation
         padded = L.g.pad(p, 1, k * co, n_out)
         out = padded if out is None else L.g.add(out, padded)
     return Sym(out)
+
+
+def _transposed_table(size: Sequence[int], out: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                      padding: Sequence[int], dilation: Sequence[int]) -> np.ndarray:
+    """For each output position (row) and kernel tap (column) of a transposed convolution the flat input
+    position it reads, -1 where none does: output ``o`` reads input ``i`` through tap ``t`` when
+    ``o = i*stride - padding + t*dilation`` (the scatter of the forward, written as a gather)."""
+    grids = []
+    for n, o, k, s, p, d in zip(size, out, kernel, stride, padding, dilation):
+        num = np.arange(o)[:, None] + p - np.arange(k)[None, :] * d  # (o, k): i * s
+        i = np.floor_divide(num, s)
+        grids.append(np.where((num % s == 0) & (i >= 0) & (i < n), i, -1))
+    if len(size) == 1:
+        return grids[0].astype(np.float32)
+    ph, pw = grids
+    h, w = ph[:, None, :, None], pw[None, :, None, :]
+    table = np.where((h >= 0) & (w >= 0), h * size[1] + w, -1)
+    return table.reshape(out[0] * out[1], kernel[0] * kernel[1]).astype(np.float32)
+
+
+def _transposed_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, output_padding,
+                            groups: int) -> Sym:
+    """``conv_transpose1d/2d`` (``nn.ConvTranspose1d/2d``): TAKE of the input by a CONST table (output
+    position x kernel tap -> the input element that tap scatters there, -1 where none: reads +0), then one
+    MATMUL with the weights (and bias) per output element, as a convolution's; groups: one per group (SLICEs),
+    concatenated (PAD, ADD). Its VJP is the convolution of the output gradient (TAKE's inverse table)."""
+    tx, tw = L.t(x), L.t(w)
+    if tx.rank not in (3, 4):
+        raise UnsupportedOp(f"transposed convolution of a rank-{tx.rank} input (only 1-D and 2-D)")
+    nsp = tx.rank - 2
+    N, C, *S = tx.shape
+    out = tuple(out_shape(node)[2:])
+    stride, padding, dilation = (_spatial(v, nsp) for v in (stride, padding, dilation))
+    table = _transposed_table(S, out, tw.shape[2:], stride, padding, dilation)
+    co, K = tw.shape[1], math.prod(tw.shape[2:])
+    if C % groups:
+        raise UnsupportedOp(f"transposed convolution with groups={groups}: {C} input channels do not divide")
+    ci = C // groups
+    tb = L.t(bias) if bias is not None else None
+    flat = L.reshape(tx, (N, C, math.prod(S)))
+    idx = L.g.const(table, "transposed_patch_table")
+    P = math.prod(out)
+    parts = []
+    for k in range(groups):
+        xk = flat if groups == 1 else L.g.slice(flat, 1, k * ci, ci)
+        wk = tw if groups == 1 else L.g.slice(tw, 0, k * ci, ci)  # (ci, co, *K)
+        bk = tb if groups == 1 or tb is None else L.g.slice(tb, 0, k * co, co)
+        patches = L.g.take(xk, idx, 2)  # (N, ci, P, K)
+        cols = L.reshape(L.perm(patches, [0, 2, 1, 3]), (N * P, ci * K))
+        wmat = L.reshape(L.perm(L.reshape(wk, (ci, co, K)), [1, 0, 2]), (co, ci * K))
+        y = L.g.matmul(cols, wmat, bk)  # (N*P, co)
+        parts.append(L.perm(L.reshape(y, (N, P, co)), [0, 2, 1]))
+    y = parts[0]
+    for k, p in enumerate(parts[1:], 1):
+        y = L.g.add(L.g.pad(y, 1, 0, co * groups) if k == 1 else y, L.g.pad(p, 1, k * co, co * groups))
+    return Sym(L.reshape(y, (N, co * groups, *out)))
 
 
 @lowering(aten.max_pool2d_with_indices.default)
