@@ -976,6 +976,60 @@ def _upsample_nearest2d(L: Lowerer, node, x, output_size=None, scale_factors=Non
     return Sym(L.g.take(t, L.g.const(cols.astype(np.float32), "upsample_cols"), 3))
 
 
+_LINEAR_UPSAMPLES = {
+    aten.upsample_linear1d.vec: aten.upsample_linear1d.default,
+    aten.upsample_linear1d.default: aten.upsample_linear1d.default,
+    aten.upsample_bilinear2d.vec: aten.upsample_bilinear2d.default,
+    aten.upsample_bilinear2d.default: aten.upsample_bilinear2d.default,
+    aten.upsample_bicubic2d.vec: aten.upsample_bicubic2d.default,
+    aten.upsample_bicubic2d.default: aten.upsample_bicubic2d.default,
+}
+
+
+def _interpolation_matrix(op: Any, nsp: int, axis: int, n_in: int, n_out: int, align_corners: bool,
+                          scale: float | None) -> np.ndarray:
+    """The ``(n_out, n_in)`` weights of one spatial axis of a separable interpolation ``op``, from torch's own
+    kernel in FP64: column ``c`` is the output of the basis vector ``e_c`` on that axis (the other axes of size
+    1, which map to themselves with weight 1)."""
+    shape = [1] * nsp
+    shape[axis] = n_in
+    basis = torch.eye(n_in, dtype=torch.float64).reshape(1, n_in, *shape)
+    size = [1] * nsp
+    size[axis] = n_out
+    scales = [None] * nsp
+    scales[axis] = scale
+    out = op(basis, size, align_corners, *scales)
+    return out.reshape(n_in, n_out).T.numpy()
+
+
+@lowering(*_LINEAR_UPSAMPLES)
+def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False, *scales):
+    """Linear / bilinear / bicubic upsampling (``nn.Upsample``, ``F.interpolate``; either ``align_corners``): a
+    fixed linear map per spatial axis, one MATMUL per axis with a CONST ``(out, in)`` weight matrix (torch's own
+    weights: its kernel in FP64 on basis vectors)."""
+    tx = L.t(x)
+    nsp = tx.rank - 2
+    out = tuple(out_shape(node)[2:])
+    if node.target in (aten.upsample_linear1d.vec, aten.upsample_bilinear2d.vec, aten.upsample_bicubic2d.vec):
+        factors = scales[0] if scales else None
+        per_axis = list(factors) if factors else [None] * nsp
+    else:
+        per_axis = list(scales) + [None] * (nsp - len(scales))
+    op = _LINEAR_UPSAMPLES[node.target]
+    y = tx
+    for axis in reversed(range(nsp)):  # the last spatial axis first, each moved last for its MATMUL
+        n_in, n_out = tx.shape[2 + axis], out[axis]
+        A = _interpolation_matrix(op, nsp, axis, n_in, n_out, bool(align_corners), per_axis[axis])
+        if n_in == n_out and np.array_equal(A, np.eye(n_in)):
+            continue
+        t, back = L.to_last(y, 2 + axis)
+        rows = L.reshape(t, (math.prod(t.shape[:-1]), n_in))
+        r = L.reshape(L.g.matmul(rows, L.g.const(A.astype(np.float32), "interpolation_weights")),
+                      t.shape[:-1] + (n_out,))
+        y = L.perm(r, back) if back else r
+    return Sym(y)
+
+
 @lowering(aten.avg_pool2d.default)
 def _avg_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
@@ -1495,9 +1549,10 @@ NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.
                      aten.rand_like.default, aten.randn_like.default, aten.randint.default})
 """Ops never evaluated at build time even when every input is known (they are random)."""
 
-KEPT_WHOLE = (aten.softplus.default, aten.mish.default)
-"""Ops kept out of torch's decompositions: theirs compute ``exp(a)`` for every ``a`` and select the
-threshold branch afterwards (an overflow to inf in FP32); their lowerings here are finite for every input."""
+KEPT_WHOLE = (aten.softplus.default, aten.mish.default, aten.upsample_bicubic2d.vec)
+"""Ops kept out of torch's decompositions: softplus' and mish's compute ``exp(a)`` for every ``a`` and select
+the threshold branch afterwards (an overflow to inf in FP32), their lowerings here are finite for every input;
+bicubic upsampling's gathers with several index tensors, its lowering is one MATMUL per axis."""
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
