@@ -718,14 +718,39 @@ def _amin(L: Lowerer, node, a, dim=(), keepdim=False):
 
 @lowering(aten.max.dim, aten.min.dim)
 def _max_dim(L: Lowerer, node, a, dim, keepdim=False):
-    """``a.max(dim).values`` (min: of ``-a``, negated): one MAX (gradient: MAX_GRAD, to the first maximum, as
-    torch's index); the indices output is refused."""
-    if 1 in _used_outputs(node):
-        raise UnsupportedOp("max/min's indices output (argmax has no exact primitive here; use the values)")
+    """``a.max(dim)`` (min: of ``-a``, negated): the values by one MAX (gradient: MAX_GRAD, to the first maximum,
+    as torch's index); the indices, where used, as the `argmax` lowering."""
     t = L.t(a)
     neg = node.target == aten.min.dim
     v = L.reduce(L.g.neg(t) if neg else t, [dim], keepdim, "max")
-    return (Sym(L.g.neg(v) if neg else v), None)
+    idx = _argmax_t(L, L.g.neg(t) if neg else t, dim, keepdim) if 1 in _used_outputs(node) else None
+    return (Sym(L.g.neg(v) if neg else v), Sym(idx, torch.int64) if idx is not None else None)
+
+
+def _argmax_t(L: Lowerer, t: T, dim: int | None, keepdim: bool) -> T:
+    """The index of the first maximum along ``dim`` (all elements when None): ``m = MAX(a)``, then
+    ``n - MAX(SELECT(a - m, 0, n - i))`` (``a - m`` is zero exactly at the maxima; every value an exact
+    integer); no gradient (MAX as a constant)."""
+    if dim is None:
+        x, shape = L.reshape(t, (1, math.prod(t.shape))), (1,) * t.rank if keepdim else (1,)
+    else:
+        dim %= t.rank
+        x, _ = L.to_last(t, dim)
+        shape = tuple(1 if i == dim else s for i, s in enumerate(t.shape)) if keepdim else \
+            tuple(s for i, s in enumerate(t.shape) if i != dim)
+    n = x.shape[-1]
+    m = L.g.max(x)
+    desc = L.g.const(np.arange(n, 0, -1, dtype=np.float32).reshape((1,) * (x.rank - 1) + (n,)), "n_minus_index")
+    score = L.g.select(L.g.sub(x, m), L.scalar_const(0.0, x.rank), desc)
+    return L.reshape(L.g.rsub_s(float(n), L.g.max(score)), shape or (1,))
+
+
+@lowering(aten.argmax.default, aten.argmin.default)
+def _argmax(L: Lowerer, node, a, dim=None, keepdim=False):
+    """``argmax`` (argmin: of ``-a``) along ``dim``: the index of the first maximum, as torch: MAX, SUB, SELECT of
+    CONST ``n - i`` where ``a - max`` is zero, MAX, RSUB_S (exact integers; no gradient)."""
+    t = L.t(a)
+    return Sym(_argmax_t(L, L.g.neg(t) if node.target == aten.argmin.default else t, dim, keepdim), torch.int64)
 
 
 def _softmax_last(L: Lowerer, x: T, log: bool) -> T:
@@ -942,19 +967,47 @@ def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation
     return (Sym(L.reshape(m, (N, C, *out))), None)
 
 
+def _adaptive_windows(L: Lowerer, x: T, out: tuple[int, int], kind: str) -> T:
+    """Adaptive pooling of ``x [N, C, H, W]`` to ``out`` with torch's windows (rows ``floor(i H / oh)`` to
+    ``ceil((i + 1) H / oh)``, the same for columns; windows of different sizes when ``out`` does not divide
+    the input): TAKE by a CONST table padded to the longest window with -1, then ``mean``: SUM and DIV by the
+    window sizes (a CONST); ``max``: SELECT of the padding to -2^100, then MAX (gradient to the first maximum)."""
+    N, C, H, W = x.shape
+    grids, sizes = [], []
+    for n, o in zip((H, W), out):
+        lo = [(i * n) // o for i in range(o)]
+        hi = [-(-((i + 1) * n) // o) for i in range(o)]
+        k = max(b - a for a, b in zip(lo, hi))
+        pos = np.array([[a + j if a + j < b else -1 for j in range(k)] for a, b in zip(lo, hi)])
+        grids.append(pos)
+        sizes.append(np.array([b - a for a, b in zip(lo, hi)], np.float32))
+    ph, pw = grids
+    h, w = ph[:, None, :, None], pw[None, :, None, :]
+    table = np.where((h >= 0) & (w >= 0), h * W + w, -1).reshape(out[0] * out[1], -1).astype(np.float32)
+    patches = L.g.take(L.reshape(x, (N, C, H * W)), L.g.const(table, "adaptive_windows"), 2)  # (N, C, P, k)
+    if kind == "max":
+        valid = L.g.const((table >= 0).astype(np.float32)[None, None], "pool_valid")
+        y = L.g.max(L.g.select(valid, patches, L.scalar_const(-BIG, 4)), differentiable=True)
+    else:
+        counts = (sizes[0][:, None] * sizes[1][None, :]).reshape(1, 1, -1, 1)
+        y = L.g.div(L.g.sum(patches), L.g.const(counts, "window_sizes"))
+    return L.reshape(y, (N, C, *out))
+
+
 @lowering(aten.adaptive_max_pool2d.default)
 def _adaptive_max_pool2d(L: Lowerer, node, x, output_size):
-    """Adaptive max pool to a size dividing the input: the `max_pool2d_with_indices` lowering with kernel = stride
-    (gradient to the first maximum, as torch's index); the indices output is refused."""
+    """Adaptive max pool: to a size dividing the input the `max_pool2d_with_indices` lowering with kernel = stride,
+    else TAKE of torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``) padded to the longest by SELECT to
+    -2^100, one MAX each (gradient to the first maximum, as torch's index); the indices output is refused."""
     tx = L.t(x)
     H, W = tx.shape[-2:]
     oh, ow = _spatial(output_size, 2)
-    if H % oh or W % ow:
-        raise UnsupportedOp(f"adaptive_max_pool2d from {H}x{W} to {oh}x{ow} (the output must divide the input)")
     if 1 in _used_outputs(node):
         raise UnsupportedOp("adaptive_max_pool2d's indices output (return_indices=True)")
     if tx.rank != 4:
         raise UnsupportedOp(f"adaptive_max_pool2d of a rank-{tx.rank} input (only N, C, H, W)")
+    if H % oh or W % ow:
+        return (Sym(_adaptive_windows(L, tx, (oh, ow), "max")), None)
     return _max_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
 
 
@@ -1049,12 +1102,17 @@ def _avg_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, ceil_mod
 
 @lowering(aten._adaptive_avg_pool2d.default)
 def _adaptive_avg_pool2d(L: Lowerer, node, x, output_size):
-    """Adaptive average pool to a size dividing the input: :func:`_avg_pool2d` with kernel = stride."""
+    """Adaptive average pool: to a size dividing the input :func:`_avg_pool2d` with kernel = stride, else TAKE of
+    torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``, padded to the longest: reads +0), one SUM
+    each, DIV by the window's size (a CONST)."""
     tx = L.t(x)
     H, W = tx.shape[-2:]
     oh, ow = _spatial(output_size, 2)
+    if tx.rank == 4 and (H % oh or W % ow):
+        return Sym(_adaptive_windows(L, tx, (oh, ow), "mean"))
     if H % oh or W % ow:
-        raise UnsupportedOp(f"adaptive_avg_pool2d from {H}x{W} to {oh}x{ow} (the output must divide the input)")
+        raise UnsupportedOp(f"adaptive_avg_pool2d of a rank-{tx.rank} input from {H}x{W} to {oh}x{ow} (only "
+                            "N, C, H, W when the output does not divide the input)")
     if (oh, ow) == (1, 1):
         return Sym(L.reduce(tx, [-2, -1], True, "mean"))
     return _avg_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
@@ -1378,7 +1436,8 @@ def _cumsum(L: Lowerer, node, a, dim, dtype=None):
     reduction is over the prefix; equal to torch in FP64)."""
     x, back = L.to_last(L.t(a), dim)
     n = x.shape[-1]
-    y = L.g.matmul(x, L.g.const(np.tril(np.ones((n, n), np.float32)), "prefix"))
+    rows = x if x.rank == 2 else L.reshape(x, (math.prod(x.shape[:-1]), n))  # MATMUL's operands: equal ranks
+    y = L.reshape(L.g.matmul(rows, L.g.const(np.tril(np.ones((n, n), np.float32)), "prefix")), x.shape)
     return Sym(L.perm(y, back) if back else y)
 
 
