@@ -266,10 +266,73 @@ def _div(L: Lowerer, node, a, b):
 
 @lowering(aten.div.Tensor_mode)
 def _div_mode(L: Lowerer, node, a, b, rounding_mode=None):
-    """``a / b`` with ``rounding_mode=None`` only (floor/trunc division has no exact primitive)."""
-    if rounding_mode is not None:
+    """``a / b``; ``rounding_mode`` ``'floor'`` / ``'trunc'``: the `floor` / `trunc` lowering of the rounded
+    quotient (exact for integers below 2^24)."""
+    if rounding_mode is None:
+        return _div(L, node, a, b)
+    if rounding_mode not in ("floor", "trunc"):
         raise UnsupportedOp(f"div with rounding_mode={rounding_mode!r}")
-    return _div(L, node, a, b)
+    q = _div(L, node, a, b).t
+    return Sym(_floor_t(L, q) if rounding_mode == "floor" else _trunc_t(L, q), _out_dtype(node))
+
+
+FLOOR_RANGE = 2**23
+"""FP32 values of this magnitude or more are integers: `floor` searches ``[-2^23, 2^23)`` only."""
+
+
+def _out_dtype(node) -> torch.dtype:
+    """The torch dtype of a node's output (integer results stay integer ids for later casts)."""
+    val = node.meta.get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else torch.float32
+
+
+def _floor_t(L: Lowerer, t: T) -> T:
+    """``floor(t)`` by binary search over the integers: ``acc = -2^23``, then for ``k = 23..0`` ``acc += 2^k``
+    where ``acc + 2^k <= t`` (ADD_S, SUB, RELU, SELECT: every value an integer, every comparison the sign of a
+    difference, so exact in FP32 and FP64); ``|t| >= 2^23`` is already an integer. No gradient (as torch)."""
+    r = t.rank
+    acc = L.scalar_const(-float(FLOOR_RANGE), r)
+    for k in range(FLOOR_RANGE.bit_length() - 1, -1, -1):
+        cand = L.g.add_s(acc, float(2**k))
+        acc = L.g.select(L.g.relu(L.g.sub(cand, t)), acc, cand)
+    frozen = L.g._op(OpKind.RESHAPE, [t], t.shape)  # t itself where it is already an integer, without a gradient
+    L.g.no_grad.add(frozen.op)
+    mag = L.g.add(L.g.relu(t), L.g.relu(L.g.neg(t)))
+    return L.g.select(L.g.relu(L.g.rsub_s(float(FLOOR_RANGE), mag)), acc, frozen)
+
+
+def _trunc_t(L: Lowerer, t: T) -> T:
+    """``trunc(t)``: ``floor(|t|)`` with t's sign (SELECT on RELU(t))."""
+    pos = L.g.relu(t)
+    f = _floor_t(L, L.g.add(pos, L.g.relu(L.g.neg(t))))
+    return L.g.select(pos, f, L.g.neg(f))
+
+
+@lowering(aten.floor.default, aten.ceil.default, aten.trunc.default)
+def _floor(L: Lowerer, node, a):
+    """``floor(a)`` by binary search over the integers in ``[-2^23, 2^23)`` (24 rounds of ADD_S, SUB, RELU, SELECT;
+    exact); ``ceil(a) = -floor(-a)``; ``trunc(a) = sign(a) floor(|a|)``. No gradient (as torch)."""
+    t = L.t(a)
+    if node.target == aten.ceil.default:
+        return Sym(L.g.neg(_floor_t(L, L.g.neg(t))), _out_dtype(node))
+    return Sym((_floor_t if node.target == aten.floor.default else _trunc_t)(L, t), _out_dtype(node))
+
+
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(L: Lowerer, node, a, b):
+    """``a // b``: the `floor` lowering of the rounded quotient ``a / b`` (exact for integers below 2^24)."""
+    return Sym(_floor_t(L, _div(L, node, a, b).t), _out_dtype(node))
+
+
+@lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, aten.fmod.Tensor,
+          aten.fmod.Scalar)
+def _remainder(L: Lowerer, node, a, b):
+    """``remainder(a, b) = a - b floor(a / b)`` (fmod: ``trunc``) with the `floor` lowering of the rounded
+    quotient: DIV, floor, MUL, SUB (gradients 1 and ``-floor(a / b)``, as torch; equal to torch in FP64 except
+    where ``a / b`` rounds onto an integer, exact for integers below 2^24)."""
+    q = _div(L, node, a, b).t
+    f = _trunc_t(L, q) if node.target in (aten.fmod.Tensor, aten.fmod.Scalar) else _floor_t(L, q)
+    return Sym(_sub(L, node, a, _mul(L, node, b, Sym(f))).t, _out_dtype(node))
 
 
 @lowering(aten.neg.default)
