@@ -904,7 +904,9 @@ def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation) -> tupl
 def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     """1-D/2-D conv: TAKE of the input patches by a CONST table (-1: zero padding), then one MATMUL with the
     weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE; groups > 1: one such conv per
-    group (SLICEs), concatenated (PAD, ADD)."""
+    group (SLICEs), concatenated (PAD, ADD). Transposed (``nn.ConvTranspose1d/2d``): the same with the table of
+    the input element each tap scatters to each output position (-1 where none: the zeros a transposed conv
+    inserts between inputs read +0)."""
     if transposed:
         return _transposed_convolution(L, node, x, w, bias, stride, padding, dilation, output_padding, groups)
     if groups != 1:
@@ -1074,16 +1076,17 @@ def _adaptive_max_pool2d(L: Lowerer, node, x, output_size):
     return _max_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
 
 
-@lowering(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default)
+@lowering(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
+          aten._upsample_nearest_exact2d.default)
 def _upsample_nearest2d(L: Lowerer, node, x, output_size=None, scale_factors=None, *rest):
-    """Nearest upsampling: one TAKE per spatial axis by a CONST table of the source rows / columns (the
-    table is torch's own: ``upsample_nearest2d`` of the positions)."""
+    """Nearest upsampling (``mode='nearest'`` or ``'nearest-exact'``): one TAKE per spatial axis by a CONST table of
+    the source rows / columns (the table is torch's own: the op on the positions)."""
     tx = L.t(x)
     N, C, H, W = tx.shape
     oh, ow = out_shape(node)[-2:]
     pos = torch.arange(H * W, dtype=torch.float64).reshape(1, 1, H, W)
-    src = node.target(pos, *((output_size, scale_factors) if node.target == aten.upsample_nearest2d.vec
-                              else (output_size, *rest)))
+    src = node.target(pos, *((output_size, scale_factors) if node.target._overloadname == "vec"
+                              else (output_size, scale_factors, *rest)))
     table = src.reshape(oh, ow).numpy()
     rows, cols = (table // W)[:, 0], (table % W)[0, :]
     if not (np.array_equal(table, rows[:, None] * W + cols[None, :])):
@@ -1099,34 +1102,41 @@ _LINEAR_UPSAMPLES = {
     aten.upsample_bilinear2d.default: aten.upsample_bilinear2d.default,
     aten.upsample_bicubic2d.vec: aten.upsample_bicubic2d.default,
     aten.upsample_bicubic2d.default: aten.upsample_bicubic2d.default,
+    aten._upsample_bilinear2d_aa.vec: aten._upsample_bilinear2d_aa.default,
+    aten._upsample_bilinear2d_aa.default: aten._upsample_bilinear2d_aa.default,
+    aten.upsample_trilinear3d.vec: aten.upsample_trilinear3d.default,
+    aten.upsample_trilinear3d.default: aten.upsample_trilinear3d.default,
 }
 
 
 def _interpolation_matrix(op: Any, nsp: int, axis: int, n_in: int, n_out: int, align_corners: bool,
-                          scale: float | None) -> np.ndarray:
+                          scale: float | None, sizes: tuple[Sequence[int], Sequence[int]] | None = None) -> np.ndarray:
     """The ``(n_out, n_in)`` weights of one spatial axis of a separable interpolation ``op``, from torch's own
     kernel in FP64: column ``c`` is the output of the basis vector ``e_c`` on that axis (the other axes of size
-    1, which map to themselves with weight 1)."""
-    shape = [1] * nsp
-    shape[axis] = n_in
-    basis = torch.eye(n_in, dtype=torch.float64).reshape(1, n_in, *shape)
-    size = [1] * nsp
-    size[axis] = n_out
+    1, which map to themselves with weight 1; with ``sizes``, (input, output) spatial sizes, the other axes keep
+    theirs and hold ones, whose weights sum to 1: antialiasing treats a size-1 axis differently)."""
+    shape, size = [1] * nsp, [1] * nsp
+    if sizes is not None:
+        shape, size = list(sizes[0]), list(sizes[1])
+    shape[axis], size[axis] = n_in, n_out
+    ones = [1] * nsp
+    ones[axis] = n_in
+    basis = torch.eye(n_in, dtype=torch.float64).reshape(n_in, 1, *ones).expand(n_in, 1, *shape).contiguous()
     scales = [None] * nsp
     scales[axis] = scale
     out = op(basis, size, align_corners, *scales)
-    return out.reshape(n_in, n_out).T.numpy()
+    return out.movedim(2 + axis, -1).reshape(n_in, -1, n_out)[:, 0, :].T.numpy()
 
 
 @lowering(*_LINEAR_UPSAMPLES)
 def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False, *scales):
-    """Linear / bilinear / bicubic upsampling (``nn.Upsample``, ``F.interpolate``; either ``align_corners``): a
-    fixed linear map per spatial axis, one MATMUL per axis with a CONST ``(out, in)`` weight matrix (torch's own
-    weights: its kernel in FP64 on basis vectors)."""
+    """Linear / bilinear / bicubic / trilinear resizing (``nn.Upsample``, ``F.interpolate``; either
+    ``align_corners``, ``antialias``): a fixed linear map per spatial axis, one MATMUL per axis with a CONST
+    ``(out, in)`` weight matrix (torch's own weights: its kernel in FP64 on basis vectors)."""
     tx = L.t(x)
     nsp = tx.rank - 2
     out = tuple(out_shape(node)[2:])
-    if node.target in (aten.upsample_linear1d.vec, aten.upsample_bilinear2d.vec, aten.upsample_bicubic2d.vec):
+    if node.target._overloadname == "vec":
         factors = scales[0] if scales else None
         per_axis = list(factors) if factors else [None] * nsp
     else:
@@ -1135,7 +1145,8 @@ def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False,
     y = tx
     for axis in reversed(range(nsp)):  # the last spatial axis first, each moved last for its MATMUL
         n_in, n_out = tx.shape[2 + axis], out[axis]
-        A = _interpolation_matrix(op, nsp, axis, n_in, n_out, bool(align_corners), per_axis[axis])
+        A = _interpolation_matrix(op, nsp, axis, n_in, n_out, bool(align_corners), per_axis[axis],
+                                  (tx.shape[2:], out) if op == aten._upsample_bilinear2d_aa.default else None)
         if n_in == n_out and np.array_equal(A, np.eye(n_in)):
             continue
         t, back = L.to_last(y, 2 + axis)
@@ -1671,10 +1682,12 @@ NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.
                      aten.rand_like.default, aten.randn_like.default, aten.randint.default})
 """Ops never evaluated at build time even when every input is known (they are random)."""
 
-KEPT_WHOLE = (aten.softplus.default, aten.mish.default, aten.upsample_bicubic2d.vec)
+KEPT_WHOLE = (aten.softplus.default, aten.mish.default, aten.upsample_bicubic2d.vec, aten.upsample_trilinear3d.vec,
+              aten._upsample_nearest_exact2d.vec)
 """Ops kept out of torch's decompositions: softplus' and mish's compute ``exp(a)`` for every ``a`` and select
 the threshold branch afterwards (an overflow to inf in FP32), their lowerings here are finite for every input;
-bicubic upsampling's gathers with several index tensors, its lowering is one MATMUL per axis."""
+bicubic and trilinear upsampling and nearest-exact gather with several index tensors, their lowerings are one
+MATMUL / TAKE per axis."""
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
