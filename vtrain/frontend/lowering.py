@@ -318,6 +318,20 @@ def _floor(L: Lowerer, node, a):
     return Sym((_floor_t if node.target == aten.floor.default else _trunc_t)(L, t), _out_dtype(node))
 
 
+@lowering(aten.round.default)
+def _round(L: Lowerer, node, a):
+    """``round(a)``, halves to even (as torch): ``f = floor(a)``, ``d = a - f`` (exact), then ``f + 1`` where
+    ``d > 1/2``, or ``d = 1/2`` and ``f`` is odd (``f - 2 floor(f / 2)``): the `floor` lowering twice, SUB, ADD_S,
+    RELU, SELECT, ADD (exact). No gradient (as torch)."""
+    t = L.t(a)
+    r = t.rank
+    f = _floor_t(L, t)
+    half = L.g.add_s(L.g.sub(t, f), -0.5)  # d - 1/2: its sign and zero are exact
+    odd = L.g.sub(f, L.g.mul_s(_floor_t(L, L.g.mul_s(f, 0.5)), 2.0))  # 0 or 1
+    up = L.g.select(L.g.relu(half), L.scalar_const(1.0, r), L.g.select(half, L.scalar_const(0.0, r), odd))
+    return Sym(L.g.add(f, up), _out_dtype(node))
+
+
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
 def _floor_divide(L: Lowerer, node, a, b):
     """``a // b``: the `floor` lowering of the rounded quotient ``a / b`` (exact for integers below 2^24)."""
@@ -864,11 +878,14 @@ def _bmm(L: Lowerer, node, a, b):
 
 
 def _patch_table(size: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-                 dilation: Sequence[int]) -> tuple[np.ndarray, tuple[int, ...]]:
+                 dilation: Sequence[int], out: Sequence[int] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
     """For each output position (row) and kernel tap (column) the flat input position it reads,
-    -1 where it falls in the zero padding; and the output spatial size."""
-    out = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
-                for n, k, s, p, d in zip(size, kernel, stride, padding, dilation))
+    -1 where it falls in the zero padding (or past the end: ``out`` given, ``ceil_mode``); and the output
+    spatial size."""
+    if out is None:
+        out = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
+                    for n, k, s, p, d in zip(size, kernel, stride, padding, dilation))
+    out = tuple(out)
     if any(o <= 0 for o in out):
         raise UnsupportedOp(f"window {tuple(kernel)} does not fit the input {tuple(size)}")
     grids = []
@@ -892,10 +909,11 @@ def _spatial(v, n: int) -> list[int]:
     return v * n if len(v) == 1 else v
 
 
-def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation) -> tuple[T, tuple[int, ...], np.ndarray]:
+def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation,
+                    out: Sequence[int] | None = None) -> tuple[T, tuple[int, ...], np.ndarray]:
     """``x [N, C, *S]`` -> patches ``[N, C, prod(out), prod(kernel)]`` by one TAKE with a CONST table."""
     N, C, *S = x.shape
-    table, out = _patch_table(S, kernel, stride, padding, dilation)
+    table, out = _patch_table(S, kernel, stride, padding, dilation, out)
     flat = L.reshape(x, (N, C, math.prod(S)))
     return L.g.take(flat, L.g.const(table, "patch_table"), 2), out, table
 
@@ -1013,10 +1031,8 @@ def _transposed_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilat
 
 @lowering(aten.max_pool2d_with_indices.default)
 def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """Max pool: TAKE of the windows by a CONST table (padding: SELECT to -2^100), then one MAX per
-    output element (gradient: MAX_GRAD, to the first maximum in window order, as torch)."""
-    if ceil_mode:
-        raise UnsupportedOp("max_pool2d with ceil_mode=True")
+    """Max pool: TAKE of the windows by a CONST table (padding, and past the end with ``ceil_mode``: SELECT to
+    -2^100), then one MAX per output element (gradient: MAX_GRAD, to the first maximum in window order, as torch)."""
     if 1 in _used_outputs(node):
         raise UnsupportedOp("max_pool2d's indices output (return_indices=True)")
     tx = L.t(x)
@@ -1024,7 +1040,8 @@ def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation
     kernel = _spatial(kernel_size, 2)
     stride = _spatial(stride, 2) if stride else kernel
     padding, dilation = _spatial(padding, 2), _spatial(dilation, 2)
-    patches, out, table = _gather_patches(L, tx, kernel, stride, padding, dilation)
+    patches, out, table = _gather_patches(L, tx, kernel, stride, padding, dilation,
+                                          out_shape(node)[-2:] if ceil_mode else None)
     if (table < 0).any():
         valid = L.g.const((table >= 0).astype(np.float32)[None, None], "pool_valid")
         patches = L.g.select(valid, patches, L.scalar_const(-BIG, 4))
@@ -1160,18 +1177,27 @@ def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False,
 @lowering(aten.avg_pool2d.default)
 def _avg_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
-    """Average pool: TAKE of the windows by a CONST table (padding reads +0), then one MEAN each."""
-    if ceil_mode or divisor_override is not None:
-        raise UnsupportedOp("avg_pool2d with ceil_mode or divisor_override")
+    """Average pool: TAKE of the windows by a CONST table (padding reads +0), then one MEAN each; with
+    ``ceil_mode``, ``count_include_pad=False`` or ``divisor_override``: one SUM each, DIV by torch's divisor per
+    window (a CONST)."""
     tx = L.t(x)
     kernel = _spatial(kernel_size, 2)
     stride = _spatial(stride, 2) if stride else kernel
     padding = _spatial(padding, 2)
-    if any(padding) and not count_include_pad:
-        raise UnsupportedOp("avg_pool2d with padding and count_include_pad=False")
     N, C, H, W = tx.shape
-    patches, out, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1))
-    return Sym(L.reshape(L.g.mean(patches), (N, C, *out)))
+    if not (ceil_mode or divisor_override is not None or (any(padding) and not count_include_pad)):
+        patches, out, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1))
+        return Sym(L.reshape(L.g.mean(patches), (N, C, *out)))
+    out = tuple(out_shape(node)[-2:])
+    patches, _, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1), out)
+    sizes = []
+    for n, o, k, s_, p in zip((H, W), out, kernel, stride, padding):  # torch's avg_pool2d divisor, per axis
+        lo = np.arange(o) * s_ - p
+        hi = np.minimum(lo + k, n + p)
+        sizes.append(hi - lo if count_include_pad else np.minimum(hi, n) - np.maximum(lo, 0))
+    div = np.full(out, float(divisor_override)) if divisor_override is not None else np.outer(*sizes)
+    y = L.g.div(L.g.sum(patches), L.g.const(div.reshape(1, 1, -1, 1).astype(np.float32), "pool_divisors"))
+    return Sym(L.reshape(y, (N, C, *out)))
 
 
 @lowering(aten._adaptive_avg_pool2d.default)
