@@ -528,19 +528,17 @@ def test_conv_transpose_lowering_over_random_geometries(nsp, groups, cout, n, k,
                                                         seed) -> None:
     from vtrain.frontend.lowering import _transposed_convolution
 
+    spatial, kernel = (n, n + 1)[:nsp], (k, max(k - 1, 1))[:nsp]
     assume(outpad < max(stride, dil))
-    size = (n - 1) * stride - 2 * pad + dil * (k - 1) + outpad + 1
-    assume(size > 0)
+    assume(all((m - 1) * stride - 2 * pad + dil * (j - 1) + outpad + 1 > 0 for m, j in zip(spatial, kernel)))
     rng = np.random.default_rng(seed)
-    spatial = (n, n + 1)[:nsp]
     x0 = rng.standard_normal((2, 2 * groups, *spatial)).astype(np.float32)
-    w0 = rng.standard_normal((2 * groups, cout, *(k, max(k - 1, 1))[:nsp])).astype(np.float32)
+    w0 = rng.standard_normal((2 * groups, cout, *kernel)).astype(np.float32)
     b0 = torch.from_numpy(rng.standard_normal(cout * groups).astype(np.float32)) if bias else None
     xt = torch.from_numpy(x0).double().requires_grad_(True)
     wt = torch.from_numpy(w0).double().requires_grad_(True)
     conv_t = F.conv_transpose1d if nsp == 1 else F.conv_transpose2d
     ref = conv_t(xt, wt, b0.double() if b0 is not None else None, stride, pad, outpad, groups, dil)
-    assume(min(ref.shape) > 0)
     node = _ShapedNode(tuple(ref.shape))
     out, (gx, gw), ct = _window_graph(lambda L, x, wt: _transposed_convolution(
         L, node, x, wt, b0, [stride] * nsp, [pad] * nsp, [dil] * nsp, [outpad] * nsp, groups), x0, w0)
