@@ -1541,6 +1541,47 @@ def _cumsum(L: Lowerer, node, a, dim, dtype=None):
     return Sym(L.perm(y, back) if back else y)
 
 
+@lowering(aten.copy.default)
+def _copy(L: Lowerer, node, a, src, non_blocking=False):
+    """``a.copy_(src)`` made functional: ``src`` in ``a``'s shape (RESHAPE, EXPAND); ``a``'s values are unused."""
+    t = L.t(src)
+    shape = out_shape(node) or (1,)
+    if t.rank < len(shape):
+        t = L.reshape(t, (1,) * (len(shape) - t.rank) + t.shape)
+    return Sym(L.g.expand(t, shape), _out_dtype(node))
+
+
+@lowering(aten.slice_scatter.default, aten.select_scatter.default)
+def _slice_scatter(L: Lowerer, node, a, src, dim=0, start=None, end=None, step=1):
+    """``a`` with ``a[start:end:step]`` along ``dim`` replaced by ``src`` (select_scatter: one index): SELECT by a
+    CONST mask of the slice between ``src`` PADded (step 1) or TAKEn by a CONST table (step > 1, -1 off the
+    slice) to ``a``'s shape, and ``a`` (in-place slice assignment, circular padding)."""
+    ta = L.t(a)
+    dim %= ta.rank
+    n = ta.shape[dim]
+    if node.target == aten.select_scatter.default:
+        index = start % n
+        lo, hi, step = index, index + 1, 1
+        ts = L.reshape(L.t(src), ta.shape[:dim] + (1,) + ta.shape[dim + 1:])
+    else:
+        lo, hi, _ = slice(start, end, step).indices(n)
+        ts = L.t(src)
+        if ts.rank < ta.rank:
+            ts = L.reshape(ts, (1,) * (ta.rank - ts.rank) + ts.shape)
+    picked = np.arange(lo, hi, step)
+    if ts.shape[dim] != len(picked):
+        raise UnsupportedOp(f"{node.target}: {ts.shape[dim]} values for {len(picked)} positions")
+    if step == 1:
+        placed = L.g.pad(ts, dim, lo, n) if len(picked) != n else ts
+    else:
+        table = np.full(n, -1.0, np.float32)
+        table[picked] = np.arange(len(picked))
+        placed = L.g.take(ts, L.g.const(table, "scatter_index"), dim)
+    mask = np.zeros((1,) * dim + (n,) + (1,) * (ta.rank - dim - 1), np.float32)
+    mask.reshape(-1)[picked] = 1.0
+    return Sym(L.g.select(L.g.const(mask, "scatter_mask"), placed, ta), _out_dtype(node))
+
+
 @lowering(aten.select.int, aten.select_copy.int)
 def _select_int(L: Lowerer, node, a, dim, index):
     """``a[..., index, ...]``: SLICE of length 1, then RESHAPE (the axis dropped)."""
@@ -1703,6 +1744,11 @@ def _assert(L: Lowerer, node, *args, **kwargs):
     """A shape/dtype assertion of export: nothing to compute."""
     return None
 
+
+ZEROED = frozenset({aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+                    aten.new_empty.default, aten.new_empty_strided.default})
+"""Ops whose values are uninitialized memory: known at build time as zeros (never garbage in a CONST, which
+would change the graph root from run to run)."""
 
 NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.default, aten.bernoulli.p,
                      aten.rand_like.default, aten.randn_like.default, aten.randint.default})
