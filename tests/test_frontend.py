@@ -83,11 +83,25 @@ ELEMENTWISE = {
     "floor_remainder_fmod": (lambda x, w: torch.remainder(3 * x, w + 2.0) + torch.fmod(3 * x, -(w + 2.0))
                              + torch.floor(4 * x * w) * w + torch.ceil(4 * x) * w + torch.trunc(4 * x - w)
                              + torch.div(4 * x, w + 2.0, rounding_mode="floor") * w
-                             + torch.div(4 * x, -(w + 2.0), rounding_mode="trunc") * w, (5,)),
+                             + torch.div(4 * x, -(w + 2.0), rounding_mode="trunc") * w
+                             + torch.round(4 * x * w) + torch.round(x.new_tensor([0.5, 1.5, -0.5, -2.5, 2.5])) * w,
+                             (5,)),
+    "slice_assign_circular_pad": (lambda x, w: _assigned(x * w) + F.pad(x * w, (2, 1, 1, 0), mode="circular")
+                                  [:, 1:, 2:-1], (5,)),
     "argmax_indices_cumsum": (lambda x, w: (x * w).cumsum(1) + torch.cumsum(x * w, -1)
                               + (x * w).argmax(-1, keepdim=True) * w + (x * w).max(1).indices[:, None] * w
                               + torch.floor(2 * x).argmin(-1, keepdim=True) * w + (x * w).argmin() * w, (5,)),
 }
+
+
+def _assigned(h: torch.Tensor) -> torch.Tensor:
+    """In-place slice assignments (export makes them slice_scatter / select_scatter / copy)."""
+    out = torch.zeros_like(h)
+    out[..., ::2] = h[..., 1:4] * 2
+    out[:, 1] = h[:, 3]
+    g = h.clone()
+    g[..., 2:4] = 0.5
+    return out + g
 
 
 @pytest.mark.parametrize("name", sorted(ELEMENTWISE))
@@ -160,6 +174,14 @@ CONVS = {
         nn.Upsample(size=(7, 5), mode="bilinear", align_corners=True), nn.Upsample(scale_factor=1.5, mode="bicubic"))),
     "adaptive_pools_uneven": lambda: ConvNet(nn.Conv2d(2, 3, 1), nn.Sequential(nn.AdaptiveMaxPool2d((4, 5)),
                                                                                 nn.AdaptiveAvgPool2d(3))),
+    "resize_nearest_exact_antialias": lambda: ConvNet(nn.Conv2d(2, 3, 1), Fn(lambda h, w: F.interpolate(
+        F.interpolate(h, scale_factor=1.5, mode="nearest-exact"), size=(4, 5), mode="bilinear", antialias=True) * w
+        + F.interpolate(h[:, None], size=(3, 4, 5), mode="trilinear")[:, 0], (4, 5))),
+    "pools_ceil_mode_divisors": lambda: ConvNet(nn.Conv2d(2, 3, 1), Fn(lambda h, w: torch.cat([p.flatten(1) for p in (
+        F.max_pool2d(h, 3, 2, padding=1, ceil_mode=True), F.avg_pool2d(h, 3, 2, ceil_mode=True),
+        F.avg_pool2d(h, 3, 2, padding=1, ceil_mode=True, count_include_pad=False),
+        F.avg_pool2d(h, 2, 3, padding=1, ceil_mode=True), F.avg_pool2d(h, 3, 2, 1, divisor_override=5))], 1) * w,
+        (1,))),
 }
 
 
