@@ -330,6 +330,61 @@ def ema_buffer(lr: float = 0.1):
     return _task(FeatureEMA(), F.cross_entropy, {"name": "SGD", "lr": lr, "momentum": 0.5}, [_x(4)], _labels(3))
 
 
+# --- 10. a convolutional autoencoder: strided convs down, transposed convs up ---------------------------
+class ConvAutoencoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(),
+                                 nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.ReLU())  # 8x8 -> 2x2
+        self.dec = nn.Sequential(nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                                 nn.ConvTranspose2d(4, 1, 3, stride=2, padding=1, output_padding=1), nn.Sigmoid())
+
+    def forward(self, x):
+        return self.dec(self.enc(x))
+
+
+def conv_autoencoder(lr: float = 1e-2):
+    """Conv2d(stride 2) encoder, ConvTranspose2d decoder (output_padding), BatchNorm2d, Sigmoid; MSE to the
+    input; Adam."""
+    x = _x(1, 8, 8)
+    return _task(ConvAutoencoder(), F.mse_loss, {"name": "Adam", "lr": lr}, [x], 1.0 / (1.0 + np.exp(-x)))
+
+
+# --- 11. a small U-Net: upsampling decoder with skips, uneven adaptive pooling, argmax in the loss -------
+class UNetDecoder(nn.Module):
+    def __init__(self, c: int = 4, k: int = 3) -> None:
+        super().__init__()
+        self.down1 = nn.Sequential(nn.Conv2d(1, c, 3, padding=1), nn.ReLU())
+        self.down2 = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(c, 2 * c, 3, padding=1), nn.ReLU())
+        self.bottom = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(2 * c, 2 * c, 3, padding=1), nn.ReLU())
+        self.up_bilinear = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
+        self.up_nearest = nn.Upsample(scale_factor=2, mode="nearest")
+        self.dec2 = nn.Sequential(nn.Conv2d(4 * c, c, 3, padding=1), nn.ReLU())
+        self.dec1 = nn.Sequential(nn.Conv2d(2 * c, c, 3, padding=1), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(3)  # 8x8 -> 3x3: windows of 3 and 4
+        self.head = nn.Linear(9 * c, k)
+
+    def forward(self, x):
+        h1 = self.down1(x)
+        h2 = self.down2(h1)
+        h = self.dec2(torch.cat([self.up_bilinear(self.bottom(h2)), h2], 1))
+        h = self.dec1(torch.cat([self.up_nearest(h), h1], 1))
+        return self.head(self.pool(h).flatten(1))
+
+
+def hard_example_loss(out, t):
+    """Cross-entropy with misclassified samples (argmax != target) weighted twice."""
+    weight = 1.0 + (out.argmax(1) != t).float()
+    return (weight * F.cross_entropy(out, t, reduction="none")).mean()
+
+
+def unet_decoder(lr: float = 1e-2):
+    """Max pooling down, bilinear (align_corners) and nearest upsampling up, concatenated skips,
+    AdaptiveAvgPool2d to a size that does not divide the input; argmax in the loss; AdamW."""
+    return _task(UNetDecoder(), hard_example_loss, {"name": "AdamW", "lr": lr, "weight_decay": 0.01},
+                 [_x(1, 8, 8)], _labels(3))
+
+
 def erf_gelu():
     """nn.Sequential(Linear, GELU(), Linear): torch's default, exact GELU (erf; the ERF primitive); MSE; AdamW."""
     torch.manual_seed(0)
@@ -371,5 +426,5 @@ def max_norm_embedding():
 
 TRAINED = ["mlp_acts", "cnn_groupnorm", "conv1d_seq", "lstm_cell", "gru", "embed_mean", "embedding_bag",
            "transformer_mha", "transformer_sdpa", "llama_style", "stats_forward", "frozen_unused", "ema_buffer",
-           "erf_gelu"]
+           "erf_gelu", "conv_autoencoder", "unet_decoder"]
 REFUSED = ["sort_model", "max_norm_embedding"]

@@ -747,8 +747,9 @@ def create_job_cmd(
     from protocol.demo import create_job
     from protocol.jobs import JobContext, Terms
     from protocol.rulability import UnrulableJob, check_rulable
-    from vtrain.errors import VtrainError
+    from vtrain.errors import DatasetError, VtrainError
     from vtrain.frontend.job import RANDOM_INIT_CAUSE, draws_initial_weights
+    from vtrain.training.spec import check_batch_fits
 
     spec = load_spec(spec_path)
     if spec.model not in ("mlp", "gpt") and not spec.pinned:  # the agents would refuse the job
@@ -780,6 +781,10 @@ def create_job_cmd(
     try:
         ctx = JobContext.of(spec)
         check_rulable(ctx.job.graph)  # before paying: no game on this job could be ruled
+        try:
+            check_batch_fits(spec, ctx.job.dataset.n)
+        except DatasetError as e:
+            raise click.ClickException(f"--spec {spec_path}: {e}; nothing was sent") from None
         job = create_job(proto, client_acct, trainer, ctx, terms)
     except UnrulableJob as e:
         raise click.ClickException(f"--spec {spec_path}: {e}; nothing was sent") from None

@@ -81,7 +81,28 @@ ELEMENTWISE = {
     "or_detach_index": (lambda x, w: torch.where((x > 0.5) | (x < -0.5), w, x) * w.detach()
                         + (x * w)[..., torch.tensor([4, 0, 0, 2, 1])]
                         + torch.div(x, w * w + 1, rounding_mode=None), (5,)),
+    "floor_remainder_fmod": (lambda x, w: torch.remainder(3 * x, w + 2.0) + torch.fmod(3 * x, -(w + 2.0))
+                             + torch.floor(4 * x * w) * w + torch.ceil(4 * x) * w + torch.trunc(4 * x - w)
+                             + torch.div(4 * x, w + 2.0, rounding_mode="floor") * w
+                             + torch.div(4 * x, -(w + 2.0), rounding_mode="trunc") * w
+                             + torch.round(4 * x * w) + torch.round(x.new_tensor([0.5, 1.5, -0.5, -2.5, 2.5])) * w,
+                             (5,)),
+    "slice_assign_circular_pad": (lambda x, w: _assigned(x * w) + F.pad(x * w, (2, 1, 1, 0), mode="circular")
+                                  [:, 1:, 2:-1], (5,)),
+    "argmax_indices_cumsum": (lambda x, w: (x * w).cumsum(1) + torch.cumsum(x * w, -1)
+                              + (x * w).argmax(-1, keepdim=True) * w + (x * w).max(1).indices[:, None] * w
+                              + torch.floor(2 * x).argmin(-1, keepdim=True) * w + (x * w).argmin() * w, (5,)),
 }
+
+
+def _assigned(h: torch.Tensor) -> torch.Tensor:
+    """In-place slice assignments (export makes them slice_scatter / select_scatter / copy)."""
+    out = torch.zeros_like(h)
+    out[..., ::2] = h[..., 1:4] * 2
+    out[:, 1] = h[:, 3]
+    g = h.clone()
+    g[..., 2:4] = 0.5
+    return out + g
 
 
 @pytest.mark.parametrize("name", sorted(ELEMENTWISE))
@@ -146,6 +167,22 @@ CONVS = {
     "avgpool": lambda: ConvNet(nn.Conv2d(2, 3, 3), nn.AvgPool2d(2, stride=1, padding=1)),
     "adaptive_avgpool": lambda: ConvNet(nn.Conv2d(2, 4, 1), nn.AdaptiveAvgPool2d(2)),
     "batchnorm_train": lambda: ConvNet(nn.Conv2d(2, 3, 3, padding=1), bn=True),
+    "conv_transpose_stride2": lambda: ConvNet(nn.ConvTranspose2d(2, 3, 3, stride=2, padding=1, output_padding=1)),
+    "conv_transpose_groups_dilated": lambda: ConvNet(nn.ConvTranspose2d(2, 4, (3, 2), stride=(2, 1), padding=(2, 0),
+                                                                        dilation=(1, 2), groups=2, bias=False)),
+    "upsample_bilinear": lambda: ConvNet(nn.Conv2d(2, 3, 1), nn.Upsample(scale_factor=2, mode="bilinear")),
+    "upsample_align_corners_bicubic": lambda: ConvNet(nn.Conv2d(2, 3, 3), nn.Sequential(
+        nn.Upsample(size=(7, 5), mode="bilinear", align_corners=True), nn.Upsample(scale_factor=1.5, mode="bicubic"))),
+    "adaptive_pools_uneven": lambda: ConvNet(nn.Conv2d(2, 3, 1), nn.Sequential(nn.AdaptiveMaxPool2d((4, 5)),
+                                                                                nn.AdaptiveAvgPool2d(3))),
+    "resize_nearest_exact_antialias": lambda: ConvNet(nn.Conv2d(2, 3, 1), Fn(lambda h, w: F.interpolate(
+        F.interpolate(h, scale_factor=1.5, mode="nearest-exact"), size=(4, 5), mode="bilinear", antialias=True) * w
+        + F.interpolate(h[:, None], size=(3, 4, 5), mode="trilinear")[:, 0], (4, 5))),
+    "pools_ceil_mode_divisors": lambda: ConvNet(nn.Conv2d(2, 3, 1), Fn(lambda h, w: torch.cat([p.flatten(1) for p in (
+        F.max_pool2d(h, 3, 2, padding=1, ceil_mode=True), F.avg_pool2d(h, 3, 2, ceil_mode=True),
+        F.avg_pool2d(h, 3, 2, padding=1, ceil_mode=True, count_include_pad=False),
+        F.avg_pool2d(h, 2, 3, padding=1, ceil_mode=True), F.avg_pool2d(h, 3, 2, 1, divisor_override=5))], 1) * w,
+        (1,))),
 }
 
 
@@ -157,6 +194,14 @@ def test_conv_pool_batchnorm_lowerings(name: str) -> None:
     out = module(torch.from_numpy(x[:1]))
     y = _rand((6, *out.shape[1:]), 6)
     _check(_task(module, x, y, opt=ADAMW), 3)
+
+
+def test_conv_transpose1d_and_linear_upsampling() -> None:
+    torch.manual_seed(1)
+    module = nn.Sequential(nn.Conv1d(2, 3, 3, padding=1), nn.ConvTranspose1d(3, 2, 4, stride=2, padding=1),
+                           nn.Upsample(scale_factor=1.5, mode="linear"))
+    x = _rand((6, 2, 7), 7)
+    _check(_task(module, x, _rand((6, 2, 21), 8), opt=ADAMW), 3)
 
 
 def test_conv1d_batchnorm1d_layernorm_linear() -> None:
@@ -494,6 +539,37 @@ def test_conv2d_lowering_over_random_geometries(cin, cout, h, w, kh, kw, stride,
     xt = torch.from_numpy(x0).double().requires_grad_(True)
     wt = torch.from_numpy(w0).double().requires_grad_(True)
     ref = F.conv2d(xt, wt, b0.double() if b0 is not None else None, stride, pad, dil)
+    (ref * ct).sum().backward()
+    assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(gx, xt.grad, rtol=1e-12, atol=1e-12) and torch.allclose(gw, wt.grad, rtol=1e-12, atol=1e-12)
+
+
+class _ShapedNode(_Node):
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.meta = {"val": torch.empty(shape)}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.integers(1, 4), st.integers(1, 4),
+       st.integers(1, 3), st.integers(0, 2), st.integers(1, 2), st.integers(0, 2), st.booleans(), st.integers(0, 99))
+def test_conv_transpose_lowering_over_random_geometries(nsp, groups, cout, n, k, stride, pad, dil, outpad, bias,
+                                                        seed) -> None:
+    from vtrain.frontend.lowering import _transposed_convolution
+
+    spatial, kernel = (n, n + 1)[:nsp], (k, max(k - 1, 1))[:nsp]
+    assume(outpad < max(stride, dil))
+    assume(all((m - 1) * stride - 2 * pad + dil * (j - 1) + outpad + 1 > 0 for m, j in zip(spatial, kernel)))
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal((2, 2 * groups, *spatial)).astype(np.float32)
+    w0 = rng.standard_normal((2 * groups, cout, *kernel)).astype(np.float32)
+    b0 = torch.from_numpy(rng.standard_normal(cout * groups).astype(np.float32)) if bias else None
+    xt = torch.from_numpy(x0).double().requires_grad_(True)
+    wt = torch.from_numpy(w0).double().requires_grad_(True)
+    conv_t = F.conv_transpose1d if nsp == 1 else F.conv_transpose2d
+    ref = conv_t(xt, wt, b0.double() if b0 is not None else None, stride, pad, outpad, groups, dil)
+    node = _ShapedNode(tuple(ref.shape))
+    out, (gx, gw), ct = _window_graph(lambda L, x, wt: _transposed_convolution(
+        L, node, x, wt, b0, [stride] * nsp, [pad] * nsp, [dil] * nsp, [outpad] * nsp, groups), x0, w0)
     (ref * ct).sum().backward()
     assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
     assert torch.allclose(gx, xt.grad, rtol=1e-12, atol=1e-12) and torch.allclose(gw, wt.grad, rtol=1e-12, atol=1e-12)

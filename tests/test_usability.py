@@ -362,3 +362,13 @@ def test_inspect_counts_entries_and_draws_the_plots(mlp_run: Path, tmp_path: Pat
     assert ("log entries per code" in text) == (entries > 0)
     kinds = {o["kind"] for o in s["entries_per_op"]}
     assert all(k in text for k in kinds)
+
+
+def test_a_batch_larger_than_the_dataset_is_refused_naming_both_numbers(tmp_path: Path) -> None:
+    """Each step samples its batch with replacement: a batch larger than the dataset would repeat samples at
+    every step (a mistaken --batch-size), so a new run is refused before anything is written."""
+    out = tmp_path / "run"
+    text = err(run("train", "--out", out, "--steps", "1", "--batch-size", "1800", "--hidden", "8"), 1,
+               "batch size 1800 is larger than the dataset's 1797 samples", "--batch-size 1797 or less")
+    assert "with replacement" in text
+    assert not out.exists()

@@ -452,7 +452,7 @@ def _train(
     from vtrain.errors import VtrainError
     from vtrain.frontend.job import draws_initial_weights
     from vtrain.training.rundir import RunDir, read_spec_file
-    from vtrain.training.spec import build_job
+    from vtrain.training.spec import build_job, check_batch_fits
     from vtrain.training.trust import trust
 
     if resume is not None:
@@ -503,6 +503,8 @@ def _train(
             trust(stored.model_sha256, spec.model.rpartition(":")[0])
     try:
         job = build_job(spec)
+        if fresh:
+            check_batch_fits(spec, job.dataset.n)
     except BaseException as e:  # a refused model leaves no half-made run folder behind (a retry starts fresh)
         if not fresh:
             raise

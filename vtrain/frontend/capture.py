@@ -28,6 +28,7 @@ from vtrain.errors import GraphError
 from vtrain.frontend.errors import FrontendError, UnsupportedOp, describe_function, node_origin
 from vtrain.frontend.lowering import (
     NO_FOLD,
+    ZEROED,
     Lowerer,
     Sym,
     decomposition_table,
@@ -291,6 +292,10 @@ def lower_program(ep, L: Lowerer, placeholders: dict[str, Any],
             env[node.name] = args[0][args[1]]
             continue
         counts[str(node.target)] = counts.get(str(node.target), 0) + 1
+        if node.target in ZEROED and isinstance(node.meta.get("val"), torch.Tensor):
+            val = node.meta["val"]  # uninitialized memory: zeros, so a CONST made of it is the same every build
+            env[node.name] = torch.zeros(tuple(int(s) for s in val.shape), dtype=val.dtype)
+            continue
         if not _flatten_syms((args, kwargs)) and node.target not in NO_FOLD:
             try:
                 with torch.no_grad():

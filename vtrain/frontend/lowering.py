@@ -266,10 +266,87 @@ def _div(L: Lowerer, node, a, b):
 
 @lowering(aten.div.Tensor_mode)
 def _div_mode(L: Lowerer, node, a, b, rounding_mode=None):
-    """``a / b`` with ``rounding_mode=None`` only (floor/trunc division has no exact primitive)."""
-    if rounding_mode is not None:
+    """``a / b``; ``rounding_mode`` ``'floor'`` / ``'trunc'``: the `floor` / `trunc` lowering of the rounded
+    quotient (exact for integers below 2^24)."""
+    if rounding_mode is None:
+        return _div(L, node, a, b)
+    if rounding_mode not in ("floor", "trunc"):
         raise UnsupportedOp(f"div with rounding_mode={rounding_mode!r}")
-    return _div(L, node, a, b)
+    q = _div(L, node, a, b).t
+    return Sym(_floor_t(L, q) if rounding_mode == "floor" else _trunc_t(L, q), _out_dtype(node))
+
+
+FLOOR_RANGE = 2**23
+"""FP32 values of this magnitude or more are integers: `floor` searches ``[-2^23, 2^23)`` only."""
+
+
+def _out_dtype(node) -> torch.dtype:
+    """The torch dtype of a node's output (integer results stay integer ids for later casts)."""
+    val = node.meta.get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else torch.float32
+
+
+def _floor_t(L: Lowerer, t: T) -> T:
+    """``floor(t)`` by binary search over the integers: ``acc = -2^23``, then for ``k = 23..0`` ``acc += 2^k``
+    where ``acc + 2^k <= t`` (ADD_S, SUB, RELU, SELECT: every value an integer, every comparison the sign of a
+    difference, so exact in FP32 and FP64); ``|t| >= 2^23`` is already an integer. No gradient (as torch)."""
+    r = t.rank
+    acc = L.scalar_const(-float(FLOOR_RANGE), r)
+    for k in range(FLOOR_RANGE.bit_length() - 1, -1, -1):
+        cand = L.g.add_s(acc, float(2**k))
+        acc = L.g.select(L.g.relu(L.g.sub(cand, t)), acc, cand)
+    frozen = L.g._op(OpKind.RESHAPE, [t], t.shape)  # t itself where it is already an integer, without a gradient
+    L.g.no_grad.add(frozen.op)
+    mag = L.g.add(L.g.relu(t), L.g.relu(L.g.neg(t)))
+    return L.g.select(L.g.relu(L.g.rsub_s(float(FLOOR_RANGE), mag)), acc, frozen)
+
+
+def _trunc_t(L: Lowerer, t: T) -> T:
+    """``trunc(t)``: ``floor(|t|)`` with t's sign (SELECT on RELU(t))."""
+    pos = L.g.relu(t)
+    f = _floor_t(L, L.g.add(pos, L.g.relu(L.g.neg(t))))
+    return L.g.select(pos, f, L.g.neg(f))
+
+
+@lowering(aten.floor.default, aten.ceil.default, aten.trunc.default)
+def _floor(L: Lowerer, node, a):
+    """``floor(a)`` by binary search over the integers in ``[-2^23, 2^23)`` (24 rounds of ADD_S, SUB, RELU, SELECT;
+    exact); ``ceil(a) = -floor(-a)``; ``trunc(a) = sign(a) floor(|a|)``. No gradient (as torch)."""
+    t = L.t(a)
+    if node.target == aten.ceil.default:
+        return Sym(L.g.neg(_floor_t(L, L.g.neg(t))), _out_dtype(node))
+    return Sym((_floor_t if node.target == aten.floor.default else _trunc_t)(L, t), _out_dtype(node))
+
+
+@lowering(aten.round.default)
+def _round(L: Lowerer, node, a):
+    """``round(a)``, halves to even (as torch): ``f = floor(a)``, ``d = a - f`` (exact), then ``f + 1`` where
+    ``d > 1/2``, or ``d = 1/2`` and ``f`` is odd (``f - 2 floor(f / 2)``): the `floor` lowering twice, SUB, ADD_S,
+    RELU, SELECT, ADD (exact). No gradient (as torch)."""
+    t = L.t(a)
+    r = t.rank
+    f = _floor_t(L, t)
+    half = L.g.add_s(L.g.sub(t, f), -0.5)  # d - 1/2: its sign and zero are exact
+    odd = L.g.sub(f, L.g.mul_s(_floor_t(L, L.g.mul_s(f, 0.5)), 2.0))  # 0 or 1
+    up = L.g.select(L.g.relu(half), L.scalar_const(1.0, r), L.g.select(half, L.scalar_const(0.0, r), odd))
+    return Sym(L.g.add(f, up), _out_dtype(node))
+
+
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(L: Lowerer, node, a, b):
+    """``a // b``: the `floor` lowering of the rounded quotient ``a / b`` (exact for integers below 2^24)."""
+    return Sym(_floor_t(L, _div(L, node, a, b).t), _out_dtype(node))
+
+
+@lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, aten.fmod.Tensor,
+          aten.fmod.Scalar)
+def _remainder(L: Lowerer, node, a, b):
+    """``remainder(a, b) = a - b floor(a / b)`` (fmod: ``trunc``) with the `floor` lowering of the rounded
+    quotient: DIV, floor, MUL, SUB (gradients 1 and ``-floor(a / b)``, as torch; equal to torch in FP64 except
+    where ``a / b`` rounds onto an integer, exact for integers below 2^24)."""
+    q = _div(L, node, a, b).t
+    f = _trunc_t(L, q) if node.target in (aten.fmod.Tensor, aten.fmod.Scalar) else _floor_t(L, q)
+    return Sym(_sub(L, node, a, _mul(L, node, b, Sym(f))).t, _out_dtype(node))
 
 
 @lowering(aten.neg.default)
@@ -741,14 +818,39 @@ def _amin(L: Lowerer, node, a, dim=(), keepdim=False):
 
 @lowering(aten.max.dim, aten.min.dim)
 def _max_dim(L: Lowerer, node, a, dim, keepdim=False):
-    """``a.max(dim).values`` (min: of ``-a``, negated): one MAX (gradient: MAX_GRAD, to the first maximum, as
-    torch's index); the indices output is refused."""
-    if 1 in _used_outputs(node):
-        raise UnsupportedOp("max/min's indices output (argmax has no exact primitive here; use the values)")
+    """``a.max(dim)`` (min: of ``-a``, negated): the values by one MAX (gradient: MAX_GRAD, to the first maximum,
+    as torch's index); the indices, where used, as the `argmax` lowering."""
     t = L.t(a)
     neg = node.target == aten.min.dim
     v = L.reduce(L.g.neg(t) if neg else t, [dim], keepdim, "max")
-    return (Sym(L.g.neg(v) if neg else v), None)
+    idx = _argmax_t(L, L.g.neg(t) if neg else t, dim, keepdim) if 1 in _used_outputs(node) else None
+    return (Sym(L.g.neg(v) if neg else v), Sym(idx, torch.int64) if idx is not None else None)
+
+
+def _argmax_t(L: Lowerer, t: T, dim: int | None, keepdim: bool) -> T:
+    """The index of the first maximum along ``dim`` (all elements when None): ``m = MAX(a)``, then
+    ``n - MAX(SELECT(a - m, 0, n - i))`` (``a - m`` is zero exactly at the maxima; every value an exact
+    integer); no gradient (MAX as a constant)."""
+    if dim is None:
+        x, shape = L.reshape(t, (1, math.prod(t.shape))), (1,) * t.rank if keepdim else (1,)
+    else:
+        dim %= t.rank
+        x, _ = L.to_last(t, dim)
+        shape = tuple(1 if i == dim else s for i, s in enumerate(t.shape)) if keepdim else \
+            tuple(s for i, s in enumerate(t.shape) if i != dim)
+    n = x.shape[-1]
+    m = L.g.max(x)
+    desc = L.g.const(np.arange(n, 0, -1, dtype=np.float32).reshape((1,) * (x.rank - 1) + (n,)), "n_minus_index")
+    score = L.g.select(L.g.sub(x, m), L.scalar_const(0.0, x.rank), desc)
+    return L.reshape(L.g.rsub_s(float(n), L.g.max(score)), shape or (1,))
+
+
+@lowering(aten.argmax.default, aten.argmin.default)
+def _argmax(L: Lowerer, node, a, dim=None, keepdim=False):
+    """``argmax`` (argmin: of ``-a``) along ``dim``: the index of the first maximum, as torch: MAX, SUB, SELECT of
+    CONST ``n - i`` where ``a - max`` is zero, MAX, RSUB_S (exact integers; no gradient)."""
+    t = L.t(a)
+    return Sym(_argmax_t(L, L.g.neg(t) if node.target == aten.argmin.default else t, dim, keepdim), torch.int64)
 
 
 def _softmax_last(L: Lowerer, x: T, log: bool) -> T:
@@ -799,11 +901,14 @@ def _bmm(L: Lowerer, node, a, b):
 
 
 def _patch_table(size: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-                 dilation: Sequence[int]) -> tuple[np.ndarray, tuple[int, ...]]:
+                 dilation: Sequence[int], out: Sequence[int] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
     """For each output position (row) and kernel tap (column) the flat input position it reads,
-    -1 where it falls in the zero padding; and the output spatial size."""
-    out = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
-                for n, k, s, p, d in zip(size, kernel, stride, padding, dilation))
+    -1 where it falls in the zero padding (or past the end: ``out`` given, ``ceil_mode``); and the output
+    spatial size."""
+    if out is None:
+        out = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
+                    for n, k, s, p, d in zip(size, kernel, stride, padding, dilation))
+    out = tuple(out)
     if any(o <= 0 for o in out):
         raise UnsupportedOp(f"window {tuple(kernel)} does not fit the input {tuple(size)}")
     grids = []
@@ -827,10 +932,11 @@ def _spatial(v, n: int) -> list[int]:
     return v * n if len(v) == 1 else v
 
 
-def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation) -> tuple[T, tuple[int, ...], np.ndarray]:
+def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation,
+                    out: Sequence[int] | None = None) -> tuple[T, tuple[int, ...], np.ndarray]:
     """``x [N, C, *S]`` -> patches ``[N, C, prod(out), prod(kernel)]`` by one TAKE with a CONST table."""
     N, C, *S = x.shape
-    table, out = _patch_table(S, kernel, stride, padding, dilation)
+    table, out = _patch_table(S, kernel, stride, padding, dilation, out)
     flat = L.reshape(x, (N, C, math.prod(S)))
     return L.g.take(flat, L.g.const(table, "patch_table"), 2), out, table
 
@@ -839,9 +945,11 @@ def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation) -> tupl
 def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     """1-D/2-D conv: TAKE of the input patches by a CONST table (-1: zero padding), then one MATMUL with the
     weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE; groups > 1: one such conv per
-    group (SLICEs), concatenated (PAD, ADD)."""
+    group (SLICEs), concatenated (PAD, ADD). Transposed (``nn.ConvTranspose1d/2d``): the same with the table of
+    the input element each tap scatters to each output position (-1 where none: the zeros a transposed conv
+    inserts between inputs read +0)."""
     if transposed:
-        raise UnsupportedOp("transposed convolution (use nn.Upsample(mode='nearest') and a convolution)")
+        return _transposed_convolution(L, node, x, w, bias, stride, padding, dilation, output_padding, groups)
     if groups != 1:
         return _grouped_convolution(L, node, x, w, bias, stride, padding, dilation, groups)
     tx, tw = L.t(x), L.t(w)
@@ -888,12 +996,66 @@ def _grouped_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation
     return Sym(out)
 
 
+def _transposed_table(size: Sequence[int], out: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                      padding: Sequence[int], dilation: Sequence[int]) -> np.ndarray:
+    """For each output position (row) and kernel tap (column) of a transposed convolution the flat input
+    position it reads, -1 where none does: output ``o`` reads input ``i`` through tap ``t`` when
+    ``o = i*stride - padding + t*dilation`` (the scatter of the forward, written as a gather)."""
+    grids = []
+    for n, o, k, s, p, d in zip(size, out, kernel, stride, padding, dilation):
+        num = np.arange(o)[:, None] + p - np.arange(k)[None, :] * d  # (o, k): i * s
+        i = np.floor_divide(num, s)
+        grids.append(np.where((num % s == 0) & (i >= 0) & (i < n), i, -1))
+    if len(size) == 1:
+        return grids[0].astype(np.float32)
+    ph, pw = grids
+    h, w = ph[:, None, :, None], pw[None, :, None, :]
+    table = np.where((h >= 0) & (w >= 0), h * size[1] + w, -1)
+    return table.reshape(out[0] * out[1], kernel[0] * kernel[1]).astype(np.float32)
+
+
+def _transposed_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, output_padding,
+                            groups: int) -> Sym:
+    """``conv_transpose1d/2d`` (``nn.ConvTranspose1d/2d``): TAKE of the input by a CONST table (output
+    position x kernel tap -> the input element that tap scatters there, -1 where none: reads +0), then one
+    MATMUL with the weights (and bias) per output element, as a convolution's; groups: one per group (SLICEs),
+    concatenated (PAD, ADD). Its VJP is the convolution of the output gradient (TAKE's inverse table)."""
+    tx, tw = L.t(x), L.t(w)
+    if tx.rank not in (3, 4):
+        raise UnsupportedOp(f"transposed convolution of a rank-{tx.rank} input (only 1-D and 2-D)")
+    nsp = tx.rank - 2
+    N, C, *S = tx.shape
+    out = tuple(out_shape(node)[2:])
+    stride, padding, dilation = (_spatial(v, nsp) for v in (stride, padding, dilation))
+    table = _transposed_table(S, out, tw.shape[2:], stride, padding, dilation)
+    co, K = tw.shape[1], math.prod(tw.shape[2:])
+    if C % groups:
+        raise UnsupportedOp(f"transposed convolution with groups={groups}: {C} input channels do not divide")
+    ci = C // groups
+    tb = L.t(bias) if bias is not None else None
+    flat = L.reshape(tx, (N, C, math.prod(S)))
+    idx = L.g.const(table, "transposed_patch_table")
+    P = math.prod(out)
+    parts = []
+    for k in range(groups):
+        xk = flat if groups == 1 else L.g.slice(flat, 1, k * ci, ci)
+        wk = tw if groups == 1 else L.g.slice(tw, 0, k * ci, ci)  # (ci, co, *K)
+        bk = tb if groups == 1 or tb is None else L.g.slice(tb, 0, k * co, co)
+        patches = L.g.take(xk, idx, 2)  # (N, ci, P, K)
+        cols = L.reshape(L.perm(patches, [0, 2, 1, 3]), (N * P, ci * K))
+        wmat = L.reshape(L.perm(L.reshape(wk, (ci, co, K)), [1, 0, 2]), (co, ci * K))
+        y = L.g.matmul(cols, wmat, bk)  # (N*P, co)
+        parts.append(L.perm(L.reshape(y, (N, P, co)), [0, 2, 1]))
+    y = parts[0]
+    for k, p in enumerate(parts[1:], 1):
+        y = L.g.add(L.g.pad(y, 1, 0, co * groups) if k == 1 else y, L.g.pad(p, 1, k * co, co * groups))
+    return Sym(L.reshape(y, (N, co * groups, *out)))
+
+
 @lowering(aten.max_pool2d_with_indices.default)
 def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """Max pool: TAKE of the windows by a CONST table (padding: SELECT to -2^100), then one MAX per
-    output element (gradient: MAX_GRAD, to the first maximum in window order, as torch)."""
-    if ceil_mode:
-        raise UnsupportedOp("max_pool2d with ceil_mode=True")
+    """Max pool: TAKE of the windows by a CONST table (padding, and past the end with ``ceil_mode``: SELECT to
+    -2^100), then one MAX per output element (gradient: MAX_GRAD, to the first maximum in window order, as torch)."""
     if 1 in _used_outputs(node):
         raise UnsupportedOp("max_pool2d's indices output (return_indices=True)")
     tx = L.t(x)
@@ -901,7 +1063,8 @@ def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation
     kernel = _spatial(kernel_size, 2)
     stride = _spatial(stride, 2) if stride else kernel
     padding, dilation = _spatial(padding, 2), _spatial(dilation, 2)
-    patches, out, table = _gather_patches(L, tx, kernel, stride, padding, dilation)
+    patches, out, table = _gather_patches(L, tx, kernel, stride, padding, dilation,
+                                          out_shape(node)[-2:] if ceil_mode else None)
     if (table < 0).any():
         valid = L.g.const((table >= 0).astype(np.float32)[None, None], "pool_valid")
         patches = L.g.select(valid, patches, L.scalar_const(-BIG, 4))
@@ -909,32 +1072,61 @@ def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation
     return (Sym(L.reshape(m, (N, C, *out))), None)
 
 
+def _adaptive_windows(L: Lowerer, x: T, out: tuple[int, int], kind: str) -> T:
+    """Adaptive pooling of ``x [N, C, H, W]`` to ``out`` with torch's windows (rows ``floor(i H / oh)`` to
+    ``ceil((i + 1) H / oh)``, the same for columns; windows of different sizes when ``out`` does not divide
+    the input): TAKE by a CONST table padded to the longest window with -1, then ``mean``: SUM and DIV by the
+    window sizes (a CONST); ``max``: SELECT of the padding to -2^100, then MAX (gradient to the first maximum)."""
+    N, C, H, W = x.shape
+    grids, sizes = [], []
+    for n, o in zip((H, W), out):
+        lo = [(i * n) // o for i in range(o)]
+        hi = [-(-((i + 1) * n) // o) for i in range(o)]
+        k = max(b - a for a, b in zip(lo, hi))
+        pos = np.array([[a + j if a + j < b else -1 for j in range(k)] for a, b in zip(lo, hi)])
+        grids.append(pos)
+        sizes.append(np.array([b - a for a, b in zip(lo, hi)], np.float32))
+    ph, pw = grids
+    h, w = ph[:, None, :, None], pw[None, :, None, :]
+    table = np.where((h >= 0) & (w >= 0), h * W + w, -1).reshape(out[0] * out[1], -1).astype(np.float32)
+    patches = L.g.take(L.reshape(x, (N, C, H * W)), L.g.const(table, "adaptive_windows"), 2)  # (N, C, P, k)
+    if kind == "max":
+        valid = L.g.const((table >= 0).astype(np.float32)[None, None], "pool_valid")
+        y = L.g.max(L.g.select(valid, patches, L.scalar_const(-BIG, 4)), differentiable=True)
+    else:
+        counts = (sizes[0][:, None] * sizes[1][None, :]).reshape(1, 1, -1, 1)
+        y = L.g.div(L.g.sum(patches), L.g.const(counts, "window_sizes"))
+    return L.reshape(y, (N, C, *out))
+
+
 @lowering(aten.adaptive_max_pool2d.default)
 def _adaptive_max_pool2d(L: Lowerer, node, x, output_size):
-    """Adaptive max pool to a size dividing the input: the `max_pool2d_with_indices` lowering with kernel = stride
-    (gradient to the first maximum, as torch's index); the indices output is refused."""
+    """Adaptive max pool: to a size dividing the input the `max_pool2d_with_indices` lowering with kernel = stride,
+    else TAKE of torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``) padded to the longest by SELECT to
+    -2^100, one MAX each (gradient to the first maximum, as torch's index); the indices output is refused."""
     tx = L.t(x)
     H, W = tx.shape[-2:]
     oh, ow = _spatial(output_size, 2)
-    if H % oh or W % ow:
-        raise UnsupportedOp(f"adaptive_max_pool2d from {H}x{W} to {oh}x{ow} (the output must divide the input)")
     if 1 in _used_outputs(node):
         raise UnsupportedOp("adaptive_max_pool2d's indices output (return_indices=True)")
     if tx.rank != 4:
         raise UnsupportedOp(f"adaptive_max_pool2d of a rank-{tx.rank} input (only N, C, H, W)")
+    if H % oh or W % ow:
+        return (Sym(_adaptive_windows(L, tx, (oh, ow), "max")), None)
     return _max_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
 
 
-@lowering(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default)
+@lowering(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
+          aten._upsample_nearest_exact2d.default)
 def _upsample_nearest2d(L: Lowerer, node, x, output_size=None, scale_factors=None, *rest):
-    """Nearest upsampling: one TAKE per spatial axis by a CONST table of the source rows / columns (the
-    table is torch's own: ``upsample_nearest2d`` of the positions)."""
+    """Nearest upsampling (``mode='nearest'`` or ``'nearest-exact'``): one TAKE per spatial axis by a CONST table of
+    the source rows / columns (the table is torch's own: the op on the positions)."""
     tx = L.t(x)
     N, C, H, W = tx.shape
     oh, ow = out_shape(node)[-2:]
     pos = torch.arange(H * W, dtype=torch.float64).reshape(1, 1, H, W)
-    src = node.target(pos, *((output_size, scale_factors) if node.target == aten.upsample_nearest2d.vec
-                              else (output_size, *rest)))
+    src = node.target(pos, *((output_size, scale_factors) if node.target._overloadname == "vec"
+                              else (output_size, scale_factors, *rest)))
     table = src.reshape(oh, ow).numpy()
     rows, cols = (table // W)[:, 0], (table % W)[0, :]
     if not (np.array_equal(table, rows[:, None] * W + cols[None, :])):
@@ -943,31 +1135,107 @@ def _upsample_nearest2d(L: Lowerer, node, x, output_size=None, scale_factors=Non
     return Sym(L.g.take(t, L.g.const(cols.astype(np.float32), "upsample_cols"), 3))
 
 
+_LINEAR_UPSAMPLES = {
+    aten.upsample_linear1d.vec: aten.upsample_linear1d.default,
+    aten.upsample_linear1d.default: aten.upsample_linear1d.default,
+    aten.upsample_bilinear2d.vec: aten.upsample_bilinear2d.default,
+    aten.upsample_bilinear2d.default: aten.upsample_bilinear2d.default,
+    aten.upsample_bicubic2d.vec: aten.upsample_bicubic2d.default,
+    aten.upsample_bicubic2d.default: aten.upsample_bicubic2d.default,
+    aten._upsample_bilinear2d_aa.vec: aten._upsample_bilinear2d_aa.default,
+    aten._upsample_bilinear2d_aa.default: aten._upsample_bilinear2d_aa.default,
+    aten.upsample_trilinear3d.vec: aten.upsample_trilinear3d.default,
+    aten.upsample_trilinear3d.default: aten.upsample_trilinear3d.default,
+}
+
+
+def _interpolation_matrix(op: Any, nsp: int, axis: int, n_in: int, n_out: int, align_corners: bool,
+                          scale: float | None, sizes: tuple[Sequence[int], Sequence[int]] | None = None) -> np.ndarray:
+    """The ``(n_out, n_in)`` weights of one spatial axis of a separable interpolation ``op``, from torch's own
+    kernel in FP64: column ``c`` is the output of the basis vector ``e_c`` on that axis (the other axes of size
+    1, which map to themselves with weight 1; with ``sizes``, (input, output) spatial sizes, the other axes keep
+    theirs and hold ones, whose weights sum to 1: antialiasing treats a size-1 axis differently)."""
+    shape, size = [1] * nsp, [1] * nsp
+    if sizes is not None:
+        shape, size = list(sizes[0]), list(sizes[1])
+    shape[axis], size[axis] = n_in, n_out
+    ones = [1] * nsp
+    ones[axis] = n_in
+    basis = torch.eye(n_in, dtype=torch.float64).reshape(n_in, 1, *ones).expand(n_in, 1, *shape).contiguous()
+    scales = [None] * nsp
+    scales[axis] = scale
+    out = op(basis, size, align_corners, *scales)
+    return out.movedim(2 + axis, -1).reshape(n_in, -1, n_out)[:, 0, :].T.numpy()
+
+
+@lowering(*_LINEAR_UPSAMPLES)
+def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False, *scales):
+    """Linear / bilinear / bicubic / trilinear resizing (``nn.Upsample``, ``F.interpolate``; either
+    ``align_corners``, ``antialias``): a fixed linear map per spatial axis, one MATMUL per axis with a CONST
+    ``(out, in)`` weight matrix (torch's own weights: its kernel in FP64 on basis vectors)."""
+    tx = L.t(x)
+    nsp = tx.rank - 2
+    out = tuple(out_shape(node)[2:])
+    if node.target._overloadname == "vec":
+        factors = scales[0] if scales else None
+        per_axis = list(factors) if factors else [None] * nsp
+    else:
+        per_axis = list(scales) + [None] * (nsp - len(scales))
+    op = _LINEAR_UPSAMPLES[node.target]
+    y = tx
+    for axis in reversed(range(nsp)):  # the last spatial axis first, each moved last for its MATMUL
+        n_in, n_out = tx.shape[2 + axis], out[axis]
+        A = _interpolation_matrix(op, nsp, axis, n_in, n_out, bool(align_corners), per_axis[axis],
+                                  (tx.shape[2:], out) if op == aten._upsample_bilinear2d_aa.default else None)
+        if n_in == n_out and np.array_equal(A, np.eye(n_in)):
+            continue
+        t, back = L.to_last(y, 2 + axis)
+        rows = L.reshape(t, (math.prod(t.shape[:-1]), n_in))
+        r = L.reshape(L.g.matmul(rows, L.g.const(A.astype(np.float32), "interpolation_weights")),
+                      t.shape[:-1] + (n_out,))
+        y = L.perm(r, back) if back else r
+    return Sym(y)
+
+
 @lowering(aten.avg_pool2d.default)
 def _avg_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
-    """Average pool: TAKE of the windows by a CONST table (padding reads +0), then one MEAN each."""
-    if ceil_mode or divisor_override is not None:
-        raise UnsupportedOp("avg_pool2d with ceil_mode or divisor_override")
+    """Average pool: TAKE of the windows by a CONST table (padding reads +0), then one MEAN each; with
+    ``ceil_mode``, ``count_include_pad=False`` or ``divisor_override``: one SUM each, DIV by torch's divisor per
+    window (a CONST)."""
     tx = L.t(x)
     kernel = _spatial(kernel_size, 2)
     stride = _spatial(stride, 2) if stride else kernel
     padding = _spatial(padding, 2)
-    if any(padding) and not count_include_pad:
-        raise UnsupportedOp("avg_pool2d with padding and count_include_pad=False")
     N, C, H, W = tx.shape
-    patches, out, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1))
-    return Sym(L.reshape(L.g.mean(patches), (N, C, *out)))
+    if not (ceil_mode or divisor_override is not None or (any(padding) and not count_include_pad)):
+        patches, out, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1))
+        return Sym(L.reshape(L.g.mean(patches), (N, C, *out)))
+    out = tuple(out_shape(node)[-2:])
+    patches, _, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1), out)
+    sizes = []
+    for n, o, k, s_, p in zip((H, W), out, kernel, stride, padding):  # torch's avg_pool2d divisor, per axis
+        lo = np.arange(o) * s_ - p
+        hi = np.minimum(lo + k, n + p)
+        sizes.append(hi - lo if count_include_pad else np.minimum(hi, n) - np.maximum(lo, 0))
+    div = np.full(out, float(divisor_override)) if divisor_override is not None else np.outer(*sizes)
+    y = L.g.div(L.g.sum(patches), L.g.const(div.reshape(1, 1, -1, 1).astype(np.float32), "pool_divisors"))
+    return Sym(L.reshape(y, (N, C, *out)))
 
 
 @lowering(aten._adaptive_avg_pool2d.default)
 def _adaptive_avg_pool2d(L: Lowerer, node, x, output_size):
-    """Adaptive average pool to a size dividing the input: :func:`_avg_pool2d` with kernel = stride."""
+    """Adaptive average pool: to a size dividing the input :func:`_avg_pool2d` with kernel = stride, else TAKE of
+    torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``, padded to the longest: reads +0), one SUM
+    each, DIV by the window's size (a CONST)."""
     tx = L.t(x)
     H, W = tx.shape[-2:]
     oh, ow = _spatial(output_size, 2)
+    if tx.rank == 4 and (H % oh or W % ow):
+        return Sym(_adaptive_windows(L, tx, (oh, ow), "mean"))
     if H % oh or W % ow:
-        raise UnsupportedOp(f"adaptive_avg_pool2d from {H}x{W} to {oh}x{ow} (the output must divide the input)")
+        raise UnsupportedOp(f"adaptive_avg_pool2d of a rank-{tx.rank} input from {H}x{W} to {oh}x{ow} (only "
+                            "N, C, H, W when the output does not divide the input)")
     if (oh, ow) == (1, 1):
         return Sym(L.reduce(tx, [-2, -1], True, "mean"))
     return _avg_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
@@ -1291,8 +1559,50 @@ def _cumsum(L: Lowerer, node, a, dim, dtype=None):
     reduction is over the prefix; equal to torch in FP64)."""
     x, back = L.to_last(L.t(a), dim)
     n = x.shape[-1]
-    y = L.g.matmul(x, L.g.const(np.tril(np.ones((n, n), np.float32)), "prefix"))
+    rows = x if x.rank == 2 else L.reshape(x, (math.prod(x.shape[:-1]), n))  # MATMUL's operands: equal ranks
+    y = L.reshape(L.g.matmul(rows, L.g.const(np.tril(np.ones((n, n), np.float32)), "prefix")), x.shape)
     return Sym(L.perm(y, back) if back else y)
+
+
+@lowering(aten.copy.default)
+def _copy(L: Lowerer, node, a, src, non_blocking=False):
+    """``a.copy_(src)`` made functional: ``src`` in ``a``'s shape (RESHAPE, EXPAND); ``a``'s values are unused."""
+    t = L.t(src)
+    shape = out_shape(node) or (1,)
+    if t.rank < len(shape):
+        t = L.reshape(t, (1,) * (len(shape) - t.rank) + t.shape)
+    return Sym(L.g.expand(t, shape), _out_dtype(node))
+
+
+@lowering(aten.slice_scatter.default, aten.select_scatter.default)
+def _slice_scatter(L: Lowerer, node, a, src, dim=0, start=None, end=None, step=1):
+    """``a`` with ``a[start:end:step]`` along ``dim`` replaced by ``src`` (select_scatter: one index): SELECT by a
+    CONST mask of the slice between ``src`` PADded (step 1) or TAKEn by a CONST table (step > 1, -1 off the
+    slice) to ``a``'s shape, and ``a`` (in-place slice assignment, circular padding)."""
+    ta = L.t(a)
+    dim %= ta.rank
+    n = ta.shape[dim]
+    if node.target == aten.select_scatter.default:
+        index = start % n
+        lo, hi, step = index, index + 1, 1
+        ts = L.reshape(L.t(src), ta.shape[:dim] + (1,) + ta.shape[dim + 1:])
+    else:
+        lo, hi, _ = slice(start, end, step).indices(n)
+        ts = L.t(src)
+        if ts.rank < ta.rank:
+            ts = L.reshape(ts, (1,) * (ta.rank - ts.rank) + ts.shape)
+    picked = np.arange(lo, hi, step)
+    if ts.shape[dim] != len(picked):
+        raise UnsupportedOp(f"{node.target}: {ts.shape[dim]} values for {len(picked)} positions")
+    if step == 1:
+        placed = L.g.pad(ts, dim, lo, n) if len(picked) != n else ts
+    else:
+        table = np.full(n, -1.0, np.float32)
+        table[picked] = np.arange(len(picked))
+        placed = L.g.take(ts, L.g.const(table, "scatter_index"), dim)
+    mask = np.zeros((1,) * dim + (n,) + (1,) * (ta.rank - dim - 1), np.float32)
+    mask.reshape(-1)[picked] = 1.0
+    return Sym(L.g.select(L.g.const(mask, "scatter_mask"), placed, ta), _out_dtype(node))
 
 
 @lowering(aten.select.int, aten.select_copy.int)
@@ -1458,13 +1768,21 @@ def _assert(L: Lowerer, node, *args, **kwargs):
     return None
 
 
+ZEROED = frozenset({aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+                    aten.new_empty.default, aten.new_empty_strided.default})
+"""Ops whose values are uninitialized memory: known at build time as zeros (never garbage in a CONST, which
+would change the graph root from run to run)."""
+
 NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.default, aten.bernoulli.p,
                      aten.rand_like.default, aten.randn_like.default, aten.randint.default})
 """Ops never evaluated at build time even when every input is known (they are random)."""
 
-KEPT_WHOLE = (aten.softplus.default, aten.mish.default)
-"""Ops kept out of torch's decompositions: theirs compute ``exp(a)`` for every ``a`` and select the
-threshold branch afterwards (an overflow to inf in FP32); their lowerings here are finite for every input."""
+KEPT_WHOLE = (aten.softplus.default, aten.mish.default, aten.upsample_bicubic2d.vec, aten.upsample_trilinear3d.vec,
+              aten._upsample_nearest_exact2d.vec)
+"""Ops kept out of torch's decompositions: softplus' and mish's compute ``exp(a)`` for every ``a`` and select
+the threshold branch afterwards (an overflow to inf in FP32), their lowerings here are finite for every input;
+bicubic and trilinear upsampling and nearest-exact gather with several index tensors, their lowerings are one
+MATMUL / TAKE per axis."""
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:

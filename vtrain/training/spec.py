@@ -261,6 +261,17 @@ def load_dataset(spec: TrainSpec) -> Dataset:
     return text_dataset(synthetic_corpus(spec.corpus_chars, seed=spec.seed), spec.gpt.context)
 
 
+def check_batch_fits(spec: TrainSpec, n_samples: int) -> None:
+    """DatasetError when a new job's batch is larger than its dataset. Each step draws its ``batch_size`` rows
+    from the samples with replacement (docs/protocol.md), so such a batch repeats samples at every step: almost
+    always a mistaken ``--batch-size`` or a truncated data file. Checked where a run or a job is made (``vtrain
+    train`` of a new run, ``client create-job``), not by replay or the agents, so a job made before stays valid."""
+    if spec.batch_size > n_samples:
+        raise DatasetError(f"batch size {spec.batch_size} is larger than the dataset's {n_samples} samples: each "
+                           f"step draws its {spec.batch_size} rows from the {n_samples} samples with replacement, "
+                           f"so every batch would repeat samples; use --batch-size {n_samples} or less, or more data")
+
+
 def build_job(spec: TrainSpec) -> Job:
     """Dataset, step graph and initial state for ``spec``."""
     if spec.model not in ("mlp", "gpt"):
