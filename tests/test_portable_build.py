@@ -1,0 +1,84 @@
+"""A file model's step graph is the same on every vector ISA (docs/frontend.md, "Initial weights").
+
+The graph root commits to every op and every CONST the build makes: values folded at build time by
+running the user's torch ops (a rotary table's ``cos``/``sin``), interpolation weights, gather tables.
+torch's CPU kernels are compiled once per vector ISA and give other bits for some ops (FMA
+contraction, vectorised transcendental functions), so a constant taken from them could make a trainer
+on AVX-512 and an auditor on another CPU build two graphs, and the job would be refused. These tests
+build the same models here and under ``ATEN_CPU_CAPABILITY=default`` and compare the graph root and
+the bytes of every CONST, both from the initial weights pinned where the factory ran.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_replication import REPO, env_for
+
+PROBE = '''
+import hashlib, json, logging, sys, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+from pathlib import Path
+from vtrain.commit.trace import GraphCommitment
+from vtrain.frontend.job import initial_weights_bytes, make_task
+from vtrain.training.spec import TrainSpec, build_job
+
+pins, refs = Path(sys.argv[1]), sys.argv[2:]
+out = {}
+for i, ref in enumerate(refs):
+    pin = pins / f"{i}.safetensors"
+    if not pin.exists():  # the first build pins what its factory drew, as `vtrain train` does
+        pin.write_bytes(initial_weights_bytes(make_task(ref, {}, TrainSpec(model=ref).seed, None).module))
+    job = build_job(TrainSpec(model=ref, batch_size=2, steps=2, interval=1, checkpoint=str(pin)))
+    h = hashlib.sha256()
+    for k in sorted(job.graph.consts):
+        h.update(k.to_bytes(8, "little") + job.graph.consts[k].tobytes())
+    out[ref] = [GraphCommitment.of(job.graph).root.hex(), h.hexdigest(), job.graph.n_ops]
+print(json.dumps(out))
+'''
+
+needs_vector_isa = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() == "DEFAULT",
+                                      reason="this CPU's torch kernels are the default ones: no other ISA to compare")
+
+
+def _graphs(pins: Path, models: list[str], extra: dict[str, str]) -> dict[str, list]:
+    p = subprocess.run([sys.executable, "-c", PROBE, str(pins), *models], cwd=REPO, env=env_for(extra),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _same_graphs_on_both_isas(pins: Path, models: list[str]) -> None:
+    """Built here (pinning the initial weights its factory draws: a frozen parameter is a CONST) and under
+    the default ISA from those pins."""
+    here = _graphs(pins, models, {})
+    other = _graphs(pins, models, {"ATEN_CPU_CAPABILITY": "default"})
+    assert other == here, {m: (here[m], other[m]) for m in models if here[m] != other[m]}
+
+
+@needs_vector_isa
+def test_a_unet_and_a_rotary_transformer_build_the_same_graph_on_another_isa(tmp_path: Path) -> None:
+    """Bilinear and nearest upsampling, uneven adaptive pooling, convolutions, argmax (the U-Net) and a
+    rotary table folded at build time, RMSNorm, SwiGLU (the Llama-style model)."""
+    _same_graphs_on_both_isas(tmp_path, ["examples/zoo.py:unet_decoder", "examples/zoo.py:llama_style"])
+
+
+@pytest.mark.slow
+@needs_vector_isa
+def test_every_example_model_builds_the_same_graph_on_another_isa(tmp_path: Path) -> None:
+    """Every trained zoo model, the ResNet, HF GPT-2 and HF BERT examples (``pytest
+    tests/test_portable_build.py -m slow``)."""
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import zoo
+    finally:
+        sys.path.pop(0)
+    models = [f"examples/zoo.py:{name}" for name in zoo.TRAINED]
+    models += ["examples/resnet_digits.py:task", "examples/hf_gpt2.py:small", "examples/hf_bert.py:tiny"]
+    _same_graphs_on_both_isas(tmp_path, models)
