@@ -288,6 +288,34 @@ def norm_bound_factor(n: int) -> float:
     return TRAINER_BOUND_SLACK * gamma(n) * (1.0 + (n + 4) * 2.0**-52)
 
 
+def replay_matmul_norm(
+    ins: list[torch.Tensor], v: torch.Tensor, entries: np.ndarray
+) -> tuple[NF.PointBound | NF.NormBound, ReplayFiltered] | None:
+    """The checked replay's MATMUL bound and filter from its FP64 products ``v`` (C-contiguous,
+    *without* the bias: added here in place, as ``v.add_(bias.double())``) in one native call
+    (``native_replay.matmul_norm_filter``): ``(d, (r, candidates, finite))`` with ``r = RN32(v)``, the
+    candidates of the norm bound ``executor._norm_bound`` at reach ``d_norm * REPLAY_SCALE`` and ``d``
+    the bound the checks read, ``min(d_norm, tight_bound_at)``, at the candidates and ``entries`` (flat
+    indices): the same bits as the lazy ``NormBound`` with ``tight=tight_bound_at`` (tested), with
+    :func:`grid_elements` there (``PointBound.grid_at``). Where
+    there are more points than the kernel keeps, ``d`` is that lazy ``NormBound`` (the caller reads
+    ``tight_bound_at`` itself). None where the kernel does not take the tensors (``v`` untouched)."""
+    shape = native_rows.matmul_operands(ins, v) if NF.usable(v) else None  # apply_log's native path takes v
+    if shape is None:
+        return None
+    n = ins[0].shape[-1] + (len(ins) == 3)
+    got = native_replay.matmul_norm_filter(ins, v, shape, entries, n * SUBNORMAL_F32, norm_bound_factor(n),
+                                           REPLAY_SCALE, TRAINER_BOUND_SLACK * gamma(n), n * 2.0**-149)
+    if got is None:
+        return None
+    r, cand, finite, points = got
+    if points is None:  # more points than the kernel keeps: the lazy norm bound (v has its bias now)
+        x = [t.double() for t in ins]
+        return NF.norm_bound(x, v, norm_bound_factor(n), n * SUBNORMAL_F32, ins), (r, cand, finite)
+    at = np.concatenate([cand, np.asarray(entries, dtype=np.int64)])
+    return NF.PointBound(at, points[0], points[1]), (r, cand, finite)
+
+
 def round_canonical_matmul(
     graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str
 ) -> tuple[torch.Tensor, OpLog, int] | None:

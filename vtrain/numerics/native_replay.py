@@ -82,3 +82,44 @@ def matmul_abs_sums(ins: list[torch.Tensor], index: np.ndarray) -> np.ndarray | 
     if rc:
         raise MemoryError("native replay: could not allocate a term row")
     return out.numpy()
+
+
+_NORM = _bind("vt_replay_matmul_norm",
+              [_p, _p, _p, _p, _i64, _i64, _i64, _i64, ctypes.c_int32, ctypes.c_double, ctypes.c_double,
+               ctypes.c_double, ctypes.c_double, ctypes.c_double, _p, _p, _p, _i64, _i64, _p, _p, _p], _i64)
+
+#: Candidates plus entries whose bounds :func:`matmul_norm_filter` computes (more: the caller's lazy path).
+_POINTS_CAP = 4096
+
+
+def matmul_norm_filter(
+    ins: list[torch.Tensor], v: torch.Tensor, shape: tuple[int, int, int, int], entries: np.ndarray,
+    sub: float, factor: float, scale: float, coef: float, subn: float,
+) -> tuple[torch.Tensor, np.ndarray, bool, tuple[np.ndarray, np.ndarray] | None] | None:
+    """The checked replay's MATMUL filter in one C call (``vt_replay_matmul_norm``): with a bias
+    ``v += bias`` in place, ``(r, candidates, finite, points)`` with ``(r, candidates, finite)`` of
+    ``native_filter.round_filter(v, NormBound, scale)`` and ``points`` = (``min(NormBound.at,
+    canonical.tight_bound_at)``, ``canonical.grid_elements``) at the candidates and then at ``entries``
+    (flat indices, as given; None where there are more than :data:`_POINTS_CAP` points). ``shape``:
+    ``native_rows.matmul_operands(ins, v)``; ``sub``, ``factor`` the norm bound's, ``coef``, ``subn``
+    the tight bound's (``coef * (fl(S) + subn)``). None where the kernel is not loaded (``v`` untouched)."""
+    if _NORM is None or not native.available():
+        return None
+    batches, m, k, ncols = shape
+    keep = [t if t.is_contiguous() else t.contiguous() for t in ins]
+    bias = keep[2].data_ptr() if len(ins) == 3 else None
+    ent = np.ascontiguousarray(entries, dtype=np.int64)
+    n = v.numel()
+    r = torch.empty(v.shape, dtype=torch.float32)
+    idx = np.empty(max(n, 1), dtype=np.int64)  # pages are touched only where candidates land
+    cap = min(n, _POINTS_CAP) + len(ent)
+    d_at = np.empty(cap, dtype=np.float64)
+    grid = np.empty(cap, dtype=np.bool_)
+    status = np.zeros(2, dtype=np.int64)
+    count = _NORM(v.data_ptr(), keep[0].data_ptr(), keep[1].data_ptr(), bias, batches, m, k, ncols, 1, sub,
+                  factor, scale, coef, subn, r.data_ptr(), idx.ctypes.data, ent.ctypes.data, len(ent), cap,
+                  d_at.ctypes.data, grid.ctypes.data, status.ctypes.data)
+    if count < 0:
+        raise MemoryError("native replay: the MATMUL filter could not allocate its scratch rows")
+    p = count + len(ent)
+    return r, idx[:count].copy(), not status[0], (d_at[:p].copy(), grid[:p].copy()) if status[1] else None
