@@ -223,7 +223,7 @@ def test_the_replays_one_call_matmul_filter_gives_the_lazy_paths_bits(shape) -> 
         r_ref, cand_ref, fin_ref = R.NF.round_filter(v_ref, d_ref, R.REPLAY_SCALE)
         total = v.numel()
         entries = np.sort(rng.integers(0, total, 5)).astype(np.int64)
-        d, (r, cand, fin) = canonical.replay_matmul_norm(ins, v, entries)
+        d, (r, cand, fin), near = canonical.replay_matmul_norm(ins, v, entries)
         assert isinstance(d, R.NF.PointBound)
         assert torch.equal(v, v_ref) and torch.equal(r, r_ref) and np.array_equal(cand, cand_ref) and fin == fin_ref
         assert not ints or len(cand) > 0 or total < 50
@@ -231,6 +231,38 @@ def test_the_replays_one_call_matmul_filter_gives_the_lazy_paths_bits(shape) -> 
         want = np.minimum(d_ref.at(at), canonical.tight_bound_at(MATMUL, ins, at))
         assert np.array_equal(d.at(at), want)
         assert np.array_equal(d.grid_at(at), canonical.grid_elements(MATMUL, ins, at))
+        vn, rn = v.reshape(-1).numpy(), r.reshape(-1).numpy()
+        assert np.array_equal(near, R._near_midpoint_np(vn[cand], rn[cand], 2.0 * want[: len(cand)] * R._CMP_SLACK))
+        assert not ints or near.any() or total < 50
+
+
+@pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN])
+def test_the_replays_sum_pass_gives_the_filters_bits_the_grid_rule_and_the_near_ties(kind: OpKind) -> None:
+    """``native_replay.sum_values_grid`` (``vt_replay_sum_values``): ``native_filter.sum_values_filter``'s
+    ``v``, ``d``, ``r``, candidates and finiteness, and at the candidates ``grid_elements`` and
+    ``_near_midpoint_np`` on ``d``, bit for bit (integer rows: exact midpoints on the grid; rows
+    with a non-grid term; random rows)."""
+    if native_replay._SUM is None:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(3 + (kind == OpKind.MEAN))
+    op = SimpleNamespace(kind=kind)
+    for n in (1, 7, 32, 200):
+        ints = rng.integers(-2**13, 2**13, (300, n)).astype(np.float32) * np.float32(2049.0)
+        odd = ints.copy()
+        odd[::3, 0] += np.float32(2.0**-20)
+        rand = (rng.standard_normal((300, n)) * np.exp2(rng.integers(-20, 20, (300, n)))).astype(np.float32)
+        for rows in (ints, odd, rand):
+            x = torch.from_numpy(rows.reshape(30, 10, n))
+            factor = canonical.sum_bound_factor(kind, n)
+            mean = kind == OpKind.MEAN
+            v, d, r, cand, fin, grid, near = native_replay.sum_values_grid(x, mean, factor, R.REPLAY_SCALE,
+                                                                         R._CMP_SLACK)
+            v0, d0, r0, cand0, fin0 = R.NF.sum_values_filter(x, mean, factor, R.REPLAY_SCALE)
+            assert torch.equal(v, v0) and torch.equal(d, d0) and torch.equal(r, r0)
+            assert np.array_equal(cand, cand0) and fin == fin0
+            assert np.array_equal(grid, canonical.grid_elements(op, [x], cand))
+            vn, rn, dn = v.reshape(-1).numpy(), r.reshape(-1).numpy(), d.reshape(-1).numpy()
+            assert np.array_equal(near, R._near_midpoint_np(vn[cand], rn[cand], 2.0 * dn[cand] * R._CMP_SLACK))
 
 
 def test_a_doctored_entry_where_the_norm_bound_is_loose_is_flagged() -> None:
@@ -238,8 +270,8 @@ def test_a_doctored_entry_where_the_norm_bound_is_loose_is_flagged() -> None:
     element ``1.5 * 1 + 2^20 * (2^-44 + 2^-60) = m + 2^-40`` (``m = 1.5 + 2^-24``, an FP32 midpoint):
     its norm bound is ~2^20 times its tight one, so ``4 d' < 2^-40 < 4 d_norm``. An honest trainer
     logs nothing there (``2 Dc < 2^-40``); a doctored ``up`` entry must be flagged "far" (with
-    ``d_norm`` at the entries it would pass), and the unlogged element, a norm-filter candidate, must
-    not be flagged (with ``d_norm`` at the candidates it would be)."""
+    ``d_norm`` at the entries it would pass), and the unlogged element, a norm-filter candidate off the
+    exact grid, must not be flagged (with ``d_norm`` at the candidates it would be)."""
     import copy
 
     import vtrain.graph.executor as E
@@ -247,15 +279,16 @@ def test_a_doctored_entry_where_the_norm_bound_is_loose_is_flagged() -> None:
     from vtrain.graph.step_graph import GraphBuilder
 
     gb = GraphBuilder()
-    a, b = gb.input("a", (2, 2)), gb.input("b", (3, 2))
+    a, b = gb.input("a", (2, 3)), gb.input("b", (3, 3))
     gb.data((1,))
     y = gb.matmul(a, b)
     gb.output(a, 0)
     gb.output(b, 1)
     graph = gb.build(gb.sum(y))
     mm = y.op
-    an = np.array([[1.5, 2.0**20], [1.0, 3.0]], np.float32)
-    bn = np.array([[1.0, 2.0**-44 + 2.0**-60], [2.0, 1.0], [0.5, 0.25]], np.float32)
+    # the third term (2^-200) keeps element 0 off the exact grid: a near-tie there would be a suspect
+    an = np.array([[1.5, 2.0**20, 2.0**-100], [1.0, 3.0, 0.0]], np.float32)
+    bn = np.array([[1.0, 2.0**-44 + 2.0**-60, 2.0**-100], [2.0, 1.0, 0.0], [0.5, 0.25, 0.0]], np.float32)
     state = [torch.from_numpy(an), torch.from_numpy(bn)]
     data = torch.zeros(1)
     ins = [state[0], state[1]]
@@ -265,6 +298,7 @@ def test_a_doctored_entry_where_the_norm_bound_is_loose_is_flagged() -> None:
     d_norm = float(R.NF.dense(E._norm_bound(x, v.clone(), ins=ins)).reshape(-1)[0])
     d_tight = float(canonical.tight_bound_at(MATMUL, ins, np.array([0]))[0])
     assert 4 * d_tight < 2.0**-40 < 4 * d_norm
+    assert not canonical.grid_elements(MATMUL, ins, np.array([0]))[0]
     ex = StepExecutor(graph, "certified")
     res = ex.run(state, data)
     assert not len(res.log.entries(mm))

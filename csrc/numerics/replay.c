@@ -33,6 +33,17 @@ static double pw_abs_sum(const double *a, int64_t n) {
     return pw_abs_sum(a, n2) + pw_abs_sum(a + n2, n - n2);
 }
 
+/* rounding._near_midpoint_np of one element: whether a midpoint next to r = RN32(v) lies within
+ * reach = (2.0 * d) * slack of v (numpy's minimum/maximum: a NaN stays NaN, and compares false). */
+static uint8_t near_midpoint(double v, float r, double d, double slack) {
+    const double reach = (2.0 * d) * slack;
+    const double r64 = (double)r;
+    double hi = (double)nextafterf(r, INFINITY), lo = (double)nextafterf(r, -INFINITY);
+    if (!isnan(hi) && !(hi < 0x1p128)) hi = 0x1p128;
+    if (!isnan(lo) && !(lo > -0x1p128)) lo = -0x1p128;
+    return (uint8_t)((((r64 + hi) * 0.5 - v) <= reach) | ((v - (r64 + lo) * 0.5) <= reach));
+}
+
 /* out[i] = fl(S) of MATMUL element idx[i] (a [.., m, k], b [.., ncols, k], bias [ncols] or NULL;
  * `total` elements). Returns 0, -2 for an index outside [0, total), -1 when scratch is not allocated. */
 VT_EXPORT int vt_replay_matmul_abs_sums(const float *a, const float *b, const float *bias, int64_t m, int64_t k,
@@ -118,15 +129,17 @@ int vt_grid_row(const double *t, int64_t n, double s_abs, int kind);
  *       d_tight = coef * ((0.0 + pw_abs_sum(t)) + subn)          (t: the exact FP64 terms, bias last)
  *     NaN where either is NaN (numpy's minimum), NaN at an entry index outside [0, total) (the
  *     caller's index check raises before any d is read);
- *   and there grid[p], the exact-grid rule of the terms (rows.c's vt_rows_grid: canonical.grid_elements).
- * Writes r and idx (capacity batches * m * ncols); the bounds into d_at and the rule into grid
- * (capacity `cap` each) when count + n_ent <= cap. status[0]: whether some r is not finite; status[1]: whether d_at was written.
+ *   and there grid[p], the exact-grid rule of the terms (rows.c's vt_rows_grid: canonical.grid_elements);
+ *   at the candidates near[p] = rounding._near_midpoint_np(v, r, 2.0 * d * slack) with that d.
+ * Writes r and idx (capacity batches * m * ncols); the bounds into d_at, the rule into grid and the
+ * near-tie flags into near (capacity `cap` each) when count + n_ent <= cap. status[0]: whether some r is not finite; status[1]: whether d_at was written.
  * Returns the candidate count, or -1 when scratch memory cannot be had. */
 VT_EXPORT int64_t vt_replay_matmul_norm(double *v, const float *a, const float *b, const float *bias,
                                         int64_t batches, int64_t m, int64_t k, int64_t ncols, int32_t add_bias,
                                         double sub, double factor, double scale, double coef, double subn,
-                                        float *r, int64_t *idx, const int64_t *ent, int64_t n_ent, int64_t cap,
-                                        double *d_at, uint8_t *grid, int64_t *status) {
+                                        double slack, float *r, int64_t *idx, const int64_t *ent, int64_t n_ent,
+                                        int64_t cap, double *d_at, uint8_t *grid, uint8_t *near,
+                                        int64_t *status) {
     const int64_t rows = batches * m, total = rows * ncols;
     double *na = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(double));
     double *nb = malloc((size_t)(batches * ncols > 0 ? batches * ncols : 1) * sizeof(double));
@@ -170,12 +183,39 @@ VT_EXPORT int64_t vt_replay_matmul_norm(double *v, const float *a, const float *
         const double dt = coef * (s_abs + subn);
         grid[p] = (uint8_t)vt_grid_row(t, nt, s_abs, 0);
         d_at[p] = (isnan(dn) || isnan(dt)) ? NAN : (dt < dn ? dt : dn);
+        if (p < count) near[p] = near_midpoint(v[at], r[at], d_at[p], slack);
     }
     status[1] = 1;
 done:
     free(na);
     free(nb);
     free(bias64);
+    free(t);
+    return count;
+}
+
+int64_t vt_sum_values_filter(const float *x, int64_t rows, int64_t n, int32_t mean, double factor, double scale,
+                             double *v, double *d, float *r, int64_t *idx, uint32_t *nonfinite);
+
+/* The checked replay's SUM/MEAN pass (native_replay.sum_values_grid): vt_sum_values_filter (filter.c:
+ * v, d, r and the candidates of the rows of an FP32 x [rows, n]), then at each candidate row grid[i],
+ * the exact-grid rule of its terms (rows.c's vt_rows_grid on the rows of x: canonical.grid_elements),
+ * which the replay's checks ask of its unlogged near-ties, and near[i] = rounding._near_midpoint_np(v, r,
+ * 2.0 * d * slack). Returns the candidate count, or -1 when scratch memory cannot be had (nothing usable
+ * written then). */
+VT_EXPORT int64_t vt_replay_sum_values(const float *x, int64_t rows, int64_t n, int32_t mean, double factor,
+                                       double scale, double slack, double *v, double *d, float *r, int64_t *idx,
+                                       uint32_t *nonfinite, uint8_t *grid, uint8_t *near) {
+    const int64_t count = vt_sum_values_filter(x, rows, n, mean, factor, scale, v, d, r, idx, nonfinite);
+    if (count <= 0) return count;
+    double *t = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    if (!t) return -1;
+    for (int64_t i = 0; i < count; i++) {
+        const float *xr = x + idx[i] * n;
+        for (int64_t q = 0; q < n; q++) t[q] = (double)xr[q];
+        grid[i] = (uint8_t)vt_grid_row(t, n, 0.0 + pw_abs_sum(t, n), mean ? 2 : 1);
+        near[i] = near_midpoint(v[idx[i]], r[idx[i]], d[idx[i]], slack);
+    }
     free(t);
     return count;
 }

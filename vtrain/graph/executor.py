@@ -638,11 +638,11 @@ class StepExecutor:
             # checked replay of a MATMUL: norm bound, filter and min(d_norm, d') at the points in one native call
             got = self._replay_matmul(op, ins, log_in)
             if got is not None:
-                v, d, filtered = got
+                v, d, filtered, near = got
                 stats.values += v.numel()
                 kind = "points" if isinstance(d, native_filter.PointBound) else "norm"
                 return self._replay_op(op, ins, v, d, log_in, resolver_factory, check, violations, sums, kind,
-                                       filtered=filtered)
+                                       filtered=filtered, near=near)
         checked_sum = bound_kind == "tight" and log_in is not None and k in (OpKind.SUM, OpKind.MEAN)
         if checked_sum and self.mode == Mode.CERTIFIED:
             # checked replay: v, d and the filter in one native pass (the trainer's sums)
@@ -650,7 +650,7 @@ class StepExecutor:
             if got is not None:
                 stats.values += got[0].numel()
                 return self._replay_op(op, ins, got[0], got[1], log_in, resolver_factory, check, violations, sums,
-                                       bound_kind, filtered=got[2])
+                                       bound_kind, filtered=got[2], exact=got[3], near=got[4])
         v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
         stats.values += v.numel()
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
@@ -695,7 +695,7 @@ class StepExecutor:
     @staticmethod
     def _replay_matmul(
         op: OpNode, ins: list[torch.Tensor], log_in: StepLog
-    ) -> tuple[torch.Tensor, native_filter.Bound, ReplayFiltered] | None:
+    ) -> tuple[torch.Tensor, native_filter.Bound, ReplayFiltered, np.ndarray | None] | None:
         """The checked replay's MATMUL under the norm bound: the FP64 products, then the bias add, norms,
         filter and the bound at the candidates and entries in one native call
         (:func:`vtrain.numerics.canonical.replay_matmul_norm`); None where the kernel does not take the tensors (the
@@ -724,13 +724,16 @@ class StepExecutor:
         got = replay_matmul_norm(ins, v, log_in.entries(op.id).index)
         if got is None:
             return None
-        return v, got[0], got[1]
+        return v, *got
 
     def _replay_op(
-        self, op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind, filtered=None
+        self, op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind, filtered=None,
+        exact=None, near=None,
     ) -> torch.Tensor:
         """The certified replay of one rounding op from its FP64 ``v`` and bound (None: exact op);
-        ``filtered``: the native filter's pass where the caller made it (``rounding.apply_log``)."""
+        ``filtered``: the native filter's pass where the caller made it (``rounding.apply_log``), with
+        ``near``, its candidates' near-tie flags where it made them; ``exact``: :func:`grid_elements`
+        of the op where the caller has it (read at candidates)."""
         k = op.kind
         what = f"{op.kind.name} op {op.id}"
         eager = sums is None
@@ -739,15 +742,15 @@ class StepExecutor:
         resolver = None
         if resolver_factory is not None:
             resolver = resolver_factory(op, [t.cpu() for t in ins] if self.device.type != "cpu" else ins)
-        exact = tight = None
+        given, exact, tight = exact, None, None
         if (resolver is not None or viol is not None) and k in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
-            exact = partial(grid_elements, op, ins)  # exact-grid sums: no entry, and none is due
+            exact = given or partial(grid_elements, op, ins)  # exact-grid sums: no entry, and none is due
             if bound_kind == "points":  # computed at the candidates and entries with the bound (the same bits)
                 exact = bound.grid_at
             if bound_kind == "norm":  # d filters; the checks read min(d, d') at candidates and entries
                 tight = partial(tight_bound_at, op, ins)
         out = apply_log(v, bound, entries, what, resolver, viol, check_finite=eager, exact=exact, tight=tight,
-                        filtered=filtered)
+                        filtered=filtered, near=near)
         if not eager:
             sums.extend(finite_probe(out))
         if viol:
