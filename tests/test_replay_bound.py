@@ -306,10 +306,12 @@ def test_a_doctored_entry_where_the_norm_bound_is_loose_is_flagged() -> None:
     assert rep.violations == []  # element 0 is a norm candidate, cleared by d'
     bad = copy.deepcopy(res.log)
     bad.sparse[mm] = OpLog(np.array([0], np.int64), np.array([2], np.uint8), np.zeros(1, np.float32))
-    for native in (True, False):
+    for native, cap in ((True, None), (True, 0), (False, None)):
         with pytest.MonkeyPatch.context() as mp:
             if not native:
                 mp.setattr(R.NF, "usable", lambda t: False)
+            if cap is not None:  # more points than the kernel keeps: its filter, then the lazy bound
+                mp.setattr(native_replay, "_POINTS_CAP", cap)
             rep = ex.run(state, data, log_in=bad, check=True)
         assert [(op, x.index, x.code, x.detail) for op, x in rep.violations] == [
             (mm, 0, 2, "entry far from the replayed value")]
