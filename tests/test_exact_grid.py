@@ -196,8 +196,17 @@ def test_the_rule_removes_entries_only_and_the_log_replays_without_suspects(spec
         assert component_roots(rep.state) == component_roots(a.state)
         assert rep.violations == [], rep.violations[:3]
     assert removed > 0
-    # the replay's fallback needs the grid test: without it the exempted exact ties look suspect
-    monkeypatch.setattr(vexec, "grid_elements", lambda op, ins, idx: np.zeros(len(idx), dtype=bool))
+    # the replay's fallback needs the grid test: without it the exempted exact ties look suspect (the
+    # test as grid_elements, and as the native replay passes hand it over: SUM/MEAN and MATMUL)
+    from vtrain.numerics import canonical as vcan
+    from vtrain.numerics import native_filter as vnf
+
+    def no_grid(*args) -> np.ndarray:
+        return np.zeros(len(args[-1]), dtype=bool)
+
+    monkeypatch.setattr(vexec, "grid_elements", no_grid)
+    monkeypatch.setattr(vcan._GridAt, "__call__", no_grid)
+    monkeypatch.setattr(vnf.PointBound, "grid_at", no_grid)
     st_1, a1 = with_rule[0]
     rep = ex.run(st_1, batch_for(job, 1), log_in=a1.log, step=1, check=True)
     assert rep.violations, "unlogged exact ties are flagged when the replay skips the grid test"

@@ -505,9 +505,10 @@ def _tampered_sum_logs(log: OpLog, n_out: int, rng: np.random.Generator) -> list
 
 @pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN])
 def test_the_checked_replay_of_a_sum_from_the_kernel_is_the_torch_paths(kind: OpKind) -> None:
-    """A SUM/MEAN op's checked replay from ``replay_sum_values`` (one native pass) and from
-    ``_compute_fp64`` (torch's FP64 sums, FP32 ``sum|x|``): the same output bits, the same violations
-    and the same calls to the resolver, on the honest log (near-ties, exact-grid rows) and on tampered ones."""
+    """A SUM/MEAN op's checked replay from ``replay_sum_values`` (one native pass, with its exact-grid
+    rule and near-tie flags at the candidates) and from ``_compute_fp64`` (torch's FP64 sums, FP32
+    ``sum|x|``): the same output bits, the same violations and the same calls to the resolver, on the
+    honest log (near-ties, exact-grid rows) and on tampered ones."""
     from functools import partial
 
     from vtrain.graph.step_graph import OpNode
@@ -534,7 +535,7 @@ def test_the_checked_replay_of_a_sum_from_the_kernel_is_the_torch_paths(kind: Op
     v_ref, d_ref = E._compute_fp64(op, ins, "tight", lazy=True)
     for log in _tampered_sum_logs(honest[1], 300, rng):
         seen = []
-        for v, d, filtered in (got, (v_ref, d_ref, None)):
+        for v, d, filtered, exact, near in (got, (v_ref, d_ref, None, partial(grid_elements, op, ins), None)):
             calls: list[tuple[np.ndarray, ...]] = []
 
             def resolver(keys, proposed, codes, flagged, calls=calls):
@@ -542,7 +543,7 @@ def test_the_checked_replay_of_a_sum_from_the_kernel_is_the_torch_paths(kind: Op
                 return proposed
 
             viol: list = []
-            out = apply_log(v, d, log, "op", resolver, viol, exact=partial(grid_elements, op, ins), filtered=filtered)
+            out = apply_log(v, d, log, "op", resolver, viol, exact=exact, filtered=filtered, near=near)
             seen.append((out.view(torch.int32).numpy().copy(), [(x.index, x.code, x.detail) for x in viol], calls))
         (o1, v1, c1), (o2, v2, c2) = seen
         assert np.array_equal(o1, o2)

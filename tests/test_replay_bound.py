@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -85,22 +84,23 @@ def test_the_replays_near_ties_with_a_tight_bound_are_the_reference_set(monkeypa
     assert near == want.tolist()
 
 
-@pytest.mark.parametrize("norm_min,native", [(0, True), (None, True), (0, False)])
-def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing(monkeypatch, norm_min, native) -> None:
+@pytest.mark.parametrize("native", [True, False])
+def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing(monkeypatch, native: bool) -> None:
     """The benchmark's small GPT (d 64): canonical explicit MATMUL entries, each within its rounding
-    interval plus ``d`` of ``v'``; no violation, with every MATMUL on the norm bound and the tight bound
-    of the exact terms (``norm_min`` 0) and as sized (all on the FP32 ``|A| @ |B|`` at this size); on the
-    native path and on the torch path that other devices take."""
+    interval plus ``d`` of ``v'``; no violation, every MATMUL on the norm bound and the tight bound of
+    the exact terms (native: one ``vt_replay_matmul_norm`` call per op; the torch path that other
+    devices take: ``tight_bound_at`` at the candidates and entries)."""
     import vtrain.graph.executor as E
     from vtrain.graph.executor import state_tensors
 
+    calls: list[int] = []
     if not native:  # the torch/numpy path (other devices): dense bounds, unlogged_near_ties
         monkeypatch.setattr(R.NF, "usable", lambda t: False)
-    if norm_min is not None:
-        monkeypatch.setattr(E, "_REPLAY_NORM_MIN", norm_min)
-        calls: list[int] = []
         tight = canonical.tight_bound_at
         monkeypatch.setattr(E, "tight_bound_at", lambda *a: calls.append(1) or tight(*a))
+    else:
+        fused = canonical.replay_matmul_norm
+        monkeypatch.setattr(E, "replay_matmul_norm", lambda *a: calls.append(1) or fused(*a))
     from vtrain.models.nn import GPTConfig
     from vtrain.models.optim import AdamWConfig
     from vtrain.torch_ref import executor_for
@@ -121,16 +121,15 @@ def test_an_honest_checked_replay_with_explicit_matmul_entries_flags_nothing(mon
                                if job.graph.ops[op_id].kind == OpKind.MATMUL)
         state = res.state
     assert explicit_matmul > 0
-    assert norm_min is None or len(calls) > 50  # the tight bound read at candidates and entries (one call each op)
+    assert len(calls) > 50  # the tight bound read at candidates and entries (one call each op)
 
 
 def test_a_wider_gpt_replays_on_the_norm_bound_with_no_violation_and_a_tampered_entry_is_overruled(monkeypatch) -> None:
-    """d 128, context 64: its large MATMULs (M N K >= 2^24) take the norm bound as sized; explicit MATMUL
-    entries there flag nothing (before: ``|c - v'| > 6d``), and one moved to its FP32 neighbour is
-    overruled by the auditor's resolver, whose replay keeps the trainer's (honest) state."""
+    """d 128, context 64: its MATMULs take the norm bound; explicit MATMUL entries there flag nothing
+    (before: ``|c - v'| > 6d``), and one moved to its FP32 neighbour is overruled by the auditor's
+    resolver, whose replay keeps the trainer's (honest) state."""
     import copy
 
-    import vtrain.graph.executor as E
     from protocol.auditor import exact_resolver
     from protocol.jobs import JobContext
     from vtrain.graph.executor import state_tensors
@@ -143,8 +142,7 @@ def test_a_wider_gpt_replays_on_the_norm_bound_with_no_violation_and_a_tampered_
     ctx = JobContext.of(TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
                                   gpt=GPTConfig(n_layer=2, d_model=128, n_head=4, context=64)))
     job = ctx.job
-    normed = {op.id for op in job.graph.ops if op.kind == OpKind.MATMUL and op.inputs
-              and math.prod(op.shape) * job.graph.ops[op.inputs[0]].shape[-1] >= E._REPLAY_NORM_MIN}
+    normed = {op.id for op in job.graph.ops if op.kind == OpKind.MATMUL}
     assert normed
     ex = executor_for(job, "certified")
     state = state_tensors(job.initial_state)
@@ -200,3 +198,120 @@ def test_a_matmul_on_the_lazy_norm_bound_reports_the_reference_near_ties(bias: b
     R.apply_log(v, d, OpLog.empty(), "x", violations=viol, check_finite=False,
                 tight=lambda i: canonical.tight_bound_at(MATMUL, ins, i))
     assert [x.index for x in viol] == want.tolist()
+
+
+@pytest.mark.parametrize("shape", [((), 3, 1, 2, False), ((), 5, 7, 4, True), ((2, 3), 4, 129, 5, False),
+                                   ((2,), 6, 300, 3, True), ((), 40, 64, 24, True)])
+def test_the_replays_one_call_matmul_filter_gives_the_lazy_paths_bits(shape) -> None:
+    """``canonical.replay_matmul_norm`` (``vt_replay_matmul_norm``) against the lazy path it replaces:
+    ``v`` with its bias, ``(r, candidates, finite)`` of ``round_filter`` on ``NormBound`` at
+    ``REPLAY_SCALE``, and at the candidates and entries ``min(NormBound.at, tight_bound_at)`` and
+    ``grid_elements``, bit for bit (integer operands too: sums past 2^24 at midpoints, grid rows)."""
+    import vtrain.graph.executor as E
+
+    if native_replay._NORM is None:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(sum(shape[1:4]) + 7)
+    for ints in (False, True):
+        ins = _matmul(rng, *shape)
+        if ints:
+            ins = [torch.from_numpy(rng.integers(-2**13, 2**13, t.shape).astype(np.float32)) for t in ins]
+        x = [t.double() for t in ins]
+        v_ref = torch.matmul(x[0], x[1].transpose(-1, -2))
+        v = v_ref.clone()
+        d_ref = E._norm_bound(x, v_ref, lazy=True, ins=ins)
+        r_ref, cand_ref, fin_ref = R.NF.round_filter(v_ref, d_ref, R.REPLAY_SCALE)
+        total = v.numel()
+        entries = np.sort(rng.integers(0, total, 5)).astype(np.int64)
+        d, (r, cand, fin), near = canonical.replay_matmul_norm(ins, v, entries)
+        assert isinstance(d, R.NF.PointBound)
+        assert torch.equal(v, v_ref) and torch.equal(r, r_ref) and np.array_equal(cand, cand_ref) and fin == fin_ref
+        assert not ints or len(cand) > 0 or total < 50
+        at = np.concatenate([cand, entries])
+        want = np.minimum(d_ref.at(at), canonical.tight_bound_at(MATMUL, ins, at))
+        assert np.array_equal(d.at(at), want)
+        assert np.array_equal(d.grid_at(at), canonical.grid_elements(MATMUL, ins, at))
+        vn, rn = v.reshape(-1).numpy(), r.reshape(-1).numpy()
+        assert np.array_equal(near, R._near_midpoint_np(vn[cand], rn[cand], 2.0 * want[: len(cand)] * R._CMP_SLACK))
+        assert not ints or near.any() or total < 50
+
+
+@pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN])
+def test_the_replays_sum_pass_gives_the_filters_bits_the_grid_rule_and_the_near_ties(kind: OpKind) -> None:
+    """``native_replay.sum_values_grid`` (``vt_replay_sum_values``): ``native_filter.sum_values_filter``'s
+    ``v``, ``d``, ``r``, candidates and finiteness, and at the candidates ``grid_elements`` and
+    ``_near_midpoint_np`` on ``d``, bit for bit (integer rows: exact midpoints on the grid; rows
+    with a non-grid term; random rows)."""
+    if native_replay._SUM is None:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(3 + (kind == OpKind.MEAN))
+    op = SimpleNamespace(kind=kind)
+    for n in (1, 7, 32, 200):
+        ints = rng.integers(-2**13, 2**13, (300, n)).astype(np.float32) * np.float32(2049.0)
+        odd = ints.copy()
+        odd[::3, 0] += np.float32(2.0**-20)
+        rand = (rng.standard_normal((300, n)) * np.exp2(rng.integers(-20, 20, (300, n)))).astype(np.float32)
+        for rows in (ints, odd, rand):
+            x = torch.from_numpy(rows.reshape(30, 10, n))
+            factor = canonical.sum_bound_factor(kind, n)
+            mean = kind == OpKind.MEAN
+            v, d, r, cand, fin, grid, near = native_replay.sum_values_grid(x, mean, factor, R.REPLAY_SCALE,
+                                                                         R._CMP_SLACK)
+            v0, d0, r0, cand0, fin0 = R.NF.sum_values_filter(x, mean, factor, R.REPLAY_SCALE)
+            assert torch.equal(v, v0) and torch.equal(d, d0) and torch.equal(r, r0)
+            assert np.array_equal(cand, cand0) and fin == fin0
+            assert np.array_equal(grid, canonical.grid_elements(op, [x], cand))
+            vn, rn, dn = v.reshape(-1).numpy(), r.reshape(-1).numpy(), d.reshape(-1).numpy()
+            assert np.array_equal(near, R._near_midpoint_np(vn[cand], rn[cand], 2.0 * dn[cand] * R._CMP_SLACK))
+
+
+def test_a_doctored_entry_where_the_norm_bound_is_loose_is_flagged() -> None:
+    """The lazy check reads ``min(d_norm, d')`` at every entry, not the cheap bound alone. A MATMUL
+    element ``1.5 * 1 + 2^20 * (2^-44 + 2^-60) = m + 2^-40`` (``m = 1.5 + 2^-24``, an FP32 midpoint):
+    its norm bound is ~2^20 times its tight one, so ``4 d' < 2^-40 < 4 d_norm``. An honest trainer
+    logs nothing there (``2 Dc < 2^-40``); a doctored ``up`` entry must be flagged "far" (with
+    ``d_norm`` at the entries it would pass), and the unlogged element, a norm-filter candidate off the
+    exact grid, must not be flagged (with ``d_norm`` at the candidates it would be)."""
+    import copy
+
+    import vtrain.graph.executor as E
+    from vtrain.graph.executor import StepExecutor
+    from vtrain.graph.step_graph import GraphBuilder
+
+    gb = GraphBuilder()
+    a, b = gb.input("a", (2, 3)), gb.input("b", (3, 3))
+    gb.data((1,))
+    y = gb.matmul(a, b)
+    gb.output(a, 0)
+    gb.output(b, 1)
+    graph = gb.build(gb.sum(y))
+    mm = y.op
+    # the third term (2^-200) keeps element 0 off the exact grid: a near-tie there would be a suspect
+    an = np.array([[1.5, 2.0**20, 2.0**-100], [1.0, 3.0, 0.0]], np.float32)
+    bn = np.array([[1.0, 2.0**-44 + 2.0**-60, 2.0**-100], [2.0, 1.0, 0.0], [0.5, 0.25, 0.0]], np.float32)
+    state = [torch.from_numpy(an), torch.from_numpy(bn)]
+    data = torch.zeros(1)
+    ins = [state[0], state[1]]
+    x = [t.double() for t in ins]
+    v = torch.matmul(x[0], x[1].T)
+    assert float(v[0, 0]) == 1.5 + 2.0**-24 + 2.0**-40
+    d_norm = float(R.NF.dense(E._norm_bound(x, v.clone(), ins=ins)).reshape(-1)[0])
+    d_tight = float(canonical.tight_bound_at(MATMUL, ins, np.array([0]))[0])
+    assert 4 * d_tight < 2.0**-40 < 4 * d_norm
+    assert not canonical.grid_elements(MATMUL, ins, np.array([0]))[0]
+    ex = StepExecutor(graph, "certified")
+    res = ex.run(state, data)
+    assert not len(res.log.entries(mm))
+    rep = ex.run(state, data, log_in=res.log, check=True)
+    assert rep.violations == []  # element 0 is a norm candidate, cleared by d'
+    bad = copy.deepcopy(res.log)
+    bad.sparse[mm] = OpLog(np.array([0], np.int64), np.array([2], np.uint8), np.zeros(1, np.float32))
+    for native, cap in ((True, None), (True, 0), (False, None)):
+        with pytest.MonkeyPatch.context() as mp:
+            if not native:
+                mp.setattr(R.NF, "usable", lambda t: False)
+            if cap is not None:  # more points than the kernel keeps: its filter, then the lazy bound
+                mp.setattr(native_replay, "_POINTS_CAP", cap)
+            rep = ex.run(state, data, log_in=bad, check=True)
+        assert [(op, x.index, x.code, x.detail) for op, x in rep.violations] == [
+            (mm, 0, 2, "entry far from the replayed value")]

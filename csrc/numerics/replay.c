@@ -33,6 +33,17 @@ static double pw_abs_sum(const double *a, int64_t n) {
     return pw_abs_sum(a, n2) + pw_abs_sum(a + n2, n - n2);
 }
 
+/* rounding._near_midpoint_np of one element: whether a midpoint next to r = RN32(v) lies within
+ * reach = (2.0 * d) * slack of v (numpy's minimum/maximum: a NaN stays NaN, and compares false). */
+static uint8_t near_midpoint(double v, float r, double d, double slack) {
+    const double reach = (2.0 * d) * slack;
+    const double r64 = (double)r;
+    double hi = (double)nextafterf(r, INFINITY), lo = (double)nextafterf(r, -INFINITY);
+    if (!isnan(hi) && !(hi < 0x1p128)) hi = 0x1p128;
+    if (!isnan(lo) && !(lo > -0x1p128)) lo = -0x1p128;
+    return (uint8_t)((((r64 + hi) * 0.5 - v) <= reach) | ((v - (r64 + lo) * 0.5) <= reach));
+}
+
 /* out[i] = fl(S) of MATMUL element idx[i] (a [.., m, k], b [.., ncols, k], bias [ncols] or NULL;
  * `total` elements). Returns 0, -2 for an index outside [0, total), -1 when scratch is not allocated. */
 VT_EXPORT int vt_replay_matmul_abs_sums(const float *a, const float *b, const float *bias, int64_t m, int64_t k,
@@ -97,4 +108,114 @@ VT_EXPORT int64_t vt_replay_apply_entries(const double *v, const float *r, int64
         flagged += far | wild;
     }
     return flagged;
+}
+
+/* The kernels composed below (filter.c, rows.c). */
+void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out);
+int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
+                             const double *nb, const double *bias, double sub, double factor, double scale,
+                             float *r, int64_t *idx, uint32_t *nonfinite);
+int vt_grid_row(const double *t, int64_t n, double s_abs, int kind);
+
+/* The checked replay's MATMUL epilogue in one call (native_replay.matmul_norm_filter): the steps the
+ * Python norm path takes one by one, on the same values in the same order, so the same bits:
+ *
+ *   vt_row_norms32 of A [batches * m, k] and B [batches * ncols, k]  (native_filter.norm_bound);
+ *   v += bias with add_bias                     (executor._norm_bound's v.add_(bias.double()));
+ *   vt_round_filter_norm at `scale`             (native_filter.round_filter of the NormBound);
+ *   at the candidates idx[0..count) and then at the entries ent[0..n_ent) (the points the replay's
+ *   checks read), d = np.minimum(NormBound.at, canonical.tight_bound_at):
+ *       d_norm  = ((((na_i nb_j) + |bias_j|) + sub) * factor)   (no bias: ((na_i nb_j) + sub) * factor)
+ *       d_tight = coef * ((0.0 + pw_abs_sum(t)) + subn)          (t: the exact FP64 terms, bias last)
+ *     NaN where either is NaN (numpy's minimum), NaN at an entry index outside [0, total) (the
+ *     caller's index check raises before any d is read);
+ *   and there grid[p], the exact-grid rule of the terms (rows.c's vt_rows_grid: canonical.grid_elements);
+ *   at the candidates near[p] = rounding._near_midpoint_np(v, r, 2.0 * d * slack) with that d.
+ * Writes r and idx (capacity batches * m * ncols); the bounds into d_at, the rule into grid and the
+ * near-tie flags into near (capacity `cap` each) when count + n_ent <= cap. status[0]: whether some r is not finite; status[1]: whether d_at was written.
+ * Returns the candidate count, or -1 when scratch memory cannot be had. */
+VT_EXPORT int64_t vt_replay_matmul_norm(double *v, const float *a, const float *b, const float *bias,
+                                        int64_t batches, int64_t m, int64_t k, int64_t ncols, int32_t add_bias,
+                                        double sub, double factor, double scale, double coef, double subn,
+                                        double slack, float *r, int64_t *idx, const int64_t *ent, int64_t n_ent,
+                                        int64_t cap, double *d_at, uint8_t *grid, uint8_t *near,
+                                        int64_t *status) {
+    const int64_t rows = batches * m, total = rows * ncols;
+    double *na = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(double));
+    double *nb = malloc((size_t)(batches * ncols > 0 ? batches * ncols : 1) * sizeof(double));
+    double *bias64 = bias ? malloc((size_t)(ncols > 0 ? ncols : 1) * sizeof(double)) : NULL;
+    double *t = malloc((size_t)(k + 1) * sizeof(double));
+    int64_t count = -1;
+    status[0] = 0;
+    status[1] = 0;
+    if (!na || !nb || !t || (bias && !bias64)) goto done;
+    vt_row_norms32(a, rows, k, na);
+    vt_row_norms32(b, batches * ncols, k, nb);
+    if (bias) {
+        for (int64_t j = 0; j < ncols; j++) bias64[j] = (double)bias[j];
+        if (add_bias)
+            for (int64_t i = 0; i < rows; i++) {
+                double *vr = v + i * ncols;
+                for (int64_t j = 0; j < ncols; j++) vr[j] = vr[j] + bias64[j];
+            }
+    }
+    uint32_t nonfinite = 0;
+    count = vt_round_filter_norm(v, rows, m, ncols, na, nb, bias64, sub, factor, scale, r, idx, &nonfinite);
+    status[0] = nonfinite;
+    if (count + n_ent > cap) goto done;
+    for (int64_t p = 0; p < count + n_ent; p++) {
+        const int64_t at = p < count ? idx[p] : ent[p - count];
+        if (at < 0 || at >= total) {
+            d_at[p] = NAN;
+            grid[p] = 0;
+            continue;
+        }
+        const int64_t j = at % ncols, row = at / ncols, batch = row / m;
+        double s = na[row] * nb[batch * ncols + j];
+        if (bias) s = s + fabs(bias64[j]);
+        const double dn = (s + sub) * factor;
+        const float *ar = a + row * k;
+        const float *br = b + (batch * ncols + j) * k;
+        for (int64_t q = 0; q < k; q++) t[q] = (double)ar[q] * (double)br[q];
+        if (bias) t[k] = (double)bias[j];
+        const int64_t nt = k + (bias != NULL);
+        const double s_abs = 0.0 + pw_abs_sum(t, nt);
+        const double dt = coef * (s_abs + subn);
+        grid[p] = (uint8_t)vt_grid_row(t, nt, s_abs, 0);
+        d_at[p] = (isnan(dn) || isnan(dt)) ? NAN : (dt < dn ? dt : dn);
+        if (p < count) near[p] = near_midpoint(v[at], r[at], d_at[p], slack);
+    }
+    status[1] = 1;
+done:
+    free(na);
+    free(nb);
+    free(bias64);
+    free(t);
+    return count;
+}
+
+int64_t vt_sum_values_filter(const float *x, int64_t rows, int64_t n, int32_t mean, double factor, double scale,
+                             double *v, double *d, float *r, int64_t *idx, uint32_t *nonfinite);
+
+/* The checked replay's SUM/MEAN pass (native_replay.sum_values_grid): vt_sum_values_filter (filter.c:
+ * v, d, r and the candidates of the rows of an FP32 x [rows, n]), then at each candidate row grid[i],
+ * the exact-grid rule of its terms (rows.c's vt_rows_grid on the rows of x: canonical.grid_elements),
+ * which the replay's checks ask of its unlogged near-ties, and near[i] = rounding._near_midpoint_np(v, r,
+ * 2.0 * d * slack). Returns the candidate count, or -1 when scratch memory cannot be had (nothing usable
+ * written then). */
+VT_EXPORT int64_t vt_replay_sum_values(const float *x, int64_t rows, int64_t n, int32_t mean, double factor,
+                                       double scale, double slack, double *v, double *d, float *r, int64_t *idx,
+                                       uint32_t *nonfinite, uint8_t *grid, uint8_t *near) {
+    const int64_t count = vt_sum_values_filter(x, rows, n, mean, factor, scale, v, d, r, idx, nonfinite);
+    if (count <= 0) return count;
+    double *t = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    if (!t) return -1;
+    for (int64_t i = 0; i < count; i++) {
+        const float *xr = x + idx[i] * n;
+        for (int64_t q = 0; q < n; q++) t[q] = (double)xr[q];
+        grid[i] = (uint8_t)vt_grid_row(t, n, 0.0 + pw_abs_sum(t, n), mean ? 2 : 1);
+        near[i] = near_midpoint(v[idx[i]], r[idx[i]], d[idx[i]], slack);
+    }
+    free(t);
+    return count;
 }

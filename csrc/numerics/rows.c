@@ -133,6 +133,9 @@ static int grid_row(const double *t, int64_t n, double s_abs, int kind) {
     return 1;
 }
 
+/* grid_row for the other kernels of the library (replay.c); not exported. */
+int vt_grid_row(const double *t, int64_t n, double s_abs, int kind) { return grid_row(t, n, s_abs, kind); }
+
 static uint32_t f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);

@@ -32,8 +32,10 @@ from vtrain.graph.step_graph import (
 from vtrain.numerics import fp32_native, native_filter
 from vtrain.numerics.canonical import (
     SUBNORMAL_F32,
+    ReplayFiltered,
     grid_elements,
     norm_bound_factor,
+    replay_matmul_norm,
     replay_sum_values,
     round_canonical,
     round_canonical_matmul,
@@ -613,7 +615,7 @@ class StepExecutor:
             bound_kind = "none"  # the bound is never read (a replay reads it only to check entries)
         elif log_in is None and self.canonical_log:
             bound_kind = "norm"  # only selects candidates for exact decisions (round_canonical)
-        elif log_in is not None and _replay_norm(op, ins):
+        elif log_in is not None and k == OpKind.MATMUL:
             bound_kind = "norm"  # checked replay: filters; apply_log's tight bound of the exact terms decides
         else:
             bound_kind = "tight"
@@ -632,6 +634,15 @@ class StepExecutor:
             stats.ambiguous_resolved += slow
             self._log_entries(op, entries, out_log, stats)
             return out
+        if bound_kind == "norm" and log_in is not None and self.mode == Mode.CERTIFIED:
+            # checked replay of a MATMUL: norm bound, filter and min(d_norm, d') at the points in one native call
+            got = self._replay_matmul(op, ins, log_in)
+            if got is not None:
+                v, d, filtered, near = got
+                stats.values += v.numel()
+                kind = "points" if isinstance(d, native_filter.PointBound) else "norm"
+                return self._replay_op(op, ins, v, d, log_in, resolver_factory, check, violations, sums, kind,
+                                       filtered=filtered, near=near)
         checked_sum = bound_kind == "tight" and log_in is not None and k in (OpKind.SUM, OpKind.MEAN)
         if checked_sum and self.mode == Mode.CERTIFIED:
             # checked replay: v, d and the filter in one native pass (the trainer's sums)
@@ -639,7 +650,7 @@ class StepExecutor:
             if got is not None:
                 stats.values += got[0].numel()
                 return self._replay_op(op, ins, got[0], got[1], log_in, resolver_factory, check, violations, sums,
-                                       bound_kind, filtered=got[2])
+                                       bound_kind, filtered=got[2], exact=got[3], near=got[4])
         v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
         stats.values += v.numel()
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
@@ -681,11 +692,48 @@ class StepExecutor:
             got = round_canonical(self.graph, op, ins, v, _norm_bound(x, v, True, ins), what)
         return got
 
+    @staticmethod
+    def _replay_matmul(
+        op: OpNode, ins: list[torch.Tensor], log_in: StepLog
+    ) -> tuple[torch.Tensor, native_filter.Bound, ReplayFiltered, np.ndarray | None] | None:
+        """The checked replay's MATMUL under the norm bound: the FP64 products, then the bias add, norms,
+        filter and the bound at the candidates and entries in one native call
+        (:func:`vtrain.numerics.canonical.replay_matmul_norm`); None where the kernel does not take the tensors (the
+        caller's :func:`_compute_fp64` path, the same bits).
+
+        *Why every MATMUL (no FP32* ``|A| @ |B|`` *GEMM any more).* The checks read
+        ``d = min(d_norm, d')`` at the candidates of ``d_norm`` and at the entries, where before MATMULs
+        below ``2^24`` multiply-adds read the FP32 ``d32 = 1.01 g(n) (fl32(|A| @ |B|) + n 2^-149)``.
+        ``d_norm >= g(n) S`` (Cauchy-Schwarz, the norms' rounding covered) and ``d' >= g(n) S`` (``fl(S)``
+        an FP64 sum of the exact ``|t_k|``, within ``g(n)`` relative), and ``Dc <= 1.5 d`` for each
+        (docs/numerics.md), so ``d`` is a valid bound like ``d32``: every guarantee of the checks holds
+        for it. Accept/reject is unchanged: (1) the replay's output does not depend on ``d`` at all
+        where no resolver runs (``RN32(v')``, entries applied by their codes; ``d`` only selects flags);
+        (2) with the auditor's resolver every applied entry is checked against ``RN32(e)`` whether
+        flagged or not, every flagged element gets the contract's value, and an unflagged unlogged element
+        has no midpoint within ``2d`` of ``v'`` while ``|v' - e| <= d``, so ``RN32(v') = RN32(e)``: the
+        replayed state is a function of the exact values alone, the same under ``d32`` and ``d``, so an
+        honest log replays to the same state (never rejected) and a wrong output is found as before
+        (never accepted). Only which honest near-ties are *reported* can move, inside the sliver between
+        ``2 d32`` and ``2 d`` (``d'`` and ``d32`` differ by the FP32 rounding of ``S``; ``d <= d'``);
+        the resolver upholds those. ``tests/test_replay_bound.py``: honest replays flag nothing, a
+        doctored entry where the norm bound is loose is flagged and overruled, the kernel's bits are the
+        lazy path's."""
+        x = [t.double() for t in ins[:2]]
+        v = torch.matmul(x[0], x[1].transpose(-1, -2))
+        got = replay_matmul_norm(ins, v, log_in.entries(op.id).index)
+        if got is None:
+            return None
+        return v, *got
+
     def _replay_op(
-        self, op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind, filtered=None
+        self, op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind, filtered=None,
+        exact=None, near=None,
     ) -> torch.Tensor:
         """The certified replay of one rounding op from its FP64 ``v`` and bound (None: exact op);
-        ``filtered``: the native filter's pass where the caller made it (``rounding.apply_log``)."""
+        ``filtered``: the native filter's pass where the caller made it (``rounding.apply_log``), with
+        ``near``, its candidates' near-tie flags where it made them; ``exact``: :func:`grid_elements`
+        of the op where the caller has it (read at candidates)."""
         k = op.kind
         what = f"{op.kind.name} op {op.id}"
         eager = sums is None
@@ -694,13 +742,15 @@ class StepExecutor:
         resolver = None
         if resolver_factory is not None:
             resolver = resolver_factory(op, [t.cpu() for t in ins] if self.device.type != "cpu" else ins)
-        exact = tight = None
+        given, exact, tight = exact, None, None
         if (resolver is not None or viol is not None) and k in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
-            exact = partial(grid_elements, op, ins)  # exact-grid sums: no entry, and none is due
+            exact = given or partial(grid_elements, op, ins)  # exact-grid sums: no entry, and none is due
+            if bound_kind == "points":  # computed at the candidates and entries with the bound (the same bits)
+                exact = bound.grid_at
             if bound_kind == "norm":  # d filters; the checks read min(d, d') at candidates and entries
                 tight = partial(tight_bound_at, op, ins)
         out = apply_log(v, bound, entries, what, resolver, viol, check_finite=eager, exact=exact, tight=tight,
-                        filtered=filtered)
+                        filtered=filtered, near=near)
         if not eager:
             sums.extend(finite_probe(out))
         if viol:
@@ -940,18 +990,6 @@ def _move(op: OpNode, ins: list[torch.Tensor]) -> torch.Tensor:
         first = hit & (torch.cumsum(hit.to(torch.int32), dim=-1) == 1)
         return torch.where(first, gr, torch.zeros((), dtype=gr.dtype, device=gr.device))
     raise GraphError(f"{k.name} is not a data-movement op")
-
-
-_REPLAY_NORM_MIN = 1 << 24
-"""Multiply-adds (``M N K``) from which a checked replay filters a MATMUL with the norm bound and reads
-the tight bound of the exact terms at its candidates and entries only (``canonical.tight_bound_at``);
-smaller ones take the FP32 ``|A| @ |B|``, cheaper there than the row norms' fixed cost (measured at
-1-4 M: +10-30%; at 16 M even, at 67 M -20%)."""
-
-
-def _replay_norm(op: OpNode, ins: list[torch.Tensor]) -> bool:
-    """Whether a checked replay of ``op`` uses the norm bound (:data:`_REPLAY_NORM_MIN`)."""
-    return op.kind == OpKind.MATMUL and math.prod(op.shape) * ins[0].shape[-1] >= _REPLAY_NORM_MIN
 
 
 _TIGHT_FLOOR = 2.0**-100

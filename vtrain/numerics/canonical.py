@@ -35,8 +35,10 @@ one the contract upholds.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 
 import numpy as np
 import torch
@@ -47,6 +49,7 @@ from vtrain.numerics import exact as X
 from vtrain.numerics import native_filter as NF
 from vtrain.numerics import native_replay, native_rows
 from vtrain.numerics.rounding import (
+    _CMP_SLACK,
     _SMALL,
     REPLAY_SCALE,
     TRAINER_BOUND_SLACK,
@@ -261,20 +264,53 @@ ReplayFiltered = tuple[torch.Tensor, np.ndarray, bool]
 """``(r, candidates, finite)`` of the native filter (``native_filter.round_filter``'s result)."""
 
 
-def replay_sum_values(op: OpNode, ins: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, ReplayFiltered] | None:
+def replay_sum_values(
+    op: OpNode, ins: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, ReplayFiltered, Callable[[np.ndarray], np.ndarray], np.ndarray | None] | None:
     """The checked replay's FP64 ``v``, dense ``d`` and filter (reach ``d * REPLAY_SCALE``, what
     ``rounding.apply_log`` takes as ``filtered``) of a SUM/MEAN op from its FP32
     input in one native pass (``native_filter.sum_values_filter``: the canonical trainer's sums and
-    bound, one value per output element); None where the kernel does not apply (the caller computes
-    them with torch)."""
+    bound, one value per output element), and :func:`grid_elements` of the op (``rounding.apply_log``'s
+    ``exact``), read from that pass at its candidates where it computed them there
+    (``native_replay.sum_values_grid``), with the near-tie flags of the candidates (``apply_log``'s
+    ``near``; else None); None where the kernel does not apply (the caller computes them with torch)."""
     x = ins[0]
     if x.dim() == 0:
         return None
-    got = NF.sum_values_filter(x, op.kind == OpKind.MEAN, sum_bound_factor(op.kind, x.shape[-1]), REPLAY_SCALE)
-    if got is None:
-        return None
-    v, d, r, cand, finite = got
-    return v.reshape(op.shape), d.reshape(op.shape), (r.reshape(op.shape), cand, finite)
+    factor = sum_bound_factor(op.kind, x.shape[-1])
+    got = native_replay.sum_values_grid(x, op.kind == OpKind.MEAN, factor, REPLAY_SCALE, _CMP_SLACK)
+    near: np.ndarray | None = None
+    if got is not None:
+        v, d, r, cand, finite, grid, near = got
+        exact: Callable[[np.ndarray], np.ndarray] = _GridAt(op, ins, cand, grid)
+    else:
+        got = NF.sum_values_filter(x, op.kind == OpKind.MEAN, factor, REPLAY_SCALE)
+        if got is None:
+            return None
+        v, d, r, cand, finite = got
+        exact = partial(grid_elements, op, ins)
+    return v.reshape(op.shape), d.reshape(op.shape), (r.reshape(op.shape), cand, finite), exact, near
+
+
+class _GridAt:
+    """:func:`grid_elements` of ``op`` read from ``grid`` (its values at the sorted flat indices ``at``),
+    :func:`grid_elements` itself at any other index (the same function)."""
+
+    def __init__(self, op: OpNode, ins: list[torch.Tensor], at: np.ndarray, grid: np.ndarray) -> None:
+        self.op, self.ins, self.at, self.grid = op, ins, at, grid
+
+    def __call__(self, index: np.ndarray) -> np.ndarray:
+        index = np.asarray(index, np.int64)
+        if not len(index) or not len(self.at):
+            return grid_elements(self.op, self.ins, index)
+        pos = np.minimum(np.searchsorted(self.at, index), len(self.at) - 1)
+        held = self.at[pos] == index
+        if bool(held.all()):
+            return self.grid[pos]
+        out = np.zeros(len(index), dtype=bool)
+        out[held] = self.grid[pos[held]]
+        out[~held] = grid_elements(self.op, self.ins, index[~held])
+        return out
 
 
 #: The smallest FP32 subnormal as a float (the trainer bounds' ``n * 2^-149`` underflow term).
@@ -286,6 +322,35 @@ def norm_bound_factor(n: int) -> float:
     tight bound's ``TRAINER_BOUND_SLACK * gamma(n)`` times ``1 + (n + 4) 2^-52`` for the FP64 norms'
     own rounding (``executor._norm_bound``, :func:`round_canonical_matmul`)."""
     return TRAINER_BOUND_SLACK * gamma(n) * (1.0 + (n + 4) * 2.0**-52)
+
+
+def replay_matmul_norm(
+    ins: list[torch.Tensor], v: torch.Tensor, entries: np.ndarray
+) -> tuple[NF.PointBound | NF.NormBound, ReplayFiltered, np.ndarray | None] | None:
+    """The checked replay's MATMUL bound and filter from its FP64 products ``v`` (C-contiguous,
+    *without* the bias: added here in place, as ``v.add_(bias.double())``) in one native call
+    (``native_replay.matmul_norm_filter``): ``(d, (r, candidates, finite))`` with ``r = RN32(v)``, the
+    candidates of the norm bound ``executor._norm_bound`` at reach ``d_norm * REPLAY_SCALE`` and ``d``
+    the bound the checks read, ``min(d_norm, tight_bound_at)``, at the candidates and ``entries`` (flat
+    indices): the same bits as the lazy ``NormBound`` with ``tight=tight_bound_at`` (tested), with
+    :func:`grid_elements` there (``PointBound.grid_at``), and the near-tie flags of the candidates
+    under that ``d`` (``apply_log``'s ``near``). Where there are more points than the kernel keeps,
+    ``d`` is that lazy ``NormBound`` (the caller reads ``tight_bound_at`` itself; no flags). None
+    where the kernel does not take the tensors (``v`` untouched)."""
+    shape = native_rows.matmul_operands(ins, v) if NF.usable(v) else None  # apply_log's native path takes v
+    if shape is None:
+        return None
+    n = ins[0].shape[-1] + (len(ins) == 3)
+    got = native_replay.matmul_norm_filter(ins, v, shape, entries, n * SUBNORMAL_F32, norm_bound_factor(n),
+                                           REPLAY_SCALE, TRAINER_BOUND_SLACK * gamma(n), n * 2.0**-149, _CMP_SLACK)
+    if got is None:
+        return None
+    r, cand, finite, points = got
+    if points is None:  # more points than the kernel keeps: the lazy norm bound (v has its bias now)
+        x = [t.double() for t in ins]
+        return NF.norm_bound(x, v, norm_bound_factor(n), n * SUBNORMAL_F32, ins), (r, cand, finite), None
+    at = np.concatenate([cand, np.asarray(entries, dtype=np.int64)])
+    return NF.PointBound(at, points[0], points[1]), (r, cand, finite), points[2]
 
 
 def round_canonical_matmul(

@@ -83,7 +83,38 @@ class TightBound:
         return (self.s.reshape(-1).numpy()[index].astype(np.float64) + self.sub) * self.factor
 
 
-Bound = torch.Tensor | RelativeBound | NormBound | TightBound
+@dataclass(frozen=True)
+class PointBound:
+    """A bound known at a few flat indices only (``values[i]`` at ``index[i]``): the checked replay's
+    ``min(NormBound, tight)`` at its candidates and entries, computed with the filter in one native call
+    (``native_replay.matmul_norm_filter``). Read only at those points (never dense)."""
+
+    index: np.ndarray
+    values: np.ndarray
+    grid: np.ndarray | None = None  # the exact-grid rule there (canonical.grid_elements), where known
+
+    def dense(self) -> torch.Tensor:
+        raise TypeError("PointBound: a bound at a few points only has no dense form")
+
+    def _positions(self, index: np.ndarray) -> np.ndarray:
+        order = np.argsort(self.index, kind="stable")
+        keys = self.index[order]
+        pos = np.minimum(np.searchsorted(keys, index), max(len(keys) - 1, 0))
+        if len(index) and (not len(keys) or not bool((keys[pos] == index).all())):
+            raise ValueError("PointBound: read at an index it does not hold")
+        return order[pos]
+
+    def at(self, index: np.ndarray) -> np.ndarray:
+        return self.values[self._positions(index)] if len(index) else np.zeros(0, dtype=np.float64)
+
+    def grid_at(self, index: np.ndarray) -> np.ndarray:
+        """``canonical.grid_elements`` at ``index`` (held points only; ``grid`` must be known)."""
+        if self.grid is None:
+            raise ValueError("PointBound: no exact-grid rule held")
+        return self.grid[self._positions(index)] if len(index) else np.zeros(0, dtype=bool)
+
+
+Bound = torch.Tensor | RelativeBound | NormBound | TightBound | PointBound
 """A certified bound ``d``: dense, or lazy (evaluated inside the filter and at candidates only)."""
 
 

@@ -82,3 +82,83 @@ def matmul_abs_sums(ins: list[torch.Tensor], index: np.ndarray) -> np.ndarray | 
     if rc:
         raise MemoryError("native replay: could not allocate a term row")
     return out.numpy()
+
+
+_NORM = _bind("vt_replay_matmul_norm",
+              [_p, _p, _p, _p, _i64, _i64, _i64, _i64, ctypes.c_int32, ctypes.c_double, ctypes.c_double,
+               ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double, _p, _p, _p, _i64, _i64, _p, _p,
+               _p, _p], _i64)
+
+#: Candidates plus entries whose bounds :func:`matmul_norm_filter` computes (more: the caller's lazy path).
+_POINTS_CAP = 4096
+
+
+def matmul_norm_filter(
+    ins: list[torch.Tensor], v: torch.Tensor, shape: tuple[int, int, int, int], entries: np.ndarray,
+    sub: float, factor: float, scale: float, coef: float, subn: float, slack: float,
+) -> tuple[torch.Tensor, np.ndarray, bool, tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None:
+    """The checked replay's MATMUL filter in one C call (``vt_replay_matmul_norm``): with a bias
+    ``v += bias`` in place, ``(r, candidates, finite, points)`` with ``(r, candidates, finite)`` of
+    ``native_filter.round_filter(v, NormBound, scale)`` and ``points`` = (``min(NormBound.at,
+    canonical.tight_bound_at)`` and ``canonical.grid_elements`` at the candidates and then at
+    ``entries`` (flat indices, as given), ``rounding._near_midpoint_np`` at the candidates with that
+    bound and ``slack``), or None where there are more than :data:`_POINTS_CAP` points. ``shape``:
+    ``native_rows.matmul_operands(ins, v)``; ``sub``, ``factor`` the norm bound's, ``coef``, ``subn``
+    the tight bound's (``coef * (fl(S) + subn)``). None where the kernel is not loaded (``v`` untouched)."""
+    if _NORM is None or not native.available():
+        return None
+    batches, m, k, ncols = shape
+    keep = [t if t.is_contiguous() else t.contiguous() for t in ins]
+    bias = keep[2].data_ptr() if len(ins) == 3 else None
+    ent = np.ascontiguousarray(entries, dtype=np.int64)
+    n = v.numel()
+    r = torch.empty(v.shape, dtype=torch.float32)
+    idx = np.empty(max(n, 1), dtype=np.int64)  # pages are touched only where candidates land
+    cap = min(n, _POINTS_CAP) + len(ent)
+    d_at = np.empty(cap, dtype=np.float64)
+    grid = np.empty(cap, dtype=np.bool_)
+    near = np.empty(cap, dtype=np.bool_)
+    status = np.zeros(2, dtype=np.int64)
+    count = _NORM(v.data_ptr(), keep[0].data_ptr(), keep[1].data_ptr(), bias, batches, m, k, ncols, 1, sub,
+                  factor, scale, coef, subn, slack, r.data_ptr(), idx.ctypes.data, ent.ctypes.data, len(ent), cap,
+                  d_at.ctypes.data, grid.ctypes.data, near.ctypes.data, status.ctypes.data)
+    if count < 0:
+        raise MemoryError("native replay: the MATMUL filter could not allocate its scratch rows")
+    p = count + len(ent)
+    points = (d_at[:p].copy(), grid[:p].copy(), near[:count].copy()) if status[1] else None
+    return r, idx[:count].copy(), not status[0], points
+
+
+_SUM = _bind("vt_replay_sum_values",
+             [_p, _i64, _i64, ctypes.c_int32, ctypes.c_double, ctypes.c_double, ctypes.c_double, _p, _p, _p, _p,
+              _p, _p, _p], _i64)
+
+
+def sum_values_grid(
+    x: torch.Tensor, mean: bool, factor: float, scale: float, slack: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, bool, np.ndarray, np.ndarray] | None:
+    """``native_filter.sum_values_filter``'s ``(v, d, r, candidates, finite)`` of the rows of an FP32 CPU
+    ``x`` (``[..., n]``, SUM or MEAN: ``mean``) and, at the candidates, ``canonical.grid_elements``
+    (the exact-grid rule of each row) and ``rounding._near_midpoint_np(v, r, 2.0 * d * slack)``, in one C
+    call (``vt_replay_sum_values``). None where the kernel is not loaded or does not take ``x`` (another
+    device or dtype, a 0-dim or empty row)."""
+    if _SUM is None or not native.available() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() == 0:
+        return None
+    n = x.shape[-1]
+    if n == 0:
+        return None
+    xc = x if x.is_contiguous() else x.contiguous()
+    rows = xc.numel() // n
+    shape = (*x.shape[:-1], 1)
+    v = torch.empty(shape, dtype=torch.float64)
+    d = torch.empty(shape, dtype=torch.float64)
+    r = torch.empty(shape, dtype=torch.float32)
+    idx = np.empty(max(rows, 1), dtype=np.int64)
+    grid = np.empty(max(rows, 1), dtype=np.bool_)
+    near = np.empty(max(rows, 1), dtype=np.bool_)
+    flag = ctypes.c_uint32(0)
+    k = _SUM(xc.data_ptr(), rows, n, int(mean), factor, scale, slack, v.data_ptr(), d.data_ptr(), r.data_ptr(),
+             idx.ctypes.data, ctypes.addressof(flag), grid.ctypes.data, near.ctypes.data)
+    if k < 0:
+        raise MemoryError("native replay: a SUM row could not be allocated")
+    return v, d, r, idx[:k].copy(), not flag.value, grid[:k].copy(), near[:k].copy()

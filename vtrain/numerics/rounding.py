@@ -418,6 +418,7 @@ def apply_log(
     exact: Callable[[np.ndarray], np.ndarray] | None = None,
     tight: Callable[[np.ndarray], np.ndarray] | None = None,
     filtered: tuple[torch.Tensor, np.ndarray, bool] | None = None,
+    near: np.ndarray | None = None,
 ) -> torch.Tensor:
     """Auditor side: round its own FP64 ``v`` with the trainer's entries; bit-identical to an honest trainer.
 
@@ -436,14 +437,16 @@ def apply_log(
     are moved to ``v``'s). ``d`` may be lazy (``native_filter.Bound``); where the native filter takes
     ``v``, rounding, canonical zeros, the finiteness check and (checking) the near-tie filter are
     one pass; ``filtered`` (checking there) is that pass's ``(r, candidates, finite)`` at reach
-    ``d * REPLAY_SCALE`` where the caller has it already (SUM/MEAN: with ``v`` and ``d``).
+    ``d * REPLAY_SCALE`` where the caller has it already (SUM/MEAN: with ``v`` and ``d``); ``near``
+    (with ``filtered``): per candidate, :func:`_near_midpoint_np` at ``2 min(d, tight) _CMP_SLACK``,
+    where that pass computed it (``native_replay``: the same operations, so the same flags).
     """
     exact_op = d is None
     checking = violations is not None or resolver is not None
     native = NF.usable(v)
     if native and checking and not exact_op:
         return _apply_log_checked(v, d, entries, what, resolver, violations, check_finite, exact, tight,  # type: ignore[arg-type]
-                                  filtered)
+                                  filtered, near if filtered is not None else None)
     if native:  # r already canonical: only the positions written below are canonicalised
         r, finite = NF.round_fp32(v)
         overflow = _replay_overflows(v, r, entries, resolver is not None, what) if check_finite and not finite else None
@@ -555,11 +558,13 @@ def _apply_log_checked(
     exact: Callable[[np.ndarray], np.ndarray] | None,
     tight: Callable[[np.ndarray], np.ndarray] | None,
     filtered: tuple[torch.Tensor, np.ndarray, bool] | None = None,
+    near_flags: np.ndarray | None = None,
 ) -> torch.Tensor:
     """:func:`apply_log` checking a logging op's ``v`` where the native filter takes it: the same
     outputs, violations and resolver calls, with ``d`` (and ``tight``) read once, at the candidates
     and the entries together, and numpy on those few points only (no per-element array beyond the
-    filter's pass, or none: ``filtered``)."""
+    filter's pass, or none: ``filtered``). ``near_flags``: the near-tie test of each of ``filtered``'s
+    candidates, made by that pass (then ``d`` is read at the entries only)."""
     r, cand, finite = NF.round_filter(v, d, REPLAY_SCALE) if filtered is None else filtered
     overflow = _replay_overflows(v, r, entries, resolver is not None, what) if check_finite and not finite else None
     n_e = len(entries)
@@ -575,15 +580,22 @@ def _apply_log_checked(
     if n_e:
         _check_entries(entries, out.numel(), what)
         if len(cand):  # an entry is never an unlogged near-tie (both sorted: a binary search each)
-            cand = cand[~_in_sorted(cand, entries.index)]
+            keep = ~_in_sorted(cand, entries.index)
+            cand = cand[keep]
+            near_flags = near_flags[keep] if near_flags is not None else None
     n_c = len(cand)
-    # d (and the tight bound: elementwise, so one call on both sets gives each its bits) at the points
-    at = cand if not n_e else entries.index if not n_c else np.concatenate([cand, entries.index])
-    d_at = _bound_at(d, at, tight)
-    near = cand[_near_midpoint_np(vn[cand], rn[cand], 2.0 * d_at[:n_c] * _CMP_SLACK)] if n_c else cand
+    if near_flags is not None:  # the pass tested the candidates: d is read at the entries only
+        d_e = _bound_at(d, entries.index, tight) if n_e else None
+        near = cand[near_flags]
+    else:
+        # d (and the tight bound: elementwise, so one call on both sets gives each its bits) at the points
+        at = cand if not n_e else entries.index if not n_c else np.concatenate([cand, entries.index])
+        d_at = _bound_at(d, at, tight)
+        d_e = d_at[n_c:]
+        near = cand[_near_midpoint_np(vn[cand], rn[cand], 2.0 * d_at[:n_c] * _CMP_SLACK)] if n_c else cand
     applied = None
     if n_e:  # after the near-tie test: it reads RN32(v)
-        applied, bad = _apply_entries_cpu(vn, rn, d, entries, True, False, di=d_at[n_c:])
+        applied, bad = _apply_entries_cpu(vn, rn, d, entries, True, False, di=d_e)
         rn[entries.index] = applied + np.float32(0.0)
         for k in bad.tolist():
             suspect[int(entries.index[k])] = (int(entries.code[k]), "entry far from the replayed value")
