@@ -11,9 +11,13 @@ the bytes of every CONST, both from the initial weights pinned where the factory
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -47,7 +51,19 @@ needs_vector_isa = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() ==
                                       reason="this CPU's torch kernels are the default ones: no other ISA to compare")
 
 
-def _graphs(pins: Path, models: list[str], extra: dict[str, str]) -> dict[str, list]:
+def _graphs(pins: Path, models: list[str], extra: dict[str, str] | None) -> dict[str, list]:
+    """PROBE's output for ``models``: in this process (``extra`` None) or in a fresh one with ``extra`` set."""
+    if extra is None:
+        argv = sys.argv
+        out = io.StringIO()
+        try:
+            sys.argv = ["probe", str(pins), *models]
+            with contextlib.redirect_stdout(out), warnings.catch_warnings():
+                exec(compile(PROBE, "probe", "exec"), {"__name__": "probe"})
+        finally:
+            sys.argv = argv
+            logging.disable(logging.NOTSET)  # PROBE silences logging for its own process
+        return json.loads(out.getvalue().strip().splitlines()[-1])
     p = subprocess.run([sys.executable, "-c", PROBE, str(pins), *models], cwd=REPO, env=env_for(extra),
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -57,7 +73,7 @@ def _graphs(pins: Path, models: list[str], extra: dict[str, str]) -> dict[str, l
 def _same_graphs_on_both_isas(pins: Path, models: list[str]) -> None:
     """Built here (pinning the initial weights its factory draws: a frozen parameter is a CONST) and under
     the default ISA from those pins."""
-    here = _graphs(pins, models, {})
+    here = _graphs(pins, models, None)
     other = _graphs(pins, models, {"ATEN_CPU_CAPABILITY": "default"})
     assert other == here, {m: (here[m], other[m]) for m in models if here[m] != other[m]}
 
