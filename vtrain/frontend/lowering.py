@@ -1136,43 +1136,106 @@ def _upsample_nearest2d(L: Lowerer, node, x, output_size=None, scale_factors=Non
 
 
 _LINEAR_UPSAMPLES = {
-    aten.upsample_linear1d.vec: aten.upsample_linear1d.default,
-    aten.upsample_linear1d.default: aten.upsample_linear1d.default,
-    aten.upsample_bilinear2d.vec: aten.upsample_bilinear2d.default,
-    aten.upsample_bilinear2d.default: aten.upsample_bilinear2d.default,
-    aten.upsample_bicubic2d.vec: aten.upsample_bicubic2d.default,
-    aten.upsample_bicubic2d.default: aten.upsample_bicubic2d.default,
-    aten._upsample_bilinear2d_aa.vec: aten._upsample_bilinear2d_aa.default,
-    aten._upsample_bilinear2d_aa.default: aten._upsample_bilinear2d_aa.default,
-    aten.upsample_trilinear3d.vec: aten.upsample_trilinear3d.default,
-    aten.upsample_trilinear3d.default: aten.upsample_trilinear3d.default,
+    aten.upsample_linear1d.vec: "linear",
+    aten.upsample_linear1d.default: "linear",
+    aten.upsample_bilinear2d.vec: "linear",
+    aten.upsample_bilinear2d.default: "linear",
+    aten.upsample_trilinear3d.vec: "linear",
+    aten.upsample_trilinear3d.default: "linear",
+    aten.upsample_bicubic2d.vec: "cubic",
+    aten.upsample_bicubic2d.default: "cubic",
+    aten._upsample_bilinear2d_aa.vec: "linear_aa",
+    aten._upsample_bilinear2d_aa.default: "linear_aa",
+    aten._upsample_bicubic2d_aa.vec: "cubic_aa",
+    aten._upsample_bicubic2d_aa.default: "cubic_aa",
 }
 
 
-def _interpolation_matrix(op: Any, nsp: int, axis: int, n_in: int, n_out: int, align_corners: bool,
-                          scale: float | None, sizes: tuple[Sequence[int], Sequence[int]] | None = None) -> np.ndarray:
-    """The ``(n_out, n_in)`` weights of one spatial axis of a separable interpolation ``op``, from torch's own
-    kernel in FP64: column ``c`` is the output of the basis vector ``e_c`` on that axis (the other axes of size
-    1, which map to themselves with weight 1; with ``sizes``, (input, output) spatial sizes, the other axes keep
-    theirs and hold ones, whose weights sum to 1: antialiasing treats a size-1 axis differently)."""
-    shape, size = [1] * nsp, [1] * nsp
-    if sizes is not None:
-        shape, size = list(sizes[0]), list(sizes[1])
-    shape[axis], size[axis] = n_in, n_out
-    ones = [1] * nsp
-    ones[axis] = n_in
-    basis = torch.eye(n_in, dtype=torch.float64).reshape(n_in, 1, *ones).expand(n_in, 1, *shape).contiguous()
-    scales = [None] * nsp
-    scales[axis] = scale
-    out = op(basis, size, align_corners, *scales)
-    return out.movedim(2 + axis, -1).reshape(n_in, -1, n_out)[:, 0, :].T.numpy()
+def _area_scale(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> float:
+    """torch's ``area_pixel_compute_scale`` in FP64: input pixels per output pixel."""
+    if align_corners:
+        return float(n_in - 1) / float(n_out - 1) if n_out > 1 else 0.0
+    return 1.0 / float(scale) if scale is not None and scale > 0 else float(n_in) / float(n_out)
+
+
+def _floor_index(real: float, n_in: int) -> tuple[int, float]:
+    """torch's ``guard_index_and_lambda``: ``floorf`` of the source index (C's float ``floorf``: the FP64 value
+    rounded to FP32 first), at most ``n_in - 1``, and the fraction clamped to [0, 1]."""
+    index = min(math.floor(float(np.float32(real))), n_in - 1)
+    return index, min(max(real - float(index), 0.0), 1.0)
+
+
+def _cubic1(x: float, a: float) -> float:
+    """``((a + 2) x - (a + 3)) x x + 1`` (|x| <= 1), one rounding per operation."""
+    return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+
+
+def _cubic2(x: float, a: float) -> float:
+    """``((a x - 5 a) x + 8 a) x - 4 a`` (1 <= |x| <= 2), one rounding per operation."""
+    return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+
+
+def _interpolation_matrix(kind: str, n_in: int, n_out: int, align_corners: bool,
+                          scale: float | None) -> np.ndarray:
+    """The ``(n_out, n_in)`` FP64 weights of one spatial axis of a separable resize, as torch's CPU kernels
+    define them (``UpSample.h``, ``UpSampleKernel.cpp``) but computed here in Python floats, one IEEE rounding
+    per operation and no fused multiply-add, so the same bits on every machine (torch's own kernel, compiled per
+    vector ISA, contracts ``scale * (i + 0.5) - 0.5`` and the cubic coefficients differently under AVX2 and the
+    default build). ``kind``: ``linear`` (source ``scale * (i + 0.5) - 0.5``, below 0 read as 0, or
+    ``scale * i`` with ``align_corners``; two taps, the second clamped to the last input), ``cubic`` (the same
+    index unclamped, Keys' cubic convolution with A = -0.75, four taps clamped to the borders and summed where
+    they coincide, left to right), ``linear_aa`` / ``cubic_aa`` (antialiased: PIL's triangle / cubic A = -0.5
+    filter stretched by the scale when downsampling, over ``center +- support``, normalised by its sum)."""
+    A = np.zeros((n_out, n_in), np.float64)
+    if n_in == n_out and kind != "cubic":  # torch copies (linear: ``compute_source_index_and_lambda``; the
+        return np.eye(n_in)                # separable antialiased kernel skips an axis of unchanged size)
+    s = _area_scale(n_in, n_out, align_corners, scale)
+    for i in range(n_out):
+        if kind in ("linear", "cubic"):
+            real = s * float(i) if align_corners else s * (float(i) + 0.5) - 0.5
+            if kind == "linear":
+                real = 0.0 if real < 0 else real
+                index, lam1 = _floor_index(real, n_in)
+                taps = [(index, 1.0 - lam1), (index + (1 if index < n_in - 1 else 0), lam1)]
+            else:
+                index, t = _floor_index(real, n_in)
+                c = (_cubic2(t + 1.0, -0.75), _cubic1(t, -0.75), _cubic1(1.0 - t, -0.75),
+                     _cubic2((1.0 - t) + 1.0, -0.75))
+                taps = [(max(min(index + j - 1, n_in - 1), 0), c[j]) for j in range(4)]
+            row: dict[int, float] = {}
+            for col, w in taps:
+                row[col] = row[col] + w if col in row else w
+            for col, w in row.items():
+                A[i, col] = w
+            continue
+        support = (1.0 if kind == "linear_aa" else 2.0) * (s if s >= 1.0 else 1.0)
+        max_taps = math.ceil(support) * 2 + 1
+        center = s * (float(i) + 0.5)
+        invscale = 1.0 / s if s >= 1.0 else 1.0
+        lo = max(int(center - support + 0.5), 0)
+        size = min(max(min(int(center + support + 0.5), n_in) - lo, 0), max_taps)
+        ws = []
+        for j in range(size):
+            x = abs((float(j + lo) - center + 0.5) * invscale)
+            if kind == "linear_aa":
+                w = 1.0 - x if x < 1.0 else 0.0
+            else:
+                w = _cubic1(x, -0.5) if x < 1.0 else _cubic2(x, -0.5) if x < 2.0 else 0.0
+            ws.append(w)
+        total = 0.0
+        for w in ws:
+            total += w
+        for j, w in enumerate(ws):
+            A[i, lo + j] = w / total if total != 0.0 else w
+    return A
 
 
 @lowering(*_LINEAR_UPSAMPLES)
 def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False, *scales):
     """Linear / bilinear / bicubic / trilinear resizing (``nn.Upsample``, ``F.interpolate``; either
     ``align_corners``, ``antialias``): a fixed linear map per spatial axis, one MATMUL per axis with a CONST
-    ``(out, in)`` weight matrix (torch's own weights: its kernel in FP64 on basis vectors)."""
+    ``(out, in)`` weight matrix: torch's weights (its CPU kernel's formulas) computed in FP64 one rounding per
+    operation (no FMA), the same bits on every machine, rounded to FP32."""
     tx = L.t(x)
     nsp = tx.rank - 2
     out = tuple(out_shape(node)[2:])
@@ -1181,12 +1244,11 @@ def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False,
         per_axis = list(factors) if factors else [None] * nsp
     else:
         per_axis = list(scales) + [None] * (nsp - len(scales))
-    op = _LINEAR_UPSAMPLES[node.target]
+    kind = _LINEAR_UPSAMPLES[node.target]
     y = tx
     for axis in reversed(range(nsp)):  # the last spatial axis first, each moved last for its MATMUL
         n_in, n_out = tx.shape[2 + axis], out[axis]
-        A = _interpolation_matrix(op, nsp, axis, n_in, n_out, bool(align_corners), per_axis[axis],
-                                  (tx.shape[2:], out) if op == aten._upsample_bilinear2d_aa.default else None)
+        A = _interpolation_matrix(kind, n_in, n_out, bool(align_corners), per_axis[axis])
         if n_in == n_out and np.array_equal(A, np.eye(n_in)):
             continue
         t, back = L.to_last(y, 2 + axis)
