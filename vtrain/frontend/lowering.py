@@ -13,6 +13,7 @@ graph is finite: ``x - 2^100`` rounds to ``-2^100`` for any |x| < 2^76, so masks
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -900,6 +901,22 @@ def _bmm(L: Lowerer, node, a, b):
     return Sym(L.g.matmul(L.t(a), L.transpose(L.t(b))))
 
 
+def _flat_table(size: Sequence[int], grids: Sequence[np.ndarray]) -> np.ndarray:
+    """Per-axis ``(out_d, k_d)`` tables of input positions (out of range or -1: none) -> one ``(prod(out),
+    prod(k))`` table of flat input positions (row-major over the output positions, then over the taps), -1
+    where any axis has none."""
+    nsp = len(size)
+    ok: np.ndarray | bool = True
+    flat: np.ndarray | int = 0
+    for d, (n, pos) in enumerate(zip(size, grids)):
+        o, k = pos.shape
+        p = pos.reshape([o if j == d else 1 for j in range(nsp)] + [k if j == d else 1 for j in range(nsp)])
+        ok = ok & (p >= 0) & (p < n)
+        flat = flat * n + p
+    rows = math.prod(g.shape[0] for g in grids)
+    return np.where(ok, flat, -1).reshape(rows, -1)
+
+
 def _patch_table(size: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                  dilation: Sequence[int], out: Sequence[int] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
     """For each output position (row) and kernel tap (column) the flat input position it reads,
@@ -911,20 +928,9 @@ def _patch_table(size: Sequence[int], kernel: Sequence[int], stride: Sequence[in
     out = tuple(out)
     if any(o <= 0 for o in out):
         raise UnsupportedOp(f"window {tuple(kernel)} does not fit the input {tuple(size)}")
-    grids = []
-    for k, s, p, d, o in zip(kernel, stride, padding, dilation, out):
-        pos = np.arange(o)[:, None] * s - p + np.arange(k)[None, :] * d  # (o, k)
-        grids.append(pos)
-    if len(size) == 1:
-        (pw,) = grids
-        table = np.where((pw >= 0) & (pw < size[0]), pw, -1)
-    else:
-        ph, pw = grids  # (oh, kh), (ow, kw)
-        h = ph[:, None, :, None]
-        w = pw[None, :, None, :]
-        ok = (h >= 0) & (h < size[0]) & (w >= 0) & (w < size[1])
-        table = np.where(ok, h * size[1] + w, -1).reshape(out[0] * out[1], kernel[0] * kernel[1])
-    return table.astype(np.float32), out
+    grids = [np.arange(o)[:, None] * s - p + np.arange(k)[None, :] * d  # (o, k)
+             for k, s, p, d, o in zip(kernel, stride, padding, dilation, out)]
+    return _flat_table(size, grids).astype(np.float32), out
 
 
 def _spatial(v, n: int) -> list[int]:
@@ -943,18 +949,19 @@ def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation,
 
 @lowering(aten.convolution.default)
 def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """1-D/2-D conv: TAKE of the input patches by a CONST table (-1: zero padding), then one MATMUL with the
+    """1-D/2-D/3-D conv: TAKE of the input patches by a CONST table (-1: zero padding), then one MATMUL with the
     weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE; groups > 1: one such conv per
-    group (SLICEs), concatenated (PAD, ADD). Transposed (``nn.ConvTranspose1d/2d``): the same with the table of
+    group (SLICEs), concatenated (PAD, ADD). Transposed (``nn.ConvTranspose1d/2d/3d``): the same with the table of
     the input element each tap scatters to each output position (-1 where none: the zeros a transposed conv
     inserts between inputs read +0)."""
+    if L.t(x).rank not in (3, 4, 5):
+        raise UnsupportedOp(f"{'transposed ' if transposed else ''}convolution of a rank-{L.t(x).rank} input (only "
+                            "batched 1-D, 2-D and 3-D: N, C, *spatial)")
     if transposed:
         return _transposed_convolution(L, node, x, w, bias, stride, padding, dilation, output_padding, groups)
     if groups != 1:
         return _grouped_convolution(L, node, x, w, bias, stride, padding, dilation, groups)
     tx, tw = L.t(x), L.t(w)
-    if tx.rank not in (3, 4):
-        raise UnsupportedOp(f"convolution of a rank-{tx.rank} input (only 1-D and 2-D)")
     nsp = tx.rank - 2
     N, C, *S = tx.shape
     n_out, _, *K = tw.shape
@@ -1006,23 +1013,16 @@ def _transposed_table(size: Sequence[int], out: Sequence[int], kernel: Sequence[
         num = np.arange(o)[:, None] + p - np.arange(k)[None, :] * d  # (o, k): i * s
         i = np.floor_divide(num, s)
         grids.append(np.where((num % s == 0) & (i >= 0) & (i < n), i, -1))
-    if len(size) == 1:
-        return grids[0].astype(np.float32)
-    ph, pw = grids
-    h, w = ph[:, None, :, None], pw[None, :, None, :]
-    table = np.where((h >= 0) & (w >= 0), h * size[1] + w, -1)
-    return table.reshape(out[0] * out[1], kernel[0] * kernel[1]).astype(np.float32)
+    return _flat_table(size, grids).astype(np.float32)
 
 
 def _transposed_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, output_padding,
                             groups: int) -> Sym:
-    """``conv_transpose1d/2d`` (``nn.ConvTranspose1d/2d``): TAKE of the input by a CONST table (output
+    """``conv_transpose1d/2d/3d`` (``nn.ConvTranspose1d/2d/3d``): TAKE of the input by a CONST table (output
     position x kernel tap -> the input element that tap scatters there, -1 where none: reads +0), then one
     MATMUL with the weights (and bias) per output element, as a convolution's; groups: one per group (SLICEs),
     concatenated (PAD, ADD). Its VJP is the convolution of the output gradient (TAKE's inverse table)."""
     tx, tw = L.t(x), L.t(w)
-    if tx.rank not in (3, 4):
-        raise UnsupportedOp(f"transposed convolution of a rank-{tx.rank} input (only 1-D and 2-D)")
     nsp = tx.rank - 2
     N, C, *S = tx.shape
     out = tuple(out_shape(node)[2:])
@@ -1052,19 +1052,43 @@ def _transposed_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilat
     return Sym(L.reshape(y, (N, co * groups, *out)))
 
 
-@lowering(aten.max_pool2d_with_indices.default)
+_POOLS_3D = (aten.max_pool3d_with_indices.default, aten.avg_pool3d.default)
+
+
+def _pool_nsp(node, kernel_size) -> int:
+    """Spatial axes of a pooling node: 3 for the ``*3d`` ops (or a 3-element kernel), else 2."""
+    if getattr(node, "target", None) in _POOLS_3D:
+        return 3
+    return 3 if not isinstance(kernel_size, int) and len(kernel_size) == 3 else 2
+
+
+def _pool_rank(node, tx: T, nsp: int) -> None:
+    """Refuse a pooling input that is not ``N, C, *spatial`` (an unbatched one)."""
+    if tx.rank != nsp + 2:
+        name = str(node.target).removeprefix("aten.").split(".")[0] if hasattr(node, "target") else "pooling"
+        raise UnsupportedOp(f"{name} of a rank-{tx.rank} input (only batched: N, C and {nsp} spatial axes)")
+
+
+@lowering(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
 def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """Max pool: TAKE of the windows by a CONST table (padding, and past the end with ``ceil_mode``: SELECT to
-    -2^100), then one MAX per output element (gradient: MAX_GRAD, to the first maximum in window order, as torch)."""
+    """Max pool (2-D, 3-D): TAKE of the windows by a CONST table (padding, and past the end with ``ceil_mode``:
+    SELECT to -2^100), then one MAX per output element (gradient: MAX_GRAD, to the first maximum in window order,
+    as torch)."""
     if 1 in _used_outputs(node):
-        raise UnsupportedOp("max_pool2d's indices output (return_indices=True)")
+        raise UnsupportedOp("max_pool2d/3d's indices output (return_indices=True)")
+    return _max_pool_nd(L, node, x, _pool_nsp(node, kernel_size), kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _max_pool_nd(L: Lowerer, node, x, nsp: int, kernel_size, stride=(), padding=0, dilation=1,
+                 ceil_mode=False) -> tuple[Sym, None]:
     tx = L.t(x)
-    N, C, H, W = tx.shape
-    kernel = _spatial(kernel_size, 2)
-    stride = _spatial(stride, 2) if stride else kernel
-    padding, dilation = _spatial(padding, 2), _spatial(dilation, 2)
+    _pool_rank(node, tx, nsp)
+    N, C = tx.shape[:2]
+    kernel = _spatial(kernel_size, nsp)
+    stride = _spatial(stride, nsp) if stride else kernel
+    padding, dilation = _spatial(padding, nsp), _spatial(dilation, nsp)
     patches, out, table = _gather_patches(L, tx, kernel, stride, padding, dilation,
-                                          out_shape(node)[-2:] if ceil_mode else None)
+                                          out_shape(node)[-nsp:] if ceil_mode else None)
     if (table < 0).any():
         valid = L.g.const((table >= 0).astype(np.float32)[None, None], "pool_valid")
         patches = L.g.select(valid, patches, L.scalar_const(-BIG, 4))
@@ -1072,48 +1096,47 @@ def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation
     return (Sym(L.reshape(m, (N, C, *out))), None)
 
 
-def _adaptive_windows(L: Lowerer, x: T, out: tuple[int, int], kind: str) -> T:
-    """Adaptive pooling of ``x [N, C, H, W]`` to ``out`` with torch's windows (rows ``floor(i H / oh)`` to
-    ``ceil((i + 1) H / oh)``, the same for columns; windows of different sizes when ``out`` does not divide
+def _adaptive_windows(L: Lowerer, x: T, out: Sequence[int], kind: str) -> T:
+    """Adaptive pooling of ``x [N, C, *S]`` (2-D, 3-D) to ``out`` with torch's windows (along each axis
+    ``floor(i n / o)`` to ``ceil((i + 1) n / o)``; windows of different sizes when ``out`` does not divide
     the input): TAKE by a CONST table padded to the longest window with -1, then ``mean``: SUM and DIV by the
     window sizes (a CONST); ``max``: SELECT of the padding to -2^100, then MAX (gradient to the first maximum)."""
-    N, C, H, W = x.shape
+    N, C, *S = x.shape
     grids, sizes = [], []
-    for n, o in zip((H, W), out):
+    for n, o in zip(S, out):
         lo = [(i * n) // o for i in range(o)]
         hi = [-(-((i + 1) * n) // o) for i in range(o)]
         k = max(b - a for a, b in zip(lo, hi))
         pos = np.array([[a + j if a + j < b else -1 for j in range(k)] for a, b in zip(lo, hi)])
         grids.append(pos)
         sizes.append(np.array([b - a for a, b in zip(lo, hi)], np.float32))
-    ph, pw = grids
-    h, w = ph[:, None, :, None], pw[None, :, None, :]
-    table = np.where((h >= 0) & (w >= 0), h * W + w, -1).reshape(out[0] * out[1], -1).astype(np.float32)
-    patches = L.g.take(L.reshape(x, (N, C, H * W)), L.g.const(table, "adaptive_windows"), 2)  # (N, C, P, k)
+    table = _flat_table(S, grids).astype(np.float32)
+    patches = L.g.take(L.reshape(x, (N, C, math.prod(S))), L.g.const(table, "adaptive_windows"), 2)  # (N, C, P, k)
     if kind == "max":
         valid = L.g.const((table >= 0).astype(np.float32)[None, None], "pool_valid")
         y = L.g.max(L.g.select(valid, patches, L.scalar_const(-BIG, 4)), differentiable=True)
     else:
-        counts = (sizes[0][:, None] * sizes[1][None, :]).reshape(1, 1, -1, 1)
+        counts = functools.reduce(np.multiply.outer, sizes).reshape(1, 1, -1, 1)
         y = L.g.div(L.g.sum(patches), L.g.const(counts, "window_sizes"))
     return L.reshape(y, (N, C, *out))
 
 
-@lowering(aten.adaptive_max_pool2d.default)
+@lowering(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
 def _adaptive_max_pool2d(L: Lowerer, node, x, output_size):
-    """Adaptive max pool: to a size dividing the input the `max_pool2d_with_indices` lowering with kernel = stride,
-    else TAKE of torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``) padded to the longest by SELECT to
-    -2^100, one MAX each (gradient to the first maximum, as torch's index); the indices output is refused."""
+    """Adaptive max pool (2-D, 3-D): to a size dividing the input the `max_pool2d_with_indices` lowering with
+    kernel = stride, else TAKE of torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``) padded to the
+    longest by SELECT to -2^100, one MAX each (gradient to the first maximum, as torch's index); the indices output
+    is refused."""
     tx = L.t(x)
-    H, W = tx.shape[-2:]
-    oh, ow = _spatial(output_size, 2)
+    nsp = 3 if node.target == aten.adaptive_max_pool3d.default else 2
     if 1 in _used_outputs(node):
-        raise UnsupportedOp("adaptive_max_pool2d's indices output (return_indices=True)")
-    if tx.rank != 4:
-        raise UnsupportedOp(f"adaptive_max_pool2d of a rank-{tx.rank} input (only N, C, H, W)")
-    if H % oh or W % ow:
-        return (Sym(_adaptive_windows(L, tx, (oh, ow), "max")), None)
-    return _max_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
+        raise UnsupportedOp(f"adaptive_max_pool{nsp}d's indices output (return_indices=True)")
+    _pool_rank(node, tx, nsp)
+    S, osz = tx.shape[2:], [o if o is not None else n for o, n in zip(_spatial(output_size, nsp), tx.shape[2:])]
+    if any(n % o for n, o in zip(S, osz)):
+        return (Sym(_adaptive_windows(L, tx, osz, "max")), None)
+    kernel = [n // o for n, o in zip(S, osz)]
+    return _max_pool_nd(L, node, x, nsp, kernel, kernel)
 
 
 @lowering(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
@@ -1259,48 +1282,59 @@ def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False,
     return Sym(y)
 
 
-@lowering(aten.avg_pool2d.default)
+@lowering(aten.avg_pool2d.default, aten.avg_pool3d.default)
 def _avg_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
-    """Average pool: TAKE of the windows by a CONST table (padding reads +0), then one MEAN each; with
+    """Average pool (2-D, 3-D): TAKE of the windows by a CONST table (padding reads +0), then one MEAN each; with
     ``ceil_mode``, ``count_include_pad=False`` or ``divisor_override``: one SUM each, DIV by torch's divisor per
     window (a CONST)."""
+    return _avg_pool_nd(L, node, x, _pool_nsp(node, kernel_size), kernel_size, stride, padding, ceil_mode,
+                        count_include_pad, divisor_override)
+
+
+def _avg_pool_nd(L: Lowerer, node, x, nsp: int, kernel_size, stride=(), padding=0, ceil_mode=False,
+                 count_include_pad=True, divisor_override=None) -> Sym:
     tx = L.t(x)
-    kernel = _spatial(kernel_size, 2)
-    stride = _spatial(stride, 2) if stride else kernel
-    padding = _spatial(padding, 2)
-    N, C, H, W = tx.shape
+    _pool_rank(node, tx, nsp)
+    kernel = _spatial(kernel_size, nsp)
+    stride = _spatial(stride, nsp) if stride else kernel
+    padding = _spatial(padding, nsp)
+    N, C, *S = tx.shape
     if not (ceil_mode or divisor_override is not None or (any(padding) and not count_include_pad)):
-        patches, out, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1))
+        patches, out, _ = _gather_patches(L, tx, kernel, stride, padding, (1,) * nsp)
         return Sym(L.reshape(L.g.mean(patches), (N, C, *out)))
-    out = tuple(out_shape(node)[-2:])
-    patches, _, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1), out)
+    out = tuple(out_shape(node)[-nsp:])
+    patches, _, _ = _gather_patches(L, tx, kernel, stride, padding, (1,) * nsp, out)
     sizes = []
-    for n, o, k, s_, p in zip((H, W), out, kernel, stride, padding):  # torch's avg_pool2d divisor, per axis
+    for n, o, k, s_, p in zip(S, out, kernel, stride, padding):  # torch's avg_pool divisor, per axis
         lo = np.arange(o) * s_ - p
         hi = np.minimum(lo + k, n + p)
         sizes.append(hi - lo if count_include_pad else np.minimum(hi, n) - np.maximum(lo, 0))
-    div = np.full(out, float(divisor_override)) if divisor_override is not None else np.outer(*sizes)
+    div = (np.full(out, float(divisor_override)) if divisor_override is not None
+           else functools.reduce(np.multiply.outer, sizes))
     y = L.g.div(L.g.sum(patches), L.g.const(div.reshape(1, 1, -1, 1).astype(np.float32), "pool_divisors"))
     return Sym(L.reshape(y, (N, C, *out)))
 
 
-@lowering(aten._adaptive_avg_pool2d.default)
+@lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool2d(L: Lowerer, node, x, output_size):
-    """Adaptive average pool: to a size dividing the input :func:`_avg_pool2d` with kernel = stride, else TAKE of
-    torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``, padded to the longest: reads +0), one SUM
-    each, DIV by the window's size (a CONST)."""
+    """Adaptive average pool (2-D, 3-D): to a size dividing the input :func:`_avg_pool2d` with kernel = stride,
+    else TAKE of torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``, padded to the longest: reads +0),
+    one SUM each, DIV by the window's size (a CONST)."""
     tx = L.t(x)
-    H, W = tx.shape[-2:]
-    oh, ow = _spatial(output_size, 2)
-    if tx.rank == 4 and (H % oh or W % ow):
-        return Sym(_adaptive_windows(L, tx, (oh, ow), "mean"))
-    if H % oh or W % ow:
-        raise UnsupportedOp(f"adaptive_avg_pool2d of a rank-{tx.rank} input from {H}x{W} to {oh}x{ow} (only "
-                            "N, C, H, W when the output does not divide the input)")
-    if (oh, ow) == (1, 1):
-        return Sym(L.reduce(tx, [-2, -1], True, "mean"))
-    return _avg_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
+    nsp = 3 if node.target == aten._adaptive_avg_pool3d.default else 2
+    S = tx.shape[-nsp:]
+    osz = [o if o is not None else n for o, n in zip(_spatial(output_size, nsp), S)]
+    uneven = any(n % o for n, o in zip(S, osz))
+    if tx.rank == nsp + 2 and uneven:
+        return Sym(_adaptive_windows(L, tx, osz, "mean"))
+    if uneven:
+        raise UnsupportedOp(f"adaptive_avg_pool{nsp}d of a rank-{tx.rank} input from {'x'.join(map(str, S))} to "
+                            f"{'x'.join(map(str, osz))} (only N, C, *spatial when it does not divide the input)")
+    if all(o == 1 for o in osz):
+        return Sym(L.reduce(tx, list(range(-nsp, 0)), True, "mean"))
+    kernel = [n // o for n, o in zip(S, osz)]
+    return _avg_pool_nd(L, node, x, nsp, kernel, kernel)
 
 
 # === normalisation ===================================================================================
