@@ -206,7 +206,8 @@ def test_conv_transpose1d_and_linear_upsampling() -> None:
 
 def test_3d_convolutions_pools_and_trilinear_resize() -> None:
     """Conv3d (groups, stride, padding, dilation), BatchNorm3d, MaxPool3d, AvgPool3d (ceil_mode, divisor),
-    uneven AdaptiveAvgPool3d / AdaptiveMaxPool3d, ConvTranspose3d and a trilinear resize on [N, C, D, H, W]."""
+    uneven AdaptiveAvgPool3d / AdaptiveMaxPool3d, ConvTranspose3d, trilinear and nearest resizing on
+    [N, C, D, H, W]."""
     torch.manual_seed(2)
     module = nn.Sequential(
         nn.Conv3d(2, 4, (3, 2, 3), stride=(1, 2, 1), padding=(1, 1, 2), dilation=(1, 1, 2), groups=2),
@@ -215,7 +216,8 @@ def test_3d_convolutions_pools_and_trilinear_resize() -> None:
             F.max_pool3d(h, 2, 2, padding=1), F.avg_pool3d(h, (2, 3, 2), 2, padding=(1, 1, 0), count_include_pad=False),
             F.avg_pool3d(h, 3, 2, ceil_mode=True, divisor_override=5), F.adaptive_max_pool3d(h, (4, 2, 3)),
             F.adaptive_avg_pool3d(h, (4, 3, 1)), F.adaptive_avg_pool3d(h, 1),
-            F.interpolate(h, size=(3, 5, 4), mode="trilinear"))], 1) * w, (1,)))
+            F.interpolate(h, size=(3, 5, 4), mode="trilinear"), F.interpolate(h, scale_factor=(0.5, 1, 1.5)),
+            F.interpolate(h, size=(3, 2, 4), mode="nearest-exact"))], 1) * w, (1,)))
     x = _rand((4, 2, 4, 5, 4), 3)
     out = module(torch.from_numpy(x[:1]))
     _check(_task(module, x, _rand((4, *out.shape[1:]), 4), opt=ADAMW), 2, step_too=False)

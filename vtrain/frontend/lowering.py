@@ -1140,22 +1140,28 @@ def _adaptive_max_pool2d(L: Lowerer, node, x, output_size):
 
 
 @lowering(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
-          aten._upsample_nearest_exact2d.default)
+          aten._upsample_nearest_exact2d.default, aten.upsample_nearest3d.vec, aten.upsample_nearest3d.default,
+          aten._upsample_nearest_exact3d.vec, aten._upsample_nearest_exact3d.default)
 def _upsample_nearest2d(L: Lowerer, node, x, output_size=None, scale_factors=None, *rest):
-    """Nearest upsampling (``mode='nearest'`` or ``'nearest-exact'``): one TAKE per spatial axis by a CONST table of
-    the source rows / columns (the table is torch's own: the op on the positions)."""
+    """Nearest upsampling (``mode='nearest'`` or ``'nearest-exact'``, 2-D and 3-D): one TAKE per spatial axis by a
+    CONST table of the source positions along it (the table is torch's own: the op on the positions)."""
     tx = L.t(x)
-    N, C, H, W = tx.shape
-    oh, ow = out_shape(node)[-2:]
-    pos = torch.arange(H * W, dtype=torch.float64).reshape(1, 1, H, W)
+    nsp = 3 if "3d" in str(node.target) else 2
+    _pool_rank(node, tx, nsp)
+    S, out = tx.shape[2:], tuple(out_shape(node)[2:])
+    pos = torch.arange(math.prod(S), dtype=torch.float64).reshape(1, 1, *S)
     src = node.target(pos, *((output_size, scale_factors) if node.target._overloadname == "vec"
                               else (output_size, scale_factors, *rest)))
-    table = src.reshape(oh, ow).numpy()
-    rows, cols = (table // W)[:, 0], (table % W)[0, :]
-    if not (np.array_equal(table, rows[:, None] * W + cols[None, :])):
-        raise UnsupportedOp("upsample_nearest2d whose table is not separable")
-    t = L.g.take(tx, L.g.const(rows.astype(np.float32), "upsample_rows"), 2)
-    return Sym(L.g.take(t, L.g.const(cols.astype(np.float32), "upsample_cols"), 3))
+    table = src.reshape(out).numpy().astype(np.int64)
+    per_axis = [idx[tuple(slice(None) if j == d else 0 for j in range(nsp))]
+                for d, idx in enumerate(np.unravel_index(table, S))]
+    if not np.array_equal(table, np.ravel_multi_index(np.meshgrid(*per_axis, indexing="ij"), S)):
+        raise UnsupportedOp(f"upsample_nearest{nsp}d whose table is not separable")
+    names = ["upsample_depth", "upsample_rows", "upsample_cols"][-nsp:]
+    t = tx
+    for d, (rows, name) in enumerate(zip(per_axis, names)):
+        t = L.g.take(t, L.g.const(rows.astype(np.float32), name), 2 + d)
+    return Sym(t)
 
 
 _LINEAR_UPSAMPLES = {
@@ -1874,11 +1880,11 @@ NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.
 """Ops never evaluated at build time even when every input is known (they are random)."""
 
 KEPT_WHOLE = (aten.softplus.default, aten.mish.default, aten.upsample_bicubic2d.vec, aten.upsample_trilinear3d.vec,
-              aten._upsample_nearest_exact2d.vec)
+              aten._upsample_nearest_exact2d.vec, aten.upsample_nearest3d.vec, aten._upsample_nearest_exact3d.vec)
 """Ops kept out of torch's decompositions: softplus' and mish's compute ``exp(a)`` for every ``a`` and select
 the threshold branch afterwards (an overflow to inf in FP32), their lowerings here are finite for every input;
-bicubic and trilinear upsampling and nearest-exact gather with several index tensors, their lowerings are one
-MATMUL / TAKE per axis."""
+bicubic and trilinear upsampling and nearest (3-D) / nearest-exact gather with several index tensors, their
+lowerings are one MATMUL / TAKE per axis."""
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
