@@ -222,6 +222,9 @@ def test_3d_convolutions_pools_and_trilinear_resize() -> None:
     x = _rand((4, 2, 4, 5, 4), 3)
     out = module(torch.from_numpy(x[:1]))
     _check(_task(module, x, _rand((4, *out.shape[1:]), 4), opt=ADAMW), 2, step_too=False)
+    indices = Fn(lambda h, w: F.max_pool3d(h * w, 2, return_indices=True)[1].float(), (1,))
+    with pytest.raises(UnsupportedOp, match="max_pool3d's indices output"):
+        capture(_task(indices, x, _rand((4, 2, 2, 2, 2), 4)), 2)
 
 
 def test_conv1d_batchnorm1d_layernorm_linear() -> None:
@@ -625,6 +628,7 @@ def test_3d_window_lowerings_over_random_geometries(groups, cout, size, k, strid
     count_include_pad=False) and uneven AdaptiveAvgPool3d / AdaptiveMaxPool3d against torch in FP64 (values and
     gradients to 1e-12)."""
     from vtrain.frontend.lowering import (
+        Sym,
         _adaptive_windows,
         _avg_pool2d,
         _convolution,
@@ -668,7 +672,7 @@ def test_3d_window_lowerings_over_random_geometries(groups, cout, size, k, strid
                 lambda x, _, ref_fn=ref_fn, kw=kw: ref_fn(x, pk, stride, pad, ceil_mode=ceil, **kw)))
     osz = tuple(max(1, n - j) for n, j in zip(size, k))
     for kind, ref_fn in (("mean", F.adaptive_avg_pool3d), ("max", F.adaptive_max_pool3d)):
-        cases.append((None, lambda L, x, _, kind=kind: _Sym(_adaptive_windows(L, x.t, osz, kind)),
+        cases.append((None, lambda L, x, _, kind=kind: Sym(_adaptive_windows(L, x.t, osz, kind)),
                       lambda x, _, ref_fn=ref_fn: ref_fn(x, osz)))
     for w_init, build, ref_fn in cases:
         out, grads, ct = _window_graph(build, x0, w_init)
@@ -680,12 +684,6 @@ def test_3d_window_lowerings_over_random_geometries(groups, cout, size, k, strid
         assert torch.allclose(grads[0], xg.grad, rtol=1e-12, atol=1e-12)
         if wg is not None:
             assert torch.allclose(grads[1], wg.grad, rtol=1e-12, atol=1e-12)
-
-
-def _Sym(t):  # noqa: N802 - the lowering's value wrapper
-    from vtrain.frontend.lowering import Sym
-
-    return Sym(t)
 
 
 def test_export_of_an_hf_gpt2_run_loads_with_from_pretrained(tmp_path: Path) -> None:

@@ -1075,7 +1075,8 @@ def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation
     SELECT to -2^100), then one MAX per output element (gradient: MAX_GRAD, to the first maximum in window order,
     as torch)."""
     if 1 in _used_outputs(node):
-        raise UnsupportedOp("max_pool2d/3d's indices output (return_indices=True)")
+        op = "max_pool3d" if getattr(node, "target", None) in _POOLS_3D else "max_pool2d"
+        raise UnsupportedOp(f"{op}'s indices output (return_indices=True)")
     return _max_pool_nd(L, node, x, _pool_nsp(node, kernel_size), kernel_size, stride, padding, dilation, ceil_mode)
 
 
