@@ -12,6 +12,7 @@ the bytes of every CONST, both from the initial weights pinned where the factory
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -112,17 +113,35 @@ RESIZE_CASES = [  # (kind, n_in, n_out, align_corners, scale): FMA in torch's AV
 ]
 
 
+def _same_resize_weights_on_the_default_isa(cases: list) -> None:
+    p = subprocess.run([sys.executable, "-c", RESIZE_PROBE, json.dumps(cases)], cwd=REPO,
+                       env=env_for({"ATEN_CPU_CAPABILITY": "default"}), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    there = json.loads(p.stdout.strip().splitlines()[-1])
+    from vtrain.frontend.lowering import _interpolation_matrix
+
+    here = [_interpolation_matrix(*case).tobytes().hex() for case in cases]
+    assert here == there["ours"]
+    assert here == there["torch"], [c for c, a, b in zip(cases, here, there["torch"]) if a != b][:20]
+
+
 def test_resize_weights_are_the_same_bits_on_the_default_isa() -> None:
     """Resize weights (``F.interpolate``: linear, bicubic, antialiased) are computed in Python floats, one
     rounding per operation: the same FP64 bytes here and under ``ATEN_CPU_CAPABILITY=default``, and equal to
     torch's default-ISA kernel on basis vectors (its AVX2 / AVX-512 kernels contract multiply-adds: the
     near-zero weights of these cases differ there, even after rounding to FP32)."""
-    p = subprocess.run([sys.executable, "-c", RESIZE_PROBE, json.dumps(RESIZE_CASES)], cwd=REPO,
-                       env=env_for({"ATEN_CPU_CAPABILITY": "default"}), capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    there = json.loads(p.stdout.strip().splitlines()[-1])
-    from vtrain.frontend.lowering import _interpolation_matrix
+    _same_resize_weights_on_the_default_isa(RESIZE_CASES)
 
-    here = [_interpolation_matrix(*case).tobytes().hex() for case in RESIZE_CASES]
-    assert here == there["ours"]
-    assert here == there["torch"], [c for c, a, b in zip(RESIZE_CASES, here, there["torch"]) if a != b]
+
+@pytest.mark.slow
+def test_resize_weights_match_the_default_isa_kernel_on_a_sweep() -> None:
+    """Every kind, both ``align_corners``, sizes 1..12 to 1..12 and 200 random sizes and scale factors."""
+    rng = random.Random(0)
+    sizes = [(i, o, None) for i in range(1, 13) for o in range(1, 13)]
+    for _ in range(200):
+        n, f = rng.randint(1, 40), rng.choice([1.5, 2.0, 0.5, 1 / 3, 2.5, 0.7, 1.1, 3.0, rng.uniform(0.2, 4.0)])
+        if int(n * f) >= 1:
+            sizes.append((n, int(n * f), f))
+    kinds = ("linear", "cubic", "linear_aa", "cubic_aa")
+    _same_resize_weights_on_the_default_isa([(k, n, o, ac, f) for k in kinds for n, o, f in sizes
+                                             for ac in (False, True)])
