@@ -177,6 +177,7 @@ CONVS = {
                                                                                 nn.AdaptiveAvgPool2d(3))),
     "resize_nearest_exact_antialias": lambda: ConvNet(nn.Conv2d(2, 3, 1), Fn(lambda h, w: F.interpolate(
         F.interpolate(h, scale_factor=1.5, mode="nearest-exact"), size=(4, 5), mode="bilinear", antialias=True) * w
+        + F.interpolate(h, size=(4, 5), mode="bicubic", antialias=True, align_corners=True)
         + F.interpolate(h[:, None], size=(3, 4, 5), mode="trilinear")[:, 0], (4, 5))),
     "pools_ceil_mode_divisors": lambda: ConvNet(nn.Conv2d(2, 3, 1), Fn(lambda h, w: torch.cat([p.flatten(1) for p in (
         F.max_pool2d(h, 3, 2, padding=1, ceil_mode=True), F.avg_pool2d(h, 3, 2, ceil_mode=True),
@@ -202,6 +203,28 @@ def test_conv_transpose1d_and_linear_upsampling() -> None:
                            nn.Upsample(scale_factor=1.5, mode="linear"))
     x = _rand((6, 2, 7), 7)
     _check(_task(module, x, _rand((6, 2, 21), 8), opt=ADAMW), 3)
+
+
+def test_3d_convolutions_pools_and_trilinear_resize() -> None:
+    """Conv3d (groups, stride, padding, dilation), BatchNorm3d, MaxPool3d, AvgPool3d (ceil_mode, divisor),
+    uneven AdaptiveAvgPool3d / AdaptiveMaxPool3d, ConvTranspose3d, trilinear and nearest resizing on
+    [N, C, D, H, W]."""
+    torch.manual_seed(2)
+    module = nn.Sequential(
+        nn.Conv3d(2, 4, (3, 2, 3), stride=(1, 2, 1), padding=(1, 1, 2), dilation=(1, 1, 2), groups=2),
+        nn.BatchNorm3d(4), nn.ReLU(), nn.ConvTranspose3d(4, 2, 2, stride=2, padding=(1, 0, 1)),
+        Fn(lambda h, w: torch.cat([p.flatten(1) for p in (
+            F.max_pool3d(h, 2, 2, padding=1), F.avg_pool3d(h, (2, 3, 2), 2, padding=(1, 1, 0), count_include_pad=False),
+            F.avg_pool3d(h, 3, 2, ceil_mode=True, divisor_override=5), F.adaptive_max_pool3d(h, (4, 2, 3)),
+            F.adaptive_avg_pool3d(h, (4, 3, 1)), F.adaptive_avg_pool3d(h, 1),
+            F.interpolate(h, size=(3, 5, 4), mode="trilinear"), F.interpolate(h, scale_factor=(0.5, 1, 1.5)),
+            F.interpolate(h, size=(3, 2, 4), mode="nearest-exact"))], 1) * w, (1,)))
+    x = _rand((4, 2, 4, 5, 4), 3)
+    out = module(torch.from_numpy(x[:1]))
+    _check(_task(module, x, _rand((4, *out.shape[1:]), 4), opt=ADAMW), 2, step_too=False)
+    indices = Fn(lambda h, w: F.max_pool3d(h * w, 2, return_indices=True)[1].float(), (1,))
+    with pytest.raises(UnsupportedOp, match="max_pool3d's indices output"):
+        capture(_task(indices, x, _rand((4, 2, 2, 2, 2), 4)), 2)
 
 
 def test_conv1d_batchnorm1d_layernorm_linear() -> None:
@@ -594,6 +617,73 @@ def test_pool_lowerings_over_random_geometries(h, w, k, stride, pad, ties, seed)
         (ref * ct).sum().backward()
         assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
         assert torch.allclose(gx, xt.grad, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None, report_multiple_bugs=False)
+@given(st.integers(1, 2), st.integers(1, 2), st.tuples(*[st.integers(2, 5)] * 3), st.tuples(*[st.integers(1, 3)] * 3),
+       st.tuples(*[st.integers(1, 2)] * 3), st.tuples(*[st.integers(0, 1)] * 3), st.tuples(*[st.integers(1, 2)] * 3),
+       st.booleans(), st.booleans(), st.integers(0, 99))
+def test_3d_window_lowerings_over_random_geometries(groups, cout, size, k, stride, pad, dil, bias, ceil, seed) -> None:
+    """Conv3d, ConvTranspose3d (groups, stride, padding, dilation), MaxPool3d / AvgPool3d (padding, ceil_mode,
+    count_include_pad=False) and uneven AdaptiveAvgPool3d / AdaptiveMaxPool3d against torch in FP64 (values and
+    gradients to 1e-12)."""
+    from vtrain.frontend.lowering import (
+        Sym,
+        _adaptive_windows,
+        _avg_pool2d,
+        _convolution,
+        _max_pool2d,
+        _transposed_convolution,
+    )
+
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal((2, 2 * groups, *size)).astype(np.float32)
+    xt = torch.from_numpy(x0).double()
+    if all(n + 2 * p - d * (j - 1) - 1 >= 0 for n, j, p, d in zip(size, k, pad, dil)):
+        w0 = rng.standard_normal((cout * groups, 2, *k)).astype(np.float32)
+        b0 = torch.from_numpy(rng.standard_normal(cout * groups).astype(np.float32)) if bias else None
+        cases = [(w0, lambda L, x, wt: _convolution(L, _Node(), x, wt, b0, list(stride), list(pad), list(dil), False,
+                                                     [0, 0, 0], groups),
+                  lambda x, w: F.conv3d(x, w, b0.double() if b0 is not None else None, stride, pad, dil, groups))]
+    else:
+        cases = []
+    outpad = tuple(min(s, d) - 1 for s, d in zip(stride, dil))
+    wt0 = rng.standard_normal((2 * groups, cout, *k)).astype(np.float32)
+    try:
+        ref_t = F.conv_transpose3d(xt, torch.from_numpy(wt0).double(), None, stride, pad, outpad, groups, dil)
+    except RuntimeError:  # an empty output
+        ref_t = None
+    if ref_t is not None:
+        node = _ShapedNode(tuple(ref_t.shape))
+        cases.append((wt0, lambda L, x, wt, node=node: _transposed_convolution(
+            L, node, x, wt, None, list(stride), list(pad), list(dil), list(outpad), groups),
+                      lambda x, w: F.conv_transpose3d(x, w, None, stride, pad, outpad, groups, dil)))
+    pk = tuple(max(j, 2 * p) for j, p in zip(k, pad))
+    if all(n + 2 * p >= j for n, j, p in zip(size, pk, pad)):
+        for lower, ref_fn, kw in ((_max_pool2d, F.max_pool3d, {}),
+                                  (_avg_pool2d, F.avg_pool3d, {"count_include_pad": False})):
+            try:
+                ref = ref_fn(xt, pk, stride, pad, ceil_mode=ceil, **kw)
+            except RuntimeError:  # torch refuses this window
+                continue
+            node = _ShapedNode(tuple(ref.shape))
+            cases.append((None, lambda L, x, _, lower=lower, node=node, kw=kw: lower(
+                L, node, x, list(pk), list(stride), list(pad), ceil_mode=ceil, **kw),
+                lambda x, _, ref_fn=ref_fn, kw=kw: ref_fn(x, pk, stride, pad, ceil_mode=ceil, **kw)))
+    osz = tuple(max(1, n - j) for n, j in zip(size, k))
+    for kind, ref_fn in (("mean", F.adaptive_avg_pool3d), ("max", F.adaptive_max_pool3d)):
+        cases.append((None, lambda L, x, _, kind=kind: Sym(_adaptive_windows(L, x.t, osz, kind)),
+                      lambda x, _, ref_fn=ref_fn: ref_fn(x, osz)))
+    for w_init, build, ref_fn in cases:
+        out, grads, ct = _window_graph(build, x0, w_init)
+        xg = xt.clone().requires_grad_(True)
+        wg = torch.from_numpy(w_init).double().requires_grad_(True) if w_init is not None else None
+        ref = ref_fn(xg, wg)
+        (ref * ct).sum().backward()
+        assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
+        assert torch.allclose(grads[0], xg.grad, rtol=1e-12, atol=1e-12)
+        if wg is not None:
+            assert torch.allclose(grads[1], wg.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_export_of_an_hf_gpt2_run_loads_with_from_pretrained(tmp_path: Path) -> None:

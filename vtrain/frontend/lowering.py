@@ -13,6 +13,7 @@ graph is finite: ``x - 2^100`` rounds to ``-2^100`` for any |x| < 2^76, so masks
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -900,6 +901,22 @@ def _bmm(L: Lowerer, node, a, b):
     return Sym(L.g.matmul(L.t(a), L.transpose(L.t(b))))
 
 
+def _flat_table(size: Sequence[int], grids: Sequence[np.ndarray]) -> np.ndarray:
+    """Per-axis ``(out_d, k_d)`` tables of input positions (out of range or -1: none) -> one ``(prod(out),
+    prod(k))`` table of flat input positions (row-major over the output positions, then over the taps), -1
+    where any axis has none."""
+    nsp = len(size)
+    ok: np.ndarray | bool = True
+    flat: np.ndarray | int = 0
+    for d, (n, pos) in enumerate(zip(size, grids)):
+        o, k = pos.shape
+        p = pos.reshape([o if j == d else 1 for j in range(nsp)] + [k if j == d else 1 for j in range(nsp)])
+        ok = ok & (p >= 0) & (p < n)
+        flat = flat * n + p
+    rows = math.prod(g.shape[0] for g in grids)
+    return np.where(ok, flat, -1).reshape(rows, -1)
+
+
 def _patch_table(size: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                  dilation: Sequence[int], out: Sequence[int] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
     """For each output position (row) and kernel tap (column) the flat input position it reads,
@@ -911,20 +928,9 @@ def _patch_table(size: Sequence[int], kernel: Sequence[int], stride: Sequence[in
     out = tuple(out)
     if any(o <= 0 for o in out):
         raise UnsupportedOp(f"window {tuple(kernel)} does not fit the input {tuple(size)}")
-    grids = []
-    for k, s, p, d, o in zip(kernel, stride, padding, dilation, out):
-        pos = np.arange(o)[:, None] * s - p + np.arange(k)[None, :] * d  # (o, k)
-        grids.append(pos)
-    if len(size) == 1:
-        (pw,) = grids
-        table = np.where((pw >= 0) & (pw < size[0]), pw, -1)
-    else:
-        ph, pw = grids  # (oh, kh), (ow, kw)
-        h = ph[:, None, :, None]
-        w = pw[None, :, None, :]
-        ok = (h >= 0) & (h < size[0]) & (w >= 0) & (w < size[1])
-        table = np.where(ok, h * size[1] + w, -1).reshape(out[0] * out[1], kernel[0] * kernel[1])
-    return table.astype(np.float32), out
+    grids = [np.arange(o)[:, None] * s - p + np.arange(k)[None, :] * d  # (o, k)
+             for k, s, p, d, o in zip(kernel, stride, padding, dilation, out)]
+    return _flat_table(size, grids).astype(np.float32), out
 
 
 def _spatial(v, n: int) -> list[int]:
@@ -943,18 +949,19 @@ def _gather_patches(L: Lowerer, x: T, kernel, stride, padding, dilation,
 
 @lowering(aten.convolution.default)
 def _convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """1-D/2-D conv: TAKE of the input patches by a CONST table (-1: zero padding), then one MATMUL with the
+    """1-D/2-D/3-D conv: TAKE of the input patches by a CONST table (-1: zero padding), then one MATMUL with the
     weights (and bias) per output element; a 1x1 stride-1 conv skips the TAKE; groups > 1: one such conv per
-    group (SLICEs), concatenated (PAD, ADD). Transposed (``nn.ConvTranspose1d/2d``): the same with the table of
+    group (SLICEs), concatenated (PAD, ADD). Transposed (``nn.ConvTranspose1d/2d/3d``): the same with the table of
     the input element each tap scatters to each output position (-1 where none: the zeros a transposed conv
     inserts between inputs read +0)."""
+    if L.t(x).rank not in (3, 4, 5):
+        raise UnsupportedOp(f"{'transposed ' if transposed else ''}convolution of a rank-{L.t(x).rank} input (only "
+                            "batched 1-D, 2-D and 3-D: N, C, *spatial)")
     if transposed:
         return _transposed_convolution(L, node, x, w, bias, stride, padding, dilation, output_padding, groups)
     if groups != 1:
         return _grouped_convolution(L, node, x, w, bias, stride, padding, dilation, groups)
     tx, tw = L.t(x), L.t(w)
-    if tx.rank not in (3, 4):
-        raise UnsupportedOp(f"convolution of a rank-{tx.rank} input (only 1-D and 2-D)")
     nsp = tx.rank - 2
     N, C, *S = tx.shape
     n_out, _, *K = tw.shape
@@ -1006,23 +1013,16 @@ def _transposed_table(size: Sequence[int], out: Sequence[int], kernel: Sequence[
         num = np.arange(o)[:, None] + p - np.arange(k)[None, :] * d  # (o, k): i * s
         i = np.floor_divide(num, s)
         grids.append(np.where((num % s == 0) & (i >= 0) & (i < n), i, -1))
-    if len(size) == 1:
-        return grids[0].astype(np.float32)
-    ph, pw = grids
-    h, w = ph[:, None, :, None], pw[None, :, None, :]
-    table = np.where((h >= 0) & (w >= 0), h * size[1] + w, -1)
-    return table.reshape(out[0] * out[1], kernel[0] * kernel[1]).astype(np.float32)
+    return _flat_table(size, grids).astype(np.float32)
 
 
 def _transposed_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilation, output_padding,
                             groups: int) -> Sym:
-    """``conv_transpose1d/2d`` (``nn.ConvTranspose1d/2d``): TAKE of the input by a CONST table (output
+    """``conv_transpose1d/2d/3d`` (``nn.ConvTranspose1d/2d/3d``): TAKE of the input by a CONST table (output
     position x kernel tap -> the input element that tap scatters there, -1 where none: reads +0), then one
     MATMUL with the weights (and bias) per output element, as a convolution's; groups: one per group (SLICEs),
     concatenated (PAD, ADD). Its VJP is the convolution of the output gradient (TAKE's inverse table)."""
     tx, tw = L.t(x), L.t(w)
-    if tx.rank not in (3, 4):
-        raise UnsupportedOp(f"transposed convolution of a rank-{tx.rank} input (only 1-D and 2-D)")
     nsp = tx.rank - 2
     N, C, *S = tx.shape
     out = tuple(out_shape(node)[2:])
@@ -1052,19 +1052,44 @@ def _transposed_convolution(L: Lowerer, node, x, w, bias, stride, padding, dilat
     return Sym(L.reshape(y, (N, co * groups, *out)))
 
 
-@lowering(aten.max_pool2d_with_indices.default)
+_POOLS_3D = (aten.max_pool3d_with_indices.default, aten.avg_pool3d.default)
+
+
+def _pool_nsp(node, kernel_size) -> int:
+    """Spatial axes of a pooling node: 3 for the ``*3d`` ops (or a 3-element kernel), else 2."""
+    if getattr(node, "target", None) in _POOLS_3D:
+        return 3
+    return 3 if not isinstance(kernel_size, int) and len(kernel_size) == 3 else 2
+
+
+def _pool_rank(node, tx: T, nsp: int) -> None:
+    """Refuse a pooling input that is not ``N, C, *spatial`` (an unbatched one)."""
+    if tx.rank != nsp + 2:
+        name = str(node.target).removeprefix("aten.").split(".")[0] if hasattr(node, "target") else "pooling"
+        raise UnsupportedOp(f"{name} of a rank-{tx.rank} input (only batched: N, C and {nsp} spatial axes)")
+
+
+@lowering(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
 def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """Max pool: TAKE of the windows by a CONST table (padding, and past the end with ``ceil_mode``: SELECT to
-    -2^100), then one MAX per output element (gradient: MAX_GRAD, to the first maximum in window order, as torch)."""
+    """Max pool (2-D, 3-D): TAKE of the windows by a CONST table (padding, and past the end with ``ceil_mode``:
+    SELECT to -2^100), then one MAX per output element (gradient: MAX_GRAD, to the first maximum in window order,
+    as torch)."""
     if 1 in _used_outputs(node):
-        raise UnsupportedOp("max_pool2d's indices output (return_indices=True)")
+        op = "max_pool3d" if getattr(node, "target", None) in _POOLS_3D else "max_pool2d"
+        raise UnsupportedOp(f"{op}'s indices output (return_indices=True)")
+    return _max_pool_nd(L, node, x, _pool_nsp(node, kernel_size), kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _max_pool_nd(L: Lowerer, node, x, nsp: int, kernel_size, stride=(), padding=0, dilation=1,
+                 ceil_mode=False) -> tuple[Sym, None]:
     tx = L.t(x)
-    N, C, H, W = tx.shape
-    kernel = _spatial(kernel_size, 2)
-    stride = _spatial(stride, 2) if stride else kernel
-    padding, dilation = _spatial(padding, 2), _spatial(dilation, 2)
+    _pool_rank(node, tx, nsp)
+    N, C = tx.shape[:2]
+    kernel = _spatial(kernel_size, nsp)
+    stride = _spatial(stride, nsp) if stride else kernel
+    padding, dilation = _spatial(padding, nsp), _spatial(dilation, nsp)
     patches, out, table = _gather_patches(L, tx, kernel, stride, padding, dilation,
-                                          out_shape(node)[-2:] if ceil_mode else None)
+                                          out_shape(node)[-nsp:] if ceil_mode else None)
     if (table < 0).any():
         valid = L.g.const((table >= 0).astype(np.float32)[None, None], "pool_valid")
         patches = L.g.select(valid, patches, L.scalar_const(-BIG, 4))
@@ -1072,107 +1097,175 @@ def _max_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, dilation
     return (Sym(L.reshape(m, (N, C, *out))), None)
 
 
-def _adaptive_windows(L: Lowerer, x: T, out: tuple[int, int], kind: str) -> T:
-    """Adaptive pooling of ``x [N, C, H, W]`` to ``out`` with torch's windows (rows ``floor(i H / oh)`` to
-    ``ceil((i + 1) H / oh)``, the same for columns; windows of different sizes when ``out`` does not divide
+def _adaptive_windows(L: Lowerer, x: T, out: Sequence[int], kind: str) -> T:
+    """Adaptive pooling of ``x [N, C, *S]`` (2-D, 3-D) to ``out`` with torch's windows (along each axis
+    ``floor(i n / o)`` to ``ceil((i + 1) n / o)``; windows of different sizes when ``out`` does not divide
     the input): TAKE by a CONST table padded to the longest window with -1, then ``mean``: SUM and DIV by the
     window sizes (a CONST); ``max``: SELECT of the padding to -2^100, then MAX (gradient to the first maximum)."""
-    N, C, H, W = x.shape
+    N, C, *S = x.shape
     grids, sizes = [], []
-    for n, o in zip((H, W), out):
+    for n, o in zip(S, out):
         lo = [(i * n) // o for i in range(o)]
         hi = [-(-((i + 1) * n) // o) for i in range(o)]
         k = max(b - a for a, b in zip(lo, hi))
         pos = np.array([[a + j if a + j < b else -1 for j in range(k)] for a, b in zip(lo, hi)])
         grids.append(pos)
         sizes.append(np.array([b - a for a, b in zip(lo, hi)], np.float32))
-    ph, pw = grids
-    h, w = ph[:, None, :, None], pw[None, :, None, :]
-    table = np.where((h >= 0) & (w >= 0), h * W + w, -1).reshape(out[0] * out[1], -1).astype(np.float32)
-    patches = L.g.take(L.reshape(x, (N, C, H * W)), L.g.const(table, "adaptive_windows"), 2)  # (N, C, P, k)
+    table = _flat_table(S, grids).astype(np.float32)
+    patches = L.g.take(L.reshape(x, (N, C, math.prod(S))), L.g.const(table, "adaptive_windows"), 2)  # (N, C, P, k)
     if kind == "max":
         valid = L.g.const((table >= 0).astype(np.float32)[None, None], "pool_valid")
         y = L.g.max(L.g.select(valid, patches, L.scalar_const(-BIG, 4)), differentiable=True)
     else:
-        counts = (sizes[0][:, None] * sizes[1][None, :]).reshape(1, 1, -1, 1)
+        counts = functools.reduce(np.multiply.outer, sizes).reshape(1, 1, -1, 1)
         y = L.g.div(L.g.sum(patches), L.g.const(counts, "window_sizes"))
     return L.reshape(y, (N, C, *out))
 
 
-@lowering(aten.adaptive_max_pool2d.default)
+@lowering(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
 def _adaptive_max_pool2d(L: Lowerer, node, x, output_size):
-    """Adaptive max pool: to a size dividing the input the `max_pool2d_with_indices` lowering with kernel = stride,
-    else TAKE of torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``) padded to the longest by SELECT to
-    -2^100, one MAX each (gradient to the first maximum, as torch's index); the indices output is refused."""
+    """Adaptive max pool (2-D, 3-D): to a size dividing the input the `max_pool2d_with_indices` lowering with
+    kernel = stride, else TAKE of torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``) padded to the
+    longest by SELECT to -2^100, one MAX each (gradient to the first maximum, as torch's index); the indices output
+    is refused."""
     tx = L.t(x)
-    H, W = tx.shape[-2:]
-    oh, ow = _spatial(output_size, 2)
+    nsp = 3 if node.target == aten.adaptive_max_pool3d.default else 2
     if 1 in _used_outputs(node):
-        raise UnsupportedOp("adaptive_max_pool2d's indices output (return_indices=True)")
-    if tx.rank != 4:
-        raise UnsupportedOp(f"adaptive_max_pool2d of a rank-{tx.rank} input (only N, C, H, W)")
-    if H % oh or W % ow:
-        return (Sym(_adaptive_windows(L, tx, (oh, ow), "max")), None)
-    return _max_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
+        raise UnsupportedOp(f"adaptive_max_pool{nsp}d's indices output (return_indices=True)")
+    _pool_rank(node, tx, nsp)
+    S, osz = tx.shape[2:], [o if o is not None else n for o, n in zip(_spatial(output_size, nsp), tx.shape[2:])]
+    if any(n % o for n, o in zip(S, osz)):
+        return (Sym(_adaptive_windows(L, tx, osz, "max")), None)
+    kernel = [n // o for n, o in zip(S, osz)]
+    return _max_pool_nd(L, node, x, nsp, kernel, kernel)
 
 
 @lowering(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
-          aten._upsample_nearest_exact2d.default)
+          aten._upsample_nearest_exact2d.default, aten.upsample_nearest3d.vec, aten.upsample_nearest3d.default,
+          aten._upsample_nearest_exact3d.vec, aten._upsample_nearest_exact3d.default)
 def _upsample_nearest2d(L: Lowerer, node, x, output_size=None, scale_factors=None, *rest):
-    """Nearest upsampling (``mode='nearest'`` or ``'nearest-exact'``): one TAKE per spatial axis by a CONST table of
-    the source rows / columns (the table is torch's own: the op on the positions)."""
+    """Nearest upsampling (``mode='nearest'`` or ``'nearest-exact'``, 2-D and 3-D): one TAKE per spatial axis by a
+    CONST table of the source positions along it (the table is torch's own: the op on the positions)."""
     tx = L.t(x)
-    N, C, H, W = tx.shape
-    oh, ow = out_shape(node)[-2:]
-    pos = torch.arange(H * W, dtype=torch.float64).reshape(1, 1, H, W)
+    nsp = 3 if "3d" in str(node.target) else 2
+    _pool_rank(node, tx, nsp)
+    S, out = tx.shape[2:], tuple(out_shape(node)[2:])
+    pos = torch.arange(math.prod(S), dtype=torch.float64).reshape(1, 1, *S)
     src = node.target(pos, *((output_size, scale_factors) if node.target._overloadname == "vec"
                               else (output_size, scale_factors, *rest)))
-    table = src.reshape(oh, ow).numpy()
-    rows, cols = (table // W)[:, 0], (table % W)[0, :]
-    if not (np.array_equal(table, rows[:, None] * W + cols[None, :])):
-        raise UnsupportedOp("upsample_nearest2d whose table is not separable")
-    t = L.g.take(tx, L.g.const(rows.astype(np.float32), "upsample_rows"), 2)
-    return Sym(L.g.take(t, L.g.const(cols.astype(np.float32), "upsample_cols"), 3))
+    table = src.reshape(out).numpy().astype(np.int64)
+    per_axis = [idx[tuple(slice(None) if j == d else 0 for j in range(nsp))]
+                for d, idx in enumerate(np.unravel_index(table, S))]
+    if not np.array_equal(table, np.ravel_multi_index(np.meshgrid(*per_axis, indexing="ij"), S)):
+        raise UnsupportedOp(f"upsample_nearest{nsp}d whose table is not separable")
+    names = ["upsample_depth", "upsample_rows", "upsample_cols"][-nsp:]
+    t = tx
+    for d, (rows, name) in enumerate(zip(per_axis, names)):
+        t = L.g.take(t, L.g.const(rows.astype(np.float32), name), 2 + d)
+    return Sym(t)
 
 
 _LINEAR_UPSAMPLES = {
-    aten.upsample_linear1d.vec: aten.upsample_linear1d.default,
-    aten.upsample_linear1d.default: aten.upsample_linear1d.default,
-    aten.upsample_bilinear2d.vec: aten.upsample_bilinear2d.default,
-    aten.upsample_bilinear2d.default: aten.upsample_bilinear2d.default,
-    aten.upsample_bicubic2d.vec: aten.upsample_bicubic2d.default,
-    aten.upsample_bicubic2d.default: aten.upsample_bicubic2d.default,
-    aten._upsample_bilinear2d_aa.vec: aten._upsample_bilinear2d_aa.default,
-    aten._upsample_bilinear2d_aa.default: aten._upsample_bilinear2d_aa.default,
-    aten.upsample_trilinear3d.vec: aten.upsample_trilinear3d.default,
-    aten.upsample_trilinear3d.default: aten.upsample_trilinear3d.default,
+    aten.upsample_linear1d.vec: "linear",
+    aten.upsample_linear1d.default: "linear",
+    aten.upsample_bilinear2d.vec: "linear",
+    aten.upsample_bilinear2d.default: "linear",
+    aten.upsample_trilinear3d.vec: "linear",
+    aten.upsample_trilinear3d.default: "linear",
+    aten.upsample_bicubic2d.vec: "cubic",
+    aten.upsample_bicubic2d.default: "cubic",
+    aten._upsample_bilinear2d_aa.vec: "linear_aa",
+    aten._upsample_bilinear2d_aa.default: "linear_aa",
+    aten._upsample_bicubic2d_aa.vec: "cubic_aa",
+    aten._upsample_bicubic2d_aa.default: "cubic_aa",
 }
 
 
-def _interpolation_matrix(op: Any, nsp: int, axis: int, n_in: int, n_out: int, align_corners: bool,
-                          scale: float | None, sizes: tuple[Sequence[int], Sequence[int]] | None = None) -> np.ndarray:
-    """The ``(n_out, n_in)`` weights of one spatial axis of a separable interpolation ``op``, from torch's own
-    kernel in FP64: column ``c`` is the output of the basis vector ``e_c`` on that axis (the other axes of size
-    1, which map to themselves with weight 1; with ``sizes``, (input, output) spatial sizes, the other axes keep
-    theirs and hold ones, whose weights sum to 1: antialiasing treats a size-1 axis differently)."""
-    shape, size = [1] * nsp, [1] * nsp
-    if sizes is not None:
-        shape, size = list(sizes[0]), list(sizes[1])
-    shape[axis], size[axis] = n_in, n_out
-    ones = [1] * nsp
-    ones[axis] = n_in
-    basis = torch.eye(n_in, dtype=torch.float64).reshape(n_in, 1, *ones).expand(n_in, 1, *shape).contiguous()
-    scales = [None] * nsp
-    scales[axis] = scale
-    out = op(basis, size, align_corners, *scales)
-    return out.movedim(2 + axis, -1).reshape(n_in, -1, n_out)[:, 0, :].T.numpy()
+def _area_scale(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> float:
+    """torch's ``area_pixel_compute_scale`` in FP64: input pixels per output pixel."""
+    if align_corners:
+        return float(n_in - 1) / float(n_out - 1) if n_out > 1 else 0.0
+    return 1.0 / float(scale) if scale is not None and scale > 0 else float(n_in) / float(n_out)
+
+
+def _floor_index(real: float, n_in: int) -> tuple[int, float]:
+    """torch's ``guard_index_and_lambda``: ``floorf`` of the source index (C's float ``floorf``: the FP64 value
+    rounded to FP32 first), at most ``n_in - 1``, and the fraction clamped to [0, 1]."""
+    index = min(math.floor(float(np.float32(real))), n_in - 1)
+    return index, min(max(real - float(index), 0.0), 1.0)
+
+
+def _cubic1(x: float, a: float) -> float:
+    """``((a + 2) x - (a + 3)) x x + 1`` (|x| <= 1), one rounding per operation."""
+    return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+
+
+def _cubic2(x: float, a: float) -> float:
+    """``((a x - 5 a) x + 8 a) x - 4 a`` (1 <= |x| <= 2), one rounding per operation."""
+    return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+
+
+def _interpolation_matrix(kind: str, n_in: int, n_out: int, align_corners: bool,
+                          scale: float | None) -> np.ndarray:
+    """The ``(n_out, n_in)`` FP64 weights of one spatial axis of a separable resize, as torch's CPU kernels
+    define them (``UpSample.h``, ``UpSampleKernel.cpp``) but computed here in Python floats, one IEEE rounding
+    per operation and no fused multiply-add, so the same bits on every machine (torch's own kernel, compiled per
+    vector ISA, contracts ``scale * (i + 0.5) - 0.5`` and the cubic coefficients differently under AVX2 and the
+    default build). ``kind``: ``linear`` (source ``scale * (i + 0.5) - 0.5``, below 0 read as 0, or
+    ``scale * i`` with ``align_corners``; two taps, the second clamped to the last input), ``cubic`` (the same
+    index unclamped, Keys' cubic convolution with A = -0.75, four taps clamped to the borders and summed where
+    they coincide, left to right), ``linear_aa`` / ``cubic_aa`` (antialiased: PIL's triangle / cubic A = -0.5
+    filter stretched by the scale when downsampling, over ``center +- support``, normalised by its sum)."""
+    A = np.zeros((n_out, n_in), np.float64)
+    if n_in == n_out and kind != "cubic":  # torch copies (linear: ``compute_source_index_and_lambda``; the
+        return np.eye(n_in)                # separable antialiased kernel skips an axis of unchanged size)
+    s = _area_scale(n_in, n_out, align_corners, scale)
+    for i in range(n_out):
+        if kind in ("linear", "cubic"):
+            real = s * float(i) if align_corners else s * (float(i) + 0.5) - 0.5
+            if kind == "linear":
+                real = 0.0 if real < 0 else real
+                index, lam1 = _floor_index(real, n_in)
+                taps = [(index, 1.0 - lam1), (index + (1 if index < n_in - 1 else 0), lam1)]
+            else:
+                index, t = _floor_index(real, n_in)
+                c = (_cubic2(t + 1.0, -0.75), _cubic1(t, -0.75), _cubic1(1.0 - t, -0.75),
+                     _cubic2((1.0 - t) + 1.0, -0.75))
+                taps = [(max(min(index + j - 1, n_in - 1), 0), c[j]) for j in range(4)]
+            row: dict[int, float] = {}
+            for col, w in taps:
+                row[col] = row[col] + w if col in row else w
+            for col, w in row.items():
+                A[i, col] = w
+            continue
+        support = (1.0 if kind == "linear_aa" else 2.0) * (s if s >= 1.0 else 1.0)
+        max_taps = math.ceil(support) * 2 + 1
+        center = s * (float(i) + 0.5)
+        invscale = 1.0 / s if s >= 1.0 else 1.0
+        lo = max(int(center - support + 0.5), 0)
+        size = min(max(min(int(center + support + 0.5), n_in) - lo, 0), max_taps)
+        ws = []
+        for j in range(size):
+            x = abs((float(j + lo) - center + 0.5) * invscale)
+            if kind == "linear_aa":
+                w = 1.0 - x if x < 1.0 else 0.0
+            else:
+                w = _cubic1(x, -0.5) if x < 1.0 else _cubic2(x, -0.5) if x < 2.0 else 0.0
+            ws.append(w)
+        total = 0.0
+        for w in ws:
+            total += w
+        for j, w in enumerate(ws):
+            A[i, lo + j] = w / total if total != 0.0 else w
+    return A
 
 
 @lowering(*_LINEAR_UPSAMPLES)
 def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False, *scales):
     """Linear / bilinear / bicubic / trilinear resizing (``nn.Upsample``, ``F.interpolate``; either
     ``align_corners``, ``antialias``): a fixed linear map per spatial axis, one MATMUL per axis with a CONST
-    ``(out, in)`` weight matrix (torch's own weights: its kernel in FP64 on basis vectors)."""
+    ``(out, in)`` weight matrix: torch's weights (its CPU kernel's formulas) computed in FP64 one rounding per
+    operation (no FMA), the same bits on every machine, rounded to FP32."""
     tx = L.t(x)
     nsp = tx.rank - 2
     out = tuple(out_shape(node)[2:])
@@ -1181,12 +1274,11 @@ def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False,
         per_axis = list(factors) if factors else [None] * nsp
     else:
         per_axis = list(scales) + [None] * (nsp - len(scales))
-    op = _LINEAR_UPSAMPLES[node.target]
+    kind = _LINEAR_UPSAMPLES[node.target]
     y = tx
     for axis in reversed(range(nsp)):  # the last spatial axis first, each moved last for its MATMUL
         n_in, n_out = tx.shape[2 + axis], out[axis]
-        A = _interpolation_matrix(op, nsp, axis, n_in, n_out, bool(align_corners), per_axis[axis],
-                                  (tx.shape[2:], out) if op == aten._upsample_bilinear2d_aa.default else None)
+        A = _interpolation_matrix(kind, n_in, n_out, bool(align_corners), per_axis[axis])
         if n_in == n_out and np.array_equal(A, np.eye(n_in)):
             continue
         t, back = L.to_last(y, 2 + axis)
@@ -1197,48 +1289,59 @@ def _upsample_linear(L: Lowerer, node, x, output_size=None, align_corners=False,
     return Sym(y)
 
 
-@lowering(aten.avg_pool2d.default)
+@lowering(aten.avg_pool2d.default, aten.avg_pool3d.default)
 def _avg_pool2d(L: Lowerer, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
-    """Average pool: TAKE of the windows by a CONST table (padding reads +0), then one MEAN each; with
+    """Average pool (2-D, 3-D): TAKE of the windows by a CONST table (padding reads +0), then one MEAN each; with
     ``ceil_mode``, ``count_include_pad=False`` or ``divisor_override``: one SUM each, DIV by torch's divisor per
     window (a CONST)."""
+    return _avg_pool_nd(L, node, x, _pool_nsp(node, kernel_size), kernel_size, stride, padding, ceil_mode,
+                        count_include_pad, divisor_override)
+
+
+def _avg_pool_nd(L: Lowerer, node, x, nsp: int, kernel_size, stride=(), padding=0, ceil_mode=False,
+                 count_include_pad=True, divisor_override=None) -> Sym:
     tx = L.t(x)
-    kernel = _spatial(kernel_size, 2)
-    stride = _spatial(stride, 2) if stride else kernel
-    padding = _spatial(padding, 2)
-    N, C, H, W = tx.shape
+    _pool_rank(node, tx, nsp)
+    kernel = _spatial(kernel_size, nsp)
+    stride = _spatial(stride, nsp) if stride else kernel
+    padding = _spatial(padding, nsp)
+    N, C, *S = tx.shape
     if not (ceil_mode or divisor_override is not None or (any(padding) and not count_include_pad)):
-        patches, out, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1))
+        patches, out, _ = _gather_patches(L, tx, kernel, stride, padding, (1,) * nsp)
         return Sym(L.reshape(L.g.mean(patches), (N, C, *out)))
-    out = tuple(out_shape(node)[-2:])
-    patches, _, _ = _gather_patches(L, tx, kernel, stride, padding, (1, 1), out)
+    out = tuple(out_shape(node)[-nsp:])
+    patches, _, _ = _gather_patches(L, tx, kernel, stride, padding, (1,) * nsp, out)
     sizes = []
-    for n, o, k, s_, p in zip((H, W), out, kernel, stride, padding):  # torch's avg_pool2d divisor, per axis
+    for n, o, k, s_, p in zip(S, out, kernel, stride, padding):  # torch's avg_pool divisor, per axis
         lo = np.arange(o) * s_ - p
         hi = np.minimum(lo + k, n + p)
         sizes.append(hi - lo if count_include_pad else np.minimum(hi, n) - np.maximum(lo, 0))
-    div = np.full(out, float(divisor_override)) if divisor_override is not None else np.outer(*sizes)
+    div = (np.full(out, float(divisor_override)) if divisor_override is not None
+           else functools.reduce(np.multiply.outer, sizes))
     y = L.g.div(L.g.sum(patches), L.g.const(div.reshape(1, 1, -1, 1).astype(np.float32), "pool_divisors"))
     return Sym(L.reshape(y, (N, C, *out)))
 
 
-@lowering(aten._adaptive_avg_pool2d.default)
+@lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool2d(L: Lowerer, node, x, output_size):
-    """Adaptive average pool: to a size dividing the input :func:`_avg_pool2d` with kernel = stride, else TAKE of
-    torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``, padded to the longest: reads +0), one SUM
-    each, DIV by the window's size (a CONST)."""
+    """Adaptive average pool (2-D, 3-D): to a size dividing the input :func:`_avg_pool2d` with kernel = stride,
+    else TAKE of torch's windows (``floor(i n / o)`` to ``ceil((i + 1) n / o)``, padded to the longest: reads +0),
+    one SUM each, DIV by the window's size (a CONST)."""
     tx = L.t(x)
-    H, W = tx.shape[-2:]
-    oh, ow = _spatial(output_size, 2)
-    if tx.rank == 4 and (H % oh or W % ow):
-        return Sym(_adaptive_windows(L, tx, (oh, ow), "mean"))
-    if H % oh or W % ow:
-        raise UnsupportedOp(f"adaptive_avg_pool2d of a rank-{tx.rank} input from {H}x{W} to {oh}x{ow} (only "
-                            "N, C, H, W when the output does not divide the input)")
-    if (oh, ow) == (1, 1):
-        return Sym(L.reduce(tx, [-2, -1], True, "mean"))
-    return _avg_pool2d(L, node, x, [H // oh, W // ow], [H // oh, W // ow])
+    nsp = 3 if node.target == aten._adaptive_avg_pool3d.default else 2
+    S = tx.shape[-nsp:]
+    osz = [o if o is not None else n for o, n in zip(_spatial(output_size, nsp), S)]
+    uneven = any(n % o for n, o in zip(S, osz))
+    if tx.rank == nsp + 2 and uneven:
+        return Sym(_adaptive_windows(L, tx, osz, "mean"))
+    if uneven:
+        raise UnsupportedOp(f"adaptive_avg_pool{nsp}d of a rank-{tx.rank} input from {'x'.join(map(str, S))} to "
+                            f"{'x'.join(map(str, osz))} (only N, C, *spatial when it does not divide the input)")
+    if all(o == 1 for o in osz):
+        return Sym(L.reduce(tx, list(range(-nsp, 0)), True, "mean"))
+    kernel = [n // o for n, o in zip(S, osz)]
+    return _avg_pool_nd(L, node, x, nsp, kernel, kernel)
 
 
 # === normalisation ===================================================================================
@@ -1778,11 +1881,11 @@ NO_FOLD = frozenset({aten.native_dropout.default, aten.rand.default, aten.randn.
 """Ops never evaluated at build time even when every input is known (they are random)."""
 
 KEPT_WHOLE = (aten.softplus.default, aten.mish.default, aten.upsample_bicubic2d.vec, aten.upsample_trilinear3d.vec,
-              aten._upsample_nearest_exact2d.vec)
+              aten._upsample_nearest_exact2d.vec, aten.upsample_nearest3d.vec, aten._upsample_nearest_exact3d.vec)
 """Ops kept out of torch's decompositions: softplus' and mish's compute ``exp(a)`` for every ``a`` and select
 the threshold branch afterwards (an overflow to inf in FP32), their lowerings here are finite for every input;
-bicubic and trilinear upsampling and nearest-exact gather with several index tensors, their lowerings are one
-MATMUL / TAKE per axis."""
+bicubic and trilinear upsampling and nearest (3-D) / nearest-exact gather with several index tensors, their
+lowerings are one MATMUL / TAKE per axis."""
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
