@@ -640,6 +640,8 @@ class StepExecutor:
             if got is not None:
                 v, d, filtered, near = got
                 stats.values += v.numel()
+                if filtered[2] and not len(filtered[1]) and not len(log_in.sparse.get(op.id, ())):
+                    return self._replay_clean(filtered[0], sums)
                 kind = "points" if isinstance(d, native_filter.PointBound) else "norm"
                 return self._replay_op(op, ins, v, d, log_in, resolver_factory, check, violations, sums, kind,
                                        filtered=filtered, near=near)
@@ -649,6 +651,8 @@ class StepExecutor:
             got = replay_sum_values(op, ins)
             if got is not None:
                 stats.values += got[0].numel()
+                if got[2][2] and not len(got[2][1]) and not len(log_in.sparse.get(op.id, ())):
+                    return self._replay_clean(got[2][0], sums)
                 return self._replay_op(op, ins, got[0], got[1], log_in, resolver_factory, check, violations, sums,
                                        bound_kind, filtered=got[2], exact=got[3], near=got[4])
         v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
@@ -725,6 +729,17 @@ class StepExecutor:
         if got is None:
             return None
         return v, *got
+
+    @staticmethod
+    def _replay_clean(r: torch.Tensor, sums: list | None) -> torch.Tensor:
+        """A checked replay's MATMUL/SUM/MEAN whose native filter found every ``RN32(v)`` finite, no
+        candidate and whose log has no entry: :meth:`_replay_op` would return the filter's ``r`` as
+        it is (``rounding._apply_log_checked``'s first return: no overflow, nothing to check, flag or
+        resolve; the resolver is never called), so it is returned here without building the
+        resolver, the bound readers and the checks (most ops of an honest step)."""
+        if sums is not None:
+            sums.extend(finite_probe(r))
+        return r
 
     def _replay_op(
         self, op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind, filtered=None,
