@@ -33,6 +33,7 @@ from vtrain.numerics import fp32_native, native_filter
 from vtrain.numerics.canonical import (
     SUBNORMAL_F32,
     ReplayFiltered,
+    _GridAt,
     grid_elements,
     norm_bound_factor,
     replay_matmul_norm,
@@ -640,7 +641,8 @@ class StepExecutor:
             if got is not None:
                 v, d, filtered, near = got
                 stats.values += v.numel()
-                if filtered[2] and not len(filtered[1]) and not len(log_in.sparse.get(op.id, ())):
+                grid = d.grid if isinstance(d, native_filter.PointBound) else None
+                if self._clean(filtered, near, grid) and not len(log_in.sparse.get(op.id, ())):
                     return self._replay_clean(filtered[0], sums)
                 kind = "points" if isinstance(d, native_filter.PointBound) else "norm"
                 return self._replay_op(op, ins, v, d, log_in, resolver_factory, check, violations, sums, kind,
@@ -651,7 +653,8 @@ class StepExecutor:
             got = replay_sum_values(op, ins)
             if got is not None:
                 stats.values += got[0].numel()
-                if got[2][2] and not len(got[2][1]) and not len(log_in.sparse.get(op.id, ())):
+                grid = got[3].grid if isinstance(got[3], _GridAt) else None
+                if self._clean(got[2], got[4], grid) and not len(log_in.sparse.get(op.id, ())):
                     return self._replay_clean(got[2][0], sums)
                 return self._replay_op(op, ins, got[0], got[1], log_in, resolver_factory, check, violations, sums,
                                        bound_kind, filtered=got[2], exact=got[3], near=got[4])
@@ -731,12 +734,31 @@ class StepExecutor:
         return v, *got
 
     @staticmethod
+    def _clean(filtered: ReplayFiltered, near: np.ndarray | None, grid: np.ndarray | None) -> bool:
+        """Whether the native filter's pass found every ``RN32(v)`` finite and no suspect candidate:
+        none at all, or none whose near-tie flag (made in that pass at ``2 min(d, d')``, the test
+        ``rounding._apply_log_checked`` reads) is set unless the exact-grid rule clears it (``grid``:
+        ``canonical.grid_elements`` at the candidates, the pass's too, as ``_replay_op``'s ``exact``
+        reads it there; None: no flag may be set)."""
+        r, cand, finite = filtered
+        if not finite:
+            return False
+        if not len(cand):
+            return True
+        if near is None or len(near) != len(cand):
+            return False
+        if grid is None:
+            return not near.any()
+        return len(grid) >= len(cand) and not (near & ~grid[: len(cand)]).any()
+
+    @staticmethod
     def _replay_clean(r: torch.Tensor, sums: list | None) -> torch.Tensor:
-        """A checked replay's MATMUL/SUM/MEAN whose native filter found every ``RN32(v)`` finite, no
-        candidate and whose log has no entry: :meth:`_replay_op` would return the filter's ``r`` as
-        it is (``rounding._apply_log_checked``'s first return: no overflow, nothing to check, flag or
-        resolve; the resolver is never called), so it is returned here without building the
-        resolver, the bound readers and the checks (most ops of an honest step)."""
+        """A checked replay's MATMUL/SUM/MEAN that is :meth:`_clean` and whose log has no entry:
+        :meth:`_replay_op` would return the filter's ``r`` as it is (``rounding._apply_log_checked``:
+        no overflow, no entry, no candidate or none near a midpoint, so no suspect, nothing to
+        flag, and the resolver, called only with a suspect or an entry, is not), so it is returned
+        here without building the resolver, the bound readers and the checks (most ops of an
+        honest step)."""
         if sums is not None:
             sums.extend(finite_probe(r))
         return r
