@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
@@ -33,7 +34,6 @@ from vtrain.numerics import fp32_native, native_filter
 from vtrain.numerics.canonical import (
     SUBNORMAL_F32,
     ReplayFiltered,
-    _GridAt,
     grid_elements,
     norm_bound_factor,
     replay_matmul_norm,
@@ -641,7 +641,7 @@ class StepExecutor:
             if got is not None:
                 v, d, filtered, near = got
                 stats.values += v.numel()
-                grid = d.grid if isinstance(d, native_filter.PointBound) else None
+                grid = d.grid_at if isinstance(d, native_filter.PointBound) else None
                 if self._clean(filtered, near, grid) and not len(log_in.sparse.get(op.id, ())):
                     return self._replay_clean(filtered[0], sums)
                 kind = "points" if isinstance(d, native_filter.PointBound) else "norm"
@@ -653,8 +653,7 @@ class StepExecutor:
             got = replay_sum_values(op, ins)
             if got is not None:
                 stats.values += got[0].numel()
-                grid = got[3].grid if isinstance(got[3], _GridAt) else None
-                if self._clean(got[2], got[4], grid) and not len(log_in.sparse.get(op.id, ())):
+                if self._clean(got[2], got[4], got[3]) and not len(log_in.sparse.get(op.id, ())):
                     return self._replay_clean(got[2][0], sums)
                 return self._replay_op(op, ins, got[0], got[1], log_in, resolver_factory, check, violations, sums,
                                        bound_kind, filtered=got[2], exact=got[3], near=got[4])
@@ -734,12 +733,14 @@ class StepExecutor:
         return v, *got
 
     @staticmethod
-    def _clean(filtered: ReplayFiltered, near: np.ndarray | None, grid: np.ndarray | None) -> bool:
+    def _clean(
+        filtered: ReplayFiltered, near: np.ndarray | None, exact: Callable[[np.ndarray], np.ndarray] | None
+    ) -> bool:
         """Whether the native filter's pass found every ``RN32(v)`` finite and no suspect candidate:
         none at all, or none whose near-tie flag (made in that pass at ``2 min(d, d')``, the test
-        ``rounding._apply_log_checked`` reads) is set unless the exact-grid rule clears it (``grid``:
-        ``canonical.grid_elements`` at the candidates, the pass's too, as ``_replay_op``'s ``exact``
-        reads it there; None: no flag may be set)."""
+        ``rounding._apply_log_checked`` reads) is set unless the exact-grid rule clears it
+        (``exact``: what ``_replay_op`` hands ``apply_log``, called as it calls it, on the flagged
+        candidates; None: no flag may be set)."""
         r, cand, finite = filtered
         if not finite:
             return False
@@ -747,9 +748,9 @@ class StepExecutor:
             return True
         if near is None or len(near) != len(cand):
             return False
-        if grid is None:
-            return not near.any()
-        return len(grid) >= len(cand) and not (near & ~grid[: len(cand)]).any()
+        if not near.any():
+            return True
+        return exact is not None and bool(np.asarray(exact(cand[near]), dtype=bool).all())
 
     @staticmethod
     def _replay_clean(r: torch.Tensor, sums: list | None) -> torch.Tensor:
