@@ -513,13 +513,6 @@ def apply_log(
 def _check_entries(entries: OpLog, n: int, what: str) -> None:
     """A replay's entries for an op of ``n`` elements: every index inside it, every code 1-3, else
     :class:`VtrainError` naming the op (read before any entry is applied)."""
-    if len(entries) <= 16:  # a few entries (most ops): Python's min/max, not four numpy reductions
-        idx, codes = entries.index.tolist(), entries.code.tolist()
-        if max(idx) >= n or min(idx) < 0:
-            raise VtrainError(f"{what}: log index out of range for {n} elements")
-        if max(codes) > 3 or min(codes) < 1:
-            raise VtrainError(f"{what}: invalid rounding-log code")
-        return
     if int(entries.index.max()) >= n or int(entries.index.min()) < 0:
         raise VtrainError(f"{what}: log index out of range for {n} elements")
     if bool(((entries.code < 1) | (entries.code > 3)).any()):
@@ -615,24 +608,20 @@ def _apply_log_checked(
         violations.extend(LogViolation(int(k), suspect[int(k)][0], suspect[int(k)][1]) for k in flagged_keys)
     if resolver is not None and (suspect or n_e):
         # every applied entry goes to the resolver too: its value must be RN32(e) (the contract's rule)
-        if n_e and not suspect and (n_e == 1 or bool((entries.index[1:] > entries.index[:-1]).all())):
-            # the general path below with keys = the entries (np.union1d's result: sorted, unique
-            # already): searchsorted gives 0..n_e-1, so every code and proposed value is the entry's
-            # (RN32(v) is overwritten everywhere) and no key is flagged
-            keys = entries.index.astype(np.int64)
-            codes_np = entries.code.astype(np.uint8)
-            proposed = np.array(applied, dtype=np.float32)
-            flagged = np.zeros(n_e, dtype=bool)
+        if not n_e:
+            keys = flagged_keys
+        elif not suspect and (n_e == 1 or bool((entries.index[1:] > entries.index[:-1]).all())):
+            keys = entries.index.astype(np.int64)  # np.union1d's result: sorted, unique already
         else:
-            keys = np.union1d(flagged_keys, entries.index.astype(np.int64)) if n_e else flagged_keys
-            codes_np = np.zeros(len(keys), dtype=np.uint8)
-            with np.errstate(over="ignore"):
-                proposed = vn[keys].astype(np.float32)  # RN32(v), zeros as they are (torch's .to's bits)
-            if n_e:
-                pos = np.searchsorted(keys, entries.index)
-                codes_np[pos] = entries.code
-                proposed[pos] = applied
-            flagged = _in_sorted(keys, flagged_keys)
+            keys = np.union1d(flagged_keys, entries.index.astype(np.int64))
+        codes_np = np.zeros(len(keys), dtype=np.uint8)
+        with np.errstate(over="ignore"):
+            proposed = vn[keys].astype(np.float32)  # RN32(v), zeros as they are (torch's .to's bits)
+        if n_e:
+            pos = np.searchsorted(keys, entries.index)
+            codes_np[pos] = entries.code
+            proposed[pos] = applied
+        flagged = _in_sorted(keys, flagged_keys)
         res = resolver(keys, proposed, codes_np, flagged).astype(np.float32)
         rn[keys] = res + np.float32(0.0)
     if overflow is not None:  # the entries (or the resolver) settled the FP32 overflows of v, or this raises
