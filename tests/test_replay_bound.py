@@ -315,3 +315,68 @@ def test_a_doctored_entry_where_the_norm_bound_is_loose_is_flagged() -> None:
             rep = ex.run(state, data, log_in=bad, check=True)
         assert [(op, x.index, x.code, x.detail) for op, x in rep.violations] == [
             (mm, 0, 2, "entry far from the replayed value")]
+
+
+def test_the_fast_return_of_clean_ops_changes_no_output_flag_or_ruling(monkeypatch) -> None:
+    """``StepExecutor._clean`` ops (no entry, no suspect candidate) skip ``apply_log``: the replay's
+    state, violations, overruled elements and resolver calls are those of the full path, on an honest
+    log and on doctored ones (a directed code flipped, an explicit value moved, an entry added to a
+    clean MATMUL and to a clean SUM)."""
+    import copy
+
+    from protocol.auditor import exact_resolver
+    from protocol.jobs import JobContext
+    from vtrain.graph import executor as vexec
+    from vtrain.graph.executor import state_tensors
+    from vtrain.models.nn import GPTConfig
+    from vtrain.models.optim import AdamWConfig
+    from vtrain.torch_ref import executor_for
+    from vtrain.training.loop import batch_for, component_roots
+    from vtrain.training.spec import TrainSpec
+
+    spec = TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
+                     gpt=GPTConfig(n_layer=2, d_model=64, n_head=4, context=32))
+    ctx = JobContext.of(spec)
+    job = ctx.job
+    ex = executor_for(job, "certified")
+    state = state_tensors(job.initial_state)
+    res = ex.run(state, batch_for(job, 1), step=1)
+    logs = {"honest": res.log}
+    directed = [(o, k) for o, ol in sorted(res.log.sparse.items()) for k in range(len(ol)) if ol.code[k] in (1, 2)]
+    explicit = [(o, k) for o, ol in sorted(res.log.sparse.items()) for k in range(len(ol)) if ol.code[k] == 3]
+    assert directed
+    bad = copy.deepcopy(res.log)
+    o, k = directed[0]
+    bad.sparse[o].code[k] = 3 - bad.sparse[o].code[k]
+    logs["flipped"] = bad
+    if explicit:
+        bad = copy.deepcopy(res.log)
+        o, k = explicit[0]
+        bad.sparse[o].value[k] = np.nextafter(bad.sparse[o].value[k], np.float32(np.inf))
+        logs["moved"] = bad
+    for kinds in ((OpKind.MATMUL,), (OpKind.SUM, OpKind.MEAN)):
+        ids = [op.id for op in job.graph.ops if op.kind in kinds and op.id not in res.log.sparse]
+        bad = copy.deepcopy(res.log)
+        bad.sparse[ids[len(ids) // 2]] = OpLog(np.array([0], np.int64), np.array([1], np.uint8),
+                                               np.array([0.0], np.float32))
+        logs[kinds[0].name] = bad
+
+    def replay(log):
+        calls: list[tuple[int, list[int]]] = []
+        overruled: list[tuple[int, int]] = []
+        factory = exact_resolver(ctx, overruled)
+
+        def counting(op, ins):
+            r = factory(op, ins)
+            return lambda keys, *a: calls.append((op.id, keys.tolist())) or r(keys, *a)
+
+        aud = ex.run(state, batch_for(job, 1), log_in=log, step=1, check=True, resolver_factory=counting)
+        return component_roots(aud.state), [(i, v.index, v.code, v.detail) for i, v in aud.violations], overruled, calls
+
+    fast = {name: replay(lg) for name, lg in logs.items()}
+    clean = []
+    monkeypatch.setattr(vexec.StepExecutor, "_clean", staticmethod(lambda *a: clean.append(1) and False))
+    full = {name: replay(lg) for name, lg in logs.items()}
+    assert clean, "the fast return was reached"
+    assert fast == full
+    assert fast["honest"][1] == [] and fast["flipped"][2]

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
@@ -640,6 +641,9 @@ class StepExecutor:
             if got is not None:
                 v, d, filtered, near = got
                 stats.values += v.numel()
+                grid = d.grid_at if isinstance(d, native_filter.PointBound) else None
+                if self._clean(filtered, near, grid) and not len(log_in.sparse.get(op.id, ())):
+                    return self._replay_clean(filtered[0], sums)
                 kind = "points" if isinstance(d, native_filter.PointBound) else "norm"
                 return self._replay_op(op, ins, v, d, log_in, resolver_factory, check, violations, sums, kind,
                                        filtered=filtered, near=near)
@@ -649,6 +653,8 @@ class StepExecutor:
             got = replay_sum_values(op, ins)
             if got is not None:
                 stats.values += got[0].numel()
+                if self._clean(got[2], got[4], got[3]) and not len(log_in.sparse.get(op.id, ())):
+                    return self._replay_clean(got[2][0], sums)
                 return self._replay_op(op, ins, got[0], got[1], log_in, resolver_factory, check, violations, sums,
                                        bound_kind, filtered=got[2], exact=got[3], near=got[4])
         v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
@@ -725,6 +731,38 @@ class StepExecutor:
         if got is None:
             return None
         return v, *got
+
+    @staticmethod
+    def _clean(
+        filtered: ReplayFiltered, near: np.ndarray | None, exact: Callable[[np.ndarray], np.ndarray] | None
+    ) -> bool:
+        """Whether the native filter's pass found every ``RN32(v)`` finite and no suspect candidate:
+        none at all, or none whose near-tie flag (made in that pass at ``2 min(d, d')``, the test
+        ``rounding._apply_log_checked`` reads) is set unless the exact-grid rule clears it
+        (``exact``: what ``_replay_op`` hands ``apply_log``, called as it calls it, on the flagged
+        candidates; None: no flag may be set)."""
+        r, cand, finite = filtered
+        if not finite:
+            return False
+        if not len(cand):
+            return True
+        if near is None or len(near) != len(cand):
+            return False
+        if not near.any():
+            return True
+        return exact is not None and bool(np.asarray(exact(cand[near]), dtype=bool).all())
+
+    @staticmethod
+    def _replay_clean(r: torch.Tensor, sums: list | None) -> torch.Tensor:
+        """A checked replay's MATMUL/SUM/MEAN that is :meth:`_clean` and whose log has no entry:
+        :meth:`_replay_op` would return the filter's ``r`` as it is (``rounding._apply_log_checked``:
+        no overflow, no entry, no candidate or none near a midpoint, so no suspect, nothing to
+        flag, and the resolver, called only with a suspect or an entry, is not), so it is returned
+        here without building the resolver, the bound readers and the checks (most ops of an
+        honest step)."""
+        if sums is not None:
+            sums.extend(finite_probe(r))
+        return r
 
     def _replay_op(
         self, op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind, filtered=None,
