@@ -48,6 +48,25 @@ static int64_t needing_attention(const int64_t *o, int64_t c, int64_t kept) {
     return attention;
 }
 
+/* The norm-bound epilogue's shared first steps (here and replay.c's vt_replay_matmul_norm): the FP64
+ * row norms of A [batches * m, k] into na and of B [batches * ncols, k] into nb, the bias in FP64 into
+ * bias64 (when given) and, with add_bias, added to v's rows (one IEEE add each). */
+void vt_matmul_norms_bias(double *v, const float *a, const float *b, const float *bias, int64_t batches,
+                          int64_t m, int64_t k, int64_t ncols, int32_t add_bias, double *na, double *nb,
+                          double *bias64) {
+    const int64_t rows = batches * m;
+    vt_row_norms32(a, rows, k, na);
+    vt_row_norms32(b, batches * ncols, k, nb);
+    if (bias) {
+        for (int64_t j = 0; j < ncols; j++) bias64[j] = (double)bias[j];
+        if (add_bias)
+            for (int64_t i = 0; i < rows; i++) {
+                double *vr = v + i * ncols;
+                for (int64_t j = 0; j < ncols; j++) vr[j] = vr[j] + bias64[j];
+            }
+    }
+}
+
 /* v [batches * m, ncols] (C-contiguous FP64, the products A B^T without the bias), a [batches * m, k],
  * b [batches * ncols, k], bias [ncols] or NULL (FP32, C-contiguous). With `add_bias`, v += bias first.
  * Writes r (RN32(v), canonical zeros, then the decided bits) and the candidates' element indices into
@@ -70,16 +89,7 @@ VT_EXPORT int64_t vt_matmul_round_norm(double *v, const float *a, const float *b
     status[ST_KEPT] = -1;
     status[ST_ATTENTION] = 0;
     if (!na || !nb || (bias && !bias64)) goto done;
-    vt_row_norms32(a, rows, k, na);
-    vt_row_norms32(b, batches * ncols, k, nb);
-    if (bias) {
-        for (int64_t j = 0; j < ncols; j++) bias64[j] = (double)bias[j];
-        if (add_bias)
-            for (int64_t i = 0; i < rows; i++) {
-                double *vr = v + i * ncols;
-                for (int64_t j = 0; j < ncols; j++) vr[j] = vr[j] + bias64[j];
-            }
-    }
+    vt_matmul_norms_bias(v, a, b, bias, batches, m, k, ncols, add_bias, na, nb, bias64);
     uint32_t nonfinite = 0;
     count = vt_round_filter_norm(v, rows, m, ncols, na, nb, bias64, sub, factor, band, r, idx, &nonfinite);
     status[ST_NONFINITE] = nonfinite;

@@ -110,12 +110,15 @@ VT_EXPORT int64_t vt_replay_apply_entries(const double *v, const float *r, int64
     return flagged;
 }
 
-/* The kernels composed below (filter.c, rows.c). */
+/* The kernels composed below (filter.c, rows.c, matmul.c). */
 void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out);
 int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
                              const double *nb, const double *bias, double sub, double factor, double scale,
                              float *r, int64_t *idx, uint32_t *nonfinite);
 int vt_grid_row(const double *t, int64_t n, double s_abs, int kind);
+void vt_matmul_norms_bias(double *v, const float *a, const float *b, const float *bias, int64_t batches,
+                          int64_t m, int64_t k, int64_t ncols, int32_t add_bias, double *na, double *nb,
+                          double *bias64);
 
 /* The checked replay's MATMUL epilogue in one call (native_replay.matmul_norm_filter): the steps the
  * Python norm path takes one by one, on the same values in the same order, so the same bits:
@@ -149,16 +152,7 @@ VT_EXPORT int64_t vt_replay_matmul_norm(double *v, const float *a, const float *
     status[0] = 0;
     status[1] = 0;
     if (!na || !nb || !t || (bias && !bias64)) goto done;
-    vt_row_norms32(a, rows, k, na);
-    vt_row_norms32(b, batches * ncols, k, nb);
-    if (bias) {
-        for (int64_t j = 0; j < ncols; j++) bias64[j] = (double)bias[j];
-        if (add_bias)
-            for (int64_t i = 0; i < rows; i++) {
-                double *vr = v + i * ncols;
-                for (int64_t j = 0; j < ncols; j++) vr[j] = vr[j] + bias64[j];
-            }
-    }
+    vt_matmul_norms_bias(v, a, b, bias, batches, m, k, ncols, add_bias, na, nb, bias64);
     uint32_t nonfinite = 0;
     count = vt_round_filter_norm(v, rows, m, ncols, na, nb, bias64, sub, factor, scale, r, idx, &nonfinite);
     status[0] = nonfinite;
