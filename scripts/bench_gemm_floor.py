@@ -2,7 +2,7 @@
 """How close the certified step can get to plain FP32 on this CPU: the FP64 GEMM floor.
 
     .venv/bin/python scripts/bench_gemm_floor.py     # the small GPT, and 2 layers of GPT-2 small's shapes
-    .venv/bin/python scripts/bench_gemm_floor.py --width 768 --context 256 --layers 12 --heads 12 --batch 1 --vocab 50257
+    .venv/bin/python scripts/bench_gemm_floor.py --width 768 --context 256 --layers 12 --batch 1 --vocab 50257
 
 The certified executor evaluates every MATMUL in FP64 (``torch.matmul`` on the FP64 copies of its
 FP32 operands); plain torch FP32 runs the same products in FP32. Where the products dominate a step

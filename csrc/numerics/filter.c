@@ -88,6 +88,32 @@ VT_INLINE uint8_t vt_mask_norm(const double *v, int64_t len, double a, const dou
     return any;
 }
 
+/* The norm form with the Hoelder pairs too: s = min(a2 b2_j, a1 binf_j, ainf b1_j) >= sum_k |a_k b_k|
+ * (Cauchy-Schwarz and Hoelder's 1/inf inequalities), then as vt_mask_norm. */
+VT_INLINE uint8_t vt_mask_norm3(const double *v, int64_t len, double a2, double a1, double ai, const double *b2,
+                                const double *b1, const double *bi, const double *bias, double sub, double factor,
+                                double scale, float *r, uint8_t *mask) {
+    uint8_t any = 0;
+    if (bias) {
+        for (int64_t j = 0; j < len; j++) {
+            const double s2 = a2 * b2[j], s1 = a1 * bi[j], si = ai * b1[j];
+            const double s12 = s2 < s1 ? s2 : s1;
+            const double dd = (((s12 < si ? s12 : si) + fabs(bias[j])) + sub) * factor;
+            mask[j] = vt_round_cand(v[j], dd * scale, &r[j]);
+            any |= mask[j];
+        }
+    } else {
+        for (int64_t j = 0; j < len; j++) {
+            const double s2 = a2 * b2[j], s1 = a1 * bi[j], si = ai * b1[j];
+            const double s12 = s2 < s1 ? s2 : s1;
+            const double dd = ((s12 < si ? s12 : si) + sub) * factor;
+            mask[j] = vt_round_cand(v[j], dd * scale, &r[j]);
+            any |= mask[j];
+        }
+    }
+    return any;
+}
+
 VT_INLINE uint8_t vt_mask_scaled32(const double *v, const float *s, int64_t len, double sub, double factor,
                                    double scale, float *r, uint8_t *mask) {
     uint8_t any = 0;
@@ -120,6 +146,11 @@ __attribute__((target("avx2"))) static uint8_t vt_mask_norm_avx2(const double *v
                                                                  uint8_t *mask) {
     return vt_mask_norm(v, len, a, b, bias, sub, factor, scale, r, mask);
 }
+__attribute__((target("avx2"))) static uint8_t vt_mask_norm3_avx2(
+    const double *v, int64_t len, double a2, double a1, double ai, const double *b2, const double *b1,
+    const double *bi, const double *bias, double sub, double factor, double scale, float *r, uint8_t *mask) {
+    return vt_mask_norm3(v, len, a2, a1, ai, b2, b1, bi, bias, sub, factor, scale, r, mask);
+}
 #define VT_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,prefer-vector-width=512"))) static
 VT_AVX512 uint8_t vt_mask_scaled32_avx512(const double *v, const float *s, int64_t len,
                                                                      double sub, double factor, double scale,
@@ -139,6 +170,11 @@ VT_AVX512 uint8_t vt_mask_norm_avx512(const double *v, int64_t len, double a,
                                                                  double factor, double scale, float *r,
                                                                  uint8_t *mask) {
     return vt_mask_norm(v, len, a, b, bias, sub, factor, scale, r, mask);
+}
+VT_AVX512 uint8_t vt_mask_norm3_avx512(
+    const double *v, int64_t len, double a2, double a1, double ai, const double *b2, const double *b1,
+    const double *bi, const double *bias, double sub, double factor, double scale, float *r, uint8_t *mask) {
+    return vt_mask_norm3(v, len, a2, a1, ai, b2, b1, bi, bias, sub, factor, scale, r, mask);
 }
 #else
 #define VT_HAVE_AVX2 0
@@ -292,6 +328,48 @@ VT_EXPORT int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m,
                                      : vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
 #else
             const uint8_t any = vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
+            (void)simd;
+#endif
+            if (any) {
+                k = vt_append(mask, len, at, idx, k);
+                memset(mask, 0, sizeof mask);
+            }
+        }
+    }
+    *nonfinite = vt_any_nonfinite(r, idx, k);
+    return k;
+}
+
+/* vt_round_filter_norm under the smaller of three bounds of sum_k |a_k b_k| per element: the
+ * Cauchy-Schwarz na * nb and Hoelder's na1 * nbinf and nainf * nb1 (vt_row_norms1inf32), each a valid
+ * upper bound, so their minimum is; reach = ((((min) + |bias_j|) + sub) * factor) * scale. The trainer's
+ * canonical MATMUL filter (matmul.c): fewer candidates where rows are peaked (a softmax gradient, a
+ * one-hot), never a missed one. */
+VT_EXPORT int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m, int64_t ncols,
+                                        const double *na, const double *nb, const double *na1, const double *nai,
+                                        const double *nb1, const double *nbi, const double *bias, double sub,
+                                        double factor, double scale, float *r, int64_t *idx, uint32_t *nonfinite) {
+    uint8_t mask[VT_BLOCK + 8] = {0};
+    const int simd = vt_use_simd();
+    int64_t k = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const int64_t off = (i / m) * ncols;
+        for (int64_t lo = 0; lo < ncols; lo += VT_BLOCK) {
+            const int64_t len = ncols - lo < VT_BLOCK ? ncols - lo : VT_BLOCK;
+            const int64_t at = i * ncols + lo;
+            const double *bl = bias ? bias + lo : NULL;
+            const double *b2 = nb + off + lo, *b1 = nb1 + off + lo, *bi = nbi + off + lo;
+#if VT_HAVE_AVX2
+            const uint8_t any =
+                simd == 2 ? vt_mask_norm3_avx512(v + at, len, na[i], na1[i], nai[i], b2, b1, bi, bl, sub, factor,
+                                                 scale, r + at, mask)
+                : simd    ? vt_mask_norm3_avx2(v + at, len, na[i], na1[i], nai[i], b2, b1, bi, bl, sub, factor,
+                                               scale, r + at, mask)
+                          : vt_mask_norm3(v + at, len, na[i], na1[i], nai[i], b2, b1, bi, bl, sub, factor, scale,
+                                          r + at, mask);
+#else
+            const uint8_t any = vt_mask_norm3(v + at, len, na[i], na1[i], nai[i], b2, b1, bi, bl, sub, factor,
+                                              scale, r + at, mask);
             (void)simd;
 #endif
             if (any) {

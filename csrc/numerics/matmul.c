@@ -1,17 +1,20 @@
 /* The canonical trainer's MATMUL epilogue in one call (vtrain/numerics/native_rows.py,
  * matmul_round_norm; canonical.round_canonical_matmul).
  *
- * It runs, in the same order and on the same values, the kernels the Python path calls one by one
- * for a MATMUL whose bound is the Cauchy-Schwarz norm bound (executor._norm_bound):
+ * It runs, on the same values, the kernels the Python path calls one by one for a MATMUL whose
+ * bound is the Cauchy-Schwarz norm bound (executor._norm_bound):
  *
  *   vt_row_norms32        the FP64 row norms of A [batches * m, k] and of B [batches * ncols, k];
  *   v += bias             torch's v.add_(bias.double()): one IEEE addition per element;
- *   vt_round_filter_norm  r = RN32(v) and the candidates under the norm bound;
+ *   vt_round_filter_norm3 r = RN32(v) and the candidates under the smaller of that bound and the
+ *                         two Hoelder bounds (vt_row_norms1inf32): a subset of the Python path's
+ *                         candidates that holds every element the exact decision could change;
  *   vt_rows_decide        the tight re-filter and the decisions of the candidates (when every r is
  *                         finite), written into r where none needs more (vt_rows_decide_into's rule);
  *
- * so its results are theirs, bit for bit (tests/test_native_rows.py compares them). Compiled with
- * -ffp-contract=off and without -ffast-math, as every kernel of the library. */
+ * so its outputs are theirs, bit for bit, and its decisions theirs at every candidate they share
+ * (tests/test_native_rows.py compares them). Compiled with -ffp-contract=off and without
+ * -ffast-math, as every kernel of the library. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,13 +26,18 @@ void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out);
 int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
                              const double *nb, const double *bias, double sub, double factor, double scale,
                              float *r, int64_t *idx, uint32_t *nonfinite);
+void vt_row_norms1inf32(const float *x, int64_t rows, int64_t k, double *n1, double *ninf);
+int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
+                              const double *nb, const double *na1, const double *nai, const double *nb1,
+                              const double *nbi, const double *bias, double sub, double factor, double scale,
+                              float *r, int64_t *idx, uint32_t *nonfinite);
 int64_t vt_rows_decide(int32_t src, const float *a, const float *b, const float *bias, int64_t m, int64_t k,
                        int64_t ncols, const void *x, int64_t n, int64_t limit, int32_t kind, const int64_t *cand,
                        int64_t c, const double *v, const float *r, double coef, double band, int64_t *out);
 
 enum { SRC_MATMUL = 0, KIND_MATMUL = 0, CODE_NONE = 0 };
 /* status[] slots */
-enum { ST_NONFINITE = 0, ST_KEPT = 1, ST_ATTENTION = 2 };
+enum { ST_NONFINITE = 0, ST_KEPT = 1, ST_ATTENTION = 2, ST_SPILL = 3 };
 
 /* The decided rows' bits into r at their element indices (canonical zero), as vt_rows_decide_into. */
 static void write_decided(const int64_t *o, int64_t c, int64_t kept, float *r) {
@@ -70,28 +78,36 @@ void vt_matmul_norms_bias(double *v, const float *a, const float *b, const float
 /* v [batches * m, ncols] (C-contiguous FP64, the products A B^T without the bias), a [batches * m, k],
  * b [batches * ncols, k], bias [ncols] or NULL (FP32, C-contiguous). With `add_bias`, v += bias first.
  * Writes r (RN32(v), canonical zeros, then the decided bits) and the candidates' element indices into
- * idx (capacity batches * m * ncols); returns their count, or -1 when scratch memory cannot be had.
+ * idx (room for every element), returns their count (-1: a scratch allocation failed). The filter
+ * reads the smaller of the Cauchy-Schwarz and the two Hoelder bounds (vt_round_filter_norm3): the
+ * candidates only select the elements decided exactly, so a tighter valid bound changes no output.
  * status[ST_NONFINITE]: whether some r is not finite (then nothing is decided: kept = -1);
- * status[ST_KEPT]: the rows the tight re-filter keeps, whose decisions are in o as [4, count]
- * (vt_rows_decide's layout: index, bits, code, decided), or -1 where they were not kept (the count
- * above `cap`, or not finite); status[ST_ATTENTION]: how many of them need the full path (0: every
- * decided bit is already in r). */
+ * status[ST_KEPT]: the rows the tight re-filter keeps, whose decisions are as [4, count]
+ * (vt_rows_decide's layout: index, bits, code, decided) in o where count <= cap, else in a buffer
+ * of this library's malloc whose address is status[ST_SPILL] (the caller copies it out and frees it
+ * with vt_free), or -1 where they were not kept (not finite); status[ST_ATTENTION]: how many of them
+ * need the full path (0: every decided bit is already in r, and nothing is spilled). */
 VT_EXPORT int64_t vt_matmul_round_norm(double *v, const float *a, const float *b, const float *bias,
                                        int64_t batches, int64_t m, int64_t k, int64_t ncols, int32_t add_bias,
                                        double sub, double factor, double band, double coef, float *r,
                                        int64_t *idx, int64_t cap, int64_t *o, int64_t *status) {
-    const int64_t rows = batches * m;
-    double *na = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(double));
-    double *nb = malloc((size_t)(batches * ncols > 0 ? batches * ncols : 1) * sizeof(double));
+    const int64_t rows = batches * m, brows = batches * ncols;
+    const size_t ra = (size_t)(rows > 0 ? rows : 1), rb = (size_t)(brows > 0 ? brows : 1);
+    double *norms = malloc((3 * ra + 3 * rb) * sizeof(double));
     double *bias64 = bias ? malloc((size_t)(ncols > 0 ? ncols : 1) * sizeof(double)) : NULL;
     int64_t count = -1;
     status[ST_NONFINITE] = 0;
     status[ST_KEPT] = -1;
     status[ST_ATTENTION] = 0;
-    if (!na || !nb || (bias && !bias64)) goto done;
+    status[ST_SPILL] = 0;
+    if (!norms || (bias && !bias64)) goto done;
+    double *na = norms, *na1 = na + ra, *nai = na1 + ra, *nb = nai + ra, *nb1 = nb + rb, *nbi = nb1 + rb;
     vt_matmul_norms_bias(v, a, b, bias, batches, m, k, ncols, add_bias, na, nb, bias64);
+    vt_row_norms1inf32(a, rows, k, na1, nai);
+    vt_row_norms1inf32(b, brows, k, nb1, nbi);
     uint32_t nonfinite = 0;
-    count = vt_round_filter_norm(v, rows, m, ncols, na, nb, bias64, sub, factor, band, r, idx, &nonfinite);
+    count = vt_round_filter_norm3(v, rows, m, ncols, na, nb, na1, nai, nb1, nbi, bias64, sub, factor, band, r, idx,
+                                  &nonfinite);
     status[ST_NONFINITE] = nonfinite;
     if (count == 0 || nonfinite) goto done;
     int64_t *dec = count <= cap ? o : malloc((size_t)count * 4 * sizeof(int64_t));
@@ -106,13 +122,19 @@ VT_EXPORT int64_t vt_matmul_round_norm(double *v, const float *a, const float *b
     } else {
         const int64_t attention = needing_attention(dec, count, kept);
         if (!attention) write_decided(dec, count, kept, r);
-        status[ST_KEPT] = dec == o ? kept : -1;
+        status[ST_KEPT] = kept;
         status[ST_ATTENTION] = attention;
+        if (dec != o && attention) {
+            status[ST_SPILL] = (int64_t)(intptr_t)dec; /* handed over: the caller frees it */
+            dec = o;
+        }
     }
     if (dec != o) free(dec);
 done:
-    free(na);
-    free(nb);
+    free(norms);
     free(bias64);
     return count;
 }
+
+/* Frees a buffer this library handed over (vt_matmul_round_norm's spilled decisions). */
+VT_EXPORT void vt_free(void *p) { free(p); }

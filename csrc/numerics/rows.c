@@ -409,3 +409,99 @@ VT_EXPORT int vt_row_norms(const double *x, int64_t rows, int64_t k, double *out
 VT_EXPORT void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out) {
     for (int64_t i = 0; i < rows; i++) out[i] = sqrt(0.0 + pw_sumsq32(x + i * k, k));
 }
+
+/* The Hoelder row norms of FP32 rows [rows, k] for the trainer's MATMUL filter (matmul.c):
+ * n1[i] = sum_k |x_ik| in FP64 and ninf[i] = max_k |x_ik| (exact). The sum: 16 partial sums, lane l
+ * taking the elements j = l mod 16, then the lanes' in order (any order is within (k - 1) u
+ * relative, which the bound's factor covers, as for the Euclidean norms); the AVX2 loop keeps the
+ * same lanes, so the same bits. */
+#define N1_LANES 16
+static void norms1inf_tail(const float *xr, int64_t j, int64_t k, double *s, float *mx, double *n1, double *ninf) {
+    for (int l = 0; j < k; j++, l++) {
+        const float ax = fabsf(xr[j]);
+        s[l] += (double)ax;
+        mx[l] = ax > mx[l] ? ax : mx[l];
+    }
+    double t = 0.0;
+    float m = 0.0f;
+    for (int l = 0; l < N1_LANES; l++) {
+        t += s[l];
+        m = mx[l] > m ? mx[l] : m;
+    }
+    *n1 = t;
+    *ninf = (double)m;
+}
+
+static void norms1inf_base(const float *x, int64_t rows, int64_t k, double *n1, double *ninf) {
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xr = x + i * k;
+        double s[N1_LANES] = {0};
+        float mx[N1_LANES] = {0};
+        int64_t j = 0;
+        for (; j + N1_LANES <= k; j += N1_LANES)
+            for (int l = 0; l < N1_LANES; l++) {
+                const float ax = fabsf(xr[j + l]);
+                s[l] += (double)ax;
+                mx[l] = ax > mx[l] ? ax : mx[l];
+            }
+        norms1inf_tail(xr, j, k, s, mx, n1 + i, ninf + i);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx2"))) static void norms1inf_avx2(const float *x, int64_t rows, int64_t k, double *n1,
+                                                            double *ninf) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xr = x + i * k;
+        __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+        __m256 m0 = _mm256_setzero_ps(), m1 = m0;
+        int64_t j = 0;
+        for (; j + N1_LANES <= k; j += N1_LANES) {
+            const __m256 a = _mm256_and_ps(_mm256_loadu_ps(xr + j), absmask);
+            const __m256 b = _mm256_and_ps(_mm256_loadu_ps(xr + j + 8), absmask);
+            m0 = _mm256_max_ps(a, m0);
+            m1 = _mm256_max_ps(b, m1);
+            s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
+            s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
+            s2 = _mm256_add_pd(s2, _mm256_cvtps_pd(_mm256_castps256_ps128(b)));
+            s3 = _mm256_add_pd(s3, _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)));
+        }
+        double s[N1_LANES];
+        float mx[N1_LANES];
+        _mm256_storeu_pd(s, s0);
+        _mm256_storeu_pd(s + 4, s1);
+        _mm256_storeu_pd(s + 8, s2);
+        _mm256_storeu_pd(s + 12, s3);
+        _mm256_storeu_ps(mx, m0);
+        _mm256_storeu_ps(mx + 8, m1);
+        norms1inf_tail(xr, j, k, s, mx, n1 + i, ninf + i);
+    }
+}
+#endif
+
+static int norms_avx2 = -1; /* -1: the CPU decides */
+
+/* Tests: 0 forces the base loop of vt_row_norms1inf32, 1 the AVX2 one where the CPU has it; returns
+ * whether the AVX2 loop is in use. */
+VT_EXPORT int vt_norms_set_simd(int on) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    norms_avx2 = on && __builtin_cpu_supports("avx2");
+#else
+    (void)on;
+    norms_avx2 = 0;
+#endif
+    return norms_avx2;
+}
+
+VT_EXPORT void vt_row_norms1inf32(const float *x, int64_t rows, int64_t k, double *n1, double *ninf) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (norms_avx2 < 0) norms_avx2 = __builtin_cpu_supports("avx2") != 0;
+    if (norms_avx2) {
+        norms1inf_avx2(x, rows, k, n1, ninf);
+        return;
+    }
+#endif
+    norms1inf_base(x, rows, k, n1, ninf);
+}

@@ -32,7 +32,8 @@ assert (int(Code.NONE), int(Code.DOWN), int(Code.UP), int(Code.EXPLICIT)) == (0,
 
 def _bind() -> ctypes.CDLL | None:
     lib = native.lib()
-    names = ("vt_rows_decide", "vt_rows_decide_into", "vt_rows_is_rn32", "vt_rows_grid", "vt_matmul_round_norm")
+    names = ("vt_rows_decide", "vt_rows_decide_into", "vt_rows_is_rn32", "vt_rows_grid", "vt_matmul_round_norm",
+             "vt_free")
     if lib is None or not all(hasattr(lib, n) for n in names):
         return None
     p, i32, i64, f64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
@@ -47,6 +48,8 @@ def _bind() -> ctypes.CDLL | None:
     lib.vt_rows_grid.restype = ctypes.c_int
     lib.vt_matmul_round_norm.argtypes = [p, p, p, p, i64, i64, i64, i64, i32, f64, f64, f64, f64, p, p, i64, p, p]
     lib.vt_matmul_round_norm.restype = i64
+    lib.vt_free.argtypes = [p]
+    lib.vt_free.restype = None
     return lib
 
 
@@ -264,9 +267,14 @@ def matmul_round_norm(
     """A MATMUL's norm-bound rounding, filter and decisions in one C call (``csrc/numerics/matmul.c``):
     the row norms of ``ins[0]`` and ``ins[1]`` (:func:`native_filter.row_norms`), with ``add_bias``
     ``v += bias`` in place, ``native_filter.round_filter`` of ``v`` under ``NormBound(na, nb, bias,
-    m, sub, factor)`` at scale ``band``, then (every ``r`` finite) :func:`decide_into`'s tight
-    re-filter (``coef``, ``band``) and decisions, written into ``r`` where none needs more. ``shape``:
-    :func:`matmul_operands` of ``ins`` and ``v``."""
+    m, sub, factor)`` at scale ``band`` with the product of norms replaced by the smallest of it and
+    the two Hoelder products ``|a_i|_1 |b_j|_inf``, ``|a_i|_inf |b_j|_1`` (each at least ``sum_k |t_k|``;
+    the candidates are a subset of the Cauchy-Schwarz ones holding every element whose tight bound
+    reaches a midpoint), then (every ``r`` finite) :func:`decide_into`'s tight re-filter (``coef``,
+    ``band``) and decisions, written into ``r`` where none needs more. ``shape``:
+    :func:`matmul_operands` of ``ins`` and ``v``. Decisions of more than ``_KEEP_DECISIONS``
+    candidates come back from the kernel's own buffer (copied, then freed) instead of being taken
+    again by the caller."""
     batches, m, k, ncols = shape
     keep: list[torch.Tensor] = []
     a, b = _contiguous(ins[0], keep), _contiguous(ins[1], keep)
@@ -275,18 +283,24 @@ def matmul_round_norm(
     r = torch.empty(v.shape, dtype=torch.float32)
     cap = min(n, _KEEP_DECISIONS)
     # one buffer: the candidates (n; pages are touched only where candidates land), the handed-back
-    # decisions (4 cap) and the kernel's status (3, every one written by the kernel)
-    buf = torch.empty(n + 4 * cap + 3, dtype=torch.int64)
+    # decisions (4 cap) and the kernel's status (4, every one written by the kernel)
+    buf = torch.empty(n + 4 * cap + 4, dtype=torch.int64)
     at = buf.data_ptr()
     count = _LIB.vt_matmul_round_norm(v.data_ptr(), a, b, bias, batches, m, k, ncols, int(add_bias), sub, factor,
                                       band, coef, r.data_ptr(), at, cap, at + 8 * n, at + 8 * (n + 4 * cap))
     if count < 0:
         raise MemoryError("native rows: the MATMUL epilogue could not allocate its scratch rows")
-    nonfinite, kept, attention = buf[-3:].tolist()
+    nonfinite, kept, attention, spill = buf[-4:].tolist()
     whole = buf.numpy()
     cand = whole[:count].copy()
     decided = None
-    if kept >= 0 and attention:
+    if spill:  # more decisions than the buffer holds: in the kernel's own, handed over
+        try:
+            dec = np.ctypeslib.as_array((ctypes.c_int64 * (4 * count)).from_address(spill)).reshape(4, count)
+            decided = (dec[0, :kept].copy(), dec[1, :kept].copy(), dec[2, :kept].copy(), dec[3, :kept] != 0)
+        finally:
+            _LIB.vt_free(spill)
+    elif kept >= 0 and attention:
         dec = whole[n : n + 4 * count].reshape(4, count)
         decided = (dec[0, :kept].copy(), dec[1, :kept].copy(), dec[2, :kept].copy(), dec[3, :kept] != 0)
     return MatmulRound(r, cand, not nonfinite, decided, attention)
