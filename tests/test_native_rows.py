@@ -526,58 +526,25 @@ def test_a_library_built_from_older_sources_is_refused_whole(tmp_path: Path) -> 
     assert "expected ABI version" in r.stderr and "make native" in r.stderr
 
 
-def _norms1inf_np(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """``vt_row_norms1inf32``'s specification on FP32 rows ``[..., R, K]``: per row the FP64 sum of
-    ``|x|`` in 16 lanes (lane ``l`` the elements ``j = l mod 16``, left to right, then the lanes in
-    order) and the exact ``max |x|``, flattened over the leading axes."""
-    k = x.shape[-1]
-    xa = np.abs(x.numpy().astype(np.float64)).reshape(math.prod(x.shape[:-1]), k)
-    rows = xa.shape[0]
-    lanes = np.zeros((rows, 16))
-    for j in range(k):
-        lanes[:, j % 16] += xa[:, j]
-    n1 = np.zeros(rows)
-    for lane in range(16):
-        n1 = n1 + lanes[:, lane]
-    return n1, (xa.max(axis=1) if k else np.zeros(rows))
-
-
 def _epilogue_reference(ins: list[torch.Tensor], v: torch.Tensor) -> tuple:
-    """The trainer's MATMUL epilogue kernel by kernel (``executor._norm_bound``'s row norms with the
-    Hoelder pairs, ``midpoint_candidates_np``, ``decide``/``decide_into``): ``(v + bias, r, cand,
-    finite, decisions, attention, Cauchy-Schwarz candidates)``."""
+    """The trainer's MATMUL epilogue kernel by kernel (``executor._norm_bound``, ``round_filter``,
+    ``decide``/``decide_into``): ``(v + bias, r, cand, finite, decisions, attention)``."""
     from vtrain.graph.executor import _norm_bound
     from vtrain.numerics import native_filter as NF
-    from vtrain.numerics.rounding import midpoint_candidates_np
 
     x = [t.double() for t in ins]
     v = v.clone()
     nt = ins[0].shape[-1] + (len(ins) == 3)
     d = _norm_bound(x, v, True, ins)  # (adds the bias to v)
-    r, cand_cs, finite = NF.round_filter(v, d, C._BAND)
-    # the kernel's reach: min(|a|_2 |b|_2, |a|_1 |b|_inf, |a|_inf |b|_1), then the norm form's operations
-    m, ncols = v.shape[-2], v.shape[-1]
-    a1, ai = _norms1inf_np(ins[0])
-    b1, bi = _norms1inf_np(ins[1])
-    a2 = d.na.numpy().reshape(-1, 1)
-    rows = a2.shape[0]
-    bat = np.arange(rows) // m
-    b2 = d.nb.numpy().reshape(-1, ncols)[bat]
-    s = np.minimum(np.minimum(a2 * b2, a1.reshape(-1, 1) * bi.reshape(-1, ncols)[bat]),
-                   ai.reshape(-1, 1) * b1.reshape(-1, ncols)[bat])
-    if len(ins) == 3:
-        s = s + np.abs(x[2].numpy())
-    reach = ((s + d.sub) * d.factor) * C._BAND
-    cand = midpoint_candidates_np(v.numpy().reshape(-1), r.numpy().reshape(-1), reach.reshape(-1))
-    assert np.isin(cand, cand_cs).all(), "a Hoelder candidate the Cauchy-Schwarz bound does not have"
+    r, cand, finite = NF.round_filter(v, d, C._BAND)
     if not finite or not len(cand):
-        return v, r, cand, finite, None, 0, cand_cs
+        return v, r, cand, finite, None, 0
     tight = (v.reshape(-1), r.reshape(-1), TRAINER_BOUND_SLACK * gamma(nt), C._BAND)
     dec = native_rows.decide(OpKind.MATMUL, ins, cand, tight=tight)
     attention = int((~dec[3] | (dec[2] != 0)).sum())
     if not attention:
         assert native_rows.decide_into(OpKind.MATMUL, ins, torch.from_numpy(cand), r.reshape(-1), tight=tight) == 0
-    return v, r, cand, finite, dec, attention, cand_cs
+    return v, r, cand, finite, dec, attention
 
 
 def _epilogue_inputs(case, spoil: str) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -612,13 +579,13 @@ def test_matmul_epilogue_is_its_kernels_in_order(case, spoil: str, monkeypatch) 
     biased ``v``, ``r`` bits, candidates, finiteness, decisions and attention count; also where the
     decisions do not fit the handed-back buffer (then none is handed back)."""
     ins, v = _epilogue_inputs(case, spoil)
-    v_ref, r_ref, cand_ref, finite_ref, dec_ref, att_ref, _ = _epilogue_reference(ins, v)
+    v_ref, r_ref, cand_ref, finite_ref, dec_ref, att_ref = _epilogue_reference(ins, v)
     _epilogue_matches(ins, v, (v_ref, r_ref, cand_ref, finite_ref, dec_ref, att_ref), monkeypatch)
     assert (spoil == "" and case[2] >= 4) == (att_ref > 0), "the exact midpoint needs an entry (spoiled: none)"
 
 
 def _epilogue_matches(ins: list[torch.Tensor], v: torch.Tensor, ref: tuple, monkeypatch) -> None:
-    """``matmul_round_norm`` gives ``ref`` (:func:`_epilogue_reference`'s first six), with the decisions
+    """``matmul_round_norm`` gives ``ref`` (:func:`_epilogue_reference`'s result), with the decisions
     in the handed-back buffer and, past it (``_KEEP_DECISIONS`` 1), in the kernel's own."""
     v_ref, r_ref, cand_ref, finite_ref, dec_ref, att_ref = ref
     nt = ins[0].shape[-1] + (len(ins) == 3)
@@ -638,30 +605,31 @@ def _epilogue_matches(ins: list[torch.Tensor], v: torch.Tensor, ref: tuple, monk
 
 
 def test_hoelder_row_norms_are_their_specification() -> None:
-    """``vt_row_norms1inf32`` (the trainer's MATMUL filter's 1- and inf-norms) against the 16-lane
-    numpy reference, bitwise, on the AVX2 loop and the base loop, at row lengths around the lanes,
-    with zeros, -0, subnormals and wide exponents."""
+    """``vt_row_norms1inf32`` (the norm bound's 1- and inf-norms) on its AVX2 loop and its base loop
+    against the numpy path of ``native_filter.row_norms1inf`` (16 lanes), bitwise, at row lengths
+    around the lanes, with zeros, -0, subnormals and wide exponents."""
     import ctypes
 
     from vtrain.numerics import native
+    from vtrain.numerics import native_filter as NF
 
     lib = native.lib()
-    fn = lib.vt_row_norms1inf32
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
     lib.vt_norms_set_simd.argtypes = [ctypes.c_int]
     rng = np.random.default_rng(7)
     try:
         for simd in (1, 0):
             lib.vt_norms_set_simd(simd)
             for k in (0, 1, 15, 16, 17, 31, 33, 100):
-                x = rng.standard_normal((5, k)) * 2.0 ** rng.integers(-140, 100, (5, k))
-                x[0, ::3] = -0.0
+                x = rng.standard_normal((2, 5, k)) * 2.0 ** rng.integers(-140, 100, (2, 5, k))
+                x[0, 0, ::3] = -0.0
                 x = torch.from_numpy(x.astype(np.float32))
-                n1, ni = np.empty(5), np.empty(5)
-                fn(x.data_ptr(), 5, k, n1.ctypes.data, ni.ctypes.data)
-                w1, wi = _norms1inf_np(x)
-                assert np.array_equal(n1.view(np.int64), w1.view(np.int64)), (simd, k)
-                assert np.array_equal(ni, wi), (simd, k)
+                got = NF.row_norms1inf(x)
+                want = NF.row_norms1inf(x.double())  # (not FP32: numpy's path)
+                assert got[0].shape == (2, 5, 1) == want[0].shape
+                assert torch.equal(got[0].view(torch.int64), want[0].view(torch.int64)), (simd, k)
+                assert torch.equal(got[1], want[1]), (simd, k)
+                assert torch.equal(got[1], x.double().abs().amax(-1, keepdim=True) if k else got[1] * 0)
+                assert torch.allclose(got[0], x.double().abs().sum(-1, keepdim=True), rtol=1e-14, atol=0)
     finally:
         lib.vt_norms_set_simd(1)
 
@@ -669,9 +637,14 @@ def test_hoelder_row_norms_are_their_specification() -> None:
 def test_matmul_filter_on_peaked_rows_is_tighter_and_misses_nothing(monkeypatch) -> None:
     """A softmax-gradient-like MATMUL (rows of tiny values with one large one, against wide dense
     rows: the Cauchy-Schwarz bound is ~10x ``|a|_1 |b|_inf``): ``v`` planted between the two bounds'
-    reaches from a midpoint on every third element and on a midpoint on every seventh. The Hoelder
-    filter drops the first kind, keeps every element whose exact tight bound reaches a midpoint, and
-    the epilogue gives the kernels' bits, the decisions handed back past the buffer too."""
+    reaches from a midpoint on every third element and on a midpoint on every seventh. The norm
+    bound's filter drops the first kind (a Cauchy-Schwarz-only filter keeps them), keeps every element
+    whose exact tight bound reaches a midpoint, and the epilogue gives the kernels' bits, the
+    decisions handed back past the buffer too."""
+    from dataclasses import replace
+
+    from vtrain.graph.executor import _norm_bound
+    from vtrain.numerics import native_filter as NF
     from vtrain.numerics.rounding import midpoint_candidates_np
 
     rng = np.random.default_rng(3)
@@ -692,9 +665,11 @@ def test_matmul_filter_on_peaked_rows_is_tighter_and_misses_nothing(monkeypatch)
     vf[::3] = mid[::3] + between[::3]
     vf[::7] = mid[::7]
     ref = _epilogue_reference(ins, v)
-    cand, cand_cs = ref[2], ref[6]
-    assert len(cand) < len(cand_cs) / 2, (len(cand), len(cand_cs))
+    d = _norm_bound(x, v.clone(), True, ins)
+    _, cand_cs, _ = NF.round_filter(v, replace(d, na1=None, nai=None, nb1=None, nbi=None), C._BAND)
+    assert len(ref[2]) < len(cand_cs) / 2 and np.isin(ref[2], cand_cs).all(), (len(ref[2]), len(cand_cs))
     s_abs = (x[0].abs() @ x[1].abs().T).reshape(-1).numpy()
     need = midpoint_candidates_np(vf.numpy(), vf.float().numpy(), 1.25 * gamma(k) * (s_abs + k * 2.0**-149) * C._BAND)
-    assert len(need) >= len(vf) // 7 and np.isin(need, cand).all()
-    _epilogue_matches(ins, v, ref[:6], monkeypatch)
+    assert len(need) >= len(vf) // 7 and np.isin(need, ref[2]).all()
+    assert np.array_equal(d.at(ref[2]), NF.dense(d).reshape(-1).numpy()[ref[2]])  # the lazy reads, the dense bits
+    _epilogue_matches(ins, v, ref, monkeypatch)

@@ -4,16 +4,15 @@
  * It runs, on the same values, the kernels the Python path calls one by one for a MATMUL whose
  * bound is the Cauchy-Schwarz norm bound (executor._norm_bound):
  *
- *   vt_row_norms32        the FP64 row norms of A [batches * m, k] and of B [batches * ncols, k];
+ *   vt_row_norms32        the FP64 row norms of A [batches * m, k] and of B [batches * ncols, k],
+ *   vt_row_norms1inf32    and their 1- and inf-norms;
  *   v += bias             torch's v.add_(bias.double()): one IEEE addition per element;
- *   vt_round_filter_norm3 r = RN32(v) and the candidates under the smaller of that bound and the
- *                         two Hoelder bounds (vt_row_norms1inf32): a subset of the Python path's
- *                         candidates that holds every element the exact decision could change;
+ *   vt_round_filter_norm3 r = RN32(v) and the candidates under the norm bound (the smallest of the
+ *                         Cauchy-Schwarz and the two Hoelder products);
  *   vt_rows_decide        the tight re-filter and the decisions of the candidates (when every r is
  *                         finite), written into r where none needs more (vt_rows_decide_into's rule);
  *
- * so its outputs are theirs, bit for bit, and its decisions theirs at every candidate they share
- * (tests/test_native_rows.py compares them). Compiled with -ffp-contract=off and without
+ * so its results are theirs, bit for bit (tests/test_native_rows.py compares them). Compiled with -ffp-contract=off and without
  * -ffast-math, as every kernel of the library. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -78,9 +77,7 @@ void vt_matmul_norms_bias(double *v, const float *a, const float *b, const float
 /* v [batches * m, ncols] (C-contiguous FP64, the products A B^T without the bias), a [batches * m, k],
  * b [batches * ncols, k], bias [ncols] or NULL (FP32, C-contiguous). With `add_bias`, v += bias first.
  * Writes r (RN32(v), canonical zeros, then the decided bits) and the candidates' element indices into
- * idx (room for every element), returns their count (-1: a scratch allocation failed). The filter
- * reads the smaller of the Cauchy-Schwarz and the two Hoelder bounds (vt_round_filter_norm3): the
- * candidates only select the elements decided exactly, so a tighter valid bound changes no output.
+ * idx (room for every element), returns their count (-1: a scratch allocation failed).
  * status[ST_NONFINITE]: whether some r is not finite (then nothing is decided: kept = -1);
  * status[ST_KEPT]: the rows the tight re-filter keeps, whose decisions are as [4, count]
  * (vt_rows_decide's layout: index, bits, code, decided) in o where count <= cap, else in a buffer

@@ -115,6 +115,11 @@ void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out);
 int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
                              const double *nb, const double *bias, double sub, double factor, double scale,
                              float *r, int64_t *idx, uint32_t *nonfinite);
+int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
+                              const double *nb, const double *na1, const double *nai, const double *nb1,
+                              const double *nbi, const double *bias, double sub, double factor, double scale,
+                              float *r, int64_t *idx, uint32_t *nonfinite);
+void vt_row_norms1inf32(const float *x, int64_t rows, int64_t k, double *n1, double *ninf);
 int vt_grid_row(const double *t, int64_t n, double s_abs, int kind);
 void vt_matmul_norms_bias(double *v, const float *a, const float *b, const float *bias, int64_t batches,
                           int64_t m, int64_t k, int64_t ncols, int32_t add_bias, double *na, double *nb,
@@ -123,12 +128,14 @@ void vt_matmul_norms_bias(double *v, const float *a, const float *b, const float
 /* The checked replay's MATMUL epilogue in one call (native_replay.matmul_norm_filter): the steps the
  * Python norm path takes one by one, on the same values in the same order, so the same bits:
  *
- *   vt_row_norms32 of A [batches * m, k] and B [batches * ncols, k]  (native_filter.norm_bound);
+ *   vt_row_norms32 and vt_row_norms1inf32 of A [batches * m, k] and B [batches * ncols, k]
+ *                                               (native_filter.norm_bound);
  *   v += bias with add_bias                     (executor._norm_bound's v.add_(bias.double()));
- *   vt_round_filter_norm at `scale`             (native_filter.round_filter of the NormBound);
+ *   vt_round_filter_norm3 at `scale`            (native_filter.round_filter of the NormBound);
  *   at the candidates idx[0..count) and then at the entries ent[0..n_ent) (the points the replay's
  *   checks read), d = np.minimum(NormBound.at, canonical.tight_bound_at):
- *       d_norm  = ((((na_i nb_j) + |bias_j|) + sub) * factor)   (no bias: ((na_i nb_j) + sub) * factor)
+ *       d_norm  = ((((s_ij) + |bias_j|) + sub) * factor)   (no bias: ((s_ij) + sub) * factor), s_ij the
+ *                 smallest of na_i nb_j, na1_i nbi_j, nai_i nb1_j (native_filter.norm_products)
  *       d_tight = coef * ((0.0 + pw_abs_sum(t)) + subn)          (t: the exact FP64 terms, bias last)
  *     NaN where either is NaN (numpy's minimum), NaN at an entry index outside [0, total) (the
  *     caller's index check raises before any d is read);
@@ -143,18 +150,22 @@ VT_EXPORT int64_t vt_replay_matmul_norm(double *v, const float *a, const float *
                                         double slack, float *r, int64_t *idx, const int64_t *ent, int64_t n_ent,
                                         int64_t cap, double *d_at, uint8_t *grid, uint8_t *near,
                                         int64_t *status) {
-    const int64_t rows = batches * m, total = rows * ncols;
-    double *na = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(double));
-    double *nb = malloc((size_t)(batches * ncols > 0 ? batches * ncols : 1) * sizeof(double));
+    const int64_t rows = batches * m, brows = batches * ncols, total = rows * ncols;
+    const size_t ra = (size_t)(rows > 0 ? rows : 1), rb = (size_t)(brows > 0 ? brows : 1);
+    double *norms = malloc((3 * ra + 3 * rb) * sizeof(double));
     double *bias64 = bias ? malloc((size_t)(ncols > 0 ? ncols : 1) * sizeof(double)) : NULL;
     double *t = malloc((size_t)(k + 1) * sizeof(double));
     int64_t count = -1;
     status[0] = 0;
     status[1] = 0;
-    if (!na || !nb || !t || (bias && !bias64)) goto done;
+    if (!norms || !t || (bias && !bias64)) goto done;
+    double *na = norms, *na1 = na + ra, *nai = na1 + ra, *nb = nai + ra, *nb1 = nb + rb, *nbi = nb1 + rb;
     vt_matmul_norms_bias(v, a, b, bias, batches, m, k, ncols, add_bias, na, nb, bias64);
+    vt_row_norms1inf32(a, rows, k, na1, nai);
+    vt_row_norms1inf32(b, brows, k, nb1, nbi);
     uint32_t nonfinite = 0;
-    count = vt_round_filter_norm(v, rows, m, ncols, na, nb, bias64, sub, factor, scale, r, idx, &nonfinite);
+    count = vt_round_filter_norm3(v, rows, m, ncols, na, nb, na1, nai, nb1, nbi, bias64, sub, factor, scale, r, idx,
+                                  &nonfinite);
     status[0] = nonfinite;
     if (count + n_ent > cap) goto done;
     for (int64_t p = 0; p < count + n_ent; p++) {
@@ -165,7 +176,10 @@ VT_EXPORT int64_t vt_replay_matmul_norm(double *v, const float *a, const float *
             continue;
         }
         const int64_t j = at % ncols, row = at / ncols, batch = row / m;
-        double s = na[row] * nb[batch * ncols + j];
+        const int64_t col = batch * ncols + j;
+        const double s2 = na[row] * nb[col], s1 = na1[row] * nbi[col], si = nai[row] * nb1[col];
+        const double s12 = s2 < s1 ? s2 : s1;
+        double s = s12 < si ? s12 : si;
         if (bias) s = s + fabs(bias64[j]);
         const double dn = (s + sub) * factor;
         const float *ar = a + row * k;
@@ -181,8 +195,7 @@ VT_EXPORT int64_t vt_replay_matmul_norm(double *v, const float *a, const float *
     }
     status[1] = 1;
 done:
-    free(na);
-    free(nb);
+    free(norms);
     free(bias64);
     free(t);
     return count;

@@ -1143,10 +1143,11 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
 def _norm_bound(
     x: list[torch.Tensor], v: torch.Tensor, lazy: bool = False, ins: list[torch.Tensor] | None = None
 ) -> native_filter.Bound:
-    """The trainer bound of an FP64 MATMUL (``v``, with the bias added here) from the Cauchy-Schwarz
-    bound ``|a_i|_2 |b_j|_2 (+ |bias_j|) >= sum_k |t_k|`` of FP64 row norms of the FP32 inputs
-    ``x``: squares of FP32 values are exact in FP64 and cannot underflow or overflow, the norms'
-    sum, square root, product and bias add carry a relative error below ``(n + 4) 2^-53``, covered by
+    """The trainer bound of an FP64 MATMUL (``v``, with the bias added here) from the smallest of the
+    Cauchy-Schwarz bound ``|a_i|_2 |b_j|_2`` and Hoelder's ``|a_i|_1 |b_j|_inf`` and ``|a_i|_inf |b_j|_1``
+    (each ``>= sum_k |t_k|``; ``+ |bias_j|``) of FP64 row norms of the FP32 inputs ``x``: squares of
+    FP32 values are exact in FP64 and cannot underflow or overflow, a maximum is exact, the norms'
+    sums, square root, product and bias add carry a relative error below ``(n + 4) 2^-53``, covered by
     the factor ``1 + (n + 4) 2^-52``. At least the tight bound of :func:`_compute_fp64`, elementwise.
     ``lazy`` (where the native filter takes ``v``): the same bound unmaterialized (``NormBound``).
     ``ins``: the FP32 inputs, where the norms are read from (the same bits, half the bytes)."""
@@ -1159,7 +1160,9 @@ def _norm_bound(
     src = ins if ins is not None else x
     na = native_filter.row_norms(src[0])  # [..., M, 1]
     nb = native_filter.row_norms(src[1])  # [..., N, 1]
-    s = na * nb.transpose(-1, -2)
+    a1, ai = native_filter.row_norms1inf(src[0])
+    b1, bi = native_filter.row_norms1inf(src[1])
+    s = native_filter.norm_products(na * nb.transpose(-1, -2), a1 * bi.transpose(-1, -2), ai * b1.transpose(-1, -2))
     if len(x) == 3:
         v.add_(x[2])
         s.add_(x[2].abs())

@@ -7,14 +7,16 @@ numpy/torch path stays the fallback (``native.available()`` False, CUDA tensors,
 
 ``reach`` is ``d * scale``, where the bound ``d`` is a dense FP64 tensor or a lazy bound evaluated
 inside the kernel with the same operations the dense one would take: :class:`RelativeBound`
-(``c |v|``, EXP/LOG/TANH/ERF), :class:`NormBound` (MATMUL's Cauchy-Schwarz bound,
-``executor._norm_bound``) and :class:`TightBound` (MATMUL's tight bound from the FP32
-``|A| @ |B|``). Consumers read a lazy bound at their few candidates (:func:`bound_at`).
+(``c |v|``, EXP/LOG/TANH/ERF), :class:`NormBound` (MATMUL's norm bound: the smallest of the
+Cauchy-Schwarz and the two Hoelder products of row norms, ``executor._norm_bound``) and
+:class:`TightBound` (MATMUL's tight bound from the FP32 ``|A| @ |B|``). Consumers read a lazy bound
+at their few candidates (:func:`bound_at`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,8 +42,11 @@ class RelativeBound:
 @dataclass(frozen=True)
 class NormBound:
     """``executor._norm_bound`` of a MATMUL output ``[..., M, N]``, not materialized:
-    ``d = (((na_i nb_j) + |bias_j|) + sub) * factor`` with FP64 row norms ``na`` (one per output
-    row, C-contiguous) and ``nb`` (``[batches, N]``), ``bias`` FP64 ``[N]`` or None."""
+    ``d = (((s_ij) + |bias_j|) + sub) * factor`` with ``s_ij`` the smallest (:func:`norm_products`) of
+    ``na_i nb_j`` (Euclidean row norms: Cauchy-Schwarz) and, where given, ``na1_i nbi_j`` and
+    ``nai_i nb1_j`` (1- and inf-norms: Hoelder), each at least ``sum_k |a_ik b_jk|``. The FP64 norms
+    ``na``, ``na1``, ``nai`` have one value per output row (C-contiguous), ``nb``, ``nb1``, ``nbi`` are
+    ``[batches, N]``; ``bias`` FP64 ``[N]`` or None."""
 
     na: torch.Tensor
     nb: torch.Tensor
@@ -50,10 +55,23 @@ class NormBound:
     sub: float
     factor: float
     shape: tuple[int, ...]
+    na1: torch.Tensor | None = None
+    nai: torch.Tensor | None = None
+    nb1: torch.Tensor | None = None
+    nbi: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:
         n = self.nb.shape[-1]
-        s = self.na.reshape(-1, self.m, 1) * self.nb.reshape(-1, 1, n)
+
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(-1, self.m, 1)
+
+        def cols(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(-1, 1, n)
+
+        s = rows(self.na) * cols(self.nb)
+        if self.na1 is not None:
+            s = norm_products(s, rows(self.na1) * cols(self.nbi), rows(self.nai) * cols(self.nb1))
         if self.bias is not None:
             s.add_(self.bias.abs())
         return s.add_(self.sub).mul_(self.factor).reshape(self.shape)
@@ -61,10 +79,22 @@ class NormBound:
     def at(self, index: np.ndarray) -> np.ndarray:
         n = self.nb.shape[-1]
         row, j = index // n, index % n
-        s = self.na.numpy()[row] * self.nb.reshape(-1).numpy()[(row // self.m) * n + j]
+        col = (row // self.m) * n + j
+        s = self.na.numpy()[row] * self.nb.reshape(-1).numpy()[col]
+        if self.na1 is not None:
+            s = norm_products(s, self.na1.numpy()[row] * self.nbi.reshape(-1).numpy()[col],  # type: ignore[union-attr]
+                              self.nai.numpy()[row] * self.nb1.reshape(-1).numpy()[col])  # type: ignore[union-attr]
         if self.bias is not None:
             s = s + np.abs(self.bias.numpy()[j])
         return (s + self.sub) * self.factor
+
+
+def norm_products(s2, s1, si):
+    """The norm bound's ``s``: ``filter.c``'s ``vt_mask_norm3`` operations, ``s12 = s2 < s1 ? s2 : s1``
+    then ``s12 < si ? s12 : si`` (numpy or torch arrays; a NaN picks the later operand, as in C)."""
+    where = torch.where if isinstance(s2, torch.Tensor) else np.where
+    s12 = where(s2 < s1, s2, s1)
+    return where(s12 < si, s12, si)
 
 
 @dataclass(frozen=True)
@@ -146,6 +176,8 @@ _SIGNATURES = {
     "vt_round_fp32": (ctypes.c_uint32, [_P, _I, _P]),
     "vt_row_norms": (ctypes.c_int, [_P, _I, _I, _P]),
     "vt_row_norms32": (None, [_P, _I, _I, _P]),
+    "vt_row_norms1inf32": (None, [_P, _I, _I, _P, _P]),
+    "vt_round_filter_norm3": (_I, [_P, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _D, _D, _D, _P, _P, _P]),
     "vt_sum_round_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P]),
     "vt_sum_values_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P, _P, _P]),
 }
@@ -186,8 +218,13 @@ def round_filter(v: torch.Tensor, d: Bound, scale: float) -> tuple[torch.Tensor,
     elif isinstance(d, NormBound):
         n_cols = d.nb.shape[-1]
         bias = None if d.bias is None else _addr(d.bias)
-        k = _fn("vt_round_filter_norm")(_addr(v), n // max(n_cols, 1), d.m, n_cols, _addr(d.na),
-                                        _addr(d.nb), bias, d.sub, d.factor, scale, *out)
+        if d.na1 is None:
+            k = _fn("vt_round_filter_norm")(_addr(v), n // max(n_cols, 1), d.m, n_cols, _addr(d.na),
+                                            _addr(d.nb), bias, d.sub, d.factor, scale, *out)
+        else:
+            k = _fn("vt_round_filter_norm3")(_addr(v), n // max(n_cols, 1), d.m, n_cols, _addr(d.na), _addr(d.nb),
+                                             _addr(d.na1), _addr(d.nai), _addr(d.nb1), _addr(d.nbi),  # type: ignore[arg-type]
+                                             bias, d.sub, d.factor, scale, *out)
     else:
         dd = d if d.dtype == torch.float64 and d.shape == v.shape and d.is_contiguous() else (
             torch.broadcast_to(d.double(), v.shape).contiguous())
@@ -283,6 +320,38 @@ def row_norms(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.sqrt((xn * xn).sum(axis=-1, keepdims=True)))
 
 
+def row_norms1inf(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP64 1-norms and inf-norms of the last axis of ``x`` (FP32 numbers, as FP32 or FP64,
+    ``[..., R, K]``), each as ``[..., R, 1]``: on the CPU the sum of ``|x|`` in 16 lanes (lane ``l`` the
+    elements ``j = l mod 16``, left to right, then the lanes in order; the C kernel
+    ``vt_row_norms1inf32`` where loaded, numpy otherwise: the same bits) and the exact maximum;
+    torch's elsewhere. Any summation order keeps ``executor._norm_bound``'s error bound."""
+    k = x.shape[-1]
+    lead = (*x.shape[:-1], 1)
+    if x.device.type != "cpu":
+        xa = x.double().abs()
+        return xa.sum(dim=-1, keepdim=True), (xa.amax(dim=-1, keepdim=True) if k else xa.sum(-1, keepdim=True))
+    rows = x.numel() // max(k, 1) if k else math.prod(x.shape[:-1])
+    n1 = torch.empty(lead, dtype=torch.float64)
+    ni = torch.empty(lead, dtype=torch.float64)
+    if native.available() and x.dtype == torch.float32 and x.numel():
+        xc = x if x.is_contiguous() else x.contiguous()
+        _fn("vt_row_norms1inf32")(xc.data_ptr(), rows, k, n1.data_ptr(), ni.data_ptr())
+        return n1, ni
+    xa = np.abs(np.ascontiguousarray(x.numpy(), dtype=np.float64)).reshape(rows, k)
+    lanes = np.zeros((rows, 16))
+    full = k - k % 16
+    for j in range(0, full, 16):
+        lanes += xa[:, j : j + 16]
+    lanes[:, : k - full] += xa[:, full:]
+    total = np.zeros(rows)
+    for lane in range(16):
+        total = total + lanes[:, lane]
+    n1.numpy().reshape(-1)[:] = total
+    ni.numpy().reshape(-1)[:] = xa.max(axis=1) if k else 0.0
+    return n1, ni
+
+
 def norm_bound(
     x: list[torch.Tensor], v: torch.Tensor, factor: float, sub: float, ins: list[torch.Tensor] | None = None
 ) -> NormBound:
@@ -291,16 +360,20 @@ def norm_bound(
     output ``v`` ``[..., M, N]``: the same row norms (:func:`row_norms`), expanded to one per output
     row and one row of ``nb`` per batch."""
     src = ins if ins is not None else x
-    na = row_norms(src[0])  # [..., M, 1]
-    nb = row_norms(src[1])  # [..., N, 1]
     m, n_cols = v.shape[-2], v.shape[-1]
-    if na.shape[:-1] == v.shape[:-1]:
-        na = na.reshape(-1)
-    else:
-        na = na.expand(*v.shape[:-1], 1).contiguous().reshape(-1)
-    if nb.shape[:-2] == v.shape[:-2]:
-        nb = nb.reshape(-1, n_cols)
-    else:
-        nb = nb.squeeze(-1).expand(*v.shape[:-2], n_cols).contiguous().reshape(-1, n_cols)
+
+    def per_row(na: torch.Tensor) -> torch.Tensor:  # [..., M, 1] -> one per output row
+        if na.shape[:-1] == v.shape[:-1]:
+            return na.reshape(-1)
+        return na.expand(*v.shape[:-1], 1).contiguous().reshape(-1)
+
+    def per_col(nb: torch.Tensor) -> torch.Tensor:  # [..., N, 1] -> [batches, N]
+        if nb.shape[:-2] == v.shape[:-2]:
+            return nb.reshape(-1, n_cols)
+        return nb.squeeze(-1).expand(*v.shape[:-2], n_cols).contiguous().reshape(-1, n_cols)
+
+    a1, ai = row_norms1inf(src[0])
+    b1, bi = row_norms1inf(src[1])
     bias = x[2].reshape(-1).contiguous() if len(x) == 3 else None
-    return NormBound(na, nb, bias, m, sub, factor, tuple(v.shape))
+    return NormBound(per_row(row_norms(src[0])), per_col(row_norms(src[1])), bias, m, sub, factor, tuple(v.shape),
+                     per_row(a1), per_row(ai), per_col(b1), per_col(bi))

@@ -265,13 +265,11 @@ def matmul_round_norm(
     sub: float, factor: float, band: float, coef: float,
 ) -> MatmulRound:
     """A MATMUL's norm-bound rounding, filter and decisions in one C call (``csrc/numerics/matmul.c``):
-    the row norms of ``ins[0]`` and ``ins[1]`` (:func:`native_filter.row_norms`), with ``add_bias``
-    ``v += bias`` in place, ``native_filter.round_filter`` of ``v`` under ``NormBound(na, nb, bias,
-    m, sub, factor)`` at scale ``band`` with the product of norms replaced by the smallest of it and
-    the two Hoelder products ``|a_i|_1 |b_j|_inf``, ``|a_i|_inf |b_j|_1`` (each at least ``sum_k |t_k|``;
-    the candidates are a subset of the Cauchy-Schwarz ones holding every element whose tight bound
-    reaches a midpoint), then (every ``r`` finite) :func:`decide_into`'s tight re-filter (``coef``,
-    ``band``) and decisions, written into ``r`` where none needs more. ``shape``:
+    the row norms of ``ins[0]`` and ``ins[1]`` (:func:`native_filter.row_norms`,
+    :func:`native_filter.row_norms1inf`), with ``add_bias`` ``v += bias`` in place,
+    ``native_filter.round_filter`` of ``v`` under their ``NormBound`` at scale ``band``, then (every
+    ``r`` finite) :func:`decide_into`'s tight re-filter (``coef``, ``band``) and decisions, written
+    into ``r`` where none needs more. ``shape``:
     :func:`matmul_operands` of ``ins`` and ``v``. Decisions of more than ``_KEEP_DECISIONS``
     candidates come back from the kernel's own buffer (copied, then freed) instead of being taken
     again by the caller."""
