@@ -347,7 +347,7 @@ def replay_matmul_norm(
         return None
     r, cand, finite, points = got
     if points is None:  # more points than the kernel keeps: the lazy norm bound (v has its bias now)
-        x = [t.double() for t in ins]
+        x = [*ins[:2], *(t.double() for t in ins[2:])]  # the norms read ins; only the bias is read as FP64
         return NF.norm_bound(x, v, norm_bound_factor(n), n * SUBNORMAL_F32, ins), (r, cand, finite), None
     at = np.concatenate([cand, np.asarray(entries, dtype=np.int64)])
     return NF.PointBound(at, points[0], points[1]), (r, cand, finite), points[2]
