@@ -9,8 +9,8 @@ FP32 operands); plain torch FP32 runs the same products in FP32. Where the produ
 (GPT-2 shapes), the ratio of the two GEMMs bounds the certified step's ratio to plain FP32 from
 below, whatever the rest of the executor costs. For each configuration this prints, in CPU time on
 one thread (medians): the plain FP32 step and the certified step (``vtrain.torch_ref`` executors, the
-same job), the sum over the step graph's MATMULs of the FP32 GEMM and of the FP64 conversion + GEMM
-at each op's shapes (random operands), and the floor
+same job, step 2 from the state step 1 hands on), the sum over the step graph's MATMULs of the FP32
+GEMM and of the FP64 conversion + GEMM at each op's shapes (random operands), and the floor
 ``(fp32 step - fp32 GEMMs + fp64 GEMMs) / fp32 step``: the certified/FP32 ratio were every other
 cost of the certified step equal to plain FP32's (rounding, filter, log and optimizer free).
 """
@@ -67,10 +67,10 @@ def measure(width: int, context: int, layers: int, heads: int, batch: int, vocab
                      gpt=GPTConfig(vocab=vocab, n_layer=layers, d_model=width, n_head=heads, context=context))
     job = build_job(spec)
     cert, plain = executor_for(job, "certified"), executor_for(job, "fp32")
-    state = state_tensors(job.initial_state)
-    data = batch_for(job, 1)
-    fp32 = cpu_median(lambda: plain.run(state, data, step=1), steps)
-    certified = cpu_median(lambda: cert.run(state, data, step=1), steps)
+    state = cert.run(state_tensors(job.initial_state), batch_for(job, 1), step=1).state  # as a run hands it on
+    data = batch_for(job, 2)
+    fp32 = cpu_median(lambda: plain.run(state, data, step=2), steps)
+    certified = cpu_median(lambda: cert.run(state, data, step=2), steps)
     g32, g64, n_mm = gemm_sums(job.graph, max(3, steps))
     return {"fp32": fp32, "certified": certified, "gemm32": g32, "gemm64": g64, "matmuls": n_mm,
             "floor": (fp32 - g32 + g64) / fp32}

@@ -59,6 +59,41 @@ def test_deferred_checks_give_the_eager_paths_bits(mode: str) -> None:
         fast, eager = a.state, b.state
 
 
+def test_concat_of_parts_back_to_back_is_a_view_and_else_a_copy() -> None:
+    from vtrain.graph.executor import concat_flat
+
+    buf = torch.arange(10, dtype=torch.float32)
+    parts = [buf[0:3], buf[3:3], buf[3:7], buf[7:10]]
+    got = concat_flat(parts)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(got, buf)  # no copy
+    for spoiled in ([buf[0:3], buf[4:7]], [buf[3:7], buf[0:3]], [buf[0:3], buf.double()[3:7]],
+                    [buf[0:3], torch.arange(3.0, 7.0)], [buf[0:4:2], buf[4:6]]):
+        out = concat_flat(spoiled)
+        assert torch.equal(out, torch.cat(spoiled)) and out.data_ptr() != buf.data_ptr()
+
+
+@pytest.mark.parametrize("optimizer", [AdamWConfig(), SGDConfig(momentum=0.9)])
+def test_a_step_from_a_handed_on_state_leaves_it_intact(optimizer) -> None:
+    """The flat optimizer's state comes back from a step as views of one buffer per kind, which the
+    next step's CONCATs read in place (``concat_flat``): that step, run twice from it and once from
+    a copy of it, gives the same bits, trace, log and loss and leaves the state it read unchanged."""
+    job = build_job(TrainSpec(model="gpt", optimizer=optimizer, batch_size=4,
+                              gpt=GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)))
+    ex = StepExecutor(job.graph, "certified")
+    handed = ex.run(state_tensors(job.initial_state), batch_for(job, 1), step=1).state
+    before = _bits(handed)
+    copied = [t.clone() for t in handed]
+    data = batch_for(job, 2)
+    runs = [ex.run(handed, data, step=2), ex.run(handed, data, step=2), ex.run(copied, data, step=2),
+            ex.run(handed, data, step=2, keep_trace=True)]
+    assert _bits(handed) == before
+    for r in runs[1:]:
+        assert _bits(r.state) == _bits(runs[0].state) and r.loss == runs[0].loss
+        assert encode_step_log(r.log, 2, job.graph) == encode_step_log(runs[0].log, 2, job.graph)
+    rep = ex.run(handed, data, log_in=runs[0].log, step=2, check=True)
+    assert _bits(rep.state) == _bits(runs[0].state) and not rep.violations and _bits(handed) == before
+
+
 def test_a_non_finite_value_names_the_first_bad_op_on_the_fast_path() -> None:
     job = build_job(TrainSpec(model="mlp", batch_size=4, mlp=MLPConfig(hidden=(8,))))
     state = state_tensors(job.initial_state)

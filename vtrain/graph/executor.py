@@ -453,7 +453,7 @@ class StepExecutor:
                 elif cls == _PLAN_MOVE or cls == _PLAN_RESHAPE or cls == _PLAN_BROADCAST:
                     out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
-                    out = torch.cat(_flat_parts(ins))
+                    out = concat_flat(_flat_parts(ins))
                 elif cls == _PLAN_PARTS:
                     out = _flat_parts(ins)
                 elif cls == _PLAN_EXACT and op.id not in logged:
@@ -915,6 +915,26 @@ def _flat_parts(ins: list) -> list[torch.Tensor]:
         else:
             out.append(t.reshape(-1))
     return out
+
+
+def concat_flat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` of flat ``parts``, or, where they lie back to back in one buffer, that range of
+    the buffer as a view (the same values, no copy). The flat optimizer's state comes back from a
+    step as SLICE views of its update's flat outputs, so the next step's CONCATs of parameters and
+    state find their parts in order: three copies of the whole state a step saved (a CONCAT's output
+    is never recycled or written in place by the step loop, so the alias is only read)."""
+    full = [t for t in parts if t.numel()]  # (an empty part has no address)
+    if len(full) > 1:
+        first = full[0]
+        base = first.untyped_storage().data_ptr()
+        at, size = first.data_ptr(), first.element_size()
+        for t in full:
+            if (t.data_ptr() != at or t.dtype != first.dtype or not t.is_contiguous() or t.device != first.device
+                    or t.untyped_storage().data_ptr() != base):
+                return torch.cat(parts)
+            at += t.numel() * size
+        return first.as_strided((sum(t.numel() for t in full),), (1,))
+    return torch.cat(parts)
 
 
 # kind -> (vt_fp32_binary code, whether the scalar is the first operand)
