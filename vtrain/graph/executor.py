@@ -637,14 +637,14 @@ class StepExecutor:
             return out
         if bound_kind == "norm" and log_in is not None and self.mode == Mode.CERTIFIED:
             # checked replay of a MATMUL: norm bound, filter and min(d_norm, d') at the points in one native call
-            got = self._replay_matmul(op, ins, log_in, self._replay_mode(resolver_factory, check))
-            if got is not None:
-                v, (d, filtered, near, settled) = got
+            got_mm = self._replay_matmul(op, ins, log_in, self._replay_mode(resolver_factory, check))
+            if got_mm is not None:
+                v, (d_mm, filtered, near, settled) = got_mm
                 stats.values += v.numel()
                 if settled:
                     return self._replay_clean(filtered[0], sums)
-                kind = "points" if isinstance(d, native_filter.PointBound) else "norm"
-                return self._replay_op(op, ins, v, d, log_in, resolver_factory, check, violations, sums, kind,
+                kind = "points" if isinstance(d_mm, native_filter.PointBound) else "norm"
+                return self._replay_op(op, ins, v, d_mm, log_in, resolver_factory, check, violations, sums, kind,
                                        filtered=filtered, near=near)
         checked_sum = bound_kind == "tight" and log_in is not None and k in (OpKind.SUM, OpKind.MEAN)
         if checked_sum and self.mode == Mode.CERTIFIED:

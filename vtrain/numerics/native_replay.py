@@ -104,6 +104,8 @@ OFF, CANDIDATES, ENTRIES, VERDICTS = -1, 0, 1, 2
 Entries = tuple[np.ndarray, np.ndarray, np.ndarray]
 """A rounding log's entries of one op as arrays: ``(index, code, value)`` (``rounding.OpLog``'s)."""
 
+_NO_INDEX, _NO_CODE, _NO_VALUE = np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.float32)
+
 
 def _entry_args(entries: Entries | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if entries is None:
@@ -111,9 +113,6 @@ def _entry_args(entries: Entries | None) -> tuple[np.ndarray, np.ndarray, np.nda
     index, code, value = entries
     return (np.ascontiguousarray(index, dtype=np.int64), np.ascontiguousarray(code, dtype=np.uint8),
             np.ascontiguousarray(value, dtype=np.float32))
-
-
-_NO_INDEX, _NO_CODE, _NO_VALUE = np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.float32)
 
 
 class MatmulFiltered(NamedTuple):
