@@ -379,7 +379,7 @@ def test_the_fast_return_of_clean_ops_changes_no_output_flag_or_ruling(monkeypat
     ret = vexec.StepExecutor._replay_clean
     monkeypatch.setattr(vexec.StepExecutor, "_replay_clean", staticmethod(lambda *a: clean.append(1) or ret(*a)))
     fast = {name: replay(lg) for name, lg in logs.items()}
-    assert clean, "the fast return was reached"
+    assert clean or not native_replay.native.available(), "the fast return was reached"
     monkeypatch.setattr(vexec.StepExecutor, "_replay_mode", staticmethod(lambda *a: native_replay.OFF))
     clean.clear()
     full = {name: replay(lg) for name, lg in logs.items()}
