@@ -10,6 +10,7 @@ the caller runs numpy.
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -104,15 +105,43 @@ OFF, CANDIDATES, ENTRIES, VERDICTS = -1, 0, 1, 2
 Entries = tuple[np.ndarray, np.ndarray, np.ndarray]
 """A rounding log's entries of one op as arrays: ``(index, code, value)`` (``rounding.OpLog``'s)."""
 
-_NO_INDEX, _NO_CODE, _NO_VALUE = np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.float32)
 
-
-def _entry_args(entries: Entries | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if entries is None:
-        return _NO_INDEX, _NO_CODE, _NO_VALUE
+def _entry_args(entries: Entries | None) -> tuple[int, int | None, int | None, int | None, list[np.ndarray]]:
+    """``(count, index, code, value)`` of the entries as the kernels take them (null pointers for none) and
+    the arrays the pointers point into (to keep)."""
+    if entries is None or not len(entries[0]):
+        return 0, None, None, None, []
     index, code, value = entries
-    return (np.ascontiguousarray(index, dtype=np.int64), np.ascontiguousarray(code, dtype=np.uint8),
-            np.ascontiguousarray(value, dtype=np.float32))
+    keep = [np.ascontiguousarray(index, dtype=np.int64), np.ascontiguousarray(code, dtype=np.uint8),
+            np.ascontiguousarray(value, dtype=np.float32)]
+    return len(keep[0]), keep[0].ctypes.data, keep[1].ctypes.data, keep[2].ctypes.data, keep
+
+
+#: Largest scratch buffer (elements) a thread keeps between calls (larger ones are made per call).
+_SCRATCH_KEEP = 1 << 22
+
+
+class _Scratch(threading.local):
+    """Per-thread output buffers of the replay kernels with their addresses, grown on demand: each
+    call copies its few results out, so none allocates them or looks their addresses up again
+    (``ndarray.ctypes.data``: about a microsecond each, ten arrays a call, two calls an op)."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[str, tuple[np.ndarray, int]] = {}
+
+    def get(self, name: str, n: int, dtype: type) -> tuple[np.ndarray, int]:
+        """A buffer of at least ``n`` elements of ``dtype`` (contents undefined) and its address."""
+        got = self.bufs.get(name)
+        if got is not None and len(got[0]) >= n:
+            return got
+        a = np.empty(max(n, 1), dtype=dtype)
+        made = (a, a.ctypes.data)
+        if n <= _SCRATCH_KEEP:
+            self.bufs[name] = made
+        return made
+
+
+_scratch = _Scratch()
 
 
 class MatmulFiltered(NamedTuple):
@@ -149,22 +178,21 @@ def matmul_norm_filter(
     batches, m, k, ncols = shape
     keep = [t if t.is_contiguous() else t.contiguous() for t in ins]
     bias = keep[2].data_ptr() if len(ins) == 3 else None
-    ent, code, value = _entry_args(entries)
+    n_ent, ent, code, value, _held = _entry_args(entries)
     n = v.numel()
     r = torch.empty(v.shape, dtype=torch.float32)
-    idx = np.empty(max(n, 1), dtype=np.int64)  # pages are touched only where candidates land
-    cap = min(n, _POINTS_CAP) + len(ent)
-    d_at = np.empty(cap, dtype=np.float64)
-    grid = np.empty(cap, dtype=np.bool_)
-    near = np.empty(cap, dtype=np.bool_)
-    status = np.zeros(3, dtype=np.int64)
+    idx, idx_p = _scratch.get("idx", n, np.int64)  # pages are touched only where candidates land
+    cap = min(n, _POINTS_CAP) + n_ent
+    d_at, d_p = _scratch.get("d", cap, np.float64)
+    grid, grid_p = _scratch.get("grid", cap, np.bool_)
+    near, near_p = _scratch.get("near", cap, np.bool_)
+    status, status_p = _scratch.get("status", 3, np.int64)
     count = _NORM(v.data_ptr(), keep[0].data_ptr(), keep[1].data_ptr(), bias, batches, m, k, ncols, 1, sub,
-                  factor, scale, coef, subn, slack, r.data_ptr(), idx.ctypes.data, ent.ctypes.data, code.ctypes.data,
-                  value.ctypes.data, len(ent), mode, far_reach, cap, d_at.ctypes.data, grid.ctypes.data,
-                  near.ctypes.data, status.ctypes.data)
+                  factor, scale, coef, subn, slack, r.data_ptr(), idx_p, ent, code, value, n_ent, mode, far_reach, cap,
+                  d_p, grid_p, near_p, status_p)
     if count < 0:
         raise MemoryError("native replay: the MATMUL filter could not allocate its scratch rows")
-    p = count + len(ent)
+    p = count + n_ent
     points = (d_at[:p].copy(), grid[:p].copy(), near[:count].copy()) if status[1] else None
     return MatmulFiltered(r, idx[:count].copy(), not status[0], points, bool(status[2]))
 
@@ -207,18 +235,17 @@ def sum_values_grid(
     xc = x if x.is_contiguous() else x.contiguous()
     rows = xc.numel() // n
     shape = (*x.shape[:-1], 1)
-    ent, code, value = _entry_args(entries)
+    n_ent, ent, code, value, _held = _entry_args(entries)
     v = torch.empty(shape, dtype=torch.float64)
     d = torch.empty(shape, dtype=torch.float64)
     r = torch.empty(shape, dtype=torch.float32)
-    idx = np.empty(max(rows, 1), dtype=np.int64)
-    grid = np.empty(max(rows, 1), dtype=np.bool_)
-    near = np.empty(max(rows, 1), dtype=np.bool_)
-    nonfinite = np.zeros(1, dtype=np.uint32)
-    settled = np.zeros(1, dtype=np.int64)
+    idx, idx_p = _scratch.get("idx", rows, np.int64)
+    grid, grid_p = _scratch.get("grid", rows, np.bool_)
+    near, near_p = _scratch.get("near", rows, np.bool_)
+    nonfinite, nonfinite_p = _scratch.get("nonfinite", 1, np.uint32)
+    settled, settled_p = _scratch.get("settled", 1, np.int64)
     k = _SUM(xc.data_ptr(), rows, n, int(mean), factor, scale, slack, v.data_ptr(), d.data_ptr(), r.data_ptr(),
-             idx.ctypes.data, nonfinite.ctypes.data, grid.ctypes.data, near.ctypes.data, ent.ctypes.data,
-             code.ctypes.data, value.ctypes.data, len(ent), mode, far_reach, settled.ctypes.data)
+             idx_p, nonfinite_p, grid_p, near_p, ent, code, value, n_ent, mode, far_reach, settled_p)
     if k < 0:
         raise MemoryError("native replay: a SUM row could not be allocated")
     return SumFiltered(v, d, r, idx[:k].copy(), not nonfinite[0], grid[:k].copy(), near[:k].copy(), bool(settled[0]))
