@@ -39,7 +39,7 @@ from vtrain.graph.executor import StepLog, state_tensors
 from vtrain.graph.step_graph import OpKind, OpNode
 from vtrain.numerics.exact import Partial
 from vtrain.numerics.logfile import FramedLog, check_step_log, encode_step_log, frame_step_log
-from vtrain.numerics.rounding import Mode, OpLog
+from vtrain.numerics.rounding import Mode, OpLog, declare_upholds_rn32_entries
 from vtrain.training.loop import NonFiniteSite, component_roots, locate_nonfinite, replay_steps
 from vtrain.training.rundir import atomic_write
 
@@ -130,7 +130,9 @@ def exact_resolver(ctx: JobContext, overruled: list[tuple[int, int]] | None = No
 
         return resolve
 
-    return factory
+    # resolve returns an unflagged key unchanged where is_exact_rounding holds, which the replay's
+    # kernel verdict YES (not -0) implies: such ops need not call it (rounding.UPHOLDS_RN32_ENTRIES)
+    return declare_upholds_rn32_entries(factory)
 
 
 def artifact_bound(ctx: JobContext) -> int:

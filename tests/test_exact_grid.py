@@ -200,6 +200,7 @@ def test_the_rule_removes_entries_only_and_the_log_replays_without_suspects(spec
     # test as grid_elements, and as the native replay passes hand it over: SUM/MEAN and MATMUL)
     from vtrain.numerics import canonical as vcan
     from vtrain.numerics import native_filter as vnf
+    from vtrain.numerics import native_replay as vnr
 
     def no_grid(*args) -> np.ndarray:
         return np.zeros(len(args[-1]), dtype=bool)
@@ -207,6 +208,8 @@ def test_the_rule_removes_entries_only_and_the_log_replays_without_suspects(spec
     monkeypatch.setattr(vexec, "grid_elements", no_grid)
     monkeypatch.setattr(vcan._GridAt, "__call__", no_grid)
     monkeypatch.setattr(vnf.PointBound, "grid_at", no_grid)
+    # the native pass applies the grid test itself (replay.c): the full path for every op reads the above
+    monkeypatch.setattr(vexec.StepExecutor, "_replay_mode", staticmethod(lambda *a: vnr.OFF))
     st_1, a1 = with_rule[0]
     rep = ex.run(st_1, batch_for(job, 1), log_in=a1.log, step=1, check=True)
     assert rep.violations, "unlogged exact ties are flagged when the replay skips the grid test"

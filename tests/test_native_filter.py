@@ -535,7 +535,7 @@ def test_the_checked_replay_of_a_sum_from_the_kernel_is_the_torch_paths(kind: Op
     v_ref, d_ref = E._compute_fp64(op, ins, "tight", lazy=True)
     for log in _tampered_sum_logs(honest[1], 300, rng):
         seen = []
-        for v, d, filtered, exact, near in (got, (v_ref, d_ref, None, partial(grid_elements, op, ins), None)):
+        for v, d, filtered, exact, near in (got[:5], (v_ref, d_ref, None, partial(grid_elements, op, ins), None)):
             calls: list[tuple[np.ndarray, ...]] = []
 
             def resolver(keys, proposed, codes, flagged, calls=calls):

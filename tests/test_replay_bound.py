@@ -223,7 +223,8 @@ def test_the_replays_one_call_matmul_filter_gives_the_lazy_paths_bits(shape) -> 
         r_ref, cand_ref, fin_ref = R.NF.round_filter(v_ref, d_ref, R.REPLAY_SCALE)
         total = v.numel()
         entries = np.sort(rng.integers(0, total, 5)).astype(np.int64)
-        d, (r, cand, fin), near = canonical.replay_matmul_norm(ins, v, entries)
+        log = OpLog(entries, np.ones(len(entries), np.uint8), np.zeros(len(entries), np.float32))
+        d, (r, cand, fin), near, _ = canonical.replay_matmul_norm(ins, v, log)
         assert isinstance(d, R.NF.PointBound)
         assert torch.equal(v, v_ref) and torch.equal(r, r_ref) and np.array_equal(cand, cand_ref) and fin == fin_ref
         assert not ints or len(cand) > 0 or total < 50
@@ -255,8 +256,8 @@ def test_the_replays_sum_pass_gives_the_filters_bits_the_grid_rule_and_the_near_
             x = torch.from_numpy(rows.reshape(30, 10, n))
             factor = canonical.sum_bound_factor(kind, n)
             mean = kind == OpKind.MEAN
-            v, d, r, cand, fin, grid, near = native_replay.sum_values_grid(x, mean, factor, R.REPLAY_SCALE,
-                                                                         R._CMP_SLACK)
+            v, d, r, cand, fin, grid, near, _ = native_replay.sum_values_grid(x, mean, factor, R.REPLAY_SCALE,
+                                                                            R._CMP_SLACK)
             v0, d0, r0, cand0, fin0 = R.NF.sum_values_filter(x, mean, factor, R.REPLAY_SCALE)
             assert torch.equal(v, v0) and torch.equal(d, d0) and torch.equal(r, r0)
             assert np.array_equal(cand, cand0) and fin == fin0
@@ -318,7 +319,8 @@ def test_a_doctored_entry_where_the_norm_bound_is_loose_is_flagged() -> None:
 
 
 def test_the_fast_return_of_clean_ops_changes_no_output_flag_or_ruling(monkeypatch) -> None:
-    """``StepExecutor._clean`` ops (no entry, no suspect candidate) skip ``apply_log``: the replay's
+    """Ops the native pass settles without entries (``StepExecutor._replay_mode``'s ``CANDIDATES``: no
+    entry, no suspect candidate) skip ``apply_log``: the replay's
     state, violations, overruled elements and resolver calls are those of the full path, on an honest
     log and on doctored ones (a directed code flipped, an explicit value moved, an entry added to a
     clean MATMUL and to a clean SUM)."""
@@ -373,10 +375,14 @@ def test_the_fast_return_of_clean_ops_changes_no_output_flag_or_ruling(monkeypat
         aud = ex.run(state, batch_for(job, 1), log_in=log, step=1, check=True, resolver_factory=counting)
         return component_roots(aud.state), [(i, v.index, v.code, v.detail) for i, v in aud.violations], overruled, calls
 
+    clean: list[int] = []
+    ret = vexec.StepExecutor._replay_clean
+    monkeypatch.setattr(vexec.StepExecutor, "_replay_clean", staticmethod(lambda *a: clean.append(1) or ret(*a)))
     fast = {name: replay(lg) for name, lg in logs.items()}
-    clean = []
-    monkeypatch.setattr(vexec.StepExecutor, "_clean", staticmethod(lambda *a: clean.append(1) and False))
+    assert clean or not native_replay.native.available(), "the fast return was reached"
+    monkeypatch.setattr(vexec.StepExecutor, "_replay_mode", staticmethod(lambda *a: native_replay.OFF))
+    clean.clear()
     full = {name: replay(lg) for name, lg in logs.items()}
-    assert clean, "the fast return was reached"
+    assert not clean, "the full path was taken"
     assert fast == full
     assert fast["honest"][1] == [] and fast["flipped"][2]

@@ -314,6 +314,24 @@ VT_EXPORT int64_t vt_rows_decide_into(SRC_ARGS, int32_t kind, const int64_t *can
     return kept < 0 ? kept : attention;
 }
 
+/* is_exact_rounding's double-double comparison for one element whose n exact terms are in x (capacity
+ * n + 1, overwritten; e: scratch of n / 2 + 1), the value their sum divided by `scale` (MEAN: n, else 1):
+ * whether the FP32 bits `claimed` are RN32 of it: V_YES, V_NO, or V_UNDECIDED (too close to call in
+ * FP64, or not finite). For vt_rows_is_rn32 and replay.c's checked replay; not exported. */
+int vt_rn32_verdict(double *x, int64_t n, double *e, double scale, uint32_t claimed) {
+    double hi, lo, err;
+    dd_sum(x, n, e, &hi, &lo, &err);
+    float c32 = bits_f32(claimed);
+    float lo_n = nextafterf(c32, -INFINITY), hi_n = nextafterf(c32, INFINITY);
+    double c64 = (double)c32;
+    double d_lo = (hi - ((c64 + (double)lo_n) * 0.5) * scale) + lo;
+    double d_hi = (((c64 + (double)hi_n) * 0.5) * scale - hi) - lo;
+    double derr = err + (4 * U) * (np_max(fabs(d_lo), fabs(d_hi)) + fabs(lo));
+    int yes = (d_lo > derr) & (d_hi > derr);
+    int no = (d_lo < -derr) | (d_hi < -derr);
+    return yes ? V_YES : (no ? V_NO : V_UNDECIDED);
+}
+
 /* is_exact_rounding's double-double comparison: whether `claimed[i]` (FP32 bits) is RN32 of the
  * element's exact value: V_YES, V_NO, or V_UNDECIDED (too close to call in FP64, or not finite). */
 VT_EXPORT int vt_rows_is_rn32(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const uint32_t *claimed,
@@ -329,17 +347,7 @@ VT_EXPORT int vt_rows_is_rn32(SRC_ARGS, int32_t kind, const int64_t *cand, int64
     double scale = kind == KIND_MEAN ? (double)nt : 1.0;
     for (int64_t i = 0; i < c; i++) {
         fill_terms(&s, index_of(cand, i), w.x);
-        double hi, lo, err;
-        dd_sum(w.x, nt, w.e, &hi, &lo, &err);
-        float c32 = bits_f32(claimed[i]);
-        float lo_n = nextafterf(c32, -INFINITY), hi_n = nextafterf(c32, INFINITY);
-        double c64 = (double)c32;
-        double d_lo = (hi - ((c64 + (double)lo_n) * 0.5) * scale) + lo;
-        double d_hi = (((c64 + (double)hi_n) * 0.5) * scale - hi) - lo;
-        double derr = err + (4 * U) * (np_max(fabs(d_lo), fabs(d_hi)) + fabs(lo));
-        int yes = (d_lo > derr) & (d_hi > derr);
-        int no = (d_lo < -derr) | (d_hi < -derr);
-        verdict[i] = yes ? V_YES : (no ? V_NO : V_UNDECIDED);
+        verdict[i] = (uint8_t)vt_rn32_verdict(w.x, nt, w.e, scale, claimed[i]);
     }
     scratch_free(&w);
     return 0;

@@ -11,7 +11,6 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
@@ -30,10 +29,10 @@ from vtrain.graph.step_graph import (
     OpNode,
     bits_f32,
 )
-from vtrain.numerics import fp32_native, native_filter
+from vtrain.numerics import fp32_native, native_filter, native_replay
 from vtrain.numerics.canonical import (
     SUBNORMAL_F32,
-    ReplayFiltered,
+    ReplayMatmul,
     grid_elements,
     norm_bound_factor,
     replay_matmul_norm,
@@ -60,6 +59,7 @@ from vtrain.numerics.rounding import (
     finite_probe,
     gamma,
     round_output,
+    upholds_rn32_entries,
 )
 
 log = logging.getLogger(__name__)
@@ -637,26 +637,26 @@ class StepExecutor:
             return out
         if bound_kind == "norm" and log_in is not None and self.mode == Mode.CERTIFIED:
             # checked replay of a MATMUL: norm bound, filter and min(d_norm, d') at the points in one native call
-            got = self._replay_matmul(op, ins, log_in)
-            if got is not None:
-                v, d, filtered, near = got
+            got_mm = self._replay_matmul(op, ins, log_in, self._replay_mode(resolver_factory, check))
+            if got_mm is not None:
+                v, (d_mm, filtered, near, settled) = got_mm
                 stats.values += v.numel()
-                grid = d.grid_at if isinstance(d, native_filter.PointBound) else None
-                if self._clean(filtered, near, grid) and not len(log_in.sparse.get(op.id, ())):
+                if settled:
                     return self._replay_clean(filtered[0], sums)
-                kind = "points" if isinstance(d, native_filter.PointBound) else "norm"
-                return self._replay_op(op, ins, v, d, log_in, resolver_factory, check, violations, sums, kind,
+                kind = "points" if isinstance(d_mm, native_filter.PointBound) else "norm"
+                return self._replay_op(op, ins, v, d_mm, log_in, resolver_factory, check, violations, sums, kind,
                                        filtered=filtered, near=near)
         checked_sum = bound_kind == "tight" and log_in is not None and k in (OpKind.SUM, OpKind.MEAN)
         if checked_sum and self.mode == Mode.CERTIFIED:
             # checked replay: v, d and the filter in one native pass (the trainer's sums)
-            got = replay_sum_values(op, ins)
-            if got is not None:
-                stats.values += got[0].numel()
-                if self._clean(got[2], got[4], got[3]) and not len(log_in.sparse.get(op.id, ())):
-                    return self._replay_clean(got[2][0], sums)
-                return self._replay_op(op, ins, got[0], got[1], log_in, resolver_factory, check, violations, sums,
-                                       bound_kind, filtered=got[2], exact=got[3], near=got[4])
+            got_sum = replay_sum_values(op, ins, log_in.sparse.get(op.id), self._replay_mode(resolver_factory, check))
+            if got_sum is not None:
+                stats.values += got_sum.v.numel()
+                if got_sum.settled:
+                    return self._replay_clean(got_sum.filtered[0], sums)
+                return self._replay_op(op, ins, got_sum.v, got_sum.d, log_in, resolver_factory, check, violations,
+                                       sums, bound_kind, filtered=got_sum.filtered, exact=got_sum.exact,
+                                       near=got_sum.near)
         v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
         stats.values += v.numel()
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
@@ -700,10 +700,11 @@ class StepExecutor:
 
     @staticmethod
     def _replay_matmul(
-        op: OpNode, ins: list[torch.Tensor], log_in: StepLog
-    ) -> tuple[torch.Tensor, native_filter.Bound, ReplayFiltered, np.ndarray | None] | None:
+        op: OpNode, ins: list[torch.Tensor], log_in: StepLog, mode: int
+    ) -> tuple[torch.Tensor, ReplayMatmul] | None:
         """The checked replay's MATMUL under the norm bound: the FP64 products, then the bias add, norms,
-        filter and the bound at the candidates and entries in one native call
+        filter, the bound at the candidates and entries and, as ``mode`` allows (:meth:`_replay_mode`),
+        the settlement of the op with its entries in one native call
         (:func:`vtrain.numerics.canonical.replay_matmul_norm`); None where the kernel does not take the tensors (the
         caller's :func:`_compute_fp64` path, the same bits).
 
@@ -727,39 +728,38 @@ class StepExecutor:
         lazy path's."""
         x = [t.double() for t in ins[:2]]
         v = torch.matmul(x[0], x[1].transpose(-1, -2))
-        got = replay_matmul_norm(ins, v, log_in.entries(op.id).index)
+        got = replay_matmul_norm(ins, v, log_in.entries(op.id), mode)
         if got is None:
             return None
-        return v, *got
+        return v, got
 
     @staticmethod
-    def _clean(
-        filtered: ReplayFiltered, near: np.ndarray | None, exact: Callable[[np.ndarray], np.ndarray] | None
-    ) -> bool:
-        """Whether the native filter's pass found every ``RN32(v)`` finite and no suspect candidate:
-        none at all, or none whose near-tie flag (made in that pass at ``2 min(d, d')``, the test
-        ``rounding._apply_log_checked`` reads) is set unless the exact-grid rule clears it
-        (``exact``: what ``_replay_op`` hands ``apply_log``, called as it calls it, on the flagged
-        candidates; None: no flag may be set)."""
-        r, cand, finite = filtered
-        if not finite:
-            return False
-        if not len(cand):
-            return True
-        if near is None or len(near) != len(cand):
-            return False
-        if not near.any():
-            return True
-        return exact is not None and bool(np.asarray(exact(cand[near]), dtype=bool).all())
+    def _replay_mode(resolver_factory, check: bool) -> int:
+        """How far a checked replay's native pass may settle a MATMUL/SUM/MEAN by itself, returning its
+        output without :meth:`_replay_op` (``native_replay``'s modes): where ``_replay_op`` would return
+        that output unchanged, with no violation, no overruled element and every resolver call upholding.
+
+        - ``CANDIDATES`` (any resolver): an op without entries whose pass found every ``RN32(v)`` finite
+          and no suspect candidate (none near a midpoint at ``2 min(d, d')``, the test
+          ``rounding._apply_log_checked`` reads, unless the exact-grid rule clears it): the resolver,
+          called only with a suspect or an entry, is not;
+        - ``ENTRIES`` (checks, no resolver): also an op with entries, each well formed (in range, sorted,
+          unique, codes 1-3), not far or wild, with a finite value, and no unlogged suspect: no violation;
+        - ``VERDICTS`` (a resolver factory that ``rounding.upholds_rn32_entries``, as the auditor's): as
+          ``ENTRIES``, and each applied value ``RN32(e)`` by the double-double verdict (not -0): the
+          resolver, whose every call there would have no flagged key, upholds each unchanged.
+
+        Anything else takes :meth:`_replay_op` (the full path, unchanged): its violations, resolver calls
+        and overruled elements as before. Tests compare the two (``tests/test_replay_settled.py``)."""
+        if resolver_factory is None:
+            return native_replay.ENTRIES if check else native_replay.CANDIDATES
+        return native_replay.VERDICTS if upholds_rn32_entries(resolver_factory) else native_replay.CANDIDATES
 
     @staticmethod
     def _replay_clean(r: torch.Tensor, sums: list | None) -> torch.Tensor:
-        """A checked replay's MATMUL/SUM/MEAN that is :meth:`_clean` and whose log has no entry:
-        :meth:`_replay_op` would return the filter's ``r`` as it is (``rounding._apply_log_checked``:
-        no overflow, no entry, no candidate or none near a midpoint, so no suspect, nothing to
-        flag, and the resolver, called only with a suspect or an entry, is not), so it is returned
-        here without building the resolver, the bound readers and the checks (most ops of an
-        honest step)."""
+        """A checked replay's MATMUL/SUM/MEAN that its native pass settled (:meth:`_replay_mode`):
+        :meth:`_replay_op` would return ``r`` as it is, so it is returned here without building the
+        resolver, the bound readers and the checks (most ops of an honest step)."""
         if sums is not None:
             sums.extend(finite_probe(r))
         return r

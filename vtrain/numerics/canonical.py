@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -51,6 +52,7 @@ from vtrain.numerics import native_replay, native_rows
 from vtrain.numerics.rounding import (
     _CMP_SLACK,
     _SMALL,
+    FAR_REACH,
     REPLAY_SCALE,
     TRAINER_BOUND_SLACK,
     Code,
@@ -264,32 +266,52 @@ ReplayFiltered = tuple[torch.Tensor, np.ndarray, bool]
 """``(r, candidates, finite)`` of the native filter (``native_filter.round_filter``'s result)."""
 
 
+class ReplaySum(NamedTuple):
+    """What :func:`replay_sum_values` gives: the op's FP64 ``v`` and dense ``d``, the filter's
+    ``(r, candidates, finite)``, :func:`grid_elements` of the op (``exact``), the candidates' near-tie
+    flags (None where the pass did not make them) and ``settled``: the pass settled the op with its
+    entries (``native_replay.sum_values_grid``'s; ``r`` is then the op's final output)."""
+
+    v: torch.Tensor
+    d: torch.Tensor
+    filtered: ReplayFiltered
+    exact: Callable[[np.ndarray], np.ndarray]
+    near: np.ndarray | None
+    settled: bool
+
+
 def replay_sum_values(
-    op: OpNode, ins: list[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, ReplayFiltered, Callable[[np.ndarray], np.ndarray], np.ndarray | None] | None:
+    op: OpNode, ins: list[torch.Tensor], entries: OpLog | None = None, mode: int = native_replay.CANDIDATES
+) -> ReplaySum | None:
     """The checked replay's FP64 ``v``, dense ``d`` and filter (reach ``d * REPLAY_SCALE``, what
     ``rounding.apply_log`` takes as ``filtered``) of a SUM/MEAN op from its FP32
     input in one native pass (``native_filter.sum_values_filter``: the canonical trainer's sums and
     bound, one value per output element), and :func:`grid_elements` of the op (``rounding.apply_log``'s
     ``exact``), read from that pass at its candidates where it computed them there
     (``native_replay.sum_values_grid``), with the near-tie flags of the candidates (``apply_log``'s
-    ``near``; else None); None where the kernel does not apply (the caller computes them with torch)."""
+    ``near``; else None) and, with the op's log ``entries``, whether that pass settled the op as
+    ``mode`` allows (``native_replay``'s modes); None where the kernel does not apply (the caller
+    computes them with torch)."""
     x = ins[0]
     if x.dim() == 0:
         return None
     factor = sum_bound_factor(op.kind, x.shape[-1])
-    got = native_replay.sum_values_grid(x, op.kind == OpKind.MEAN, factor, REPLAY_SCALE, _CMP_SLACK)
+    log = None if entries is None or not len(entries) else (entries.index, entries.code, entries.value)
+    got = native_replay.sum_values_grid(x, op.kind == OpKind.MEAN, factor, REPLAY_SCALE, _CMP_SLACK, log, mode,
+                                        FAR_REACH)
     near: np.ndarray | None = None
+    settled = False
     if got is not None:
-        v, d, r, cand, finite, grid, near = got
+        v, d, r, cand, finite, grid, near, settled = got
         exact: Callable[[np.ndarray], np.ndarray] = _GridAt(op, ins, cand, grid)
     else:
-        got = NF.sum_values_filter(x, op.kind == OpKind.MEAN, factor, REPLAY_SCALE)
-        if got is None:
+        fil = NF.sum_values_filter(x, op.kind == OpKind.MEAN, factor, REPLAY_SCALE)
+        if fil is None:
             return None
-        v, d, r, cand, finite = got
+        v, d, r, cand, finite = fil
         exact = partial(grid_elements, op, ins)
-    return v.reshape(op.shape), d.reshape(op.shape), (r.reshape(op.shape), cand, finite), exact, near
+    return ReplaySum(v.reshape(op.shape), d.reshape(op.shape), (r.reshape(op.shape), cand, finite), exact, near,
+                     settled)
 
 
 class _GridAt:
@@ -324,33 +346,49 @@ def norm_bound_factor(n: int) -> float:
     return TRAINER_BOUND_SLACK * gamma(n) * (1.0 + (n + 4) * 2.0**-52)
 
 
+class ReplayMatmul(NamedTuple):
+    """What :func:`replay_matmul_norm` gives: the bound ``d`` the checks read, the filter's ``(r,
+    candidates, finite)``, the candidates' near-tie flags (None where the kernel did not make them) and
+    ``settled``: the kernel settled the op with its entries (``r`` is then the op's final output)."""
+
+    d: NF.PointBound | NF.NormBound
+    filtered: ReplayFiltered
+    near: np.ndarray | None
+    settled: bool
+
+
 def replay_matmul_norm(
-    ins: list[torch.Tensor], v: torch.Tensor, entries: np.ndarray
-) -> tuple[NF.PointBound | NF.NormBound, ReplayFiltered, np.ndarray | None] | None:
+    ins: list[torch.Tensor], v: torch.Tensor, entries: OpLog, mode: int = native_replay.CANDIDATES
+) -> ReplayMatmul | None:
     """The checked replay's MATMUL bound and filter from its FP64 products ``v`` (C-contiguous,
     *without* the bias: added here in place, as ``v.add_(bias.double())``) in one native call
     (``native_replay.matmul_norm_filter``): ``(d, (r, candidates, finite))`` with ``r = RN32(v)``, the
     candidates of the norm bound ``executor._norm_bound`` at reach ``d_norm * REPLAY_SCALE`` and ``d``
-    the bound the checks read, ``min(d_norm, tight_bound_at)``, at the candidates and ``entries`` (flat
-    indices): the same bits as the lazy ``NormBound`` with ``tight=tight_bound_at`` (tested), with
-    :func:`grid_elements` there (``PointBound.grid_at``), and the near-tie flags of the candidates
-    under that ``d`` (``apply_log``'s ``near``). Where there are more points than the kernel keeps,
-    ``d`` is that lazy ``NormBound`` (the caller reads ``tight_bound_at`` itself; no flags). None
-    where the kernel does not take the tensors (``v`` untouched)."""
+    the bound the checks read, ``min(d_norm, tight_bound_at)``, at the candidates and the ``entries``'
+    indices: the same bits as the lazy ``NormBound`` with ``tight=tight_bound_at`` (tested), with
+    :func:`grid_elements` there (``PointBound.grid_at``), the near-tie flags of the candidates
+    under that ``d`` (``apply_log``'s ``near``) and whether the kernel settled the op with its entries
+    as ``mode`` allows (``native_replay``'s modes; ``r`` then holds the entries' values). Where there are
+    more points than the kernel keeps, ``d`` is that lazy ``NormBound`` (the caller reads
+    ``tight_bound_at`` itself; no flags, not settled). None where the kernel does not take the tensors
+    (``v`` untouched)."""
     shape = native_rows.matmul_operands(ins, v) if NF.usable(v) else None  # apply_log's native path takes v
     if shape is None:
         return None
     n = ins[0].shape[-1] + (len(ins) == 3)
-    got = native_replay.matmul_norm_filter(ins, v, shape, entries, n * SUBNORMAL_F32, norm_bound_factor(n),
-                                           REPLAY_SCALE, TRAINER_BOUND_SLACK * gamma(n), n * 2.0**-149, _CMP_SLACK)
+    log = (entries.index, entries.code, entries.value) if len(entries) else None
+    got = native_replay.matmul_norm_filter(ins, v, shape, log, n * SUBNORMAL_F32, norm_bound_factor(n),
+                                           REPLAY_SCALE, TRAINER_BOUND_SLACK * gamma(n), n * 2.0**-149, _CMP_SLACK,
+                                           mode, FAR_REACH)
     if got is None:
         return None
-    r, cand, finite, points = got
+    r, cand, finite, points, settled = got
     if points is None:  # more points than the kernel keeps: the lazy norm bound (v has its bias now)
         x = [*ins[:2], *(t.double() for t in ins[2:])]  # the norms read ins; only the bias is read as FP64
-        return NF.norm_bound(x, v, norm_bound_factor(n), n * SUBNORMAL_F32, ins), (r, cand, finite), None
-    at = np.concatenate([cand, np.asarray(entries, dtype=np.int64)])
-    return NF.PointBound(at, points[0], points[1]), (r, cand, finite), points[2]
+        return ReplayMatmul(NF.norm_bound(x, v, norm_bound_factor(n), n * SUBNORMAL_F32, ins), (r, cand, finite),
+                            None, False)
+    at = np.concatenate([cand, np.asarray(entries.index, dtype=np.int64)])
+    return ReplayMatmul(NF.PointBound(at, points[0], points[1]), (r, cand, finite), points[2], settled)
 
 
 def round_canonical_matmul(

@@ -10,6 +10,8 @@ the caller runs numpy.
 from __future__ import annotations
 
 import ctypes
+import threading
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -86,23 +88,89 @@ def matmul_abs_sums(ins: list[torch.Tensor], index: np.ndarray) -> np.ndarray | 
 
 _NORM = _bind("vt_replay_matmul_norm",
               [_p, _p, _p, _p, _i64, _i64, _i64, _i64, ctypes.c_int32, ctypes.c_double, ctypes.c_double,
-               ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double, _p, _p, _p, _i64, _i64, _p, _p,
-               _p, _p], _i64)
+               ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double, _p, _p, _p, _p, _p, _i64,
+               ctypes.c_int32, ctypes.c_double, _i64, _p, _p, _p, _p], _i64)
 
 #: Candidates plus entries whose bounds :func:`matmul_norm_filter` computes (more: the caller's lazy path).
 _POINTS_CAP = 4096
 
+#: How far a checked replay's native pass may settle an op by itself (replay.c's ``REPLAY_*``):
+#: ``OFF`` none (the full path for every op: tests compare it with the others); ``CANDIDATES`` an op
+#: without entries only; ``ENTRIES`` one with entries too, each applied and checked (not far or wild,
+#: finite, no unlogged suspect: ``rounding._apply_log_checked``'s checks, for a replay without
+#: resolver); ``VERDICTS`` as ``ENTRIES``, each applied value also ``RN32(e)`` by the double-double
+#: verdict and not -0 (what a resolver that ``rounding.upholds_rn32_entries`` returns unchanged).
+OFF, CANDIDATES, ENTRIES, VERDICTS = -1, 0, 1, 2
+
+Entries = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A rounding log's entries of one op as arrays: ``(index, code, value)`` (``rounding.OpLog``'s)."""
+
+
+def _entry_args(entries: Entries | None) -> tuple[int, int | None, int | None, int | None, list[np.ndarray]]:
+    """``(count, index, code, value)`` of the entries as the kernels take them (null pointers for none) and
+    the arrays the pointers point into (to keep)."""
+    if entries is None or not len(entries[0]):
+        return 0, None, None, None, []
+    index, code, value = entries
+    keep = [np.ascontiguousarray(index, dtype=np.int64), np.ascontiguousarray(code, dtype=np.uint8),
+            np.ascontiguousarray(value, dtype=np.float32)]
+    return len(keep[0]), keep[0].ctypes.data, keep[1].ctypes.data, keep[2].ctypes.data, keep
+
+
+#: Largest scratch buffer (elements) a thread keeps between calls (larger ones are made per call).
+_SCRATCH_KEEP = 1 << 22
+
+
+class _Scratch(threading.local):
+    """Per-thread output buffers of the replay kernels with their addresses, grown on demand: each
+    call copies its few results out, so none allocates them or looks their addresses up again
+    (``ndarray.ctypes.data``: about a microsecond each, ten arrays a call, two calls an op)."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[str, tuple[np.ndarray, int]] = {}
+
+    def get(self, name: str, n: int, dtype: type) -> tuple[np.ndarray, int]:
+        """A buffer of at least ``n`` elements of ``dtype`` (contents undefined) and its address."""
+        got = self.bufs.get(name)
+        if got is not None and len(got[0]) >= n:
+            return got
+        a = np.empty(max(n, 1), dtype=dtype)
+        made = (a, a.ctypes.data)
+        if n <= _SCRATCH_KEEP:
+            self.bufs[name] = made
+        return made
+
+
+_scratch = _Scratch()
+
+
+class MatmulFiltered(NamedTuple):
+    """What :func:`matmul_norm_filter` gives: ``r`` (``RN32(v)``, or the op's final output where
+    ``settled``), the candidates (sorted flat int64), whether every ``r`` is finite, ``points``
+    (``(d, grid, near)``: the bound and exact-grid rule at the candidates then the entries, the near-tie
+    flags of the candidates; None above :data:`_POINTS_CAP`) and ``settled``: the pass settled the op
+    (no suspect, every entry applied and upheld as ``mode`` demands; ``r`` holds the entries' values)."""
+
+    r: torch.Tensor
+    cand: np.ndarray
+    finite: bool
+    points: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    settled: bool
+
 
 def matmul_norm_filter(
-    ins: list[torch.Tensor], v: torch.Tensor, shape: tuple[int, int, int, int], entries: np.ndarray,
+    ins: list[torch.Tensor], v: torch.Tensor, shape: tuple[int, int, int, int], entries: Entries | None,
     sub: float, factor: float, scale: float, coef: float, subn: float, slack: float,
-) -> tuple[torch.Tensor, np.ndarray, bool, tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None:
+    mode: int = CANDIDATES, far_reach: float = 0.0,
+) -> MatmulFiltered | None:
     """The checked replay's MATMUL filter in one C call (``vt_replay_matmul_norm``): with a bias
-    ``v += bias`` in place, ``(r, candidates, finite, points)`` with ``(r, candidates, finite)`` of
-    ``native_filter.round_filter(v, NormBound, scale)`` and ``points`` = (``min(NormBound.at,
-    canonical.tight_bound_at)`` and ``canonical.grid_elements`` at the candidates and then at
-    ``entries`` (flat indices, as given), ``rounding._near_midpoint_np`` at the candidates with that
-    bound and ``slack``), or None where there are more than :data:`_POINTS_CAP` points. ``shape``:
+    ``v += bias`` in place, ``(r, candidates, finite)`` of ``native_filter.round_filter(v, NormBound,
+    scale)`` and ``points`` = (``min(NormBound.at, canonical.tight_bound_at)`` and
+    ``canonical.grid_elements`` at the candidates and then at the entries' indices (as given),
+    ``rounding._near_midpoint_np`` at the candidates with that bound and ``slack``), or None where
+    there are more than :data:`_POINTS_CAP` points; ``settled`` as ``mode`` (:data:`CANDIDATES`,
+    :data:`ENTRIES`, :data:`VERDICTS`) allows, ``far_reach``: ``rounding.FAR_REACH`` (the default 0 leaves
+    directed entries to the caller's full path). ``shape``:
     ``native_rows.matmul_operands(ins, v)``; ``sub``, ``factor`` the norm bound's, ``coef``, ``subn``
     the tight bound's (``coef * (fl(S) + subn)``). None where the kernel is not loaded (``v`` untouched)."""
     if _NORM is None or not native.available():
@@ -110,38 +178,55 @@ def matmul_norm_filter(
     batches, m, k, ncols = shape
     keep = [t if t.is_contiguous() else t.contiguous() for t in ins]
     bias = keep[2].data_ptr() if len(ins) == 3 else None
-    ent = np.ascontiguousarray(entries, dtype=np.int64)
+    n_ent, ent, code, value, _held = _entry_args(entries)
     n = v.numel()
     r = torch.empty(v.shape, dtype=torch.float32)
-    idx = np.empty(max(n, 1), dtype=np.int64)  # pages are touched only where candidates land
-    cap = min(n, _POINTS_CAP) + len(ent)
-    d_at = np.empty(cap, dtype=np.float64)
-    grid = np.empty(cap, dtype=np.bool_)
-    near = np.empty(cap, dtype=np.bool_)
-    status = np.zeros(2, dtype=np.int64)
+    idx, idx_p = _scratch.get("idx", n, np.int64)  # pages are touched only where candidates land
+    cap = min(n, _POINTS_CAP) + n_ent
+    d_at, d_p = _scratch.get("d", cap, np.float64)
+    grid, grid_p = _scratch.get("grid", cap, np.bool_)
+    near, near_p = _scratch.get("near", cap, np.bool_)
+    status, status_p = _scratch.get("status", 3, np.int64)
     count = _NORM(v.data_ptr(), keep[0].data_ptr(), keep[1].data_ptr(), bias, batches, m, k, ncols, 1, sub,
-                  factor, scale, coef, subn, slack, r.data_ptr(), idx.ctypes.data, ent.ctypes.data, len(ent), cap,
-                  d_at.ctypes.data, grid.ctypes.data, near.ctypes.data, status.ctypes.data)
+                  factor, scale, coef, subn, slack, r.data_ptr(), idx_p, ent, code, value, n_ent, mode, far_reach, cap,
+                  d_p, grid_p, near_p, status_p)
     if count < 0:
         raise MemoryError("native replay: the MATMUL filter could not allocate its scratch rows")
-    p = count + len(ent)
+    p = count + n_ent
     points = (d_at[:p].copy(), grid[:p].copy(), near[:count].copy()) if status[1] else None
-    return r, idx[:count].copy(), not status[0], points
+    return MatmulFiltered(r, idx[:count].copy(), not status[0], points, bool(status[2]))
 
 
 _SUM = _bind("vt_replay_sum_values",
              [_p, _i64, _i64, ctypes.c_int32, ctypes.c_double, ctypes.c_double, ctypes.c_double, _p, _p, _p, _p,
-              _p, _p, _p], _i64)
+              _p, _p, _p, _p, _p, _p, _i64, ctypes.c_int32, ctypes.c_double, _p], _i64)
+
+
+class SumFiltered(NamedTuple):
+    """What :func:`sum_values_grid` gives: ``v``, ``d``, ``r`` (``RN32(v)``, or the op's final output
+    where ``settled``), the candidates, whether every ``r`` is finite, ``grid`` and ``near`` at the
+    candidates, and ``settled`` (:class:`MatmulFiltered`'s)."""
+
+    v: torch.Tensor
+    d: torch.Tensor
+    r: torch.Tensor
+    cand: np.ndarray
+    finite: bool
+    grid: np.ndarray
+    near: np.ndarray
+    settled: bool
 
 
 def sum_values_grid(
-    x: torch.Tensor, mean: bool, factor: float, scale: float, slack: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, bool, np.ndarray, np.ndarray] | None:
+    x: torch.Tensor, mean: bool, factor: float, scale: float, slack: float,
+    entries: Entries | None = None, mode: int = CANDIDATES, far_reach: float = 0.0,
+) -> SumFiltered | None:
     """``native_filter.sum_values_filter``'s ``(v, d, r, candidates, finite)`` of the rows of an FP32 CPU
     ``x`` (``[..., n]``, SUM or MEAN: ``mean``) and, at the candidates, ``canonical.grid_elements``
-    (the exact-grid rule of each row) and ``rounding._near_midpoint_np(v, r, 2.0 * d * slack)``, in one C
-    call (``vt_replay_sum_values``). None where the kernel is not loaded or does not take ``x`` (another
-    device or dtype, a 0-dim or empty row)."""
+    (the exact-grid rule of each row) and ``rounding._near_midpoint_np(v, r, 2.0 * d * slack)``, and
+    whether the op is settled with ``entries`` as ``mode`` allows (:func:`matmul_norm_filter`'s), in
+    one C call (``vt_replay_sum_values``). None where the kernel is not loaded or does not take ``x``
+    (another device or dtype, a 0-dim or empty row)."""
     if _SUM is None or not native.available() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() == 0:
         return None
     n = x.shape[-1]
@@ -150,15 +235,17 @@ def sum_values_grid(
     xc = x if x.is_contiguous() else x.contiguous()
     rows = xc.numel() // n
     shape = (*x.shape[:-1], 1)
+    n_ent, ent, code, value, _held = _entry_args(entries)
     v = torch.empty(shape, dtype=torch.float64)
     d = torch.empty(shape, dtype=torch.float64)
     r = torch.empty(shape, dtype=torch.float32)
-    idx = np.empty(max(rows, 1), dtype=np.int64)
-    grid = np.empty(max(rows, 1), dtype=np.bool_)
-    near = np.empty(max(rows, 1), dtype=np.bool_)
-    flag = ctypes.c_uint32(0)
+    idx, idx_p = _scratch.get("idx", rows, np.int64)
+    grid, grid_p = _scratch.get("grid", rows, np.bool_)
+    near, near_p = _scratch.get("near", rows, np.bool_)
+    nonfinite, nonfinite_p = _scratch.get("nonfinite", 1, np.uint32)
+    settled, settled_p = _scratch.get("settled", 1, np.int64)
     k = _SUM(xc.data_ptr(), rows, n, int(mean), factor, scale, slack, v.data_ptr(), d.data_ptr(), r.data_ptr(),
-             idx.ctypes.data, ctypes.addressof(flag), grid.ctypes.data, near.ctypes.data)
+             idx_p, nonfinite_p, grid_p, near_p, ent, code, value, n_ent, mode, far_reach, settled_p)
     if k < 0:
         raise MemoryError("native replay: a SUM row could not be allocated")
-    return v, d, r, idx[:k].copy(), not flag.value, grid[:k].copy(), near[:k].copy()
+    return SumFiltered(v, d, r, idx[:k].copy(), not nonfinite[0], grid[:k].copy(), near[:k].copy(), bool(settled[0]))

@@ -12,6 +12,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -390,12 +391,34 @@ def round_output_reference(
     return canonical(r), _op_log(flagged, code, value)
 
 
+_F = TypeVar("_F", bound=Callable[..., object])
+
 AmbiguityResolver = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 """``resolver(indices, proposed, codes, flagged)``: for flat element indices of the current op, the
 values the replay proposes (FP32), the trainer's codes there (0 = no entry) and which of them the
 replay's own checks flagged, return the values the contract would uphold: the auditor's fallback to
 exact arithmetic (``vtrain.numerics.exact``). Every applied entry is passed, flagged or not: the
 contract demands ``RN32(e)`` of every claim, so an unflagged entry must still give that value."""
+
+UPHOLDS_RN32_ENTRIES = "upholds_rn32_entries"
+"""The attribute by which a resolver factory (``factory(op, inputs) -> AmbiguityResolver``, the
+executor's ``resolver_factory``) declares (True) that every resolver it makes, called with no flagged
+key and with each proposed value an applied entry's value that is ``RN32(e)`` of its element by the
+double-double comparison of ``canonical.is_exact_rounding`` (verdict YES, not ``-0``), returns the
+proposed values unchanged and does nothing else. A checked replay may then settle such an op natively
+without making or calling the resolver (``native_replay.VERDICTS``); a factory without it (a test's
+counting resolver, any custom one) gets every call."""
+
+
+def upholds_rn32_entries(factory: object) -> bool:
+    """Whether ``factory`` declares :data:`UPHOLDS_RN32_ENTRIES`."""
+    return getattr(factory, UPHOLDS_RN32_ENTRIES, False) is True
+
+
+def declare_upholds_rn32_entries(factory: _F) -> _F:
+    """Mark a resolver factory as upholding RN32 entries (:data:`UPHOLDS_RN32_ENTRIES`); returns it."""
+    setattr(factory, UPHOLDS_RN32_ENTRIES, True)
+    return factory
 
 
 @dataclass
