@@ -144,6 +144,7 @@ class StepExecutor:
             if op.kind in _SCALAR_KINDS
         }
         self._plan = self._make_plan()
+        self._what = [f"{op.kind.name} op {op.id}" for op in graph.ops]  # (how errors name an op)
 
     def _make_plan(self) -> list[_PlanStep]:
         """Per op, once (:class:`_PlanStep`), so that the step loop does little per op. Classes:
@@ -159,6 +160,8 @@ class StepExecutor:
         exact_modes = self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG)
         native = self.device.type == "cpu" and fp32_native.available()
         reductions = self.collective.reductions if self.collective is not None else set()
+        # the canonical trainer's MATMUL/SUM/MEAN (a step without log_in): :meth:`_rounded_sum`
+        trainer_canonical = self.mode == Mode.CERTIFIED and self.canonical_log and self.collective is None
         broadcast_readers = set(_NATIVE_FP32) & self._fp32_exact  # kernels that read any strides
         consumers: list[set[OpKind]] = [set() for _ in g.ops]
         for op in g.ops:
@@ -168,8 +171,12 @@ class StepExecutor:
         for op in g.ops:
             k = op.kind
             nat = None
-            if op.id in reductions or k in _SOURCE_KINDS:
+            if k == OpKind.INPUT and self.collective is None:
+                cls = _PLAN_INPUT
+            elif op.id in reductions or k in _SOURCE_KINDS:
                 cls = _PLAN_OP
+            elif k in _ROUNDED_SUMS and trainer_canonical:
+                cls = _PLAN_MATMUL if k == OpKind.MATMUL else _PLAN_SUM
             elif k == OpKind.CONCAT and consumers[op.id] == {OpKind.CONCAT} and op.id != g.loss_op:
                 cls = _PLAN_PARTS
             elif k == OpKind.CONCAT:
@@ -433,6 +440,9 @@ class StepExecutor:
                 continue
             if fused:
                 frees, recycle = ffrees, frecycle
+            if cls == _PLAN_INPUT and op_hook is None and trace is None:
+                vals[op.id] = state[op.attrs[0]]
+                continue
             if cls == _PLAN_RESHAPE and collective is None:
                 out = vals[inputs[0]].reshape(op.shape)
                 if op_hook is not None:
@@ -458,6 +468,8 @@ class StepExecutor:
                     out = torch.cat(_flat_parts(ins))
                 elif cls == _PLAN_PARTS:
                     out = _flat_parts(ins)
+                elif (cls == _PLAN_MATMUL or cls == _PLAN_SUM) and log_in is None:
+                    out = self._rounded_sum(op, ins, out_log, stats, sums)
                 elif cls == _PLAN_EXACT and op.id not in logged:
                     out = self._exact_fp32(op, ins, nat, stats, sums, pool)
                 else:
@@ -688,6 +700,25 @@ class StepExecutor:
             return out
         return self._replay_op(op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind)
 
+    def _rounded_sum(self, op: OpNode, ins: list[torch.Tensor], out_log: StepLog, stats: RoundingStats,
+                     sums: list | None) -> torch.Tensor:
+        """The canonical certified trainer's MATMUL, SUM or MEAN (the plan's ``_PLAN_MATMUL`` and
+        ``_PLAN_SUM`` in a step without ``log_in``): :meth:`_run_op`'s branch for it, without the
+        dispatch that leads there."""
+        what = self._what[op.id]
+        if op.kind == OpKind.MATMUL:
+            out, entries, slow = self._canonical_matmul(op, ins, what)
+        else:
+            got = round_canonical_sum(self.graph, op, ins, what)  # v, d and the filter in one native pass
+            if got is None:
+                return self._run_op(op, ins, None, None, None, out_log, stats, None, False, [], sums)
+            out, entries, slow = got
+        stats.values += out.numel()
+        stats.ambiguous_resolved += slow
+        if len(entries):
+            self._log_entries(op, entries, out_log, stats)
+        return out
+
     def _canonical_matmul(self, op: OpNode, ins: list[torch.Tensor], what: str) -> tuple[torch.Tensor, OpLog, int]:
         """The canonical trainer's MATMUL under the norm bound: the FP64 products, then the bias add,
         norms, filter and decisions in one native call (:func:`round_canonical_matmul`) where it takes
@@ -903,6 +934,7 @@ def set_threads(n: int | None) -> int:
 
 _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV_S})
 _SOURCE_KINDS = frozenset({OpKind.INPUT, OpKind.DATA, OpKind.CONST}) | GENERATED_KINDS
+_ROUNDED_SUMS = frozenset({OpKind.MATMUL, OpKind.SUM, OpKind.MEAN})
 
 
 @dataclass(frozen=True)
@@ -943,7 +975,8 @@ _RECYCLE_MIN = 1 << 20
 """Elements (4 MiB) from which a dead native output's buffer is reused within the step."""
 _NON_ALIASING = ROUNDING_KINDS
 """Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
-_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT, _PLAN_RESHAPE, _PLAN_BROADCAST = range(8)
+(_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT, _PLAN_RESHAPE, _PLAN_BROADCAST,
+ _PLAN_INPUT, _PLAN_MATMUL, _PLAN_SUM) = range(11)
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:

@@ -233,6 +233,8 @@ def round_canonical_sum(
     if got is None:
         return None
     r, cand, finite = got
+    if not len(cand):  # (_round_canonical_at's first return: no candidate, every element finite)
+        return r.reshape(op.shape), OpLog.empty(), 0
     return _round_canonical_at(graph, op, ins, None, r.reshape(op.shape), torch.from_numpy(cand), finite, what)
 
 
@@ -353,6 +355,10 @@ def replay_matmul_norm(
     return NF.PointBound(at, points[0], points[1]), (r, cand, finite), points[2]
 
 
+_MATMUL_CONSTS: dict[int, tuple[float, float, float]] = {}
+"""``(sub, factor, coef)`` of :func:`round_canonical_matmul` by term count (a graph has a few)."""
+
+
 def round_canonical_matmul(
     graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str
 ) -> tuple[torch.Tensor, OpLog, int] | None:
@@ -365,9 +371,11 @@ def round_canonical_matmul(
     shape = native_rows.matmul_operands(ins, v)
     if shape is None:
         return None
-    n = ins[0].shape[-1] + (len(ins) == 3)
-    coef = TRAINER_BOUND_SLACK * gamma(n)
-    got = native_rows.matmul_round_norm(ins, v, shape, True, n * SUBNORMAL_F32, norm_bound_factor(n), _BAND, coef)
+    n = shape[2] + (len(ins) == 3)
+    consts = _MATMUL_CONSTS.get(n)
+    if consts is None:
+        consts = _MATMUL_CONSTS[n] = (n * SUBNORMAL_F32, norm_bound_factor(n), TRAINER_BOUND_SLACK * gamma(n))
+    got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2])
     if not len(got.cand) or (got.finite and not got.attention):
         return got.r, OpLog.empty(), 0
     return _round_canonical_at(graph, op, ins, v, got.r, torch.from_numpy(got.cand), got.finite, what,
