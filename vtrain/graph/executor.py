@@ -148,7 +148,10 @@ class StepExecutor:
 
     def _make_plan(self) -> list[_PlanStep]:
         """Per op, once (:class:`_PlanStep`), so that the step loop does little per op. Classes:
-        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_RESHAPE`` (RESHAPE/OUTPUT: a view, handled
+        ``_PLAN_MOVE`` (exact data movement; a PERMUTE's :class:`fp32_native.PermutePlan` where the
+        tiled transpose applies), ``_PLAN_INPUT`` (a state slot, inline in the step loop),
+        ``_PLAN_MATMUL`` / ``_PLAN_SUM`` (MATMUL; SUM, MEAN: the canonical certified trainer's, straight
+        to :meth:`_rounded_sum` in a step without ``log_in``), ``_PLAN_RESHAPE`` (RESHAPE/OUTPUT: a view, handled
         inline by the step loop), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a
         broadcast view where the loop allows, else a copy), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
         only by CONCATs),
@@ -187,6 +190,8 @@ class StepExecutor:
                 cls = _PLAN_BROADCAST  # read in place by the native kernels (stride 0): no copy
             elif k not in ROUNDING_KINDS:
                 cls = _PLAN_MOVE
+                if k == OpKind.PERMUTE and native:  # the tiled transpose's sizes, once
+                    nat = fp32_native.permute_plan(g.ops[op.inputs[0]].shape, tuple(op.attrs))
             elif k == OpKind.SQRT and exact_modes and native:
                 cls, nat = _PLAN_SQRT, ()
             elif k in self._fp32_exact and exact_modes:
@@ -204,7 +209,8 @@ class StepExecutor:
         recyclable = {
             entry[0].id
             for entry in plan
-            if entry[5] is not None and math.prod(entry[0].shape) >= _RECYCLE_MIN
+            if entry[1] in (_PLAN_EXACT, _PLAN_SQRT) and entry[5] is not None
+            and math.prod(entry[0].shape) >= _RECYCLE_MIN
             and entry[0].id != g.loss_op and consumers[entry[0].id] and consumers[entry[0].id] <= _NON_ALIASING
         }
         groups = self._fused_groups(plan, reductions)
@@ -463,7 +469,9 @@ class StepExecutor:
                 if cls == _PLAN_BROADCAST and views:
                     out = ins[0].expand(op.shape)
                 elif cls == _PLAN_MOVE or cls == _PLAN_RESHAPE or cls == _PLAN_BROADCAST:
-                    out = _move(op, ins)
+                    out = None if nat is None else fp32_native.permute_planned(ins[0], nat)
+                    if out is None:
+                        out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
                     out = torch.cat(_flat_parts(ins))
                 elif cls == _PLAN_PARTS:

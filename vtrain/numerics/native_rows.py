@@ -59,7 +59,8 @@ def available() -> bool:
 
 
 def _usable(ins: list[torch.Tensor]) -> bool:
-    return _LIB is not None and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ins)
+    f32 = torch.float32
+    return _LIB is not None and all(t.is_cpu and t.dtype is f32 for t in ins)
 
 
 def _contiguous(t: torch.Tensor, keep: list[torch.Tensor]) -> int:
@@ -242,9 +243,7 @@ def matmul_operands(ins: list[torch.Tensor], v: torch.Tensor) -> tuple[int, int,
     """``(batches, m, k, ncols)`` where :func:`matmul_round_norm` takes a MATMUL's FP32 CPU operands
     ``ins`` (``[..., M, K]``, ``[..., N, K]``, optional bias ``[N]``) and its FP64 values ``v``
     (C-contiguous ``[..., M, N]``): the same batch shape on both operands and ``v``, ``K > 0``; else None."""
-    # (the checks of _usable and of torch's device/dtype, in their cheapest spelling: once per MATMUL)
-    f32 = torch.float32
-    if _LIB is None or len(ins) not in (2, 3) or not all(t.is_cpu and t.dtype is f32 for t in ins):
+    if len(ins) not in (2, 3) or not _usable(ins):
         return None
     if not v.is_cpu or v.dtype is not torch.float64 or not v.is_contiguous():
         return None
