@@ -404,7 +404,10 @@ class StepExecutor:
     ) -> StepResult | None:
         g = self.graph
         dev = self.device
-        state = [t.to(dev) for t in state]
+        if dev.type == "cpu":  # (Tensor.to returns a CPU tensor itself: the same, without its ~1 us per slot)
+            state = [t if t.is_cpu else t.to(dev) for t in state]
+        else:
+            state = [t.to(dev) for t in state]
         data = data.to(dev)
         out_log = StepLog(self.mode)
         stats = RoundingStats()

@@ -378,8 +378,29 @@ def round_canonical_matmul(
     got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2])
     if not len(got.cand) or (got.finite and not got.attention):
         return got.r, OpLog.empty(), 0
+    if got.finite and got.decided is not None and got.decided[3].all():
+        return _decided_matmul(got)
     return _round_canonical_at(graph, op, ins, v, got.r, torch.from_numpy(got.cand), got.finite, what,
                                decided=got.decided if got.finite else None, into=False)
+
+
+def _decided_matmul(got: native_rows.MatmulRound) -> tuple[torch.Tensor, OpLog, int]:
+    """:func:`_round_canonical_at`'s result (``decided`` given, ``into`` False, every ``r`` finite)
+    where the kernel decided every candidate it kept, some with an entry due: their bits written into
+    ``r`` (fresh, C-contiguous), the entries logged; the same steps without its general cases."""
+    kept, bits, codes, _ = got.decided  # type: ignore[misc]
+    r = got.r
+    if not len(kept):  # the tight re-filter cleared every candidate
+        return r, OpLog.empty(), 0
+    cand = kept if len(kept) < len(got.cand) else got.cand
+    vals = bits.astype(np.uint32).view(np.float32) + np.float32(0.0)  # canonical zeros
+    r.numpy().reshape(-1)[cand] = vals
+    keep = codes != int(Code.NONE)
+    if not keep.any():
+        return r, OpLog.empty(), 0
+    code = codes[keep].astype(np.uint8)
+    value = np.where(code == int(Code.EXPLICIT), vals[keep], np.float32(0.0)).astype(np.float32)
+    return r, OpLog(cand[keep].astype(np.int64), code, value), 0
 
 
 def _round_canonical_at(
