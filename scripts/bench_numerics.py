@@ -275,16 +275,19 @@ def profile_by_op_kind(job: Job, mode: str, steps: int) -> tuple[str, str]:
         return inner
 
     orig_run_op = vexec.StepExecutor._run_op
+    orig_rounded_sum = vexec.StepExecutor._rounded_sum  # (the trainer's MATMUL/SUM/MEAN go there directly)
 
-    def run_op(self, op, *a, **k):
-        kind_of[0] = op.kind.name
-        t0 = time.perf_counter()
-        try:
-            return orig_run_op(self, op, *a, **k)
-        finally:
-            e = acc[("(op total)", op.kind.name)]
-            e[0] += time.perf_counter() - t0
-            e[1] += 1
+    def per_op(orig):
+        def run_op(self, op, *a, **k):
+            kind_of[0] = op.kind.name
+            t0 = time.perf_counter()
+            try:
+                return orig(self, op, *a, **k)
+            finally:
+                e = acc[("(op total)", op.kind.name)]
+                e[0] += time.perf_counter() - t0
+                e[1] += 1
+        return run_op
 
     ex = executor_for(job, mode)
     state = state_tensors(job.initial_state)
@@ -292,7 +295,8 @@ def profile_by_op_kind(job: Job, mode: str, steps: int) -> tuple[str, str]:
     try:
         for n, f in originals.items():
             setattr(vexec, n, wrap(n, f))
-        vexec.StepExecutor._run_op = run_op  # type: ignore[method-assign]
+        vexec.StepExecutor._run_op = per_op(orig_run_op)  # type: ignore[method-assign]
+        vexec.StepExecutor._rounded_sum = per_op(orig_rounded_sum)  # type: ignore[method-assign]
         t0 = time.perf_counter()
         for s in range(2, steps + 2):
             state = ex.run(state, batch_for(job, s), step=s).state
@@ -301,6 +305,7 @@ def profile_by_op_kind(job: Job, mode: str, steps: int) -> tuple[str, str]:
         for n, f in originals.items():
             setattr(vexec, n, f)
         vexec.StepExecutor._run_op = orig_run_op  # type: ignore[method-assign]
+        vexec.StepExecutor._rounded_sum = orig_rounded_sum  # type: ignore[method-assign]
     kinds = defaultdict(float)
     for (fn, kind), (t, _) in acc.items():
         if fn == "(op total)":

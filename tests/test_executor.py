@@ -189,3 +189,20 @@ def test_exp64_is_torch_exp_bit_for_bit() -> None:
         assert torch.equal(torch.isnan(got), torch.isnan(ref))
         ok = ~torch.isnan(ref)
         assert torch.equal(got[ok].view(torch.int64), ref[ok].view(torch.int64))
+
+
+def test_a_cpu_executor_pins_the_malloc_thresholds_once_unless_told_not_to(monkeypatch) -> None:
+    """Building a CPU executor pins glibc's malloc thresholds (where the process runs glibc), once;
+    ``VTRAIN_MALLOC_PIN=0`` leaves them alone."""
+    import platform
+    import sys
+
+    import vtrain.graph.executor as E
+
+    StepExecutor(build_job(TrainSpec(batch_size=4, steps=1)).graph, "certified")
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert E._MALLOC_PINNED == glibc
+    assert E.pin_malloc_thresholds() == glibc  # (a second call: nothing more to do)
+    monkeypatch.setattr(E, "_MALLOC_PINNED", False)
+    monkeypatch.setenv("VTRAIN_MALLOC_PIN", "0")
+    assert E.pin_malloc_thresholds() is False and E._MALLOC_PINNED is False

@@ -505,3 +505,18 @@ def test_an_eager_run_names_the_op_of_a_fused_groups_non_finite_value() -> None:
     with pytest.raises(NonFiniteValue) as e:
         ex.run(state, torch.zeros(g.data_shape), step=3)
     assert str(e.value).startswith("step 3, op 1 (MUL_S")
+
+
+def test_a_chain_reads_rows_and_tiles_longer_than_its_blocks() -> None:
+    """One value per row and a repeated tile whose rows and tiles span several 1024-element blocks (the
+    kernel copies them run by run): the bits of torch's broadcast add."""
+    shape = (3, 2500)
+    rows = _hard_values(100, 50)[-3:].reshape(3, 1)
+    tile = _hard_values(2500, 51).reshape(1, 2500)
+    full = _hard_values(7500, 52).reshape(shape)
+    kinds = [((3, 1), F.ROWS, 2500), ((1, 2500), F.TILE, 2500), (shape, F.FULL, 7500)]
+    assert [F.broadcast_kind(src, shape) for src, _, _ in kinds] == [(k, p) for _, k, p in kinds]
+    chain = F.Chain(shape, kinds, [(F.ADD, 0, 2), (F.ADD, 1, 2)], [3, 4])
+    (got_rows, got_tile), _ = chain([rows, tile, full])
+    _same_bits(got_rows, (rows.expand(shape) + full) + 0.0)
+    _same_bits(got_tile, (tile.expand(shape) + full) + 0.0)

@@ -305,20 +305,21 @@ VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, co
             float *dst = scratch + (int64_t)slot[r] * VT_CHAIN_BLOCK;
             const float *src = reg_ptr[r];
             const int64_t p = reg_param[r];
+            /* (run by run: one value per row, or a piece of the tile; the bits copied) */
             if (reg_kind[r] == 2) {
-                int64_t row = lo / p, off = lo % p;
-                for (int64_t j = 0; j < len; j++) {
-                    dst[j] = src[row];
-                    if (++off == p) {
-                        off = 0;
-                        row++;
-                    }
+                for (int64_t j = 0; j < len;) {
+                    const int64_t row = (lo + j) / p;
+                    const int64_t next = (row + 1) * p - lo; /* this block's first j of the next row */
+                    const int64_t stop = next < len ? next : len;
+                    const float v = src[row];
+                    for (; j < stop; j++) dst[j] = v;
                 }
             } else {
-                int64_t at = lo % p;
-                for (int64_t j = 0; j < len; j++) {
-                    dst[j] = src[at];
-                    if (++at == p) at = 0;
+                for (int64_t j = 0; j < len;) {
+                    const int64_t at = (lo + j) % p;
+                    const int64_t run = p - at < len - j ? p - at : len - j;
+                    memcpy(dst + j, src + at, (size_t)run * sizeof(float));
+                    j += run;
                 }
             }
         }

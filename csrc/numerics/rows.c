@@ -125,6 +125,18 @@ static int grid_row(const double *t, int64_t n, double s_abs, int kind) {
     (void)frexp(s_abs, &ex);
     double unit = ldexp(1.0, ex - 53);
     if (!isfinite(s_abs) || !(unit > 0)) return 0;
+    const int m = ex - 53; /* unit = 2^m */
+    if (m >= -1023 && m <= 1074) {
+        /* q = t / 2^m as t * 2^-m, 2^-m a finite double here: both are the correctly rounded t 2^-m,
+         * the same q (a multiplication instead of a division per term) */
+        const double inv = ldexp(1.0, -m);
+        for (int64_t i = 0; i < n; i++) {
+            const double q = t[i] * inv;
+            if (!(q == trunc(q))) return 0;
+            if (!(q != 0 || t[i] == 0)) return 0;
+        }
+        return 1;
+    }
     for (int64_t i = 0; i < n; i++) {
         double q = t[i] / unit;
         if (!(q == trunc(q))) return 0;

@@ -132,6 +132,8 @@ class StepExecutor:
         if self.mode == Mode.FP32:
             raise VtrainError("fp32 is plain torch training: use vtrain.torch_ref.executor_for(job, 'fp32')")
         self.device = resolve_device(device)
+        if self.device.type == "cpu":
+            pin_malloc_thresholds()
         self._last_use = self._compute_last_use()
         self._fp32_exact = FP32_EXACT_CPU_KINDS if self.device.type == "cpu" else FP32_EXACT_KINDS
         self._hooked = set(hooked_ops(graph)) if self.mode == Mode.PAPER else set()
@@ -142,10 +144,14 @@ class StepExecutor:
             if op.kind in _SCALAR_KINDS
         }
         self._plan = self._make_plan()
+        self._what = [f"{op.kind.name} op {op.id}" for op in graph.ops]  # (how errors name an op)
 
     def _make_plan(self) -> list[_PlanStep]:
         """Per op, once (:class:`_PlanStep`), so that the step loop does little per op. Classes:
-        ``_PLAN_MOVE`` (exact data movement), ``_PLAN_RESHAPE`` (RESHAPE/OUTPUT: a view, handled
+        ``_PLAN_MOVE`` (exact data movement; a PERMUTE's :class:`fp32_native.PermutePlan` where the
+        tiled transpose applies), ``_PLAN_INPUT`` (a state slot, inline in the step loop),
+        ``_PLAN_MATMUL`` / ``_PLAN_SUM`` (MATMUL; SUM, MEAN: the canonical certified trainer's, straight
+        to :meth:`_rounded_sum` in a step without ``log_in``), ``_PLAN_RESHAPE`` (RESHAPE/OUTPUT: a view, handled
         inline by the step loop), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a
         broadcast view where the loop allows, else a copy), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
         only by CONCATs),
@@ -157,6 +163,8 @@ class StepExecutor:
         exact_modes = self.mode in (Mode.CERTIFIED, Mode.ROUND_NOLOG)
         native = self.device.type == "cpu" and fp32_native.available()
         reductions = self.collective.reductions if self.collective is not None else set()
+        # the canonical trainer's MATMUL/SUM/MEAN (a step without log_in): :meth:`_rounded_sum`
+        trainer_canonical = self.mode == Mode.CERTIFIED and self.canonical_log and self.collective is None
         broadcast_readers = set(_NATIVE_FP32) & self._fp32_exact  # kernels that read any strides
         consumers: list[set[OpKind]] = [set() for _ in g.ops]
         for op in g.ops:
@@ -166,8 +174,12 @@ class StepExecutor:
         for op in g.ops:
             k = op.kind
             nat = None
-            if op.id in reductions or k in _SOURCE_KINDS:
+            if k == OpKind.INPUT and self.collective is None:
+                cls = _PLAN_INPUT
+            elif op.id in reductions or k in _SOURCE_KINDS:
                 cls = _PLAN_OP
+            elif k in _ROUNDED_SUMS and trainer_canonical:
+                cls = _PLAN_MATMUL if k == OpKind.MATMUL else _PLAN_SUM
             elif k == OpKind.CONCAT and consumers[op.id] == {OpKind.CONCAT} and op.id != g.loss_op:
                 cls = _PLAN_PARTS
             elif k == OpKind.CONCAT:
@@ -178,6 +190,8 @@ class StepExecutor:
                 cls = _PLAN_BROADCAST  # read in place by the native kernels (stride 0): no copy
             elif k not in ROUNDING_KINDS:
                 cls = _PLAN_MOVE
+                if k == OpKind.PERMUTE and native:  # the tiled transpose's sizes, once
+                    nat = fp32_native.permute_plan(g.ops[op.inputs[0]].shape, tuple(op.attrs))
             elif k == OpKind.SQRT and exact_modes and native:
                 cls, nat = _PLAN_SQRT, ()
             elif k in self._fp32_exact and exact_modes:
@@ -195,7 +209,8 @@ class StepExecutor:
         recyclable = {
             entry[0].id
             for entry in plan
-            if entry[5] is not None and math.prod(entry[0].shape) >= _RECYCLE_MIN
+            if entry[1] in (_PLAN_EXACT, _PLAN_SQRT) and entry[5] is not None
+            and math.prod(entry[0].shape) >= _RECYCLE_MIN
             and entry[0].id != g.loss_op and consumers[entry[0].id] and consumers[entry[0].id] <= _NON_ALIASING
         }
         groups = self._fused_groups(plan, reductions)
@@ -389,7 +404,10 @@ class StepExecutor:
     ) -> StepResult | None:
         g = self.graph
         dev = self.device
-        state = [t.to(dev) for t in state]
+        if dev.type == "cpu":  # (Tensor.to returns a CPU tensor itself: the same, without its ~1 us per slot)
+            state = [t if t.is_cpu else t.to(dev) for t in state]
+        else:
+            state = [t.to(dev) for t in state]
         data = data.to(dev)
         out_log = StepLog(self.mode)
         stats = RoundingStats()
@@ -431,6 +449,9 @@ class StepExecutor:
                 continue
             if fused:
                 frees, recycle = ffrees, frecycle
+            if cls == _PLAN_INPUT and op_hook is None and trace is None:
+                vals[op.id] = state[op.attrs[0]]
+                continue
             if cls == _PLAN_RESHAPE and collective is None:
                 out = vals[inputs[0]].reshape(op.shape)
                 if op_hook is not None:
@@ -451,11 +472,15 @@ class StepExecutor:
                 if cls == _PLAN_BROADCAST and views:
                     out = ins[0].expand(op.shape)
                 elif cls == _PLAN_MOVE or cls == _PLAN_RESHAPE or cls == _PLAN_BROADCAST:
-                    out = _move(op, ins)
+                    out = None if nat is None else fp32_native.permute_planned(ins[0], nat)
+                    if out is None:
+                        out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
                     out = concat_flat(_flat_parts(ins))
                 elif cls == _PLAN_PARTS:
                     out = _flat_parts(ins)
+                elif (cls == _PLAN_MATMUL or cls == _PLAN_SUM) and log_in is None:
+                    out = self._rounded_sum(op, ins, out_log, stats, sums)
                 elif cls == _PLAN_EXACT and op.id not in logged:
                     out = self._exact_fp32(op, ins, nat, stats, sums, pool)
                 else:
@@ -686,6 +711,25 @@ class StepExecutor:
             return out
         return self._replay_op(op, ins, v, bound, log_in, resolver_factory, check, violations, sums, bound_kind)
 
+    def _rounded_sum(self, op: OpNode, ins: list[torch.Tensor], out_log: StepLog, stats: RoundingStats,
+                     sums: list | None) -> torch.Tensor:
+        """The canonical certified trainer's MATMUL, SUM or MEAN (the plan's ``_PLAN_MATMUL`` and
+        ``_PLAN_SUM`` in a step without ``log_in``): :meth:`_run_op`'s branch for it, without the
+        dispatch that leads there."""
+        what = self._what[op.id]
+        if op.kind == OpKind.MATMUL:
+            out, entries, slow = self._canonical_matmul(op, ins, what)
+        else:
+            got = round_canonical_sum(self.graph, op, ins, what)  # v, d and the filter in one native pass
+            if got is None:
+                return self._run_op(op, ins, None, None, None, out_log, stats, None, False, [], sums)
+            out, entries, slow = got
+        stats.values += out.numel()
+        stats.ambiguous_resolved += slow
+        if len(entries):
+            self._log_entries(op, entries, out_log, stats)
+        return out
+
     def _canonical_matmul(self, op: OpNode, ins: list[torch.Tensor], what: str) -> tuple[torch.Tensor, OpLog, int]:
         """The canonical trainer's MATMUL under the norm bound: the FP64 products, then the bias add,
         norms, filter and decisions in one native call (:func:`round_canonical_matmul`) where it takes
@@ -820,6 +864,46 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+_MALLOC_PINNED = False
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+MALLOC_MMAP_THRESHOLD = 32 << 20
+"""glibc's ceiling for its dynamic mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``)."""
+
+
+def pin_malloc_thresholds() -> bool:
+    """Pin glibc malloc's dynamic thresholds at the values they grow to by themselves (mmap above 32
+    MiB, trim the heap top above 64 MiB), once per process; True where this process runs glibc and
+    they are set (``VTRAIN_MALLOC_PIN=0``: leave them alone).
+
+    A certified CPU step makes and frees many tensors of a few hundred KiB (FP64 copies, products,
+    outputs). Until glibc has freed one mmapped chunk of 32 MiB its trim threshold stays at twice the
+    largest freed so far, so the heap top is handed back to the kernel and taken again within every
+    step: on the small GPT about 500 page faults per step, each page cleared by the kernel (about 6%
+    of the step's CPU time; plain FP32 training has none). Pinned, freed memory stays in the heap (at
+    most 64 MiB of free heap top is kept), as it does once the process has freed one 32 MiB tensor (a
+    large model does so in its first step); the peak RSS may grow by that much (a 4-layer GPT of
+    width 256, context 128: 715 -> 749 MiB). No value depends on it."""
+    global _MALLOC_PINNED
+    if _MALLOC_PINNED or os.environ.get("VTRAIN_MALLOC_PIN", "1") == "0" or not sys.platform.startswith("linux"):
+        return _MALLOC_PINNED
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # (setting one disables glibc's dynamic adjustment of both: set both)
+    ok = mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) == 1
+    ok = mallopt(_M_TRIM_THRESHOLD, 2 * MALLOC_MMAP_THRESHOLD) == 1 and ok
+    _MALLOC_PINNED = ok
+    log.debug("glibc malloc thresholds pinned: %s", ok)
+    return ok
+
+
 def physical_cores() -> int:
     """Physical cores this process may run on (hyper-threads counted once); at least 1."""
     try:
@@ -862,6 +946,7 @@ def set_threads(n: int | None) -> int:
 
 _SCALAR_KINDS = frozenset({OpKind.ADD_S, OpKind.MUL_S, OpKind.RSUB_S, OpKind.DIV_S})
 _SOURCE_KINDS = frozenset({OpKind.INPUT, OpKind.DATA, OpKind.CONST}) | GENERATED_KINDS
+_ROUNDED_SUMS = frozenset({OpKind.MATMUL, OpKind.SUM, OpKind.MEAN})
 
 
 @dataclass(frozen=True)
@@ -902,7 +987,8 @@ _RECYCLE_MIN = 1 << 20
 """Elements (4 MiB) from which a dead native output's buffer is reused within the step."""
 _NON_ALIASING = ROUNDING_KINDS
 """Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
-_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT, _PLAN_RESHAPE, _PLAN_BROADCAST = range(8)
+(_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT, _PLAN_RESHAPE, _PLAN_BROADCAST,
+ _PLAN_INPUT, _PLAN_MATMUL, _PLAN_SUM) = range(11)
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:

@@ -235,6 +235,8 @@ def round_canonical_sum(
     if got is None:
         return None
     r, cand, finite = got
+    if not len(cand):  # (_round_canonical_at's first return: no candidate, every element finite)
+        return r.reshape(op.shape), OpLog.empty(), 0
     return _round_canonical_at(graph, op, ins, None, r.reshape(op.shape), torch.from_numpy(cand), finite, what)
 
 
@@ -391,6 +393,10 @@ def replay_matmul_norm(
     return ReplayMatmul(NF.PointBound(at, points[0], points[1]), (r, cand, finite), points[2], settled)
 
 
+_MATMUL_CONSTS: dict[int, tuple[float, float, float]] = {}
+"""``(sub, factor, coef)`` of :func:`round_canonical_matmul` by term count (a graph has a few)."""
+
+
 def round_canonical_matmul(
     graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str
 ) -> tuple[torch.Tensor, OpLog, int] | None:
@@ -403,13 +409,36 @@ def round_canonical_matmul(
     shape = native_rows.matmul_operands(ins, v)
     if shape is None:
         return None
-    n = ins[0].shape[-1] + (len(ins) == 3)
-    coef = TRAINER_BOUND_SLACK * gamma(n)
-    got = native_rows.matmul_round_norm(ins, v, shape, True, n * SUBNORMAL_F32, norm_bound_factor(n), _BAND, coef)
+    n = shape[2] + (len(ins) == 3)
+    consts = _MATMUL_CONSTS.get(n)
+    if consts is None:
+        consts = _MATMUL_CONSTS[n] = (n * SUBNORMAL_F32, norm_bound_factor(n), TRAINER_BOUND_SLACK * gamma(n))
+    got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2])
     if not len(got.cand) or (got.finite and not got.attention):
         return got.r, OpLog.empty(), 0
+    if got.finite and got.decided is not None and got.decided[3].all():
+        return _decided_matmul(got)
     return _round_canonical_at(graph, op, ins, v, got.r, torch.from_numpy(got.cand), got.finite, what,
                                decided=got.decided if got.finite else None, into=False)
+
+
+def _decided_matmul(got: native_rows.MatmulRound) -> tuple[torch.Tensor, OpLog, int]:
+    """:func:`_round_canonical_at`'s result (``decided`` given, ``into`` False, every ``r`` finite)
+    where the kernel decided every candidate it kept, some with an entry due: their bits written into
+    ``r`` (fresh, C-contiguous), the entries logged; the same steps without its general cases."""
+    kept, bits, codes, _ = got.decided  # type: ignore[misc]
+    r = got.r
+    if not len(kept):  # the tight re-filter cleared every candidate
+        return r, OpLog.empty(), 0
+    cand = kept if len(kept) < len(got.cand) else got.cand
+    vals = bits.astype(np.uint32).view(np.float32) + np.float32(0.0)  # canonical zeros
+    r.numpy().reshape(-1)[cand] = vals
+    keep = codes != int(Code.NONE)
+    if not keep.any():
+        return r, OpLog.empty(), 0
+    code = codes[keep].astype(np.uint8)
+    value = np.where(code == int(Code.EXPLICIT), vals[keep], np.float32(0.0)).astype(np.float32)
+    return r, OpLog(cand[keep].astype(np.int64), code, value), 0
 
 
 def _round_canonical_at(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -187,6 +188,39 @@ def permute(a: torch.Tensor, perm: tuple[int, ...]) -> torch.Tensor | None:
     out = torch.empty(tuple(shape[i] for i in perm), dtype=torch.float32)
     if out.numel():
         _TRANSPOSE(a.data_ptr(), a.numel() // (rows * cols), rows, cols, out.data_ptr())
+    return out
+
+
+class PermutePlan(NamedTuple):
+    """:func:`permute` of a C-contiguous input of one shape, worked out once (:func:`permute_plan`)."""
+
+    shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    batches: int
+    rows: int
+    cols: int
+
+
+def permute_plan(shape: tuple[int, ...], perm: tuple[int, ...]) -> PermutePlan | None:
+    """What :func:`permute` computes for an input of ``shape`` (:func:`permute_planned` takes it); None
+    where it would not apply whatever the input (not a :func:`block_swap`, the kernel not loaded)."""
+    got = block_swap(tuple(perm))
+    if got is None or _TRANSPOSE is None:
+        return None
+    lead, split = got
+    shape = tuple(shape)
+    rows, cols = math.prod(shape[lead:split]), math.prod(shape[split:])
+    n = math.prod(shape)
+    return PermutePlan(shape, tuple(shape[i] for i in perm), n // (rows * cols) if n else 0, rows, cols)
+
+
+def permute_planned(a: torch.Tensor, plan: PermutePlan) -> torch.Tensor | None:
+    """:func:`permute` of ``a`` by ``plan`` (the same bits, the same None), ``a`` of ``plan.shape``."""
+    if a.dtype is not torch.float32 or not a.is_cpu or not a.is_contiguous() or a.shape != plan.shape:
+        return None
+    out = torch.empty(plan.out_shape, dtype=torch.float32)
+    if plan.batches:
+        _TRANSPOSE(a.data_ptr(), plan.batches, plan.rows, plan.cols, out.data_ptr())
     return out
 
 

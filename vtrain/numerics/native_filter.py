@@ -257,13 +257,16 @@ def sum_round_filter(
         return None
     xc, rows, n = got
     r = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
-    idx = np.empty(max(rows, 1), dtype=np.int64)
-    flag = ctypes.c_uint32(0)
-    k = _fn("vt_sum_round_filter")(xc.data_ptr(), rows, n, int(mean), factor, scale, r.data_ptr(),
-                                   idx.ctypes.data, ctypes.addressof(flag))
+    # the candidates (pages touched only where they land), then the NaN/Inf flag: a zeroed int64 slot
+    # that the kernel's uint32 store makes nonzero iff the flag is (either byte order)
+    buf = torch.empty(rows + 1, dtype=torch.int64)
+    idx = buf.numpy()
+    idx[rows] = 0
+    at = buf.data_ptr()
+    k = _fn("vt_sum_round_filter")(xc.data_ptr(), rows, n, int(mean), factor, scale, r.data_ptr(), at, at + 8 * rows)
     if k < 0:
         raise MemoryError("native filter: a SUM row could not be allocated")
-    return r, idx[:k].copy(), not flag.value
+    return r, idx[:k].copy(), not idx[rows]
 
 
 def sum_values_filter(

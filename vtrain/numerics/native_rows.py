@@ -62,7 +62,8 @@ def available() -> bool:
 
 
 def _usable(ins: list[torch.Tensor]) -> bool:
-    return _LIB is not None and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ins)
+    f32 = torch.float32
+    return _LIB is not None and all(t.is_cpu and t.dtype is f32 for t in ins)
 
 
 def _contiguous(t: torch.Tensor, keep: list[torch.Tensor]) -> int:
@@ -245,15 +246,16 @@ def matmul_operands(ins: list[torch.Tensor], v: torch.Tensor) -> tuple[int, int,
     """``(batches, m, k, ncols)`` where :func:`matmul_round_norm` takes a MATMUL's FP32 CPU operands
     ``ins`` (``[..., M, K]``, ``[..., N, K]``, optional bias ``[N]``) and its FP64 values ``v``
     (C-contiguous ``[..., M, N]``): the same batch shape on both operands and ``v``, ``K > 0``; else None."""
-    if _LIB is None or not _usable(ins) or len(ins) not in (2, 3):
+    if len(ins) not in (2, 3) or not _usable(ins):
         return None
-    if v.device.type != "cpu" or v.dtype != torch.float64 or not v.is_contiguous():
+    if not v.is_cpu or v.dtype is not torch.float64 or not v.is_contiguous():
         return None
-    a, b = ins[0], ins[1]
-    if a.dim() < 2 or a.shape[:-2] != b.shape[:-2] or a.shape[:-2] != v.shape[:-2] or b.dim() != a.dim():
+    sa, sb, sv = ins[0].shape, ins[1].shape, v.shape
+    nd = len(sa)
+    if nd < 2 or len(sb) != nd or len(sv) != nd or sa[:-2] != sb[:-2] or sa[:-2] != sv[:-2]:
         return None
-    m, k, ncols = a.shape[-2], a.shape[-1], b.shape[-2]
-    if b.shape[-1] != k or k == 0 or v.shape[-2:] != (m, ncols) or v.numel() == 0:
+    m, k, ncols = sa[-2], sa[-1], sb[-2]
+    if sb[-1] != k or k == 0 or sv[-2] != m or sv[-1] != ncols or v.numel() == 0:
         return None
     if len(ins) == 3 and (ins[2].dim() != 1 or ins[2].shape[0] != ncols):
         return None
@@ -274,9 +276,12 @@ def matmul_round_norm(
     candidates come back from the kernel's own buffer (copied, then freed) instead of being taken
     again by the caller."""
     batches, m, k, ncols = shape
-    keep: list[torch.Tensor] = []
-    a, b = _contiguous(ins[0], keep), _contiguous(ins[1], keep)
-    bias = _contiguous(ins[2], keep) if len(ins) == 3 else None
+    a, b = ins[0], ins[1]
+    a = a if a.is_contiguous() else a.contiguous()  # (the names hold the copies until the call returns)
+    b = b if b.is_contiguous() else b.contiguous()
+    bias = None
+    if len(ins) == 3:
+        bias = ins[2] if ins[2].is_contiguous() else ins[2].contiguous()
     n = v.numel()
     r = torch.empty(v.shape, dtype=torch.float32)
     cap = min(n, _KEEP_DECISIONS)
@@ -284,12 +289,14 @@ def matmul_round_norm(
     # decisions (4 cap) and the kernel's status (4, every one written by the kernel)
     buf = torch.empty(n + 4 * cap + 4, dtype=torch.int64)
     at = buf.data_ptr()
-    count = _LIB.vt_matmul_round_norm(v.data_ptr(), a, b, bias, batches, m, k, ncols, int(add_bias), sub, factor,
-                                      band, coef, r.data_ptr(), at, cap, at + 8 * n, at + 8 * (n + 4 * cap))
+    pbias = None if bias is None else bias.data_ptr()
+    count = _LIB.vt_matmul_round_norm(v.data_ptr(), a.data_ptr(), b.data_ptr(), pbias, batches, m, k, ncols,
+                                      int(add_bias), sub, factor, band, coef, r.data_ptr(), at, cap, at + 8 * n,
+                                      at + 8 * (n + 4 * cap))
     if count < 0:
         raise MemoryError("native rows: the MATMUL epilogue could not allocate its scratch rows")
-    nonfinite, kept, attention, spill = buf[-4:].tolist()
     whole = buf.numpy()
+    nonfinite, kept, attention, spill = whole[-4:].tolist()
     cand = whole[:count].copy()
     decided = None
     if spill:  # more decisions than the buffer holds: in the kernel's own, handed over
