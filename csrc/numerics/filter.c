@@ -14,8 +14,9 @@
  *   relative: reach = (c * |v[i]|) * scale            (EXP/LOG/TANH: d = 4u |v|; ERF: 8u |v|)
  *   scaled32: reach = (((double)s[i] + sub) * factor) * scale
  *             (MATMUL's tight bound from the FP32 |A| @ |B| (+ |bias|): the FP64 copy never exists)
- *   norm:     reach = ((((na[row] * nb[batch, j]) + |bias[j]|) + sub) * factor) * scale
- *             (MATMUL's Cauchy-Schwarz bound, executor._norm_bound; the [M, N] array never exists)
+ *   norm:     reach = ((((s) + |bias[j]|) + sub) * factor) * scale, s the smallest of the
+ *             Cauchy-Schwarz and the two Hoelder products of row norms (MATMUL's norm bound,
+ *             executor._norm_bound; the [M, N] array never exists)
  * and vt_sum_round_filter computes the FP64 values of SUM/MEAN rows itself (numpy's pairwise sums).
  * Compiled with -ffp-contract=off and without -ffast-math: no FMA, no reassociation, x + 0.0f kept. */
 #include <math.h>
@@ -69,27 +70,8 @@ VT_INLINE uint8_t vt_mask_relative(const double *v, int64_t len, double c, doubl
     return any;
 }
 
-VT_INLINE uint8_t vt_mask_norm(const double *v, int64_t len, double a, const double *b, const double *bias,
-                               double sub, double factor, double scale, float *r, uint8_t *mask) {
-    uint8_t any = 0;
-    if (bias) {
-        for (int64_t j = 0; j < len; j++) {
-            const double dd = (((a * b[j]) + fabs(bias[j])) + sub) * factor;
-            mask[j] = vt_round_cand(v[j], dd * scale, &r[j]);
-            any |= mask[j];
-        }
-    } else {
-        for (int64_t j = 0; j < len; j++) {
-            const double dd = ((a * b[j]) + sub) * factor;
-            mask[j] = vt_round_cand(v[j], dd * scale, &r[j]);
-            any |= mask[j];
-        }
-    }
-    return any;
-}
-
 /* The norm form with the Hoelder pairs too: s = min(a2 b2_j, a1 binf_j, ainf b1_j) >= sum_k |a_k b_k|
- * (Cauchy-Schwarz and Hoelder's 1/inf inequalities), then as vt_mask_norm. */
+ * (Cauchy-Schwarz and Hoelder's 1/inf inequalities); dd = (((s + |bias_j|) + sub) * factor), reach = dd * scale. */
 VT_INLINE uint8_t vt_mask_norm3(const double *v, int64_t len, double a2, double a1, double ai, const double *b2,
                                 const double *b1, const double *bi, const double *bias, double sub, double factor,
                                 double scale, float *r, uint8_t *mask) {
@@ -140,12 +122,6 @@ __attribute__((target("avx2"))) static uint8_t vt_mask_relative_avx2(const doubl
                                                                      double scale, float *r, uint8_t *mask) {
     return vt_mask_relative(v, len, c, scale, r, mask);
 }
-__attribute__((target("avx2"))) static uint8_t vt_mask_norm_avx2(const double *v, int64_t len, double a,
-                                                                 const double *b, const double *bias, double sub,
-                                                                 double factor, double scale, float *r,
-                                                                 uint8_t *mask) {
-    return vt_mask_norm(v, len, a, b, bias, sub, factor, scale, r, mask);
-}
 __attribute__((target("avx2"))) static uint8_t vt_mask_norm3_avx2(
     const double *v, int64_t len, double a2, double a1, double ai, const double *b2, const double *b1,
     const double *bi, const double *bias, double sub, double factor, double scale, float *r, uint8_t *mask) {
@@ -164,12 +140,6 @@ VT_AVX512 uint8_t vt_mask_dense_avx512(const double *v, const double *d, int64_t
 VT_AVX512 uint8_t vt_mask_relative_avx512(const double *v, int64_t len, double c,
                                                                      double scale, float *r, uint8_t *mask) {
     return vt_mask_relative(v, len, c, scale, r, mask);
-}
-VT_AVX512 uint8_t vt_mask_norm_avx512(const double *v, int64_t len, double a,
-                                                                 const double *b, const double *bias, double sub,
-                                                                 double factor, double scale, float *r,
-                                                                 uint8_t *mask) {
-    return vt_mask_norm(v, len, a, b, bias, sub, factor, scale, r, mask);
 }
 VT_AVX512 uint8_t vt_mask_norm3_avx512(
     const double *v, int64_t len, double a2, double a1, double ai, const double *b2, const double *b1,
@@ -306,40 +276,6 @@ VT_EXPORT int64_t vt_round_filter_scaled32(const double *v, const float *s, int6
     return k;
 }
 
-/* v is [rows, ncols] (rows = batches * m); row i of batch b = i / m reads na[i] and nb[b * ncols + j];
- * bias (FP64, ncols values) may be NULL. reach = ((((na * nb) + |bias_j|) + sub) * factor) * scale. */
-VT_EXPORT int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols,
-                                       const double *na, const double *nb, const double *bias,
-                                       double sub, double factor, double scale,
-                                       float *r, int64_t *idx, uint32_t *nonfinite) {
-    uint8_t mask[VT_BLOCK + 8] = {0};
-    const int simd = vt_use_simd();
-    int64_t k = 0;
-    for (int64_t i = 0; i < rows; i++) {
-        const double a = na[i];
-        const double *b = nb + (i / m) * ncols;
-        for (int64_t lo = 0; lo < ncols; lo += VT_BLOCK) {
-            const int64_t len = ncols - lo < VT_BLOCK ? ncols - lo : VT_BLOCK;
-            const int64_t at = i * ncols + lo;
-            const double *bl = bias ? bias + lo : NULL;
-#if VT_HAVE_AVX2
-            const uint8_t any = simd == 2 ? vt_mask_norm_avx512(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask)
-                                     : simd ? vt_mask_norm_avx2(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask)
-                                     : vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
-#else
-            const uint8_t any = vt_mask_norm(v + at, len, a, b + lo, bl, sub, factor, scale, r + at, mask);
-            (void)simd;
-#endif
-            if (any) {
-                k = vt_append(mask, len, at, idx, k);
-                memset(mask, 0, sizeof mask);
-            }
-        }
-    }
-    *nonfinite = vt_any_nonfinite(r, idx, k);
-    return k;
-}
-
 /* vt_round_filter_norm under the smaller of three bounds of sum_k |a_k b_k| per element: the
  * Cauchy-Schwarz na * nb and Hoelder's na1 * nbinf and nainf * nb1 (vt_row_norms1inf32), each a valid
  * upper bound, so their minimum is; reach = ((((min) + |bias_j|) + sub) * factor) * scale. The trainer's
@@ -380,6 +316,17 @@ VT_EXPORT int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m
     }
     *nonfinite = vt_any_nonfinite(r, idx, k);
     return k;
+}
+
+/* v is [rows, ncols] (rows = batches * m); row i of batch b = i / m reads na[i] and nb[b * ncols + j];
+ * bias (FP64, ncols values) may be NULL. reach = ((((na * nb) + |bias_j|) + sub) * factor) * scale: the
+ * Cauchy-Schwarz bound alone, vt_round_filter_norm3 with its three products all na * nb (the same bits). */
+VT_EXPORT int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols,
+                                       const double *na, const double *nb, const double *bias,
+                                       double sub, double factor, double scale,
+                                       float *r, int64_t *idx, uint32_t *nonfinite) {
+    return vt_round_filter_norm3(v, rows, m, ncols, na, nb, na, na, nb, nb, bias, sub, factor, scale, r, idx,
+                                 nonfinite);
 }
 
 /* r = RN32(v) with canonical zero, no filter (exact ops); returns whether any r is not finite. */
