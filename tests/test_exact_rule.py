@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from small_gpt import small_gpt
 
 import nodes
 from protocol.auditor import exact_resolver
@@ -32,12 +33,9 @@ from protocol.demo import default_spec, run_scenario
 from protocol.jobs import JobContext, Terms
 from vtrain.graph.executor import state_tensors
 from vtrain.graph.step_graph import OpKind, OpNode
-from vtrain.models.nn import GPTConfig
-from vtrain.models.optim import AdamWConfig
 from vtrain.numerics import exact
 from vtrain.numerics.canonical import decide_rows, is_exact_rounding
 from vtrain.training.loop import replay_steps, train_steps
-from vtrain.training.spec import TrainSpec
 
 VECTORS = Path(__file__).resolve().parent / "vectors" / "rule.json"
 CALL_GAS = 16_000_000
@@ -136,11 +134,7 @@ def test_is_exact_rounding_agrees_with_the_canonical_decision_and_rejects_neighb
 def test_the_auditor_overrules_no_honest_entry_and_checks_them_all() -> None:
     # the demo GPT logs nothing since the exact-grid rule; the benchmark's small GPT (AdamW, d 64,
     # context 32, batch 8) still has directed and explicit entries
-    spec = TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
-                     gpt=GPTConfig(n_layer=2, d_model=64, n_head=4, context=32))
-    ctx = JobContext.of(spec)
-    job = ctx.job
-    state = state_tensors(job.initial_state)
+    ctx, job, _, state = small_gpt()
     outs = list(train_steps(job, state, 1, 2))
     logs = {o.step: o.log for o in outs}
     entries = sum(lg.n_entries for lg in logs.values())
@@ -160,15 +154,9 @@ def test_honest_explicit_entries_are_not_flagged_and_a_wrong_one_is_overruled(mo
     neighbour is ruled, overruled and replaced by RN32(e)."""
     import copy
 
-    from vtrain.torch_ref import executor_for
     from vtrain.training.loop import batch_for, component_roots
 
-    spec = TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
-                     gpt=GPTConfig(n_layer=2, d_model=64, n_head=4, context=32))
-    ctx = JobContext.of(spec)
-    job = ctx.job
-    ex = executor_for(job, "certified")
-    state = state_tensors(job.initial_state)
+    ctx, job, ex, state = small_gpt()
     ruled: list[int] = []
     judge = exact.judge_element
     monkeypatch.setattr(exact, "judge_element", lambda *a, **k: ruled.append(a[2]) or judge(*a, **k))

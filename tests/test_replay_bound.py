@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from small_gpt import small_gpt
 from test_numerics import _adversarial_values
 
 from vtrain.graph.step_graph import OpKind
@@ -327,21 +328,10 @@ def test_the_fast_return_of_clean_ops_changes_no_output_flag_or_ruling(monkeypat
     import copy
 
     from protocol.auditor import exact_resolver
-    from protocol.jobs import JobContext
     from vtrain.graph import executor as vexec
-    from vtrain.graph.executor import state_tensors
-    from vtrain.models.nn import GPTConfig
-    from vtrain.models.optim import AdamWConfig
-    from vtrain.torch_ref import executor_for
     from vtrain.training.loop import batch_for, component_roots
-    from vtrain.training.spec import TrainSpec
 
-    spec = TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
-                     gpt=GPTConfig(n_layer=2, d_model=64, n_head=4, context=32))
-    ctx = JobContext.of(spec)
-    job = ctx.job
-    ex = executor_for(job, "certified")
-    state = state_tensors(job.initial_state)
+    ctx, job, ex, state = small_gpt()
     res = ex.run(state, batch_for(job, 1), step=1)
     logs = {"honest": res.log}
     directed = [(o, k) for o, ol in sorted(res.log.sparse.items()) for k in range(len(ol)) if ol.code[k] in (1, 2)]

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from small_gpt import small_gpt
 
 from vtrain.errors import VtrainError
 from vtrain.graph import executor as vexec
@@ -91,20 +92,9 @@ def _compare(ex, state, data, logs: dict, step, ctx, doctored_ops: dict[str, int
 
 
 def test_the_gpts_settled_ops_replay_as_the_full_path_on_honest_and_doctored_logs() -> None:
-    from protocol.jobs import JobContext
-    from vtrain.graph.executor import state_tensors
-    from vtrain.models.nn import GPTConfig
-    from vtrain.models.optim import AdamWConfig
-    from vtrain.torch_ref import executor_for
     from vtrain.training.loop import batch_for, component_roots
-    from vtrain.training.spec import TrainSpec
 
-    spec = TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=8,
-                     gpt=GPTConfig(n_layer=2, d_model=64, n_head=4, context=32))
-    ctx = JobContext.of(spec)
-    job = ctx.job
-    ex = executor_for(job, "certified")
-    state = state_tensors(job.initial_state)
+    ctx, job, ex, state = small_gpt()
     data = batch_for(job, 1)
     res = ex.run(state, data, step=1)
     sparse = res.log.sparse
