@@ -634,13 +634,15 @@ def test_hoelder_row_norms_are_their_specification() -> None:
         lib.vt_norms_set_simd(1)
 
 
-def test_matmul_filter_on_peaked_rows_is_tighter_and_misses_nothing(monkeypatch) -> None:
+@pytest.mark.parametrize("peaked", ["a", "b"])
+def test_matmul_filter_on_peaked_rows_is_tighter_and_misses_nothing(peaked: str, monkeypatch) -> None:
     """A softmax-gradient-like MATMUL (rows of tiny values with one large one, against wide dense
     rows: the Cauchy-Schwarz bound is ~10x ``|a|_1 |b|_inf``): ``v`` planted between the two bounds'
     reaches from a midpoint on every third element and on a midpoint on every seventh. The norm
     bound's filter drops the first kind (a Cauchy-Schwarz-only filter keeps them), keeps every element
     whose exact tight bound reaches a midpoint, and the epilogue gives the kernels' bits, the
-    decisions handed back past the buffer too."""
+    decisions handed back past the buffer too. ``peaked``: which operand has the peaked rows (so that
+    ``|a|_1 |b|_inf``, or ``|a|_inf |b|_1``, is the smallest product)."""
     from dataclasses import replace
 
     from vtrain.graph.executor import _norm_bound
@@ -652,12 +654,15 @@ def test_matmul_filter_on_peaked_rows_is_tighter_and_misses_nothing(monkeypatch)
     a = rng.random((m, k)) * 2.0**-20
     a[np.arange(m), rng.integers(0, k, m)] = -1.0
     b = rng.standard_normal((n, k)) * 0.02
+    if peaked == "b":
+        a, b = b[:m] * 1.0, np.concatenate([a, a[: n - m]])
     ins = [torch.from_numpy(a.astype(np.float32)), torch.from_numpy(b.astype(np.float32))]
     x = [t.double() for t in ins]
     v = x[0] @ x[1].T
     g = gamma(k) * C._BAND
     cs = g * (x[0].norm(dim=1)[:, None] * x[1].norm(dim=1)[None, :])
-    hoelder = g * (x[0].abs().sum(1)[:, None] * x[1].abs().amax(1)[None, :])
+    hoelder = g * torch.minimum(x[0].abs().sum(1)[:, None] * x[1].abs().amax(1)[None, :],
+                                x[0].abs().amax(1)[:, None] * x[1].abs().sum(1)[None, :])
     assert bool((hoelder * 8 < cs).all())
     vf, out = v.reshape(-1), v.reshape(-1).float()
     mid = (out.double() + torch.nextafter(out, torch.tensor(np.inf)).double()) / 2
