@@ -433,12 +433,18 @@ def _decided_matmul(got: native_rows.MatmulRound) -> tuple[torch.Tensor, OpLog, 
     cand = kept if len(kept) < len(got.cand) else got.cand
     vals = bits.astype(np.uint32).view(np.float32) + np.float32(0.0)  # canonical zeros
     r.numpy().reshape(-1)[cand] = vals
+    return r, _entries_of(cand, vals, codes), 0
+
+
+def _entries_of(cand: np.ndarray, vals: np.ndarray, codes: np.ndarray) -> OpLog:
+    """The log entries of decided candidates (flat indices ``cand``, their FP32 values and codes):
+    those with a code, an explicit one storing its value."""
     keep = codes != int(Code.NONE)
     if not keep.any():
-        return r, OpLog.empty(), 0
+        return OpLog.empty()
     code = codes[keep].astype(np.uint8)
     value = np.where(code == int(Code.EXPLICIT), vals[keep], np.float32(0.0)).astype(np.float32)
-    return r, OpLog(cand[keep].astype(np.int64), code, value), 0
+    return OpLog(cand[keep].astype(np.int64), code, value)
 
 
 def _round_canonical_at(
@@ -483,13 +489,7 @@ def _round_canonical_at(
         out[cand] = torch.from_numpy(vals).to(out.device)
     if overflow is not None:  # every FP32 overflow was a candidate and is now RN32(e), finite (else raised above)
         _check_finite(out, what)
-    keep = codes != int(Code.NONE)
-    if not keep.any():
-        return out.reshape(r.shape), OpLog.empty(), len(slow)
-    code = codes[keep].astype(np.uint8)
-    value = np.where(code == int(Code.EXPLICIT), vals[keep], np.float32(0.0)).astype(np.float32)
-    log = OpLog(cand_np[keep].astype(np.int64), code, value)
-    return out.reshape(r.shape), log, len(slow)
+    return out.reshape(r.shape), _entries_of(cand_np, vals, codes), len(slow)
 
 
 def _decide_exactly(
