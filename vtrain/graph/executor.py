@@ -13,12 +13,14 @@ import os
 import sys
 from dataclasses import dataclass, field
 from functools import partial
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from vtrain.errors import CorruptLog, GraphError, NonFiniteValue, VtrainError
+from vtrain.graph.buffers import BufferPool
 from vtrain.graph.generated import generated_output
 from vtrain.graph.step_graph import (
     GENERATED_KINDS,
@@ -134,6 +136,9 @@ class StepExecutor:
         self.device = resolve_device(device)
         if self.device.type == "cpu":
             pin_malloc_thresholds()
+        # large buffers (FP64 operands and products, outputs, the optimizer's new state) recycled
+        # across ops and steps instead of fresh pages each time (VTRAIN_BUFFER_POOL=0: torch.empty)
+        self.buffers = BufferPool(enabled=self.device.type == "cpu" and os.environ.get("VTRAIN_BUFFER_POOL") != "0")
         self._last_use = self._compute_last_use()
         self._fp32_exact = FP32_EXACT_CPU_KINDS if self.device.type == "cpu" else FP32_EXACT_KINDS
         self._hooked = set(hooked_ops(graph)) if self.mode == Mode.PAPER else set()
@@ -472,11 +477,11 @@ class StepExecutor:
                 if cls == _PLAN_BROADCAST and views:
                     out = ins[0].expand(op.shape)
                 elif cls == _PLAN_MOVE or cls == _PLAN_RESHAPE or cls == _PLAN_BROADCAST:
-                    out = None if nat is None else fp32_native.permute_planned(ins[0], nat)
+                    out = None if nat is None else fp32_native.permute_planned(ins[0], nat, self.buffers.empty)
                     if out is None:
                         out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
-                    out = concat_flat(_flat_parts(ins))
+                    out = concat_flat(_flat_parts(ins), self.buffers.empty)
                 elif cls == _PLAN_PARTS:
                     out = _flat_parts(ins)
                 elif (cls == _PLAN_MATMUL or cls == _PLAN_SUM) and log_in is None:
@@ -508,6 +513,7 @@ class StepExecutor:
                 t = None
             if slot >= 0:
                 new_state[slot] = out
+        self.buffers.retire()  # (the buffers this step did not take again)
         if sums is not None and sums and not bool(torch.isfinite(torch.stack(sums)).all()):
             return None  # a NaN/Inf somewhere: the eager rerun names the op
         loss_t = vals[g.loss_op] if vals[g.loss_op] is not None else trace[g.loss_op]  # type: ignore[index]
@@ -528,7 +534,7 @@ class StepExecutor:
         its members one by one (the same bits; their NaN/Inf probes into the step's ``sums``, or the
         first one raises naming its op as the unfused loop does)."""
         ins = [vals[i] for i in group.inputs]
-        got = group.chain([*ins, *group.consts])
+        got = group.chain([*ins, *group.consts], self.buffers.empty)
         if got is not None:
             outs, finite = got
             if finite:
@@ -682,7 +688,8 @@ class StepExecutor:
                 return self._replay_op(op, ins, got_sum.v, got_sum.d, log_in, resolver_factory, check, violations,
                                        sums, bound_kind, filtered=got_sum.filtered, exact=got_sum.exact,
                                        near=got_sum.near)
-        v, d = _compute_fp64(op, ins, bound_kind, lazy=True)  # every consumer below takes a lazy bound
+        # every consumer below takes a lazy bound; EXP/LOG/TANH/ERF in place in a pooled FP64 copy
+        v, d = _compute_fp64(op, ins, bound_kind, lazy=True, widen=self._widen if ins[0].is_cpu else None)
         stats.values += v.numel()
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
             # the paper does not log weight gradients or the optimizer
@@ -734,17 +741,30 @@ class StepExecutor:
         """The canonical trainer's MATMUL under the norm bound: the FP64 products, then the bias add,
         norms, filter and decisions in one native call (:func:`round_canonical_matmul`) where it takes
         the tensors, else :func:`_norm_bound` and :func:`round_canonical` (the same bits)."""
-        x = [t.double() for t in ins[:2]]
-        v = torch.matmul(x[0], x[1].transpose(-1, -2))
-        got = round_canonical_matmul(self.graph, op, ins, v, what)
+        x = [self._widen(t) for t in ins[:2]]
+        v = self._products(x[0], x[1])
+        got = round_canonical_matmul(self.graph, op, ins, v, what, self.buffers.empty)
         if got is None:
             x.extend(t.double() for t in ins[2:])
             got = round_canonical(self.graph, op, ins, v, _norm_bound(x, v, True, ins), what)
         return got
 
-    @staticmethod
+    def _widen(self, t: torch.Tensor) -> torch.Tensor:
+        """``t.double()`` (the same values), into a pooled buffer on the CPU."""
+        if not t.is_cpu:
+            return t.double()
+        return self.buffers.empty(t.shape, torch.float64).copy_(t)
+
+    def _products(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``torch.matmul(a, b.transpose(-1, -2))`` of FP64 ``a`` ``[..., M, K]``, ``b`` ``[..., N, K]``,
+        into a pooled buffer on the CPU."""
+        if not a.is_cpu:
+            return torch.matmul(a, b.transpose(-1, -2))
+        shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-2])
+        return torch.matmul(a, b.transpose(-1, -2), out=self.buffers.empty(shape, torch.float64))
+
     def _replay_matmul(
-        op: OpNode, ins: list[torch.Tensor], log_in: StepLog, mode: int
+        self, op: OpNode, ins: list[torch.Tensor], log_in: StepLog, mode: int
     ) -> tuple[torch.Tensor, ReplayMatmul] | None:
         """The checked replay's MATMUL under the norm bound: the FP64 products, then the bias add, norms,
         filter, the bound at the candidates and entries and, as ``mode`` allows (:meth:`_replay_mode`),
@@ -770,8 +790,8 @@ class StepExecutor:
         the resolver upholds those. ``tests/test_replay_bound.py``: honest replays flag nothing, a
         doctored entry where the norm bound is loose is flagged and overruled, the kernel's bits are the
         lazy path's."""
-        x = [t.double() for t in ins[:2]]
-        v = torch.matmul(x[0], x[1].transpose(-1, -2))
+        x = [self._widen(t) for t in ins[:2]]
+        v = self._products(x[0], x[1])
         got = replay_matmul_norm(ins, v, log_in.entries(op.id), mode)
         if got is None:
             return None
@@ -1003,24 +1023,32 @@ def _flat_parts(ins: list) -> list[torch.Tensor]:
     return out
 
 
-def concat_flat(parts: list[torch.Tensor]) -> torch.Tensor:
+def concat_flat(parts: list[torch.Tensor], empty: fp32_native.Empty | None = None) -> torch.Tensor:
     """``torch.cat`` of flat ``parts``, or, where they lie back to back in one buffer, that range of
     the buffer as a view (the same values, no copy). The flat optimizer's state comes back from a
     step as SLICE views of its update's flat outputs, so the next step's CONCATs of parameters and
     state find their parts in order: three copies of the whole state a step saved (a CONCAT's output
-    is never recycled or written in place by the step loop, so the alias is only read)."""
+    is never recycled or written in place by the step loop, so the alias is only read). ``empty(shape,
+    dtype)`` makes the output of a copy (a buffer pool's) where the parts are CPU tensors of one dtype."""
     full = [t for t in parts if t.numel()]  # (an empty part has no address)
-    if len(full) > 1:
-        first = full[0]
-        base = first.untyped_storage().data_ptr()
-        at, size = first.data_ptr(), first.element_size()
-        for t in full:
-            if (t.data_ptr() != at or t.dtype != first.dtype or not t.is_contiguous() or t.device != first.device
-                    or t.untyped_storage().data_ptr() != base):
-                return torch.cat(parts)
-            at += t.numel() * size
-        return first.as_strided((sum(t.numel() for t in full),), (1,))
+    if len(full) > 1 and _back_to_back(full):
+        return full[0].as_strided((sum(t.numel() for t in full),), (1,))
+    if empty is not None and full and all(t.is_cpu and t.dtype == full[0].dtype for t in parts):
+        return torch.cat(parts, out=empty((sum(t.numel() for t in parts),), full[0].dtype))
     return torch.cat(parts)
+
+
+def _back_to_back(parts: list[torch.Tensor]) -> bool:
+    """Whether contiguous ``parts`` (none empty) of one dtype and device follow each other in one buffer."""
+    first = parts[0]
+    base = first.untyped_storage().data_ptr()
+    at, size = first.data_ptr(), first.element_size()
+    for t in parts:
+        if (t.data_ptr() != at or t.dtype != first.dtype or not t.is_contiguous() or t.device != first.device
+                or t.untyped_storage().data_ptr() != base):
+            return False
+        at += t.numel() * size
+    return True
 
 
 # kind -> (vt_fp32_binary code, whether the scalar is the first operand)
@@ -1157,7 +1185,8 @@ def _scalar(op: OpNode) -> float:
 
 
 def _compute_fp64(
-    op: OpNode, ins: list[torch.Tensor], bound: str = "tight", lazy: bool = False
+    op: OpNode, ins: list[torch.Tensor], bound: str = "tight", lazy: bool = False,
+    widen: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, native_filter.Bound | None]:
     """The FP64 value ``v`` of a rounding op and its certified bound ``d`` (None when exact).
 
@@ -1174,8 +1203,19 @@ def _compute_fp64(
     ``lazy``: where the native filter takes ``v`` (``native_filter.usable``), the bounds of EXP/LOG/TANH/ERF,
     MATMUL, SUM and MEAN come back unmaterialized (``native_filter.RelativeBound``/``NormBound``/``TightBound``,
     the same bits wherever they are read); the consumers of ``d`` then must accept one.
+
+    ``widen`` (the executor's pooled ``t.double()``): EXP/LOG/TANH/ERF take their input's FP64 copy
+    from it and evaluate in place there (the same values: torch's in-place and out-of-place unary
+    kernels are one kernel).
     """
     k = op.kind
+    if widen is not None and k in _UNARY64:
+        x0 = widen(ins[0])
+        v = exp64(x0, inplace=True) if k == OpKind.EXP else _UNARY64[k](x0)
+        c = (8.0 if k == OpKind.ERF else 4.0) * U
+        if lazy and native_filter.usable(v):
+            return v, native_filter.RelativeBound(v, c)
+        return v, c * v.abs()
     x = [t.double() for t in ins]
     if k == OpKind.ADD:
         return x[0] + x[1], None
@@ -1237,13 +1277,21 @@ smallest subnormal; RN32 of it is ``+0`` whatever the FP64 library returns there
 FP64 ``exp`` returns ``+0.0``: tested)."""
 
 
-def exp64(x: torch.Tensor) -> torch.Tensor:
+def exp64(x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     """``torch.exp`` of an FP64 tensor, bit for bit, without its slow path on far-negative inputs (a
-    causal mask's -1e9 makes torch's vectorised exp ~20x slower): those elements are ``+0.0``."""
+    causal mask's -1e9 makes torch's vectorised exp ~20x slower): those elements are ``+0.0``.
+    ``inplace``: into ``x`` itself (a copy the caller owns)."""
     if x.requires_grad or x.numel() == 0 or float(x.amin()) > _EXP_ZERO:  # (a NaN minimum takes the masked path)
-        return torch.exp(x)  # (autograd: tests differentiate the FP64 graph through this function)
+        return x.exp_() if inplace else torch.exp(x)  # (autograd: tests differentiate the FP64 graph through this)
     far = x <= _EXP_ZERO  # NaN compares False: it stays NaN
+    if inplace:
+        return x.masked_fill_(far, 0.0).exp_().masked_fill_(far, 0.0)
     return torch.exp(torch.where(far, 0.0, x)).masked_fill_(far, 0.0)
+
+
+_UNARY64 = {OpKind.EXP: exp64, OpKind.LOG: torch.Tensor.log_, OpKind.TANH: torch.Tensor.tanh_,
+            OpKind.ERF: torch.Tensor.erf_}
+"""The transcendental kinds :func:`_compute_fp64` evaluates in place in a pooled FP64 copy."""
 
 
 def _norm_bound(

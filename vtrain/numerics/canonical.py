@@ -48,7 +48,7 @@ from vtrain.errors import NonFiniteValue
 from vtrain.graph.step_graph import Graph, OpKind, OpNode
 from vtrain.numerics import exact as X
 from vtrain.numerics import native_filter as NF
-from vtrain.numerics import native_replay, native_rows
+from vtrain.numerics import fp32_native, native_replay, native_rows
 from vtrain.numerics.rounding import (
     _CMP_SLACK,
     _SMALL,
@@ -398,14 +398,15 @@ _MATMUL_CONSTS: dict[int, tuple[float, float, float]] = {}
 
 
 def round_canonical_matmul(
-    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str,
+    empty: fp32_native.Empty = fp32_native.fresh,
 ) -> tuple[torch.Tensor, OpLog, int] | None:
     """:func:`round_canonical` of a MATMUL under the trainer's norm bound (``executor._norm_bound``)
     from its FP64 products ``v`` (C-contiguous, *without* the bias: it is added here, in place, as
     ``v.add_(bias.double())`` would), the row norms, bias add, filter and decisions in one native call
     (``native_rows.matmul_round_norm``: the same kernels in the same order, so the same bits); the
     rest of :func:`_round_canonical_at` only where a candidate needs it. None where the kernel does
-    not take these tensors (``v`` untouched)."""
+    not take these tensors (``v`` untouched). ``empty(shape, dtype)`` makes the output buffer."""
     shape = native_rows.matmul_operands(ins, v)
     if shape is None:
         return None
@@ -413,7 +414,7 @@ def round_canonical_matmul(
     consts = _MATMUL_CONSTS.get(n)
     if consts is None:
         consts = _MATMUL_CONSTS[n] = (n * SUBNORMAL_F32, norm_bound_factor(n), TRAINER_BOUND_SLACK * gamma(n))
-    got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2])
+    got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2], empty)
     if not len(got.cand) or (got.finite and not got.attention):
         return got.r, OpLog.empty(), 0
     if got.finite and got.decided is not None and got.decided[3].all():
