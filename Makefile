@@ -19,7 +19,7 @@ NATIVE_CFLAGS ?= -O3 -fPIC -shared -pthread -fvisibility=hidden -Wall -Wextra
 # without a compiler this warns and the numpy path is used (same bits, slower).
 NUMERICS_LIB    := vtrain/numerics/_kernels.so
 NUMERICS_SRC    := $(wildcard csrc/numerics/*.c)
-NUMERICS_CFLAGS ?= -O3 -fPIC -shared -fvisibility=hidden -ffp-contract=off -fno-fast-math -Wall -Wextra
+NUMERICS_CFLAGS ?= -O3 -fPIC -shared -pthread -fvisibility=hidden -ffp-contract=off -fno-fast-math -Wall -Wextra
 
 native: $(NATIVE_LIB) $(NUMERICS_LIB)
 

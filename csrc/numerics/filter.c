@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "parallel.h"
+
 #define VT_EXPORT __attribute__((visibility("default")))
 
 /* RN32(x) with canonical zero into *out; returns 1 where x is a candidate under `reach`, else 0.
@@ -201,79 +203,153 @@ static uint32_t vt_any_nonfinite(const float *r, const int64_t *idx, int64_t k) 
     return 0;
 }
 
-/* reach = d[i] * scale. Returns the number of candidates written to idx (capacity n). */
-VT_EXPORT int64_t vt_round_filter_dense(const double *v, const double *d, int64_t n, double scale,
-                                        float *r, int64_t *idx, uint32_t *nonfinite) {
+/* The filters below run in parts on several threads (parallel.c) where the array is large: part p
+ * writes its candidates from idx + (its first element), in its own share of idx (a part never has more
+ * candidates than elements), and the parts' lists are then moved together in order, so idx is the
+ * one-thread list. */
+enum { F_DENSE = 0, F_RELATIVE = 1, F_SCALED32 = 2 };
+
+typedef struct {
+    int kind;
+    const double *v, *d;
+    const float *s;
+    double c, sub, factor, scale;
+    float *r;
+    int64_t *idx;
+    int64_t count[64];
+} vt_flat_filter;
+
+/* One part of a flat filter: elements [lo, hi), candidates from idx + lo. */
+static void vt_flat_part(void *p, int part, int64_t lo, int64_t hi) {
+    vt_flat_filter *f = p;
     uint8_t mask[VT_BLOCK + 8] = {0};
     const int simd = vt_use_simd();
+    int64_t *idx = f->idx + lo;
     int64_t k = 0;
-    for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
-        const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
+    for (int64_t at = lo; at < hi; at += VT_BLOCK) {
+        const int64_t len = hi - at < VT_BLOCK ? hi - at : VT_BLOCK;
+        const double *v = f->v + at;
+        float *r = f->r + at;
+        uint8_t any;
 #if VT_HAVE_AVX2
-        const uint8_t any = simd == 2 ? vt_mask_dense_avx512(v + lo, d + lo, len, scale, r + lo, mask)
-                                 : simd ? vt_mask_dense_avx2(v + lo, d + lo, len, scale, r + lo, mask)
-                                 : vt_mask_dense(v + lo, d + lo, len, scale, r + lo, mask);
+        switch (f->kind) {
+        case F_DENSE:
+            any = simd == 2 ? vt_mask_dense_avx512(v, f->d + at, len, f->scale, r, mask)
+                  : simd    ? vt_mask_dense_avx2(v, f->d + at, len, f->scale, r, mask)
+                            : vt_mask_dense(v, f->d + at, len, f->scale, r, mask);
+            break;
+        case F_RELATIVE:
+            any = simd == 2 ? vt_mask_relative_avx512(v, len, f->c, f->scale, r, mask)
+                  : simd    ? vt_mask_relative_avx2(v, len, f->c, f->scale, r, mask)
+                            : vt_mask_relative(v, len, f->c, f->scale, r, mask);
+            break;
+        default:
+            any = simd == 2 ? vt_mask_scaled32_avx512(v, f->s + at, len, f->sub, f->factor, f->scale, r, mask)
+                  : simd    ? vt_mask_scaled32_avx2(v, f->s + at, len, f->sub, f->factor, f->scale, r, mask)
+                            : vt_mask_scaled32(v, f->s + at, len, f->sub, f->factor, f->scale, r, mask);
+        }
 #else
-        const uint8_t any = vt_mask_dense(v + lo, d + lo, len, scale, r + lo, mask);
         (void)simd;
+        any = f->kind == F_DENSE      ? vt_mask_dense(v, f->d + at, len, f->scale, r, mask)
+              : f->kind == F_RELATIVE ? vt_mask_relative(v, len, f->c, f->scale, r, mask)
+                                      : vt_mask_scaled32(v, f->s + at, len, f->sub, f->factor, f->scale, r, mask);
 #endif
         if (any) {
-            k = vt_append(mask, len, lo, idx, k);
+            k = vt_append(mask, len, at, idx, k);
             memset(mask, 0, sizeof mask);
         }
     }
-    *nonfinite = vt_any_nonfinite(r, idx, k);
+    f->count[part] = k;
+}
+
+/* The parts' candidate lists (part p's from idx + (its first item) * stride) moved together in order;
+ * returns their total. */
+static int64_t vt_gather_parts(int64_t *idx, int64_t items, int parts, int64_t stride, const int64_t *count) {
+    int64_t k = count[0];
+    for (int p = 1; p < parts; p++) {
+        const int64_t *from = idx + vt_part_start(items, parts, p) * stride;
+        if (from != idx + k) memmove(idx + k, from, (size_t)count[p] * sizeof *idx);
+        k += count[p];
+    }
     return k;
+}
+
+static int64_t vt_flat_run(vt_flat_filter *f, int64_t n, uint32_t *nonfinite) {
+    const int parts = vt_parts(n, VT_GRAIN);
+    vt_run_parts(n, parts, vt_flat_part, f);
+    const int64_t k = vt_gather_parts(f->idx, n, parts, 1, f->count);
+    *nonfinite = vt_any_nonfinite(f->r, f->idx, k);
+    return k;
+}
+
+/* reach = d[i] * scale. Returns the number of candidates written to idx (capacity n). */
+VT_EXPORT int64_t vt_round_filter_dense(const double *v, const double *d, int64_t n, double scale,
+                                        float *r, int64_t *idx, uint32_t *nonfinite) {
+    vt_flat_filter f = {.kind = F_DENSE, .v = v, .d = d, .scale = scale, .r = r, .idx = idx};
+    return vt_flat_run(&f, n, nonfinite);
 }
 
 /* reach = (c * |v[i]|) * scale. */
 VT_EXPORT int64_t vt_round_filter_relative(const double *v, int64_t n, double c, double scale,
                                            float *r, int64_t *idx, uint32_t *nonfinite) {
-    uint8_t mask[VT_BLOCK + 8] = {0};
-    const int simd = vt_use_simd();
-    int64_t k = 0;
-    for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
-        const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
-#if VT_HAVE_AVX2
-        const uint8_t any = simd == 2 ? vt_mask_relative_avx512(v + lo, len, c, scale, r + lo, mask)
-                                 : simd ? vt_mask_relative_avx2(v + lo, len, c, scale, r + lo, mask)
-                                 : vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
-#else
-        const uint8_t any = vt_mask_relative(v + lo, len, c, scale, r + lo, mask);
-        (void)simd;
-#endif
-        if (any) {
-            k = vt_append(mask, len, lo, idx, k);
-            memset(mask, 0, sizeof mask);
-        }
-    }
-    *nonfinite = vt_any_nonfinite(r, idx, k);
-    return k;
+    vt_flat_filter f = {.kind = F_RELATIVE, .v = v, .c = c, .scale = scale, .r = r, .idx = idx};
+    return vt_flat_run(&f, n, nonfinite);
 }
 
 /* reach = ((((double)s[i]) + sub) * factor) * scale: MATMUL's tight bound from the FP32 |A| @ |B| (+ |bias|). */
 VT_EXPORT int64_t vt_round_filter_scaled32(const double *v, const float *s, int64_t n, double sub, double factor,
                                            double scale, float *r, int64_t *idx, uint32_t *nonfinite) {
+    vt_flat_filter f = {.kind = F_SCALED32, .v = v, .s = s, .sub = sub, .factor = factor, .scale = scale, .r = r,
+                        .idx = idx};
+    return vt_flat_run(&f, n, nonfinite);
+}
+
+typedef struct {
+    const double *v;
+    int64_t m, ncols;
+    const double *na, *nb, *na1, *nai, *nb1, *nbi, *bias;
+    double sub, factor, scale;
+    float *r;
+    int64_t *idx;
+    int64_t count[64];
+} vt_norm3_filter;
+
+/* One part of vt_round_filter_norm3: rows [lo, hi), candidates from idx + lo * ncols. */
+static void vt_norm3_part(void *p, int part, int64_t lo, int64_t hi) {
+    const vt_norm3_filter *f = p;
     uint8_t mask[VT_BLOCK + 8] = {0};
     const int simd = vt_use_simd();
+    const int64_t ncols = f->ncols;
+    int64_t *idx = f->idx + lo * ncols;
     int64_t k = 0;
-    for (int64_t lo = 0; lo < n; lo += VT_BLOCK) {
-        const int64_t len = n - lo < VT_BLOCK ? n - lo : VT_BLOCK;
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t off = (i / f->m) * ncols;
+        const double a2 = f->na[i], a1 = f->na1[i], ai = f->nai[i];
+        for (int64_t c0 = 0; c0 < ncols; c0 += VT_BLOCK) {
+            const int64_t len = ncols - c0 < VT_BLOCK ? ncols - c0 : VT_BLOCK;
+            const int64_t at = i * ncols + c0;
+            const double *bl = f->bias ? f->bias + c0 : NULL;
+            const double *b2 = f->nb + off + c0, *b1 = f->nb1 + off + c0, *bi = f->nbi + off + c0;
 #if VT_HAVE_AVX2
-        const uint8_t any = simd == 2 ? vt_mask_scaled32_avx512(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
-                                 : simd ? vt_mask_scaled32_avx2(v + lo, s + lo, len, sub, factor, scale, r + lo, mask)
-                                 : vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
+            const uint8_t any =
+                simd == 2 ? vt_mask_norm3_avx512(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor,
+                                                 f->scale, f->r + at, mask)
+                : simd    ? vt_mask_norm3_avx2(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor,
+                                               f->scale, f->r + at, mask)
+                          : vt_mask_norm3(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor, f->scale,
+                                          f->r + at, mask);
 #else
-        const uint8_t any = vt_mask_scaled32(v + lo, s + lo, len, sub, factor, scale, r + lo, mask);
-        (void)simd;
+            const uint8_t any = vt_mask_norm3(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor,
+                                              f->scale, f->r + at, mask);
+            (void)simd;
 #endif
-        if (any) {
-            k = vt_append(mask, len, lo, idx, k);
-            memset(mask, 0, sizeof mask);
+            if (any) {
+                k = vt_append(mask, len, at, idx, k);
+                memset(mask, 0, sizeof mask);
+            }
         }
     }
-    *nonfinite = vt_any_nonfinite(r, idx, k);
-    return k;
+    ((vt_norm3_filter *)p)->count[part] = k;
 }
 
 /* vt_round_filter_norm under the smaller of three bounds of sum_k |a_k b_k| per element: the
@@ -285,35 +361,11 @@ VT_EXPORT int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m
                                         const double *na, const double *nb, const double *na1, const double *nai,
                                         const double *nb1, const double *nbi, const double *bias, double sub,
                                         double factor, double scale, float *r, int64_t *idx, uint32_t *nonfinite) {
-    uint8_t mask[VT_BLOCK + 8] = {0};
-    const int simd = vt_use_simd();
-    int64_t k = 0;
-    for (int64_t i = 0; i < rows; i++) {
-        const int64_t off = (i / m) * ncols;
-        for (int64_t lo = 0; lo < ncols; lo += VT_BLOCK) {
-            const int64_t len = ncols - lo < VT_BLOCK ? ncols - lo : VT_BLOCK;
-            const int64_t at = i * ncols + lo;
-            const double *bl = bias ? bias + lo : NULL;
-            const double *b2 = nb + off + lo, *b1 = nb1 + off + lo, *bi = nbi + off + lo;
-#if VT_HAVE_AVX2
-            const uint8_t any =
-                simd == 2 ? vt_mask_norm3_avx512(v + at, len, na[i], na1[i], nai[i], b2, b1, bi, bl, sub, factor,
-                                                 scale, r + at, mask)
-                : simd    ? vt_mask_norm3_avx2(v + at, len, na[i], na1[i], nai[i], b2, b1, bi, bl, sub, factor,
-                                               scale, r + at, mask)
-                          : vt_mask_norm3(v + at, len, na[i], na1[i], nai[i], b2, b1, bi, bl, sub, factor, scale,
-                                          r + at, mask);
-#else
-            const uint8_t any = vt_mask_norm3(v + at, len, na[i], na1[i], nai[i], b2, b1, bi, bl, sub, factor,
-                                              scale, r + at, mask);
-            (void)simd;
-#endif
-            if (any) {
-                k = vt_append(mask, len, at, idx, k);
-                memset(mask, 0, sizeof mask);
-            }
-        }
-    }
+    vt_norm3_filter f = {.v = v, .m = m, .ncols = ncols, .na = na, .nb = nb, .na1 = na1, .nai = nai, .nb1 = nb1,
+                         .nbi = nbi, .bias = bias, .sub = sub, .factor = factor, .scale = scale, .r = r, .idx = idx};
+    const int parts = ncols > 0 ? vt_parts(rows, VT_GRAIN / ncols + 1) : 1;
+    vt_run_parts(rows, parts, vt_norm3_part, &f);
+    const int64_t k = vt_gather_parts(idx, rows, parts, ncols, f.count);
     *nonfinite = vt_any_nonfinite(r, idx, k);
     return k;
 }
@@ -392,20 +444,53 @@ static void vt_pw_sum2(const float *x, int64_t n, double *sum, double *abs_sum) 
  *     v = sum x (MEAN: sum x / n),  s = sum |x|,  reach = ((s + 0.0) * factor) * scale,
  * then r = RN32(v) and the candidate test of vt_round_cand. The reference is
  * canonical.sum_round_filter_np. Returns the candidate count. */
+typedef struct {
+    const float *x;
+    int64_t n;
+    int32_t mean;
+    double factor, scale;
+    double *v, *d; /* vt_sum_values_filter's outputs (NULL: vt_sum_round_filter) */
+    float *r;
+    int64_t *idx;
+    int64_t count[64];
+} vt_sum_filter;
+
+/* One part of the SUM/MEAN filters: rows [lo, hi), candidates (row indices) from idx + lo. */
+static void vt_sum_part(void *p, int part, int64_t lo, int64_t hi) {
+    vt_sum_filter *f = p;
+    int64_t *idx = f->idx + lo;
+    int64_t k = 0;
+    for (int64_t i = lo; i < hi; i++) {
+        double v, s;
+        vt_pw_sum2(f->x + i * f->n, f->n, &v, &s);
+        v = 0.0 + v;
+        if (f->mean) v = v / (double)f->n;
+        double reach;
+        if (f->v) {
+            f->v[i] = v;
+            f->d[i] = ((0.0 + s) + 0.0) * f->factor;
+            reach = f->d[i] * f->scale;
+        } else {
+            reach = (((0.0 + s) + 0.0) * f->factor) * f->scale;
+        }
+        idx[k] = i;
+        k += vt_round_cand(v, reach, &f->r[i]);
+    }
+    f->count[part] = k;
+}
+
+static int64_t vt_sum_run(vt_sum_filter *f, int64_t rows, uint32_t *nonfinite) {
+    const int parts = f->n > 0 ? vt_parts(rows, VT_GRAIN / f->n + 1) : 1;
+    vt_run_parts(rows, parts, vt_sum_part, f);
+    const int64_t k = vt_gather_parts(f->idx, rows, parts, 1, f->count);
+    *nonfinite = vt_any_nonfinite(f->r, f->idx, k);
+    return k;
+}
+
 VT_EXPORT int64_t vt_sum_round_filter(const float *x, int64_t rows, int64_t n, int32_t mean, double factor,
                                       double scale, float *r, int64_t *idx, uint32_t *nonfinite) {
-    int64_t k = 0;
-    for (int64_t i = 0; i < rows; i++) {
-        double v, s;
-        vt_pw_sum2(x + i * n, n, &v, &s);
-        v = 0.0 + v;
-        if (mean) v = v / (double)n;
-        const double reach = (((0.0 + s) + 0.0) * factor) * scale;
-        idx[k] = i;
-        k += vt_round_cand(v, reach, &r[i]);
-    }
-    *nonfinite = vt_any_nonfinite(r, idx, k);
-    return k;
+    vt_sum_filter f = {.x = x, .n = n, .mean = mean, .factor = factor, .scale = scale, .r = r, .idx = idx};
+    return vt_sum_run(&f, rows, nonfinite);
 }
 
 /* The FP64 values and bounds of SUM/MEAN rows of an FP32 x [rows, n] for the checked replay, with its
@@ -418,17 +503,7 @@ VT_EXPORT int64_t vt_sum_round_filter(const float *x, int64_t rows, int64_t n, i
 VT_EXPORT int64_t vt_sum_values_filter(const float *x, int64_t rows, int64_t n, int32_t mean, double factor,
                                        double scale, double *v, double *d, float *r, int64_t *idx,
                                        uint32_t *nonfinite) {
-    int64_t k = 0;
-    for (int64_t i = 0; i < rows; i++) {
-        double vi, s;
-        vt_pw_sum2(x + i * n, n, &vi, &s);
-        vi = 0.0 + vi;
-        if (mean) vi = vi / (double)n;
-        v[i] = vi;
-        d[i] = ((0.0 + s) + 0.0) * factor;
-        idx[k] = i;
-        k += vt_round_cand(vi, d[i] * scale, &r[i]);
-    }
-    *nonfinite = vt_any_nonfinite(r, idx, k);
-    return k;
+    vt_sum_filter f = {.x = x, .n = n, .mean = mean, .factor = factor, .scale = scale, .v = v, .d = d, .r = r,
+                       .idx = idx};
+    return vt_sum_run(&f, rows, nonfinite);
 }

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "parallel.h"
+
 #define VT_EXPORT __attribute__((visibility("default")))
 
 /* On x86-64 the rows are also built for AVX2 and AVX-512 (picked at load time): the same IEEE
@@ -204,9 +206,11 @@ __attribute__((target("avx2"))) static void vt_t8x8(const float *a, int64_t lda,
     _mm256_storeu_ps(o + 7 * ldo, _mm256_permute2f128_ps(s3, s7, 0x31));
 }
 
-__attribute__((target("avx2"))) static void vt_transpose_avx2(const float *ab, int64_t rows, int64_t cols, float *ob) {
-    const int64_t r8 = rows - rows % 8, c8 = cols - cols % 8;
-    for (int64_t i0 = 0; i0 < r8; i0 += VT_TILE) {
+/* Rows [i_lo, i_hi) of one matrix. */
+__attribute__((target("avx2"))) static void vt_transpose_avx2(const float *ab, int64_t rows, int64_t cols, float *ob,
+                                                              int64_t i_lo, int64_t i_hi) {
+    const int64_t r8 = i_hi - (i_hi - i_lo) % 8, c8 = cols - cols % 8;
+    for (int64_t i0 = i_lo; i0 < r8; i0 += VT_TILE) {
         const int64_t i1 = i0 + VT_TILE < r8 ? i0 + VT_TILE : r8;
         for (int64_t j0 = 0; j0 < c8; j0 += VT_TILE) {
             const int64_t j1 = j0 + VT_TILE < c8 ? j0 + VT_TILE : c8;
@@ -214,8 +218,8 @@ __attribute__((target("avx2"))) static void vt_transpose_avx2(const float *ab, i
                 for (int64_t j = j0; j < j1; j += 8) vt_t8x8(ab + i * cols + j, cols, ob + j * rows + i, rows);
         }
     }
-    if (c8 < cols) vt_transpose_tile(ab, rows, cols, ob, 0, rows, c8, cols); /* the last columns */
-    if (r8 < rows) vt_transpose_tile(ab, rows, cols, ob, r8, rows, 0, c8);   /* the last rows */
+    if (c8 < cols) vt_transpose_tile(ab, rows, cols, ob, i_lo, i_hi, c8, cols); /* the last columns */
+    if (r8 < i_hi) vt_transpose_tile(ab, rows, cols, ob, r8, i_hi, 0, c8);      /* the last rows */
 }
 #endif
 
@@ -233,25 +237,49 @@ VT_EXPORT int vt_transpose_set_simd(int on) {
     return vt_transpose_simd;
 }
 
-VT_EXPORT void vt_transpose32(const float *a, int64_t batches, int64_t rows, int64_t cols, float *out) {
-    if (vt_transpose_simd < 0) vt_transpose_set_simd(1);
-    for (int64_t b = 0; b < batches; b++) {
-        const float *ab = a + b * rows * cols;
-        float *ob = out + b * rows * cols;
+typedef struct {
+    const float *a;
+    int64_t rows, cols, total;
+    float *out;
+} transpose_job;
+
+/* One part of vt_transpose32: the global rows [lo, hi) of the batches' matrices (its ends rounded
+ * down to a multiple of 8, the same rounding on both sides of a shared end). */
+static void transpose_part(void *p, int part, int64_t lo, int64_t hi) {
+    const transpose_job *t = p;
+    (void)part;
+    lo -= lo % 8;
+    if (hi < t->total) hi -= hi % 8;
+    const int64_t rows = t->rows, cols = t->cols;
+    for (int64_t g = lo; g < hi;) {
+        const int64_t b = g / rows, i_lo = g - b * rows;
+        const int64_t i_hi = hi - b * rows < rows ? hi - b * rows : rows;
+        const float *ab = t->a + b * rows * cols;
+        float *ob = t->out + b * rows * cols;
 #if defined(__x86_64__) && defined(__GNUC__)
         if (vt_transpose_simd == 1) {
-            vt_transpose_avx2(ab, rows, cols, ob);
+            vt_transpose_avx2(ab, rows, cols, ob, i_lo, i_hi);
+            g += i_hi - i_lo;
             continue;
         }
 #endif
-        for (int64_t i0 = 0; i0 < rows; i0 += VT_TILE) {
-            const int64_t i1 = i0 + VT_TILE < rows ? i0 + VT_TILE : rows;
+        for (int64_t i0 = i_lo; i0 < i_hi; i0 += VT_TILE) {
+            const int64_t i1 = i0 + VT_TILE < i_hi ? i0 + VT_TILE : i_hi;
             for (int64_t j0 = 0; j0 < cols; j0 += VT_TILE) {
                 const int64_t j1 = j0 + VT_TILE < cols ? j0 + VT_TILE : cols;
                 vt_transpose_tile(ab, rows, cols, ob, i0, i1, j0, j1);
             }
         }
+        g += i_hi - i_lo;
     }
+}
+
+/* (in parts on several threads where the matrices are large: each element is copied once, by one) */
+VT_EXPORT void vt_transpose32(const float *a, int64_t batches, int64_t rows, int64_t cols, float *out) {
+    if (vt_transpose_simd < 0) vt_transpose_set_simd(1);
+    if (batches <= 0 || rows <= 0 || cols <= 0) return;
+    transpose_job t = {.a = a, .rows = rows, .cols = cols, .total = batches * rows, .out = out};
+    vt_run_parts(t.total, vt_parts(t.total, VT_GRAIN / cols + 8), transpose_part, &t);
 }
 
 /* A chain of FP32-exact ops over n elements in one pass (fp32_native.Chain, the executor's fused
@@ -268,37 +296,35 @@ VT_EXPORT void vt_transpose32(const float *a, int64_t batches, int64_t rows, int
 #include <stdlib.h>
 enum { VT_SQRT = 4 };
 #define VT_CHAIN_BLOCK 1024
-VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, const int32_t *reg_kind,
-                            const int64_t *reg_param, int32_t n_ops, const int32_t *ops) {
-    if (n < 0 || n_regs <= 0 || n_ops <= 0) return -1;
-    int32_t n_scratch = 0;
-    int32_t *slot = malloc((size_t)n_regs * sizeof *slot);
-    if (!slot) return -1;
-    for (int32_t r = 0; r < n_regs; r++) {
-        const int32_t kind = reg_kind[r];
-        if (kind < -1 || kind > 3 || (kind >= 2 && reg_param[r] <= 0)) {
-            free(slot);
-            return -1;
-        }
-        slot[r] = kind < 0 || kind >= 2 ? n_scratch++ : -1;
-    }
-    float *scratch = n_scratch ? malloc((size_t)n_scratch * VT_CHAIN_BLOCK * sizeof(float)) : NULL;
-    if (n_scratch && !scratch) {
-        free(slot);
-        return -1;
-    }
-    for (int32_t k = 0; k < n_ops; k++) {
-        const int32_t *o = ops + 4 * k;
-        if (o[0] < VT_ADD || o[0] > VT_SQRT || o[1] < 0 || o[1] >= n_regs || o[2] < 0 || o[2] >= n_regs ||
-            (o[0] != VT_SQRT && (o[3] < 0 || o[3] >= n_regs)) || (reg_kind[o[1]] != 1 && reg_kind[o[1]] != -1) ||
-            (o[0] == VT_SQRT && reg_kind[o[2]] == 0)) {
-            free(scratch);
-            free(slot);
-            return -1;
-        }
+typedef struct {
+    int32_t n_regs;
+    float *const *reg_ptr;
+    const int32_t *reg_kind;
+    const int64_t *reg_param;
+    int32_t n_ops;
+    const int32_t *ops;
+    const int32_t *slot;
+    int32_t n_scratch;
+    uint32_t bad[64];
+    int failed[64];
+} chain_job;
+
+/* One part of vt_fp32_chain: elements [lo_part, hi), block by block, with its own scratch. */
+static void chain_part(void *p, int part, int64_t lo_part, int64_t n) {
+    chain_job *job = p;
+    const int32_t n_regs = job->n_regs, n_ops = job->n_ops;
+    float *const *reg_ptr = job->reg_ptr;
+    const int32_t *reg_kind = job->reg_kind, *ops = job->ops, *slot = job->slot;
+    const int64_t *reg_param = job->reg_param;
+    job->bad[part] = 0;
+    job->failed[part] = 0;
+    float *scratch = job->n_scratch ? malloc((size_t)job->n_scratch * VT_CHAIN_BLOCK * sizeof(float)) : NULL;
+    if (job->n_scratch && !scratch) {
+        job->failed[part] = 1;
+        return;
     }
     uint32_t bad = 0;
-    for (int64_t lo = 0; lo < n; lo += VT_CHAIN_BLOCK) {
+    for (int64_t lo = lo_part; lo < n; lo += VT_CHAIN_BLOCK) {
         const int64_t len = n - lo < VT_CHAIN_BLOCK ? n - lo : VT_CHAIN_BLOCK;
         for (int32_t r = 0; r < n_regs; r++) { /* broadcast inputs: this block's elements */
             if (reg_kind[r] < 2) continue;
@@ -348,6 +374,43 @@ VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, co
         }
     }
     free(scratch);
+    job->bad[part] = bad;
+}
+
+VT_EXPORT int vt_fp32_chain(int64_t n, int32_t n_regs, float *const *reg_ptr, const int32_t *reg_kind,
+                            const int64_t *reg_param, int32_t n_ops, const int32_t *ops) {
+    if (n < 0 || n_regs <= 0 || n_ops <= 0) return -1;
+    int32_t n_scratch = 0;
+    int32_t *slot = malloc((size_t)n_regs * sizeof *slot);
+    if (!slot) return -1;
+    for (int32_t r = 0; r < n_regs; r++) {
+        const int32_t kind = reg_kind[r];
+        if (kind < -1 || kind > 3 || (kind >= 2 && reg_param[r] <= 0)) {
+            free(slot);
+            return -1;
+        }
+        slot[r] = kind < 0 || kind >= 2 ? n_scratch++ : -1;
+    }
+    for (int32_t k = 0; k < n_ops; k++) {
+        const int32_t *o = ops + 4 * k;
+        if (o[0] < VT_ADD || o[0] > VT_SQRT || o[1] < 0 || o[1] >= n_regs || o[2] < 0 || o[2] >= n_regs ||
+            (o[0] != VT_SQRT && (o[3] < 0 || o[3] >= n_regs)) || (reg_kind[o[1]] != 1 && reg_kind[o[1]] != -1) ||
+            (o[0] == VT_SQRT && reg_kind[o[2]] == 0)) {
+            free(slot);
+            return -1;
+        }
+    }
+    /* the elements in parts on several threads where there are many, each part with its own scratch */
+    chain_job job = {.n_regs = n_regs, .reg_ptr = reg_ptr, .reg_kind = reg_kind, .reg_param = reg_param,
+                     .n_ops = n_ops, .ops = ops, .slot = slot, .n_scratch = n_scratch};
+    const int parts = vt_parts(n, VT_GRAIN);
+    vt_run_parts(n, parts, chain_part, &job);
+    uint32_t bad = 0;
+    int failed = 0;
+    for (int p = 0; p < parts; p++) {
+        bad |= job.bad[p];
+        failed |= job.failed[p];
+    }
     free(slot);
-    return bad ? 0 : 1;
+    return failed ? -1 : (bad ? 0 : 1);
 }

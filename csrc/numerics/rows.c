@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel.h"
+
 #define VT_EXPORT __attribute__((visibility("default")))
 
 #define U 0x1p-53
@@ -426,8 +428,22 @@ VT_EXPORT int vt_row_norms(const double *x, int64_t rows, int64_t k, double *out
     return 0;
 }
 
+typedef struct {
+    const float *x;
+    int64_t k;
+    double *out, *n1, *ninf;
+} norms_job;
+
+static void norms2_part(void *p, int part, int64_t lo, int64_t hi) {
+    const norms_job *j = p;
+    (void)part;
+    for (int64_t i = lo; i < hi; i++) j->out[i] = sqrt(0.0 + pw_sumsq32(j->x + i * j->k, j->k));
+}
+
+/* (rows in parts on several threads where there are many: each row's norm is computed alone) */
 VT_EXPORT void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out) {
-    for (int64_t i = 0; i < rows; i++) out[i] = sqrt(0.0 + pw_sumsq32(x + i * k, k));
+    norms_job j = {.x = x, .k = k, .out = out};
+    vt_run_parts(rows, vt_parts(rows, VT_GRAIN / (k > 0 ? k : 1) + 1), norms2_part, &j);
 }
 
 /* The Hoelder row norms of FP32 rows [rows, k] for the trainer's MATMUL filter (matmul.c):
@@ -515,13 +531,22 @@ VT_EXPORT int vt_norms_set_simd(int on) {
     return norms_avx2;
 }
 
-VT_EXPORT void vt_row_norms1inf32(const float *x, int64_t rows, int64_t k, double *n1, double *ninf) {
+static void norms1inf_part(void *p, int part, int64_t lo, int64_t hi) {
+    const norms_job *j = p;
+    (void)part;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (norms_avx2 < 0) norms_avx2 = __builtin_cpu_supports("avx2") != 0;
     if (norms_avx2) {
-        norms1inf_avx2(x, rows, k, n1, ninf);
+        norms1inf_avx2(j->x + lo * j->k, hi - lo, j->k, j->n1 + lo, j->ninf + lo);
         return;
     }
 #endif
-    norms1inf_base(x, rows, k, n1, ninf);
+    norms1inf_base(j->x + lo * j->k, hi - lo, j->k, j->n1 + lo, j->ninf + lo);
+}
+
+VT_EXPORT void vt_row_norms1inf32(const float *x, int64_t rows, int64_t k, double *n1, double *ninf) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (norms_avx2 < 0) norms_avx2 = __builtin_cpu_supports("avx2") != 0;
+#endif
+    norms_job j = {.x = x, .k = k, .n1 = n1, .ninf = ninf};
+    vt_run_parts(rows, vt_parts(rows, VT_GRAIN / (k > 0 ? k : 1) + 1), norms1inf_part, &j);
 }

@@ -31,7 +31,7 @@ from vtrain.graph.step_graph import (
     OpNode,
     bits_f32,
 )
-from vtrain.numerics import fp32_native, native_filter, native_replay
+from vtrain.numerics import fp32_native, native, native_filter, native_replay
 from vtrain.numerics.canonical import (
     SUBNORMAL_F32,
     ReplayMatmul,
@@ -409,6 +409,7 @@ class StepExecutor:
     ) -> StepResult | None:
         g = self.graph
         dev = self.device
+        native.set_threads(torch.get_num_threads())  # the native kernels use torch's threads (never at once)
         if dev.type == "cpu":  # (Tensor.to returns a CPU tensor itself: the same, without its ~1 us per slot)
             state = [t if t.is_cpu else t.to(dev) for t in state]
         else:

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 LIB_PATH = Path(__file__).with_name("_kernels.so")
 #: The library's ABI (csrc/numerics/abi.c): bumped with every kernel added or changed, so a stale
 #: build is refused whole (numpy, same bits) rather than missing a symbol at import.
-_ABI_VERSION = 6
+_ABI_VERSION = 7
 
 
 def _load() -> ctypes.CDLL | None:
@@ -57,6 +57,17 @@ def available() -> bool:
 def lib() -> ctypes.CDLL | None:
     """The loaded library, or None (callers then use their numpy reference)."""
     return _LIB
+
+
+def set_threads(n: int) -> int:
+    """The threads the large kernels may use from now on (``csrc/numerics/parallel.c``: a kernel cuts
+    a large array into at most ``n`` parts, each computed by the same operations, so the bits do not
+    depend on ``n``); returns the count in use (1 without the library). The executor sets torch's
+    thread count before each step: kernels and torch never run at once, so ``--threads N`` means at
+    most N busy threads."""
+    if _LIB is None:
+        return 1
+    return int(_LIB.vt_set_threads(int(n)))
 
 
 def ptr(a: np.ndarray) -> int:
