@@ -173,3 +173,24 @@ def test_a_certified_step_is_the_same_on_one_and_two_threads() -> None:
     for (l1, g1, s1), (l2, g2, s2) in zip(*runs, strict=True):
         assert l1 == l2 and g1 == g2
         same(s1, s2)
+
+
+def test_matmul_decisions_split_by_candidates(threads) -> None:
+    """vt_rows_decide with the tight re-filter over many candidates (a MATMUL's FP64 products, every
+    output a candidate, some kept, some near-ties): the same kept rows, bits, codes and flags."""
+    from vtrain.graph.step_graph import OpKind
+    from vtrain.numerics import native_rows
+    from vtrain.numerics.rounding import TRAINER_BOUND_SLACK, gamma
+
+    g = torch.Generator().manual_seed(5)
+    m, k, n = 600, 64, 700
+    a = torch.randn(m, k, generator=g)
+    b = torch.randn(n, k, generator=g)
+    a[::7] = torch.round(a[::7] * 4) / 4  # exact-grid rows among them
+    v = torch.matmul(a.double(), b.double().T).reshape(-1)
+    r = v.float()
+    cand = np.arange(v.numel(), dtype=np.int64)
+    tight = (v, r, TRAINER_BOUND_SLACK * gamma(k), 2.0**22)  # a wide band: many kept
+    one, many = threads(lambda: native_rows.decide(OpKind.MATMUL, [a, b], cand, tight=tight))
+    same(one, many)
+    assert 1000 < len(one[0]) < v.numel() and np.all(np.diff(one[0]) > 0) and one[3].any()

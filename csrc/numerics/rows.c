@@ -260,47 +260,81 @@ static Src make_src(int32_t src, const float *a, const float *b, const float *bi
     return s;
 }
 
-/* The canonical decision of each candidate (round_canonical's vectorised part), compacted: `out`
- * [4, c] receives, for each row the tight filter keeps, its element index (cand, or the row's
- * position), bits, code and decided flag; returns how many rows were kept, or -1 when scratch memory
- * cannot be had (-2: an index out of range). With `v` and `r` (the FP64 values and FP32 outputs of the whole op) the MATMUL
- * tight re-filter runs first, with the bound d = coef (s_abs + n 2^-149) and reach d * band.
- * Then exact-grid rows (decided, code NONE), then the double-double decision. */
-VT_EXPORT int64_t vt_rows_decide(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const double *v,
-                                 const float *r, double coef, double band, int64_t *out) {
-    if (out_of_range(cand, c, limit)) return -2;
-    Src s = make_src(src, a, b, bias, m, k, ncols, x, n);
-    int64_t nt = n_terms(&s);
+typedef struct {
+    Src s;
+    int32_t kind;
+    const int64_t *cand;
+    int64_t c;
+    const double *v;
+    const float *r;
+    double coef, band;
+    int64_t *out;
+    int64_t kept[64];
+} decide_job;
+
+/* One part of vt_rows_decide: candidates [lo, hi), the kept rows written from position lo of each of
+ * out's four rows (kept[part]: how many, -1 when its scratch cannot be had). */
+static void decide_part(void *p, int part, int64_t lo, int64_t hi) {
+    decide_job *d = p;
+    const Src *s = &d->s;
+    const int64_t nt = n_terms(s), c = d->c;
     Scratch w;
     if (scratch_new(&w, nt)) {
         scratch_free(&w);
-        return -1;
+        d->kept[part] = -1;
+        return;
     }
-    int64_t *o_idx = out, *o_bits = out + c, *o_code = out + 2 * c, *o_ok = out + 3 * c;
-    double scale = kind == KIND_MEAN ? (double)nt : 1.0;
-    int64_t kept = 0;
-    for (int64_t i = 0; i < c; i++) {
-        int64_t idx = index_of(cand, i);
-        fill_terms(&s, idx, w.t);
+    int64_t *o_idx = d->out, *o_bits = d->out + c, *o_code = d->out + 2 * c, *o_ok = d->out + 3 * c;
+    const double scale = d->kind == KIND_MEAN ? (double)nt : 1.0;
+    int64_t j = lo;
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t idx = index_of(d->cand, i);
+        fill_terms(s, idx, w.t);
         double s_abs = np_sum(w.t, nt, 1);
-        if (v && !still_candidate(v[idx], r[idx], (coef * (s_abs + (double)nt * 0x1p-149)) * band)) continue;
-        int64_t j = kept++;
+        if (d->v && !still_candidate(d->v[idx], d->r[idx], (d->coef * (s_abs + (double)nt * 0x1p-149)) * d->band))
+            continue;
         o_idx[j] = idx;
         o_code[j] = CODE_NONE;
-        if (grid_row(w.t, nt, s_abs, kind)) {
+        if (grid_row(w.t, nt, s_abs, d->kind)) {
             float g32 = (float)(np_sum(w.t, nt, 0) / scale);
             if (isfinite(g32)) {
                 o_bits[j] = (int64_t)f32_bits(g32 + 0.0f);
-                o_ok[j] = 1;
+                o_ok[j++] = 1;
                 continue;
             }
         }
         memcpy(w.x, w.t, (size_t)nt * sizeof(double));
         int ok;
-        decide_dd(w.x, w.e, nt, s_abs, kind, &o_bits[j], &o_code[j], &ok);
-        o_ok[j] = ok;
+        decide_dd(w.x, w.e, nt, s_abs, d->kind, &o_bits[j], &o_code[j], &ok);
+        o_ok[j++] = ok;
     }
     scratch_free(&w);
+    d->kept[part] = j - lo;
+}
+
+/* The canonical decision of each candidate (round_canonical's vectorised part), compacted: `out`
+ * [4, c] receives, for each row the tight filter keeps, its element index (cand, or the row's
+ * position), bits, code and decided flag; returns how many rows were kept, or -1 when scratch memory
+ * cannot be had (-2: an index out of range). With `v` and `r` (the FP64 values and FP32 outputs of the whole op) the MATMUL
+ * tight re-filter runs first, with the bound d = coef (s_abs + n 2^-149) and reach d * band.
+ * Then exact-grid rows (decided, code NONE), then the double-double decision. Many candidates run
+ * in parts on several threads (parallel.c), their kept rows moved together in order. */
+VT_EXPORT int64_t vt_rows_decide(SRC_ARGS, int32_t kind, const int64_t *cand, int64_t c, const double *v,
+                                 const float *r, double coef, double band, int64_t *out) {
+    if (out_of_range(cand, c, limit)) return -2;
+    decide_job d = {.s = make_src(src, a, b, bias, m, k, ncols, x, n), .kind = kind, .cand = cand, .c = c, .v = v,
+                    .r = r, .coef = coef, .band = band, .out = out};
+    const int parts = vt_parts(c, VT_GRAIN / (n_terms(&d.s) + 1) + 1);
+    vt_run_parts(c, parts, decide_part, &d);
+    int64_t kept = 0;
+    for (int p = 0; p < parts; p++) {
+        if (d.kept[p] < 0) return -1;
+        const int64_t from = vt_part_start(c, parts, p);
+        if (from != kept)
+            for (int row = 0; row < 4; row++)
+                memmove(out + row * c + kept, out + row * c + from, (size_t)d.kept[p] * sizeof *out);
+        kept += d.kept[p];
+    }
     return kept;
 }
 
