@@ -536,7 +536,9 @@ def _epilogue_reference(ins: list[torch.Tensor], v: torch.Tensor) -> tuple:
     v = v.clone()
     nt = ins[0].shape[-1] + (len(ins) == 3)
     d = _norm_bound(x, v, True, ins)  # (adds the bias to v)
-    r, cand, finite = NF.round_filter(v, d, C._BAND)
+    r, cand, finite = NF.round_filter(v, _cauchy_schwarz(d), C._BAND)
+    if len(cand) > (v.numel() // v.shape[-1]) + ins[1].numel() // ins[1].shape[-1]:  # the kernel's rule
+        r, cand, finite = NF.round_filter(v, d, C._BAND)  # Hoelder's norms pay: the three-product bound
     if not finite or not len(cand):
         return v, r, cand, finite, None, 0
     tight = (v.reshape(-1), r.reshape(-1), TRAINER_BOUND_SLACK * gamma(nt), C._BAND)
@@ -545,6 +547,13 @@ def _epilogue_reference(ins: list[torch.Tensor], v: torch.Tensor) -> tuple:
     if not attention:
         assert native_rows.decide_into(OpKind.MATMUL, ins, torch.from_numpy(cand), r.reshape(-1), tight=tight) == 0
     return v, r, cand, finite, dec, attention
+
+
+def _cauchy_schwarz(d):
+    """A ``NormBound`` with its Cauchy-Schwarz product alone."""
+    from dataclasses import replace
+
+    return replace(d, na1=None, nai=None, nb1=None, nbi=None)
 
 
 def _epilogue_inputs(case, spoil: str) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -671,10 +680,50 @@ def test_matmul_filter_on_peaked_rows_is_tighter_and_misses_nothing(peaked: str,
     vf[::7] = mid[::7]
     ref = _epilogue_reference(ins, v)
     d = _norm_bound(x, v.clone(), True, ins)
-    _, cand_cs, _ = NF.round_filter(v, replace(d, na1=None, nai=None, nb1=None, nbi=None), C._BAND)
+    _, cand_cs, _ = NF.round_filter(v, _cauchy_schwarz(d), C._BAND)
     assert len(ref[2]) < len(cand_cs) / 2 and np.isin(ref[2], cand_cs).all(), (len(ref[2]), len(cand_cs))
     s_abs = (x[0].abs() @ x[1].abs().T).reshape(-1).numpy()
     need = midpoint_candidates_np(vf.numpy(), vf.float().numpy(), 1.25 * gamma(k) * (s_abs + k * 2.0**-149) * C._BAND)
     assert len(need) >= len(vf) // 7 and np.isin(need, ref[2]).all()
     assert np.array_equal(d.at(ref[2]), NF.dense(d).reshape(-1).numpy()[ref[2]])  # the lazy reads, the dense bits
     _epilogue_matches(ins, v, ref, monkeypatch)
+
+
+def test_few_cauchy_schwarz_candidates_skip_the_hoelder_norms_and_keep_the_same_rows(monkeypatch) -> None:
+    """Where the Cauchy-Schwarz filter leaves no more candidates than A and B have rows, the epilogue
+    skips Hoelder's norms and hands its list to the tight re-filter: on peaked rows (where the
+    three-product bound is far tighter) with a handful of products planted between the two bounds'
+    reaches and a few on midpoints, its list is the Cauchy-Schwarz one (a superset of the
+    three-product one), and the rows the tight re-filter keeps, their bits, codes and flags, and ``r``
+    are those of the three-product list: which bound picked a candidate changes nothing."""
+    from vtrain.graph.executor import _norm_bound
+    from vtrain.numerics import native_filter as NF
+
+    rng = np.random.default_rng(4)
+    m, k, n = 24, 2048, 40
+    a = rng.random((m, k)) * 2.0**-20
+    a[np.arange(m), rng.integers(0, k, m)] = -1.0
+    b = rng.standard_normal((n, k)) * 0.02
+    ins = [torch.from_numpy(a.astype(np.float32)), torch.from_numpy(b.astype(np.float32))]
+    x = [t.double() for t in ins]
+    v = x[0] @ x[1].T
+    g = gamma(k) * C._BAND
+    cs = g * (x[0].norm(dim=1)[:, None] * x[1].norm(dim=1)[None, :])
+    hoelder = g * torch.minimum(x[0].abs().sum(1)[:, None] * x[1].abs().amax(1)[None, :],
+                                x[0].abs().amax(1)[:, None] * x[1].abs().sum(1)[None, :])
+    vf, out = v.reshape(-1), v.reshape(-1).float()
+    mid = (out.double() + torch.nextafter(out, torch.tensor(np.inf)).double()) / 2
+    between = (cs * hoelder).sqrt().reshape(-1)
+    vf[::41] = mid[::41] + between[::41]  # 24 planted between the reaches
+    vf[5::97] = mid[5::97]  # 10 on midpoints
+    d = _norm_bound(x, v.clone(), True, ins)
+    r3, cand3, _ = NF.round_filter(v, d, C._BAND)
+    rcs, cand_cs, _ = NF.round_filter(v, _cauchy_schwarz(d), C._BAND)
+    assert len(cand3) < len(cand_cs) <= m + n and np.isin(cand3, cand_cs).all()
+    ref = _epilogue_reference(ins, v)
+    assert np.array_equal(ref[2], cand_cs)
+    _epilogue_matches(ins, v, ref, monkeypatch)
+    tight = (vf, r3.reshape(-1), TRAINER_BOUND_SLACK * gamma(k), C._BAND)
+    dec3 = native_rows.decide(OpKind.MATMUL, ins, cand3, tight=tight)
+    assert len(dec3[0]) >= 10 and all(np.array_equal(p, q) for p, q in zip(ref[4], dec3, strict=True))
+    assert torch.equal(r3.view(torch.int32), rcs.view(torch.int32))

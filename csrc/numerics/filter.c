@@ -98,6 +98,26 @@ VT_INLINE uint8_t vt_mask_norm3(const double *v, int64_t len, double a2, double 
     return any;
 }
 
+/* vt_mask_norm3 with its three products one (Cauchy-Schwarz alone): the same bits, a third of the work. */
+VT_INLINE uint8_t vt_mask_norm1(const double *v, int64_t len, double a2, const double *b2, const double *bias,
+                                double sub, double factor, double scale, float *r, uint8_t *mask) {
+    uint8_t any = 0;
+    if (bias) {
+        for (int64_t j = 0; j < len; j++) {
+            const double dd = (((a2 * b2[j]) + fabs(bias[j])) + sub) * factor;
+            mask[j] = vt_round_cand(v[j], dd * scale, &r[j]);
+            any |= mask[j];
+        }
+    } else {
+        for (int64_t j = 0; j < len; j++) {
+            const double dd = ((a2 * b2[j]) + sub) * factor;
+            mask[j] = vt_round_cand(v[j], dd * scale, &r[j]);
+            any |= mask[j];
+        }
+    }
+    return any;
+}
+
 VT_INLINE uint8_t vt_mask_scaled32(const double *v, const float *s, int64_t len, double sub, double factor,
                                    double scale, float *r, uint8_t *mask) {
     uint8_t any = 0;
@@ -129,6 +149,12 @@ __attribute__((target("avx2"))) static uint8_t vt_mask_norm3_avx2(
     const double *bi, const double *bias, double sub, double factor, double scale, float *r, uint8_t *mask) {
     return vt_mask_norm3(v, len, a2, a1, ai, b2, b1, bi, bias, sub, factor, scale, r, mask);
 }
+__attribute__((target("avx2"))) static uint8_t vt_mask_norm1_avx2(const double *v, int64_t len, double a2,
+                                                                  const double *b2, const double *bias, double sub,
+                                                                  double factor, double scale, float *r,
+                                                                  uint8_t *mask) {
+    return vt_mask_norm1(v, len, a2, b2, bias, sub, factor, scale, r, mask);
+}
 #define VT_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,prefer-vector-width=512"))) static
 VT_AVX512 uint8_t vt_mask_scaled32_avx512(const double *v, const float *s, int64_t len,
                                                                      double sub, double factor, double scale,
@@ -142,6 +168,10 @@ VT_AVX512 uint8_t vt_mask_dense_avx512(const double *v, const double *d, int64_t
 VT_AVX512 uint8_t vt_mask_relative_avx512(const double *v, int64_t len, double c,
                                                                      double scale, float *r, uint8_t *mask) {
     return vt_mask_relative(v, len, c, scale, r, mask);
+}
+VT_AVX512 uint8_t vt_mask_norm1_avx512(const double *v, int64_t len, double a2, const double *b2, const double *bias,
+                                       double sub, double factor, double scale, float *r, uint8_t *mask) {
+    return vt_mask_norm1(v, len, a2, b2, bias, sub, factor, scale, r, mask);
 }
 VT_AVX512 uint8_t vt_mask_norm3_avx512(
     const double *v, int64_t len, double a2, double a1, double ai, const double *b2, const double *b1,
@@ -311,6 +341,7 @@ typedef struct {
     double sub, factor, scale;
     float *r;
     int64_t *idx;
+    int one; /* the Cauchy-Schwarz product alone (na1 .. nbi unused) */
     int64_t count[64];
 } vt_norm3_filter;
 
@@ -324,24 +355,34 @@ static void vt_norm3_part(void *p, int part, int64_t lo, int64_t hi) {
     int64_t k = 0;
     for (int64_t i = lo; i < hi; i++) {
         const int64_t off = (i / f->m) * ncols;
-        const double a2 = f->na[i], a1 = f->na1[i], ai = f->nai[i];
+        const double a2 = f->na[i], a1 = f->one ? 0.0 : f->na1[i], ai = f->one ? 0.0 : f->nai[i];
         for (int64_t c0 = 0; c0 < ncols; c0 += VT_BLOCK) {
             const int64_t len = ncols - c0 < VT_BLOCK ? ncols - c0 : VT_BLOCK;
             const int64_t at = i * ncols + c0;
             const double *bl = f->bias ? f->bias + c0 : NULL;
-            const double *b2 = f->nb + off + c0, *b1 = f->nb1 + off + c0, *bi = f->nbi + off + c0;
+            const double *b2 = f->nb + off + c0, *b1 = f->one ? b2 : f->nb1 + off + c0,
+                         *bi = f->one ? b2 : f->nbi + off + c0;
+            uint8_t any;
 #if VT_HAVE_AVX2
-            const uint8_t any =
-                simd == 2 ? vt_mask_norm3_avx512(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor,
-                                                 f->scale, f->r + at, mask)
-                : simd    ? vt_mask_norm3_avx2(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor,
-                                               f->scale, f->r + at, mask)
-                          : vt_mask_norm3(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor, f->scale,
-                                          f->r + at, mask);
+            if (f->one)
+                any = simd == 2 ? vt_mask_norm1_avx512(f->v + at, len, a2, b2, bl, f->sub, f->factor, f->scale,
+                                                       f->r + at, mask)
+                      : simd    ? vt_mask_norm1_avx2(f->v + at, len, a2, b2, bl, f->sub, f->factor, f->scale,
+                                                     f->r + at, mask)
+                                : vt_mask_norm1(f->v + at, len, a2, b2, bl, f->sub, f->factor, f->scale, f->r + at,
+                                                mask);
+            else
+                any = simd == 2 ? vt_mask_norm3_avx512(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor,
+                                                       f->scale, f->r + at, mask)
+                      : simd    ? vt_mask_norm3_avx2(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor,
+                                                     f->scale, f->r + at, mask)
+                                : vt_mask_norm3(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor,
+                                                f->scale, f->r + at, mask);
 #else
-            const uint8_t any = vt_mask_norm3(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor,
-                                              f->scale, f->r + at, mask);
             (void)simd;
+            any = f->one ? vt_mask_norm1(f->v + at, len, a2, b2, bl, f->sub, f->factor, f->scale, f->r + at, mask)
+                         : vt_mask_norm3(f->v + at, len, a2, a1, ai, b2, b1, bi, bl, f->sub, f->factor, f->scale,
+                                         f->r + at, mask);
 #endif
             if (any) {
                 k = vt_append(mask, len, at, idx, k);
@@ -362,7 +403,8 @@ VT_EXPORT int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m
                                         const double *nb1, const double *nbi, const double *bias, double sub,
                                         double factor, double scale, float *r, int64_t *idx, uint32_t *nonfinite) {
     vt_norm3_filter f = {.v = v, .m = m, .ncols = ncols, .na = na, .nb = nb, .na1 = na1, .nai = nai, .nb1 = nb1,
-                         .nbi = nbi, .bias = bias, .sub = sub, .factor = factor, .scale = scale, .r = r, .idx = idx};
+                         .nbi = nbi, .bias = bias, .sub = sub, .factor = factor, .scale = scale, .r = r, .idx = idx,
+                         .one = na1 == NULL};
     const int parts = ncols > 0 ? vt_parts(rows, VT_GRAIN / ncols + 1) : 1;
     vt_run_parts(rows, parts, vt_norm3_part, &f);
     const int64_t k = vt_gather_parts(idx, rows, parts, ncols, f.count);
@@ -370,14 +412,38 @@ VT_EXPORT int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m
     return k;
 }
 
+/* The candidates idx[0..count) of the Cauchy-Schwarz filter (vt_round_filter_norm) that stay
+ * candidates under vt_round_filter_norm3's bound, in order, in place; returns their count. The
+ * three-product bound is never above the one product, so every candidate of vt_round_filter_norm3 is
+ * one of vt_round_filter_norm's, and each is tested by the same operations: the list is exactly
+ * vt_round_filter_norm3's (r is RN32(v) either way). */
+int64_t vt_refine_norm3(const double *v, int64_t m, int64_t ncols, const double *na, const double *nb,
+                        const double *na1, const double *nai, const double *nb1, const double *nbi,
+                        const double *bias, double sub, double factor, double scale, float *r, int64_t *idx,
+                        int64_t count) {
+    int64_t k = 0;
+    for (int64_t c = 0; c < count; c++) {
+        const int64_t e = idx[c], i = e / ncols, j = e % ncols, col = (i / m) * ncols + j;
+        uint8_t mask;
+        float ri;
+        vt_mask_norm3(v + e, 1, na[i], na1[i], nai[i], nb + col, nb1 + col, nbi + col, bias ? bias + j : NULL, sub,
+                      factor, scale, &ri, &mask);
+        r[e] = ri;
+        idx[k] = e;
+        k += mask;
+    }
+    return k;
+}
+
 /* v is [rows, ncols] (rows = batches * m); row i of batch b = i / m reads na[i] and nb[b * ncols + j];
  * bias (FP64, ncols values) may be NULL. reach = ((((na * nb) + |bias_j|) + sub) * factor) * scale: the
- * Cauchy-Schwarz bound alone, vt_round_filter_norm3 with its three products all na * nb (the same bits). */
+ * Cauchy-Schwarz bound alone: vt_round_filter_norm3 with its three products all na * nb (the same bits),
+ * by a loop with the one product (vt_mask_norm1; the Hoelder norms NULL). */
 VT_EXPORT int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols,
                                        const double *na, const double *nb, const double *bias,
                                        double sub, double factor, double scale,
                                        float *r, int64_t *idx, uint32_t *nonfinite) {
-    return vt_round_filter_norm3(v, rows, m, ncols, na, nb, na, na, nb, nb, bias, sub, factor, scale, r, idx,
+    return vt_round_filter_norm3(v, rows, m, ncols, na, nb, NULL, NULL, NULL, NULL, bias, sub, factor, scale, r, idx,
                                  nonfinite);
 }
 

@@ -5,10 +5,15 @@
  * bound is the Cauchy-Schwarz norm bound (executor._norm_bound):
  *
  *   vt_row_norms32        the FP64 row norms of A [batches * m, k] and of B [batches * ncols, k],
- *   vt_row_norms1inf32    and their 1- and inf-norms;
  *   v += bias             torch's v.add_(bias.double()): one IEEE addition per element;
- *   vt_round_filter_norm3 r = RN32(v) and the candidates under the norm bound (the smallest of the
- *                         Cauchy-Schwarz and the two Hoelder products);
+ *   vt_round_filter_norm  r = RN32(v) and the candidates under the Cauchy-Schwarz product;
+ *   vt_row_norms1inf32,   where those are more than the rows of A and B together: the 1- and inf-norms
+ *   vt_refine_norm3       and the candidates that stay candidates under the smallest of the
+ *                         Cauchy-Schwarz and the two Hoelder products (vt_round_filter_norm3's list:
+ *                         fewer exact rows where rows are peaked, a softmax gradient against a wide
+ *                         head); where they are few, the tight re-filter below drops the rest as
+ *                         cheaply as the Hoelder norms would have (no output or log entry depends on
+ *                         which bound picked a candidate: the decisions are on the exact values);
  *   vt_rows_decide        the tight re-filter and the decisions of the candidates (when every r is
  *                         finite), written into r where none needs more (vt_rows_decide_into's rule);
  *
@@ -26,6 +31,10 @@ int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t n
                              const double *nb, const double *bias, double sub, double factor, double scale,
                              float *r, int64_t *idx, uint32_t *nonfinite);
 void vt_row_norms1inf32(const float *x, int64_t rows, int64_t k, double *n1, double *ninf);
+int64_t vt_refine_norm3(const double *v, int64_t m, int64_t ncols, const double *na, const double *nb,
+                        const double *na1, const double *nai, const double *nb1, const double *nbi,
+                        const double *bias, double sub, double factor, double scale, float *r, int64_t *idx,
+                        int64_t count);
 int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
                               const double *nb, const double *na1, const double *nai, const double *nb1,
                               const double *nbi, const double *bias, double sub, double factor, double scale,
@@ -100,11 +109,13 @@ VT_EXPORT int64_t vt_matmul_round_norm(double *v, const float *a, const float *b
     if (!norms || (bias && !bias64)) goto done;
     double *na = norms, *na1 = na + ra, *nai = na1 + ra, *nb = nai + ra, *nb1 = nb + rb, *nbi = nb1 + rb;
     vt_matmul_norms_bias(v, a, b, bias, batches, m, k, ncols, add_bias, na, nb, bias64);
-    vt_row_norms1inf32(a, rows, k, na1, nai);
-    vt_row_norms1inf32(b, brows, k, nb1, nbi);
     uint32_t nonfinite = 0;
-    count = vt_round_filter_norm3(v, rows, m, ncols, na, nb, na1, nai, nb1, nbi, bias64, sub, factor, band, r, idx,
-                                  &nonfinite);
+    count = vt_round_filter_norm(v, rows, m, ncols, na, nb, bias64, sub, factor, band, r, idx, &nonfinite);
+    if (count > rows + brows) { /* Hoelder's norms cost less than the exact rows they spare */
+        vt_row_norms1inf32(a, rows, k, na1, nai);
+        vt_row_norms1inf32(b, brows, k, nb1, nbi);
+        count = vt_refine_norm3(v, m, ncols, na, nb, na1, nai, nb1, nbi, bias64, sub, factor, band, r, idx, count);
+    }
     status[ST_NONFINITE] = nonfinite;
     if (count == 0 || nonfinite) goto done;
     int64_t *dec = count <= cap ? o : malloc((size_t)count * 4 * sizeof(int64_t));
