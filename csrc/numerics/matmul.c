@@ -7,7 +7,7 @@
  *   vt_row_norms32        the FP64 row norms of A [batches * m, k] and of B [batches * ncols, k],
  *   v += bias             torch's v.add_(bias.double()): one IEEE addition per element;
  *   vt_round_filter_norm  r = RN32(v) and the candidates under the Cauchy-Schwarz product;
- *   vt_row_norms1inf32,   where those are more than the rows of A and B together: the 1- and inf-norms
+ *   vt_row_norms1inf32,   where those are more than 1/16 of the rows of A and B: the 1- and inf-norms
  *   vt_refine_norm3       and the candidates that stay candidates under the smallest of the
  *                         Cauchy-Schwarz and the two Hoelder products (vt_round_filter_norm3's list:
  *                         fewer exact rows where rows are peaked, a softmax gradient against a wide
@@ -111,7 +111,8 @@ VT_EXPORT int64_t vt_matmul_round_norm(double *v, const float *a, const float *b
     vt_matmul_norms_bias(v, a, b, bias, batches, m, k, ncols, add_bias, na, nb, bias64);
     uint32_t nonfinite = 0;
     count = vt_round_filter_norm(v, rows, m, ncols, na, nb, bias64, sub, factor, band, r, idx, &nonfinite);
-    if (count > rows + brows) { /* Hoelder's norms cost less than the exact rows they spare */
+    if (count * 16 > rows + brows) { /* Hoelder's norms (a row: k adds) cost less than the exact rows they
+                                         may spare (a candidate: k exact products and sums, ~16x more) */
         vt_row_norms1inf32(a, rows, k, na1, nai);
         vt_row_norms1inf32(b, brows, k, nb1, nbi);
         count = vt_refine_norm3(v, m, ncols, na, nb, na1, nai, nb1, nbi, bias64, sub, factor, band, r, idx, count);

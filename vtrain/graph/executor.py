@@ -139,6 +139,7 @@ class StepExecutor:
         # large buffers (FP64 operands and products, outputs, the optimizer's new state) recycled
         # across ops and steps instead of fresh pages each time (VTRAIN_BUFFER_POOL=0: torch.empty)
         self.buffers = BufferPool(enabled=self.device.type == "cpu" and os.environ.get("VTRAIN_BUFFER_POOL") != "0")
+        self._big = self.buffers.min_bytes if self.buffers.enabled else math.inf  # (smaller: no pool, no overhead)
         self._last_use = self._compute_last_use()
         self._fp32_exact = FP32_EXACT_CPU_KINDS if self.device.type == "cpu" else FP32_EXACT_KINDS
         self._hooked = set(hooked_ops(graph)) if self.mode == Mode.PAPER else set()
@@ -478,7 +479,8 @@ class StepExecutor:
                 if cls == _PLAN_BROADCAST and views:
                     out = ins[0].expand(op.shape)
                 elif cls == _PLAN_MOVE or cls == _PLAN_RESHAPE or cls == _PLAN_BROADCAST:
-                    out = None if nat is None else fp32_native.permute_planned(ins[0], nat, self.buffers.empty)
+                    out = None if nat is None else fp32_native.permute_planned(ins[0], nat, self._empty_for(
+                        ins[0].numel(), 4))
                     if out is None:
                         out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
@@ -535,7 +537,7 @@ class StepExecutor:
         its members one by one (the same bits; their NaN/Inf probes into the step's ``sums``, or the
         first one raises naming its op as the unfused loop does)."""
         ins = [vals[i] for i in group.inputs]
-        got = group.chain([*ins, *group.consts], self.buffers.empty)
+        got = group.chain([*ins, *group.consts], self._empty_for(group.chain.numel, 4))
         if got is not None:
             outs, finite = got
             if finite:
@@ -690,7 +692,8 @@ class StepExecutor:
                                        sums, bound_kind, filtered=got_sum.filtered, exact=got_sum.exact,
                                        near=got_sum.near)
         # every consumer below takes a lazy bound; EXP/LOG/TANH/ERF in place in a pooled FP64 copy
-        v, d = _compute_fp64(op, ins, bound_kind, lazy=True, widen=self._widen if ins[0].is_cpu else None)
+        v, d = _compute_fp64(op, ins, bound_kind, lazy=True,
+                             widen=self._widen if ins[0].is_cpu and ins[0].numel() * 8 >= self._big else None)
         stats.values += v.numel()
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
             # the paper does not log weight gradients or the optimizer
@@ -744,25 +747,29 @@ class StepExecutor:
         the tensors, else :func:`_norm_bound` and :func:`round_canonical` (the same bits)."""
         x = [self._widen(t) for t in ins[:2]]
         v = self._products(x[0], x[1])
-        got = round_canonical_matmul(self.graph, op, ins, v, what, self.buffers.empty)
+        got = round_canonical_matmul(self.graph, op, ins, v, what, self._empty_for(v.numel(), 4))
         if got is None:
             x.extend(t.double() for t in ins[2:])
             got = round_canonical(self.graph, op, ins, v, _norm_bound(x, v, True, ins), what)
         return got
 
     def _widen(self, t: torch.Tensor) -> torch.Tensor:
-        """``t.double()`` (the same values), into a pooled buffer on the CPU."""
-        if not t.is_cpu:
+        """``t.double()`` (the same values), into a pooled buffer where it is large (on the CPU)."""
+        if t.numel() * 8 < self._big or not t.is_cpu:
             return t.double()
         return self.buffers.empty(t.shape, torch.float64).copy_(t)
 
     def _products(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``torch.matmul(a, b.transpose(-1, -2))`` of FP64 ``a`` ``[..., M, K]``, ``b`` ``[..., N, K]``,
-        into a pooled buffer on the CPU."""
-        if not a.is_cpu:
+        into a pooled buffer where it is large (on the CPU)."""
+        if (a.numel() // a.shape[-1]) * b.shape[-2] * 8 < self._big or not a.is_cpu:  # (at least the output's size)
             return torch.matmul(a, b.transpose(-1, -2))
         shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-2])
         return torch.matmul(a, b.transpose(-1, -2), out=self.buffers.empty(shape, torch.float64))
+
+    def _empty_for(self, numel: int, itemsize: int) -> fp32_native.Empty | None:
+        """The pool's ``empty`` for an output of ``numel`` items, None (plain ``torch.empty``) if small."""
+        return self.buffers.empty if numel * itemsize >= self._big else None
 
     def _replay_matmul(
         self, op: OpNode, ins: list[torch.Tensor], log_in: StepLog, mode: int

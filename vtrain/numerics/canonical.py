@@ -399,14 +399,15 @@ _MATMUL_CONSTS: dict[int, tuple[float, float, float]] = {}
 
 def round_canonical_matmul(
     graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str,
-    empty: fp32_native.Empty = fp32_native.fresh,
+    empty: fp32_native.Empty | None = None,
 ) -> tuple[torch.Tensor, OpLog, int] | None:
     """:func:`round_canonical` of a MATMUL under the trainer's norm bound (``executor._norm_bound``)
     from its FP64 products ``v`` (C-contiguous, *without* the bias: it is added here, in place, as
     ``v.add_(bias.double())`` would), the row norms, bias add, filter and decisions in one native call
     (``native_rows.matmul_round_norm``: the same kernels in the same order, so the same bits); the
     rest of :func:`_round_canonical_at` only where a candidate needs it. None where the kernel does
-    not take these tensors (``v`` untouched). ``empty(shape, dtype)`` makes the output buffer."""
+    not take these tensors (``v`` untouched). ``empty(shape, dtype)`` makes the output buffer (None:
+    ``torch.empty``)."""
     shape = native_rows.matmul_operands(ins, v)
     if shape is None:
         return None

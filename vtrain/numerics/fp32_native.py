@@ -26,12 +26,7 @@ import torch
 from vtrain.numerics import native
 
 Empty = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
-"""``empty(shape, dtype)``: how a kernel's output buffer is made (:func:`fresh`, or a buffer pool's)."""
-
-
-def fresh(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype)``: the default :data:`Empty`."""
-    return torch.empty(shape, dtype=dtype)
+"""``empty(shape, dtype)``: how a kernel's output buffer is made (a buffer pool's; None: ``torch.empty``)."""
 
 ADD, SUB, MUL, DIV = 0, 1, 2, 3
 """Op codes of ``vt_fp32_binary``."""
@@ -223,12 +218,13 @@ def permute_plan(shape: tuple[int, ...], perm: tuple[int, ...]) -> PermutePlan |
     return PermutePlan(shape, tuple(shape[i] for i in perm), n // (rows * cols) if n else 0, rows, cols)
 
 
-def permute_planned(a: torch.Tensor, plan: PermutePlan, empty: Empty = fresh) -> torch.Tensor | None:
+def permute_planned(a: torch.Tensor, plan: PermutePlan, empty: Empty | None = None) -> torch.Tensor | None:
     """:func:`permute` of ``a`` by ``plan`` (the same bits, the same None), ``a`` of ``plan.shape``;
-    ``empty(shape, dtype)`` makes the output (a pool's, :class:`vtrain.graph.buffers.BufferPool`)."""
+    ``empty(shape, dtype)`` makes the output (a pool's, :class:`vtrain.graph.buffers.BufferPool`; None:
+    ``torch.empty``)."""
     if a.dtype is not torch.float32 or not a.is_cpu or not a.is_contiguous() or a.shape != plan.shape:
         return None
-    out = empty(plan.out_shape, torch.float32)
+    out = torch.empty(plan.out_shape, dtype=torch.float32) if empty is None else empty(plan.out_shape, torch.float32)
     if plan.batches:
         _TRANSPOSE(a.data_ptr(), plan.batches, plan.rows, plan.cols, out.data_ptr())
     return out
@@ -286,11 +282,11 @@ class Chain:
         self._ptrs = np.zeros(n_regs, dtype=np.uint64)
         self._args = (self._ptrs.ctypes.data, kinds.ctypes.data, params.ctypes.data, self._ops.ctypes.data)
 
-    def __call__(self, inputs: list[torch.Tensor], empty: Empty = fresh) -> tuple[list[torch.Tensor], bool] | None:
+    def __call__(self, inputs: list[torch.Tensor], empty: Empty | None = None) -> tuple[list[torch.Tensor], bool] | None:
         """``(outputs, all finite)``: the output tensors (in ``outputs`` order) and whether every
         step's values are finite; None when the kernel is not loaded or an input is neither a
         contiguous FP32 CPU tensor of its source's size nor its broadcast view (the caller runs the
-        steps one by one then). ``empty(shape, dtype)`` makes the output buffers."""
+        steps one by one then). ``empty(shape, dtype)`` makes the output buffers (None: ``torch.empty``)."""
         if _CHAIN is None:
             return None
         ptrs = self._ptrs
@@ -301,7 +297,10 @@ class Chain:
                                                                    and tuple(t.shape) == self.shape)):
                 return None
             ptrs[r] = t.data_ptr()
-        outs = [empty(self.shape, torch.float32) for _ in self.outputs]
+        if empty is None:
+            outs = [torch.empty(self.shape, dtype=torch.float32) for _ in self.outputs]
+        else:
+            outs = [empty(self.shape, torch.float32) for _ in self.outputs]
         for r, t in zip(self.outputs, outs, strict=True):
             ptrs[r] = t.data_ptr()
         a = self._args

@@ -264,7 +264,7 @@ def matmul_operands(ins: list[torch.Tensor], v: torch.Tensor) -> tuple[int, int,
 
 def matmul_round_norm(
     ins: list[torch.Tensor], v: torch.Tensor, shape: tuple[int, int, int, int], add_bias: bool,
-    sub: float, factor: float, band: float, coef: float, empty: fp32_native.Empty = fp32_native.fresh,
+    sub: float, factor: float, band: float, coef: float, empty: fp32_native.Empty | None = None,
 ) -> MatmulRound:
     """A MATMUL's norm-bound rounding, filter and decisions in one C call (``csrc/numerics/matmul.c``):
     the row norms of ``ins[0]`` and ``ins[1]`` (:func:`native_filter.row_norms`,
@@ -274,7 +274,7 @@ def matmul_round_norm(
     into ``r`` where none needs more. ``shape``:
     :func:`matmul_operands` of ``ins`` and ``v``. Decisions of more than ``_KEEP_DECISIONS``
     candidates come back from the kernel's own buffer (copied, then freed) instead of being taken
-    again by the caller. ``empty(shape, dtype)`` makes ``r`` (a buffer pool's, or ``torch.empty``)."""
+    again by the caller. ``empty(shape, dtype)`` makes ``r`` (a buffer pool's; None: ``torch.empty``)."""
     batches, m, k, ncols = shape
     a, b = ins[0], ins[1]
     a = a if a.is_contiguous() else a.contiguous()  # (the names hold the copies until the call returns)
@@ -283,7 +283,7 @@ def matmul_round_norm(
     if len(ins) == 3:
         bias = ins[2] if ins[2].is_contiguous() else ins[2].contiguous()
     n = v.numel()
-    r = empty(v.shape, torch.float32)
+    r = torch.empty(v.shape, dtype=torch.float32) if empty is None else empty(v.shape, torch.float32)
     cap = min(n, _KEEP_DECISIONS)
     # one buffer: the candidates (n; pages are touched only where candidates land), the handed-back
     # decisions (4 cap) and the kernel's status (4, every one written by the kernel)
