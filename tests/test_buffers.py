@@ -41,7 +41,7 @@ def test_small_and_far_larger_requests_do_not_take_a_buffer() -> None:
     ptr = a.data_ptr()
     del a
     small = pool.empty((1000,), torch.float32)  # below the threshold: plain torch.empty
-    assert small.data_ptr() != ptr and not pool._buffers[0].owner is None
+    assert small.data_ptr() != ptr and pool._buffers[0].owner is not None
     half = pool.empty((BIG[0] * 3 // 4,), torch.float32)  # a buffer serves requests of at least 1/1.25 of it
     assert half.data_ptr() != ptr
     del half

@@ -652,7 +652,6 @@ def test_matmul_filter_on_peaked_rows_is_tighter_and_misses_nothing(peaked: str,
     whose exact tight bound reaches a midpoint, and the epilogue gives the kernels' bits, the
     decisions handed back past the buffer too. ``peaked``: which operand has the peaked rows (so that
     ``|a|_1 |b|_inf``, or ``|a|_inf |b|_1``, is the smallest product)."""
-    from dataclasses import replace
 
     from vtrain.graph.executor import _norm_bound
     from vtrain.numerics import native_filter as NF

@@ -11,9 +11,9 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np

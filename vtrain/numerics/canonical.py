@@ -47,8 +47,8 @@ import torch
 from vtrain.errors import NonFiniteValue
 from vtrain.graph.step_graph import Graph, OpKind, OpNode
 from vtrain.numerics import exact as X
-from vtrain.numerics import native_filter as NF
 from vtrain.numerics import fp32_native, native_replay, native_rows
+from vtrain.numerics import native_filter as NF
 from vtrain.numerics.rounding import (
     _CMP_SLACK,
     _SMALL,

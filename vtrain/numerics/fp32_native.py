@@ -282,7 +282,9 @@ class Chain:
         self._ptrs = np.zeros(n_regs, dtype=np.uint64)
         self._args = (self._ptrs.ctypes.data, kinds.ctypes.data, params.ctypes.data, self._ops.ctypes.data)
 
-    def __call__(self, inputs: list[torch.Tensor], empty: Empty | None = None) -> tuple[list[torch.Tensor], bool] | None:
+    def __call__(
+        self, inputs: list[torch.Tensor], empty: Empty | None = None
+    ) -> tuple[list[torch.Tensor], bool] | None:
         """``(outputs, all finite)``: the output tensors (in ``outputs`` order) and whether every
         step's values are finite; None when the kernel is not loaded or an input is neither a
         contiguous FP32 CPU tensor of its source's size nor its broadcast view (the caller runs the
