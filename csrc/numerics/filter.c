@@ -305,6 +305,7 @@ static int64_t vt_gather_parts(int64_t *idx, int64_t items, int parts, int64_t s
 }
 
 static int64_t vt_flat_run(vt_flat_filter *f, int64_t n, uint32_t *nonfinite) {
+    (void)vt_use_simd(); /* (chosen here, before the parts' threads read it) */
     const int parts = vt_parts(n, VT_GRAIN);
     vt_run_parts(n, parts, vt_flat_part, f);
     const int64_t k = vt_gather_parts(f->idx, n, parts, 1, f->count);
@@ -405,6 +406,7 @@ VT_EXPORT int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m
     vt_norm3_filter f = {.v = v, .m = m, .ncols = ncols, .na = na, .nb = nb, .na1 = na1, .nai = nai, .nb1 = nb1,
                          .nbi = nbi, .bias = bias, .sub = sub, .factor = factor, .scale = scale, .r = r, .idx = idx,
                          .one = na1 == NULL};
+    (void)vt_use_simd(); /* (chosen here, before the parts' threads read it) */
     const int parts = ncols > 0 ? vt_parts(rows, VT_GRAIN / ncols + 1) : 1;
     vt_run_parts(rows, parts, vt_norm3_part, &f);
     const int64_t k = vt_gather_parts(idx, rows, parts, ncols, f.count);
