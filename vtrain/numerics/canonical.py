@@ -188,6 +188,19 @@ _CHUNK = 1 << 15
 _BAND = CANDIDATE_BAND * (1.0 + 2.0**-30)
 
 
+def _no_entries() -> OpLog:
+    """An empty :class:`OpLog` whose arrays are read-only (shared: nothing appends to a log in place)."""
+    log = OpLog.empty()
+    for a in (log.index, log.code, log.value):
+        a.flags.writeable = False
+    return log
+
+
+_NO_ENTRIES = _no_entries()
+"""The log of an op without entries, returned by the trainer's hot paths instead of a fresh
+``OpLog.empty()`` (three arrays per op)."""
+
+
 def _candidates_np(vf: np.ndarray, df: np.ndarray, rf: np.ndarray) -> np.ndarray:
     """:func:`midpoint_candidates` in numpy on flat arrays: ``fl(fl(h - |v - r|) - reach) <= 0``."""
     return midpoint_candidates_np(vf, rf, df * _BAND)
@@ -236,8 +249,12 @@ def round_canonical_sum(
         return None
     r, cand, finite = got
     if not len(cand):  # (_round_canonical_at's first return: no candidate, every element finite)
-        return r.reshape(op.shape), OpLog.empty(), 0
-    return _round_canonical_at(graph, op, ins, None, r.reshape(op.shape), torch.from_numpy(cand), finite, what)
+        return r.reshape(op.shape), _NO_ENTRIES, 0
+    if finite:  # _round_canonical_at's common case (every candidate decided, none due an entry), first
+        if native_rows.decide_into(op.kind, ins, cand, r.reshape(-1)) == 0:
+            return r.reshape(op.shape), _NO_ENTRIES, 0
+    return _round_canonical_at(graph, op, ins, None, r.reshape(op.shape), torch.from_numpy(cand), finite, what,
+                               into=False)  # (decide_into, where it applies, settled nothing: it wrote nothing)
 
 
 def sum_round_filter_np(x: np.ndarray, kind: OpKind) -> tuple[np.ndarray, np.ndarray]:
@@ -415,7 +432,7 @@ def round_canonical_matmul(
         consts = _MATMUL_CONSTS[n] = (n * SUBNORMAL_F32, norm_bound_factor(n), TRAINER_BOUND_SLACK * gamma(n))
     got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2])
     if not len(got.cand) or (got.finite and not got.attention):
-        return got.r, OpLog.empty(), 0
+        return got.r, _NO_ENTRIES, 0
     if got.finite and got.decided is not None and got.decided[3].all():
         return _decided_matmul(got)
     return _round_canonical_at(graph, op, ins, v, got.r, torch.from_numpy(got.cand), got.finite, what,
@@ -429,7 +446,7 @@ def _decided_matmul(got: native_rows.MatmulRound) -> tuple[torch.Tensor, OpLog, 
     kept, bits, codes, _ = got.decided  # type: ignore[misc]
     r = got.r
     if not len(kept):  # the tight re-filter cleared every candidate
-        return r, OpLog.empty(), 0
+        return r, _NO_ENTRIES, 0
     cand = kept if len(kept) < len(got.cand) else got.cand
     vals = bits.astype(np.uint32).view(np.float32) + np.float32(0.0)  # canonical zeros
     r.numpy().reshape(-1)[cand] = vals
@@ -439,12 +456,19 @@ def _decided_matmul(got: native_rows.MatmulRound) -> tuple[torch.Tensor, OpLog, 
 def _entries_of(cand: np.ndarray, vals: np.ndarray, codes: np.ndarray) -> OpLog:
     """The log entries of decided candidates (flat indices ``cand``, their FP32 values and codes):
     those with a code, an explicit one storing its value."""
-    keep = codes != int(Code.NONE)
+    keep = codes != _CODE_NONE
+    if keep.all():  # (the common case: every decided candidate has an entry; no selection to make)
+        code = codes.astype(np.uint8)
+        value = np.where(code == _CODE_EXPLICIT, vals, _ZERO32)
+        return OpLog(cand.astype(np.int64), code, value.astype(np.float32, copy=False))
     if not keep.any():
-        return OpLog.empty()
+        return _NO_ENTRIES
     code = codes[keep].astype(np.uint8)
-    value = np.where(code == int(Code.EXPLICIT), vals[keep], np.float32(0.0)).astype(np.float32)
+    value = np.where(code == _CODE_EXPLICIT, vals[keep], _ZERO32).astype(np.float32, copy=False)
     return OpLog(cand[keep].astype(np.int64), code, value)
+
+
+_CODE_NONE, _CODE_EXPLICIT, _ZERO32 = int(Code.NONE), int(Code.EXPLICIT), np.float32(0.0)
 
 
 def _round_canonical_at(
@@ -455,7 +479,7 @@ def _round_canonical_at(
     ``decided``: the candidates' native decisions where the caller has them (:func:`native_rows.decide`'s
     result); ``into`` False: the caller knows that :func:`native_rows.decide_into` would not settle them."""
     if cand.numel() == 0:  # also proves every element finite (a NaN/Inf margin is never > 0)
-        return r, OpLog.empty(), 0
+        return r, _NO_ENTRIES, 0
     overflow = _overflows_to_decide(op, v, r, cand, what) if not finite else None
     if overflow is not None:  # fail fast where the first one truly overflows (a diverged run: many do)
         _decide_exactly(graph, op, ins, overflow[:1], what)
@@ -464,11 +488,11 @@ def _round_canonical_at(
     if into and finite and op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) and cand.device.type == "cpu":
         # the common case in one native call: every kept candidate decided, none due an entry
         if native_rows.decide_into(op.kind, ins, cand, out, tight=_tight_args(op, ins, v, out)) == 0:
-            return out.reshape(r.shape), OpLog.empty(), 0
+            return out.reshape(r.shape), _NO_ENTRIES, 0
     if op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
         got = _decide_candidates(op, ins, v, out, cand, decided)
         if got is None:  # the MATMUL tight bound cleared every candidate
-            return out.reshape(r.shape), OpLog.empty(), 0
+            return out.reshape(r.shape), _NO_ENTRIES, 0
         cand, bits, codes, undecided = got
         slow = np.flatnonzero(undecided)
     else:
