@@ -152,7 +152,8 @@ class StepExecutor:
         tiled transpose applies), ``_PLAN_INPUT`` (a state slot, inline in the step loop),
         ``_PLAN_MATMUL`` / ``_PLAN_SUM`` (MATMUL; SUM, MEAN: the canonical certified trainer's, straight
         to :meth:`_rounded_sum` in a step without ``log_in``), ``_PLAN_RESHAPE`` (RESHAPE/OUTPUT: a view, handled
-        inline by the step loop), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a
+        inline by the step loop), ``_PLAN_SAME`` (a RESHAPE/OUTPUT to its input's own shape: the input
+        passed on as it is, inline), ``_PLAN_SLICE`` (the :func:`_move` of a SLICE, inline, from ``args``), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a
         broadcast view where the loop allows, else a copy), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
         only by CONCATs),
         ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`; native operands
@@ -174,6 +175,7 @@ class StepExecutor:
         for op in g.ops:
             k = op.kind
             nat = None
+            args: tuple = ()
             if k == OpKind.INPUT and self.collective is None:
                 cls = _PLAN_INPUT
             elif op.id in reductions or k in _SOURCE_KINDS:
@@ -185,7 +187,11 @@ class StepExecutor:
             elif k == OpKind.CONCAT:
                 cls = _PLAN_CONCAT
             elif k in (OpKind.RESHAPE, OpKind.OUTPUT):
-                cls = _PLAN_RESHAPE
+                # to the input's own shape: the input passed on as it is (a reshape to it is a view of it)
+                cls = _PLAN_SAME if tuple(g.ops[op.inputs[0]].shape) == tuple(op.shape) else _PLAN_RESHAPE
+            elif k == OpKind.SLICE:
+                axis, start = op.attrs
+                cls, args = _PLAN_SLICE, (axis, start, op.shape[axis])
             elif k == OpKind.EXPAND and native and exact_modes and consumers[op.id] <= broadcast_readers:
                 cls = _PLAN_BROADCAST  # read in place by the native kernels (stride 0): no copy
             elif k not in ROUNDING_KINDS:
@@ -203,7 +209,7 @@ class StepExecutor:
                 cls = _PLAN_OP
             frees = tuple(sorted({i for i in op.inputs if last[i] == op.id and i != g.loss_op}))
             slot = op.attrs[0] if k == OpKind.OUTPUT else -1
-            plan.append([op, cls, tuple(op.inputs), frees, slot, nat, ()])
+            plan.append([op, cls, tuple(op.inputs), frees, slot, nat, (), args])
         # Large native outputs read only by ops that never alias an input into their output are
         # recycled at their last use (fresh buffers of many MB cost a page fault per 4 KiB).
         recyclable = {
@@ -244,7 +250,7 @@ class StepExecutor:
                 group = None
             steps.append(_PlanStep(
                 *entry[:6], tuple(i for i in entry[3] if i in recyclable),
-                group, ffrees, tuple(i for i in ffrees if i in recyclable),
+                group, ffrees, tuple(i for i in ffrees if i in recyclable), entry[7],
             ))
         return steps
 
@@ -379,8 +385,9 @@ class StepExecutor:
         g = self.graph
         if len(state) != len(g.slots):
             raise VtrainError(f"state: expected {len(g.slots)} tensors, got {len(state)}")
+        f32 = torch.float32
         for i, (t, s) in enumerate(zip(state, g.slots, strict=False)):
-            if tuple(t.shape) != s.shape or t.dtype != torch.float32:
+            if t.shape != s.shape or t.dtype is not f32:  # (torch.Size is a tuple)
                 raise VtrainError(
                     f"state slot {i} ({s.name}): expected float32{s.shape}, got {t.dtype}{tuple(t.shape)}"
                 )
@@ -435,7 +442,8 @@ class StepExecutor:
         # native pass each (:meth:`_fused_groups`); a NaN/Inf there makes a deferred run's caller rerun
         # eagerly, and an eager run reruns that group op by op, which names the op.
         fused = views
-        for op, cls, inputs, frees, slot, nat, recycle, group, ffrees, frecycle in self._plan:
+        permute_planned = fp32_native.permute_planned
+        for op, cls, inputs, frees, slot, nat, recycle, group, ffrees, frecycle, args in self._plan:
             if fused and group is not None:
                 if group is _FUSED_MEMBER:
                     continue
@@ -452,8 +460,8 @@ class StepExecutor:
             if cls == _PLAN_INPUT and op_hook is None and trace is None:
                 vals[op.id] = state[op.attrs[0]]
                 continue
-            if cls == _PLAN_RESHAPE and collective is None:
-                out = vals[inputs[0]].reshape(op.shape)
+            if (cls == _PLAN_RESHAPE or cls == _PLAN_SAME) and collective is None:
+                out = vals[inputs[0]] if cls == _PLAN_SAME else vals[inputs[0]].reshape(op.shape)
                 if op_hook is not None:
                     out = op_hook(op, [vals[inputs[0]]], out, out_log)
                 vals[op.id] = out
@@ -469,17 +477,25 @@ class StepExecutor:
             if collective is not None:
                 ins = collective.inputs(op, ins)
             try:
-                if cls == _PLAN_BROADCAST and views:
-                    out = ins[0].expand(op.shape)
-                elif cls == _PLAN_MOVE or cls == _PLAN_RESHAPE or cls == _PLAN_BROADCAST:
-                    out = None if nat is None else fp32_native.permute_planned(ins[0], nat)
+                if cls == _PLAN_SLICE:  # (_move's SLICE)
+                    out = ins[0].narrow(*args)
+                    if not out.is_contiguous():
+                        out = out.contiguous()
+                elif cls == _PLAN_MOVE:
+                    out = None if nat is None else permute_planned(ins[0], nat)
                     if out is None:
                         out = _move(op, ins)
+                elif cls == _PLAN_BROADCAST and views:
+                    out = ins[0].expand(op.shape)
+                elif cls == _PLAN_RESHAPE or cls == _PLAN_SAME or cls == _PLAN_BROADCAST:
+                    out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
                     out = concat_flat(_flat_parts(ins))
                 elif cls == _PLAN_PARTS:
                     out = _flat_parts(ins)
-                elif (cls == _PLAN_MATMUL or cls == _PLAN_SUM) and log_in is None:
+                elif cls == _PLAN_MATMUL and log_in is None:
+                    out = self._rounded_matmul(op, ins, out_log, stats)
+                elif cls == _PLAN_SUM and log_in is None:
                     out = self._rounded_sum(op, ins, out_log, stats, sums)
                 elif cls == _PLAN_EXACT and op.id not in logged:
                     out = self._exact_fp32(op, ins, nat, stats, sums, pool)
@@ -730,15 +746,24 @@ class StepExecutor:
             self._log_entries(op, entries, out_log, stats)
         return out
 
+    def _rounded_matmul(self, op: OpNode, ins: list[torch.Tensor], out_log: StepLog, stats: RoundingStats) -> torch.Tensor:
+        """:meth:`_rounded_sum` of a MATMUL (the plan's ``_PLAN_MATMUL`` in a step without ``log_in``)."""
+        out, entries, slow = self._canonical_matmul(op, ins, self._what[op.id])
+        stats.values += out.numel()
+        stats.ambiguous_resolved += slow
+        if len(entries):
+            self._log_entries(op, entries, out_log, stats)
+        return out
+
     def _canonical_matmul(self, op: OpNode, ins: list[torch.Tensor], what: str) -> tuple[torch.Tensor, OpLog, int]:
         """The canonical trainer's MATMUL under the norm bound: the FP64 products, then the bias add,
         norms, filter and decisions in one native call (:func:`round_canonical_matmul`) where it takes
         the tensors, else :func:`_norm_bound` and :func:`round_canonical` (the same bits)."""
-        x = [t.double() for t in ins[:2]]
-        v = torch.matmul(x[0], x[1].transpose(-1, -2))
+        a, b = ins[0].double(), ins[1].double()
+        v = torch.matmul(a, b.transpose(-1, -2))
         got = round_canonical_matmul(self.graph, op, ins, v, what)
         if got is None:
-            x.extend(t.double() for t in ins[2:])
+            x = [a, b, *(t.double() for t in ins[2:])]
             got = round_canonical(self.graph, op, ins, v, _norm_bound(x, v, True, ins), what)
         return got
 
@@ -969,7 +994,8 @@ _FUSED_MEMBER = _FusedGroup((), (), (), (), None, ())  # type: ignore[arg-type]
 
 class _PlanStep(NamedTuple):
     """What the step loop needs of one op (:meth:`StepExecutor._make_plan`). ``group``, ``ffrees``
-    and ``frecycle``: the fused loop's (its group, or :data:`_FUSED_MEMBER`; its frees and recycles)."""
+    and ``frecycle``: the fused loop's (its group, or :data:`_FUSED_MEMBER`; its frees and recycles);
+    ``args``: the op's arguments worked out once (a SLICE's ``(axis, start, length)``)."""
 
     op: OpNode
     cls: int
@@ -981,6 +1007,7 @@ class _PlanStep(NamedTuple):
     group: _FusedGroup | None = None
     ffrees: tuple[int, ...] = ()
     frecycle: tuple[int, ...] = ()
+    args: tuple = ()
 
 
 _RECYCLE_MIN = 1 << 20
@@ -988,7 +1015,7 @@ _RECYCLE_MIN = 1 << 20
 _NON_ALIASING = ROUNDING_KINDS
 """Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
 (_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT, _PLAN_RESHAPE, _PLAN_BROADCAST,
- _PLAN_INPUT, _PLAN_MATMUL, _PLAN_SUM) = range(11)
+ _PLAN_INPUT, _PLAN_MATMUL, _PLAN_SUM, _PLAN_SLICE, _PLAN_SAME) = range(13)
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:
