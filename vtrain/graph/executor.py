@@ -343,8 +343,8 @@ class StepExecutor:
                     for what, i in srcs]
             steps.append((code, regs[0], regs[1] if len(regs) > 1 else 0))
         outs = [m for m in ms if m == g.loss_op or any(u not in inner for u in users[m])]
-        chain = fp32_native.Chain(shape, kinds, steps, [reg[m] for m in outs])
-        return _FusedGroup(tuple(ms), tuple(ext), tuple(consts), tuple(outs), chain, shape)
+        chain = fp32_native.Chain(shape, kinds, steps, [reg[m] for m in outs], consts=tuple(consts))
+        return _FusedGroup(tuple(ms), tuple(ext), tuple(consts), tuple(outs), chain, shape, chain.numel * len(ms))
 
     def _plan_native(self, op: OpNode) -> tuple | None:
         if op.kind == OpKind.SQRT:
@@ -544,12 +544,12 @@ class StepExecutor:
         its members one by one (the same bits; their NaN/Inf probes into the step's ``sums``, or the
         first one raises naming its op as the unfused loop does)."""
         ins = [vals[i] for i in group.inputs]
-        got = group.chain([*ins, *group.consts])
+        got = group.chain(ins)  # (the scalars are bound to the chain)
         if got is not None:
             outs, finite = got
             if finite:
-                stats.values += group.chain.numel * len(group.members)
-                for i, t in zip(group.outputs, outs, strict=True):
+                stats.values += group.values
+                for i, t in zip(group.outputs, outs):
                     vals[i] = t
                 return
             if sums is not None:  # the caller's eager rerun names the op
@@ -986,6 +986,8 @@ class _FusedGroup:
     outputs: tuple[int, ...]
     chain: fp32_native.Chain
     shape: tuple[int, ...]
+    values: int = 0
+    """The values the group rounds (each member's elements), for the step's stats."""
 
 
 _FUSED_MEMBER = _FusedGroup((), (), (), (), None, ())  # type: ignore[arg-type]

@@ -248,12 +248,14 @@ def round_canonical_sum(
     if got is None:
         return None
     r, cand, finite = got
+    if r.shape != op.shape:  # (r: [..., 1], the op's shape where it keeps the summed axis)
+        r = r.reshape(op.shape)
     if not len(cand):  # (_round_canonical_at's first return: no candidate, every element finite)
-        return r.reshape(op.shape), _NO_ENTRIES, 0
+        return r, _NO_ENTRIES, 0
     if finite:  # _round_canonical_at's common case (every candidate decided, none due an entry), first
         if native_rows.decide_into(op.kind, ins, cand, r.reshape(-1)) == 0:
-            return r.reshape(op.shape), _NO_ENTRIES, 0
-    return _round_canonical_at(graph, op, ins, None, r.reshape(op.shape), torch.from_numpy(cand), finite, what,
+            return r, _NO_ENTRIES, 0
+    return _round_canonical_at(graph, op, ins, None, r, torch.from_numpy(cand), finite, what,
                                into=False)  # (decide_into, where it applies, settled nothing: it wrote nothing)
 
 
