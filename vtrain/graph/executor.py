@@ -32,8 +32,10 @@ from vtrain.graph.step_graph import (
 from vtrain.numerics import fp32_native, native_filter, native_replay
 from vtrain.numerics.canonical import (
     SUBNORMAL_F32,
+    MatmulPlan,
     ReplayMatmul,
     grid_elements,
+    matmul_plan,
     norm_bound_factor,
     replay_matmul_norm,
     replay_sum_values,
@@ -182,6 +184,8 @@ class StepExecutor:
                 cls = _PLAN_OP
             elif k in _ROUNDED_SUMS and trainer_canonical:
                 cls = _PLAN_MATMUL if k == OpKind.MATMUL else _PLAN_SUM
+                if k == OpKind.MATMUL and self.device.type == "cpu":  # (the native epilogue's sizes, once)
+                    args = (matmul_plan([g.ops[i].shape for i in op.inputs]),)
             elif k == OpKind.CONCAT and consumers[op.id] == {OpKind.CONCAT} and op.id != g.loss_op:
                 cls = _PLAN_PARTS
             elif k == OpKind.CONCAT:
@@ -494,7 +498,7 @@ class StepExecutor:
                 elif cls == _PLAN_PARTS:
                     out = _flat_parts(ins)
                 elif cls == _PLAN_MATMUL and log_in is None:
-                    out = self._rounded_matmul(op, ins, out_log, stats)
+                    out = self._rounded_matmul(op, ins, out_log, stats, *args)
                 elif cls == _PLAN_SUM and log_in is None:
                     out = self._rounded_sum(op, ins, out_log, stats, sums)
                 elif cls == _PLAN_EXACT and op.id not in logged:
@@ -746,22 +750,27 @@ class StepExecutor:
             self._log_entries(op, entries, out_log, stats)
         return out
 
-    def _rounded_matmul(self, op: OpNode, ins: list[torch.Tensor], out_log: StepLog, stats: RoundingStats) -> torch.Tensor:
-        """:meth:`_rounded_sum` of a MATMUL (the plan's ``_PLAN_MATMUL`` in a step without ``log_in``)."""
-        out, entries, slow = self._canonical_matmul(op, ins, self._what[op.id])
+    def _rounded_matmul(
+        self, op: OpNode, ins: list[torch.Tensor], out_log: StepLog, stats: RoundingStats, plan: MatmulPlan | None = None
+    ) -> torch.Tensor:
+        """:meth:`_rounded_sum` of a MATMUL (the plan's ``_PLAN_MATMUL`` in a step without ``log_in``;
+        ``plan``: :func:`matmul_plan` of its operands' shapes, where the plan has one)."""
+        out, entries, slow = self._canonical_matmul(op, ins, self._what[op.id], plan)
         stats.values += out.numel()
         stats.ambiguous_resolved += slow
         if len(entries):
             self._log_entries(op, entries, out_log, stats)
         return out
 
-    def _canonical_matmul(self, op: OpNode, ins: list[torch.Tensor], what: str) -> tuple[torch.Tensor, OpLog, int]:
+    def _canonical_matmul(
+        self, op: OpNode, ins: list[torch.Tensor], what: str, plan: MatmulPlan | None = None
+    ) -> tuple[torch.Tensor, OpLog, int]:
         """The canonical trainer's MATMUL under the norm bound: the FP64 products, then the bias add,
         norms, filter and decisions in one native call (:func:`round_canonical_matmul`) where it takes
         the tensors, else :func:`_norm_bound` and :func:`round_canonical` (the same bits)."""
         a, b = ins[0].double(), ins[1].double()
         v = torch.matmul(a, b.transpose(-1, -2))
-        got = round_canonical_matmul(self.graph, op, ins, v, what)
+        got = round_canonical_matmul(self.graph, op, ins, v, what, plan)
         if got is None:
             x = [a, b, *(t.double() for t in ins[2:])]
             got = round_canonical(self.graph, op, ins, v, _norm_bound(x, v, True, ins), what)
@@ -997,7 +1006,8 @@ _FUSED_MEMBER = _FusedGroup((), (), (), (), None, ())  # type: ignore[arg-type]
 class _PlanStep(NamedTuple):
     """What the step loop needs of one op (:meth:`StepExecutor._make_plan`). ``group``, ``ffrees``
     and ``frecycle``: the fused loop's (its group, or :data:`_FUSED_MEMBER`; its frees and recycles);
-    ``args``: the op's arguments worked out once (a SLICE's ``(axis, start, length)``)."""
+    ``args``: the op's arguments worked out once (a SLICE's ``(axis, start, length)``; a MATMUL's
+    ``(canonical.matmul_plan,)`` on the CPU)."""
 
     op: OpNode
     cls: int

@@ -416,22 +416,73 @@ _MATMUL_CONSTS: dict[int, tuple[float, float, float]] = {}
 """``(sub, factor, coef)`` of :func:`round_canonical_matmul` by term count (a graph has a few)."""
 
 
+class MatmulPlan(NamedTuple):
+    """What :func:`round_canonical_matmul` works out for a MATMUL of fixed operand shapes, once
+    (:func:`matmul_plan`): ``native_rows.matmul_operands``' ``(batches, m, k, ncols)`` and the bound's
+    ``(sub, factor, coef)``."""
+
+    shape: tuple[int, int, int, int]
+    consts: tuple[float, float, float]
+
+
+def _matmul_consts(n: int) -> tuple[float, float, float]:
+    consts = _MATMUL_CONSTS.get(n)
+    if consts is None:
+        consts = _MATMUL_CONSTS[n] = (n * SUBNORMAL_F32, norm_bound_factor(n), TRAINER_BOUND_SLACK * gamma(n))
+    return consts
+
+
+def matmul_plan(shapes: list[tuple[int, ...]]) -> MatmulPlan | None:
+    """The :class:`MatmulPlan` of a MATMUL whose operands have ``shapes`` (``[..., M, K]``, ``[..., N, K]``,
+    optional bias ``[N]``): ``native_rows.matmul_operands``' conditions on the shapes (its products
+    ``v``, ``[..., M, N]``, follow from them); None where they fail or the kernels are not loaded."""
+    if len(shapes) not in (2, 3) or not native_rows.available():
+        return None
+    sa, sb = tuple(shapes[0]), tuple(shapes[1])
+    nd = len(sa)
+    if nd < 2 or len(sb) != nd or sa[:-2] != sb[:-2]:
+        return None
+    m, k, ncols = sa[-2], sa[-1], sb[-2]
+    batches = math.prod(sa[:-2])
+    if sb[-1] != k or k == 0 or batches * m * ncols == 0:
+        return None
+    if len(shapes) == 3 and tuple(shapes[2]) != (ncols,):
+        return None
+    return MatmulPlan((batches, m, k, ncols), _matmul_consts(k + (len(shapes) == 3)))
+
+
+def _as_planned(plan: MatmulPlan, ins: list[torch.Tensor], v: torch.Tensor) -> bool:
+    """Whether ``ins`` and ``v`` are what ``plan`` was made for, as far as the kernel reads them: FP32
+    CPU operands and FP64 C-contiguous CPU products of the planned sizes (their shapes are the
+    caller's: the planned ones)."""
+    f32 = torch.float32
+    for t in ins:
+        if t.dtype is not f32 or not t.is_cpu:
+            return False
+    if v.dtype is not torch.float64 or not v.is_cpu or not v.is_contiguous():
+        return False
+    batches, m, k, ncols = plan.shape
+    return (v.numel() == batches * m * ncols and ins[0].numel() == batches * m * k
+            and ins[1].numel() == batches * ncols * k and (len(ins) == 2 or ins[2].numel() == ncols))
+
+
 def round_canonical_matmul(
-    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str, plan: MatmulPlan | None = None
 ) -> tuple[torch.Tensor, OpLog, int] | None:
     """:func:`round_canonical` of a MATMUL under the trainer's norm bound (``executor._norm_bound``)
     from its FP64 products ``v`` (C-contiguous, *without* the bias: it is added here, in place, as
     ``v.add_(bias.double())`` would), the row norms, bias add, filter and decisions in one native call
     (``native_rows.matmul_round_norm``: the same kernels in the same order, so the same bits); the
     rest of :func:`_round_canonical_at` only where a candidate needs it. None where the kernel does
-    not take these tensors (``v`` untouched)."""
-    shape = native_rows.matmul_operands(ins, v)
-    if shape is None:
-        return None
-    n = shape[2] + (len(ins) == 3)
-    consts = _MATMUL_CONSTS.get(n)
-    if consts is None:
-        consts = _MATMUL_CONSTS[n] = (n * SUBNORMAL_F32, norm_bound_factor(n), TRAINER_BOUND_SLACK * gamma(n))
+    not take these tensors (``v`` untouched). ``plan``: :func:`matmul_plan` of the operands' shapes
+    where the caller has it (then only their dtypes, devices and sizes are checked here)."""
+    if plan is not None and _as_planned(plan, ins, v):
+        shape, consts = plan
+    else:
+        shape = native_rows.matmul_operands(ins, v)
+        if shape is None:
+            return None
+        consts = _matmul_consts(shape[2] + (len(ins) == 3))
     got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2])
     if not len(got.cand) or (got.finite and not got.attention):
         return got.r, _NO_ENTRIES, 0
