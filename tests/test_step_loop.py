@@ -173,3 +173,17 @@ def test_the_plan_gives_each_canonical_matmul_its_plan() -> None:
     step = next(p for p in ex._plan if p.op.id == y.op)
     assert step.cls == E._PLAN_MATMUL and step.args == (C.matmul_plan([(6, 5), (4, 5)]),)
     assert step.args[0].shape == (1, 6, 5, 4)
+
+
+def test_concat_flat_takes_parts_of_any_shape() -> None:
+    """A CONCAT's parts are not flattened first (:func:`executor._flat_parts`): back to back in one buffer
+    they are that range of it whatever their shapes, else the copy of their elements in order."""
+    buf = torch.arange(12, dtype=torch.float32)
+    parts = [buf[0:6].view(2, 3), buf[6:6], buf[6:10].view(4, 1), buf[10:12]]
+    got = E.concat_flat(E._flat_parts([parts[:2], parts[2], parts[3]]))
+    assert got.shape == (12,) and got.data_ptr() == buf.data_ptr() and torch.equal(got, buf)
+    square = torch.arange(9, dtype=torch.float32).view(3, 3)
+    for spoiled in ([buf[0:6].view(2, 3), buf[7:10].view(3, 1)], [square.T, torch.arange(9.0, 12.0)],
+                    [buf[0:6].view(3, 2), torch.arange(6.0, 12.0).view(2, 3)]):
+        out = E.concat_flat(spoiled)
+        assert torch.equal(out, torch.cat([t.reshape(-1) for t in spoiled])) and out.data_ptr() != buf.data_ptr()

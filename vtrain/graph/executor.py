@@ -1031,35 +1031,37 @@ _NON_ALIASING = ROUNDING_KINDS
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:
-    """A CONCAT's inputs as the flat pieces of its output, in order (an input may be the parts list
-    of an inner CONCAT)."""
+    """A CONCAT's inputs as the pieces of its output, in order (an input may be the parts list of an
+    inner CONCAT): tensors of any shape, each standing for its elements in order (:func:`concat_flat`)."""
     out: list[torch.Tensor] = []
     for t in ins:
         if isinstance(t, list):
             out.extend(t)
         else:
-            out.append(t.reshape(-1))
+            out.append(t)
     return out
 
 
 def concat_flat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat`` of flat ``parts``, or, where they lie back to back in one buffer, that range of
-    the buffer as a view (the same values, no copy). The flat optimizer's state comes back from a
-    step as SLICE views of its update's flat outputs, so the next step's CONCATs of parameters and
-    state find their parts in order: three copies of the whole state a step saved (a CONCAT's output
-    is never recycled or written in place by the step loop, so the alias is only read)."""
+    """``torch.cat`` of the flattened ``parts`` (each stands for its elements in order), or, where they
+    lie back to back in one buffer, that range of the buffer as a view (the same values, no copy). The
+    flat optimizer's state comes back from a step as SLICE views of its update's flat outputs, so the
+    next step's CONCATs of parameters and state find their parts in order: three copies of the whole
+    state a step saved (a CONCAT's output is never recycled or written in place by the step loop, so
+    the alias is only read). Back to back: each part contiguous, of the first's dtype, starting where
+    the one before ends, the first and the last in one storage (so is every byte between them)."""
     full = [t for t in parts if t.numel()]  # (an empty part has no address)
     if len(full) > 1:
-        first = full[0]
-        base = first.untyped_storage().data_ptr()
-        at, size = first.data_ptr(), first.element_size()
+        first, last = full[0], full[-1]
+        at, size, dtype = first.data_ptr(), first.element_size(), first.dtype
         for t in full:
-            if (t.data_ptr() != at or t.dtype != first.dtype or not t.is_contiguous() or t.device != first.device
-                    or t.untyped_storage().data_ptr() != base):
-                return torch.cat(parts)
+            if t.data_ptr() != at or t.dtype != dtype or not t.is_contiguous():
+                return torch.cat([t.reshape(-1) for t in parts])
             at += t.numel() * size
-        return first.as_strided((sum(t.numel() for t in full),), (1,))
-    return torch.cat(parts)
+        if last.device != first.device or last.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
+            return torch.cat([t.reshape(-1) for t in parts])
+        return first.as_strided(((at - first.data_ptr()) // size,), (1,))
+    return torch.cat([t.reshape(-1) for t in parts])
 
 
 # kind -> (vt_fp32_binary code, whether the scalar is the first operand)
