@@ -464,10 +464,22 @@ class StepExecutor:
             if cls == _PLAN_INPUT and op_hook is None and trace is None:
                 vals[op.id] = state[op.attrs[0]]
                 continue
-            if (cls == _PLAN_RESHAPE or cls == _PLAN_SAME) and collective is None:
-                out = vals[inputs[0]] if cls == _PLAN_SAME else vals[inputs[0]].reshape(op.shape)
+            if cls in _INLINE_MOVES and collective is None:  # (inputs never recycled; nothing to catch)
+                a = vals[inputs[0]]
+                if cls == _PLAN_SAME:
+                    out = a
+                elif cls == _PLAN_RESHAPE:
+                    out = a.reshape(op.shape)
+                elif cls == _PLAN_SLICE:  # (_move's SLICE)
+                    out = a.narrow(*args)
+                    if not out.is_contiguous():
+                        out = out.contiguous()
+                else:
+                    out = None if nat is None else permute_planned(a, nat)
+                    if out is None:
+                        out = _move(op, [vals[i] for i in inputs])
                 if op_hook is not None:
-                    out = op_hook(op, [vals[inputs[0]]], out, out_log)
+                    out = op_hook(op, [vals[i] for i in inputs], out, out_log)
                 vals[op.id] = out
                 if trace is not None:
                     trace.append(out)
@@ -481,17 +493,9 @@ class StepExecutor:
             if collective is not None:
                 ins = collective.inputs(op, ins)
             try:
-                if cls == _PLAN_SLICE:  # (_move's SLICE)
-                    out = ins[0].narrow(*args)
-                    if not out.is_contiguous():
-                        out = out.contiguous()
-                elif cls == _PLAN_MOVE:
-                    out = None if nat is None else permute_planned(ins[0], nat)
-                    if out is None:
-                        out = _move(op, ins)
-                elif cls == _PLAN_BROADCAST and views:
+                if cls == _PLAN_BROADCAST and views:
                     out = ins[0].expand(op.shape)
-                elif cls == _PLAN_RESHAPE or cls == _PLAN_SAME or cls == _PLAN_BROADCAST:
+                elif cls in _INLINE_MOVES or cls == _PLAN_BROADCAST:  # (a collective's: its inputs cut)
                     out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
                     out = concat_flat(_flat_parts(ins))
@@ -1028,6 +1032,8 @@ _NON_ALIASING = ROUNDING_KINDS
 """Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
 (_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT, _PLAN_RESHAPE, _PLAN_BROADCAST,
  _PLAN_INPUT, _PLAN_MATMUL, _PLAN_SUM, _PLAN_SLICE, _PLAN_SAME) = range(13)
+_INLINE_MOVES = frozenset({_PLAN_SAME, _PLAN_RESHAPE, _PLAN_SLICE, _PLAN_MOVE})
+"""Plan classes run inline by the step loop (exact: no log, no NaN/Inf check, nothing recycled)."""
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:
