@@ -187,3 +187,38 @@ def test_concat_flat_takes_parts_of_any_shape() -> None:
                     [buf[0:6].view(3, 2), torch.arange(6.0, 12.0).view(2, 3)]):
         out = E.concat_flat(spoiled)
         assert torch.equal(out, torch.cat([t.reshape(-1) for t in spoiled])) and out.data_ptr() != buf.data_ptr()
+
+
+def test_slices_cutting_one_value_take_pieces_of_one_split() -> None:
+    """Several SLICEs of one value along one axis, not overlapping (in any order, with gaps), take
+    their pieces of one ``tensor_split``: the bits of each one's ``narrow`` (a copy where not
+    contiguous), with and without a trace; overlapping ones keep their own ``narrow``."""
+    g = GraphBuilder()
+    x = g.input("x", (20,))
+    m = g.input("m", (3, 8))
+    slots = [g.input(f"s{k}", shape) for k, shape in enumerate([(4,), (6,), (5,), (3, 3), (3, 2), (3, 4), (3, 6)])]
+    flat = g.mul_s(x, 3.0)
+    g.output(g.slice(flat, 0, 9, 6), 3)  # (graph order: not the buffer's)
+    g.output(g.slice(flat, 0, 2, 4), 2)
+    g.output(g.slice(flat, 0, 15, 5), 4)
+    g.output(g.slice(m, 1, 0, 3), 5)  # columns: copies, cut once
+    g.output(g.slice(m, 1, 6, 2), 6)
+    g.output(g.slice(m, 1, 2, 4), 7)
+    g.output(g.slice(m, 1, 1, 6), 8)  # (overlaps the others: its own narrow, and theirs too)
+    g.output(flat, 0)
+    g.output(m, 1)
+    graph = g.build(g.sum(g.reshape(x, (1, 20))))
+    ex = StepExecutor(graph, "certified")
+    args = {p.op.id: p.args for p in ex._plan if p.op.kind == OpKind.SLICE}
+    cut = [a for a in args.values() if len(a) == 7]
+    assert len(cut) == 3 and sum(a[6] for a in cut) == 1 and {a[5] for a in cut} == {(2, 6, 9, 15)}
+    assert all(len(a) == 3 for a in args.values() if a[1] in (0, 1, 6))  # (m's columns overlap: not cut)
+    xs = torch.arange(20, dtype=torch.float32) - 4.5
+    ms = torch.arange(24, dtype=torch.float32).reshape(3, 8) * 0.5
+    state = [xs, ms] + [torch.zeros(shape) for shape in [(4,), (6,), (5,), (3, 3), (3, 2), (3, 4), (3, 6)]]
+    fl = xs * 3.0
+    want = [fl, ms, fl[2:6], fl[9:15], fl[15:20], ms[:, 0:3], ms[:, 6:8], ms[:, 2:6], ms[:, 1:7]]
+    for trace in (False, True):
+        res = ex.run(state, torch.zeros(graph.data_shape), step=1, keep_trace=trace)
+        for t, w in zip(res.state, want, strict=True):
+            assert t.shape == w.shape and t.is_contiguous() and _bits(t) == _bits(w)

@@ -256,7 +256,33 @@ class StepExecutor:
                 *entry[:6], tuple(i for i in entry[3] if i in recyclable),
                 group, ffrees, tuple(i for i in ffrees if i in recyclable), entry[7],
             ))
-        return steps
+        split = self._slice_splits()
+        return [st._replace(args=split[st.op.id]) if st.op.id in split else st for st in steps]
+
+    def _slice_splits(self) -> dict[int, tuple]:
+        """SLICE op -> ``(axis, start, length, key, piece, bounds, last)`` where two or more SLICEs read one
+        value along one axis without overlapping (the flat optimizer's state, cut into its slots): the
+        step loop cuts that value once (``tensor_split`` at ``bounds``: the same views as each SLICE's
+        ``narrow``), each SLICE takes its ``piece``; ``last``: the last of them in graph order (drops them)."""
+        g = self.graph
+        by: dict[tuple[int, int], list[OpNode]] = {}
+        for op in g.ops:
+            if op.kind == OpKind.SLICE:
+                by.setdefault((op.inputs[0], op.attrs[0]), []).append(op)
+        out: dict[int, tuple] = {}
+        for (i, axis), ops in by.items():
+            if len(ops) < 2:
+                continue
+            spans = sorted((op.attrs[1], op.attrs[1] + op.shape[axis]) for op in ops)
+            if any(end > nxt for (_, end), (nxt, _) in zip(spans, spans[1:])):
+                continue  # (overlapping slices: each its own narrow)
+            size = g.ops[i].shape[axis]
+            bounds = sorted({x for span in spans for x in span} - {0, size})
+            full = [0, *bounds, size]
+            for op in ops:
+                start = op.attrs[1]
+                out[op.id] = (axis, start, op.shape[axis], i, full.index(start), tuple(bounds), op is ops[-1])
+        return out
 
     def _fused_groups(self, plan: list[list], reductions) -> list[_FusedGroup]:
         """Chains of native FP32-exact ops (and SQRT) of one shape, run in one native pass by the fused
@@ -447,6 +473,7 @@ class StepExecutor:
         # eagerly, and an eager run reruns that group op by op, which names the op.
         fused = views
         permute_planned = fp32_native.permute_planned
+        cuts: dict[int, tuple[torch.Tensor, ...]] = {}  # a value cut by its SLICEs: the pieces
         for op, cls, inputs, frees, slot, nat, recycle, group, ffrees, frecycle, args in self._plan:
             if fused and group is not None:
                 if group is _FUSED_MEMBER:
@@ -471,7 +498,16 @@ class StepExecutor:
                 elif cls == _PLAN_RESHAPE:
                     out = a.reshape(op.shape)
                 elif cls == _PLAN_SLICE:  # (_move's SLICE)
-                    out = a.narrow(*args)
+                    if len(args) == 3:
+                        out = a.narrow(*args)
+                    else:  # (one of the SLICEs that cut one value: :meth:`_slice_splits`)
+                        axis, _, _, key, piece, bounds, last = args
+                        pieces = cuts.pop(key, None) if last else cuts.get(key)
+                        if pieces is None:
+                            pieces = a.tensor_split(bounds, dim=axis)
+                            if not last:
+                                cuts[key] = pieces
+                        out = pieces[piece]
                     if not out.is_contiguous():
                         out = out.contiguous()
                 else:
@@ -1010,7 +1046,8 @@ _FUSED_MEMBER = _FusedGroup((), (), (), (), None, ())  # type: ignore[arg-type]
 class _PlanStep(NamedTuple):
     """What the step loop needs of one op (:meth:`StepExecutor._make_plan`). ``group``, ``ffrees``
     and ``frecycle``: the fused loop's (its group, or :data:`_FUSED_MEMBER`; its frees and recycles);
-    ``args``: the op's arguments worked out once (a SLICE's ``(axis, start, length)``; a MATMUL's
+    ``args``: the op's arguments worked out once (a SLICE's ``(axis, start, length)``, with
+    :meth:`StepExecutor._slice_splits`' where it is one of several cutting a value; a MATMUL's
     ``(canonical.matmul_plan,)`` on the CPU)."""
 
     op: OpNode
