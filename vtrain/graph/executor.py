@@ -493,13 +493,13 @@ class StepExecutor:
                 continue
             if cls in _INLINE_MOVES and collective is None:  # (inputs never recycled; nothing to catch)
                 a = vals[inputs[0]]
-                if cls == _PLAN_SAME:
+                if cls == _PLAN_SAME and op_hook is None:  # (a hook's output may have any shape)
                     out = a
-                elif cls == _PLAN_RESHAPE:
+                elif cls == _PLAN_RESHAPE or cls == _PLAN_SAME:
                     out = a.reshape(op.shape)
                 elif cls == _PLAN_SLICE:  # (_move's SLICE)
-                    if len(args) == 3:
-                        out = a.narrow(*args)
+                    if len(args) == 3 or op_hook is not None:
+                        out = a.narrow(*args[:3])
                     else:  # (one of the SLICEs that cut one value: :meth:`_slice_splits`)
                         axis, _, _, key, piece, bounds, last = args
                         pieces = cuts.pop(key, None) if last else cuts.get(key)
