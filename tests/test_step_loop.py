@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_canonical import _case
 
 from vtrain.graph import executor as E
 from vtrain.graph.executor import StepExecutor, _compute_fp64
@@ -14,8 +15,6 @@ from vtrain.graph.step_graph import GraphBuilder, OpKind
 from vtrain.numerics import canonical as C
 from vtrain.numerics import fp32_native as F
 from vtrain.numerics import native_rows
-
-from test_canonical import _case
 
 needs_native = pytest.mark.skipif(not (native_rows.available() and F.available()), reason="native kernels not built")
 
@@ -59,7 +58,7 @@ def test_round_canonical_matmul_with_a_plan_has_the_same_bits() -> None:
     other sizes is not used (the operands are checked as before)."""
     rng = np.random.default_rng(7)
     logged = 0
-    for case in range(30):
+    for _ in range(30):
         graph, op, ins = _case(OpKind.MATMUL, rng, "cancel")  # (ill-conditioned sums: entries)
         v0 = torch.matmul(ins[0].double(), ins[1].double().T)
         ref = C.round_canonical_matmul(graph, op, ins, v0.clone(), "op")
@@ -138,9 +137,8 @@ def test_the_plan_passes_same_shape_outputs_and_inlines_slices() -> None:
     g = GraphBuilder()
     x = g.input("x", (4, 6))
     s0 = g.input("s0", (2, 6))
-    s1 = g.input("s1", (4, 3))
-    s2 = g.input("s2", (12,))
-    s3 = g.input("s3", (3, 4))
+    for k, shape in enumerate([(4, 3), (12,), (3, 4)], start=1):
+        g.input(f"s{k}", shape)
     g.output(g.slice(x, 0, 1, 2), 1)  # rows: contiguous
     g.output(g.slice(x, 1, 2, 3), 2)  # columns: a copy
     g.output(g.slice(g.reshape(x, (24,)), 0, 5, 12), 3)  # flat
@@ -196,7 +194,8 @@ def test_slices_cutting_one_value_take_pieces_of_one_split() -> None:
     g = GraphBuilder()
     x = g.input("x", (20,))
     m = g.input("m", (3, 8))
-    slots = [g.input(f"s{k}", shape) for k, shape in enumerate([(4,), (6,), (5,), (3, 3), (3, 2), (3, 4), (3, 6)])]
+    for k, shape in enumerate([(4,), (6,), (5,), (3, 3), (3, 2), (3, 4), (3, 6)]):
+        g.input(f"s{k}", shape)
     flat = g.mul_s(x, 3.0)
     g.output(g.slice(flat, 0, 9, 6), 3)  # (graph order: not the buffer's)
     g.output(g.slice(flat, 0, 2, 4), 2)

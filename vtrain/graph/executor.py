@@ -155,8 +155,9 @@ class StepExecutor:
         ``_PLAN_MATMUL`` / ``_PLAN_SUM`` (MATMUL; SUM, MEAN: the canonical certified trainer's, straight
         to :meth:`_rounded_sum` in a step without ``log_in``), ``_PLAN_RESHAPE`` (RESHAPE/OUTPUT: a view, handled
         inline by the step loop), ``_PLAN_SAME`` (a RESHAPE/OUTPUT to its input's own shape: the input
-        passed on as it is, inline), ``_PLAN_SLICE`` (the :func:`_move` of a SLICE, inline, from ``args``), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a
-        broadcast view where the loop allows, else a copy), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
+        passed on as it is, inline), ``_PLAN_SLICE`` (the :func:`_move` of a SLICE, inline, from
+        ``args``), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a broadcast view
+        where the loop allows, else a copy), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
         only by CONCATs),
         ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`; native operands
         ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_SQRT`` (SQRT in one
@@ -791,7 +792,8 @@ class StepExecutor:
         return out
 
     def _rounded_matmul(
-        self, op: OpNode, ins: list[torch.Tensor], out_log: StepLog, stats: RoundingStats, plan: MatmulPlan | None = None
+        self, op: OpNode, ins: list[torch.Tensor], out_log: StepLog, stats: RoundingStats,
+        plan: MatmulPlan | None = None,
     ) -> torch.Tensor:
         """:meth:`_rounded_sum` of a MATMUL (the plan's ``_PLAN_MATMUL`` in a step without ``log_in``;
         ``plan``: :func:`matmul_plan` of its operands' shapes, where the plan has one)."""

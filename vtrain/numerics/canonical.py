@@ -252,10 +252,11 @@ def round_canonical_sum(
         r = r.reshape(op.shape)
     if not len(cand):  # (_round_canonical_at's first return: no candidate, every element finite)
         return r, _NO_ENTRIES, 0
+    at = torch.from_numpy(cand)
     if finite:  # _round_canonical_at's common case (every candidate decided, none due an entry), first
-        if native_rows.decide_into(op.kind, ins, cand, r.reshape(-1)) == 0:
+        if native_rows.decide_into(op.kind, ins, at, r.reshape(-1)) == 0:
             return r, _NO_ENTRIES, 0
-    return _round_canonical_at(graph, op, ins, None, r, torch.from_numpy(cand), finite, what,
+    return _round_canonical_at(graph, op, ins, None, r, at, finite, what,
                                into=False)  # (decide_into, where it applies, settled nothing: it wrote nothing)
 
 
@@ -477,12 +478,12 @@ def round_canonical_matmul(
     not take these tensors (``v`` untouched). ``plan``: :func:`matmul_plan` of the operands' shapes
     where the caller has it (then only their dtypes, devices and sizes are checked here)."""
     if plan is not None and _as_planned(plan, ins, v):
-        shape, consts = plan
+        shape, consts = plan.shape, plan.consts
     else:
-        shape = native_rows.matmul_operands(ins, v)
-        if shape is None:
+        operands = native_rows.matmul_operands(ins, v)
+        if operands is None:
             return None
-        consts = _matmul_consts(shape[2] + (len(ins) == 3))
+        shape, consts = operands, _matmul_consts(operands[2] + (len(ins) == 3))
     got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2])
     if not len(got.cand) or (got.finite and not got.attention):
         return got.r, _NO_ENTRIES, 0
