@@ -125,9 +125,9 @@ def _exempted(job, monkeypatch, steps: int):
         record(graph, op, ins, v, d, out, log)
         return out, log, slow
 
-    def spy_matmul(graph, op, ins, v, what, empty=None):  # (the trainer's MATMULs: v without the bias)
+    def spy_matmul(graph, op, ins, v, what, *rest):  # (the trainer's MATMULs: v without the bias, the norm bound)
         v0 = v.clone()
-        got = real_matmul(graph, op, ins, v, what, empty)
+        got = real_matmul(graph, op, ins, v, what, *rest)
         if got is not None:
             d = vexec._norm_bound([t.double() for t in ins], v0, True, ins)  # (adds the bias to v0)
             record(graph, op, ins, v0, d, got[0], got[1])

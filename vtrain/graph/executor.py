@@ -34,8 +34,10 @@ from vtrain.graph.step_graph import (
 from vtrain.numerics import fp32_native, native, native_filter, native_replay
 from vtrain.numerics.canonical import (
     SUBNORMAL_F32,
+    MatmulPlan,
     ReplayMatmul,
     grid_elements,
+    matmul_plan,
     norm_bound_factor,
     replay_matmul_norm,
     replay_sum_values,
@@ -158,8 +160,10 @@ class StepExecutor:
         tiled transpose applies), ``_PLAN_INPUT`` (a state slot, inline in the step loop),
         ``_PLAN_MATMUL`` / ``_PLAN_SUM`` (MATMUL; SUM, MEAN: the canonical certified trainer's, straight
         to :meth:`_rounded_sum` in a step without ``log_in``), ``_PLAN_RESHAPE`` (RESHAPE/OUTPUT: a view, handled
-        inline by the step loop), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a
-        broadcast view where the loop allows, else a copy), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
+        inline by the step loop), ``_PLAN_SAME`` (a RESHAPE/OUTPUT to its input's own shape: the input
+        passed on as it is, inline), ``_PLAN_SLICE`` (the :func:`_move` of a SLICE, inline, from
+        ``args``), ``_PLAN_BROADCAST`` (an EXPAND read only by native FP32 kernels: a broadcast view
+        where the loop allows, else a copy), ``_PLAN_CONCAT`` / ``_PLAN_PARTS`` (a CONCAT; one read
         only by CONCATs),
         ``_PLAN_EXACT`` (a single FP32 operation, :func:`compute_exact_fp32`; native operands
         ``(code, scalar first, scalar)`` when the C kernel applies), ``_PLAN_SQRT`` (SQRT in one
@@ -180,18 +184,25 @@ class StepExecutor:
         for op in g.ops:
             k = op.kind
             nat = None
+            args: tuple = ()
             if k == OpKind.INPUT and self.collective is None:
                 cls = _PLAN_INPUT
             elif op.id in reductions or k in _SOURCE_KINDS:
                 cls = _PLAN_OP
             elif k in _ROUNDED_SUMS and trainer_canonical:
                 cls = _PLAN_MATMUL if k == OpKind.MATMUL else _PLAN_SUM
+                if k == OpKind.MATMUL and self.device.type == "cpu":  # (the native epilogue's sizes, once)
+                    args = (matmul_plan([g.ops[i].shape for i in op.inputs]),)
             elif k == OpKind.CONCAT and consumers[op.id] == {OpKind.CONCAT} and op.id != g.loss_op:
                 cls = _PLAN_PARTS
             elif k == OpKind.CONCAT:
                 cls = _PLAN_CONCAT
             elif k in (OpKind.RESHAPE, OpKind.OUTPUT):
-                cls = _PLAN_RESHAPE
+                # to the input's own shape: the input passed on as it is (a reshape to it is a view of it)
+                cls = _PLAN_SAME if tuple(g.ops[op.inputs[0]].shape) == tuple(op.shape) else _PLAN_RESHAPE
+            elif k == OpKind.SLICE:
+                axis, start = op.attrs
+                cls, args = _PLAN_SLICE, (axis, start, op.shape[axis])
             elif k == OpKind.EXPAND and native and exact_modes and consumers[op.id] <= broadcast_readers:
                 cls = _PLAN_BROADCAST  # read in place by the native kernels (stride 0): no copy
             elif k not in ROUNDING_KINDS:
@@ -209,7 +220,7 @@ class StepExecutor:
                 cls = _PLAN_OP
             frees = tuple(sorted({i for i in op.inputs if last[i] == op.id and i != g.loss_op}))
             slot = op.attrs[0] if k == OpKind.OUTPUT else -1
-            plan.append([op, cls, tuple(op.inputs), frees, slot, nat, ()])
+            plan.append([op, cls, tuple(op.inputs), frees, slot, nat, (), args])
         # Large native outputs read only by ops that never alias an input into their output are
         # recycled at their last use (fresh buffers of many MB cost a page fault per 4 KiB).
         recyclable = {
@@ -250,9 +261,35 @@ class StepExecutor:
                 group = None
             steps.append(_PlanStep(
                 *entry[:6], tuple(i for i in entry[3] if i in recyclable),
-                group, ffrees, tuple(i for i in ffrees if i in recyclable),
+                group, ffrees, tuple(i for i in ffrees if i in recyclable), entry[7],
             ))
-        return steps
+        split = self._slice_splits()
+        return [st._replace(args=split[st.op.id]) if st.op.id in split else st for st in steps]
+
+    def _slice_splits(self) -> dict[int, tuple]:
+        """SLICE op -> ``(axis, start, length, key, piece, bounds, last)`` where two or more SLICEs read one
+        value along one axis without overlapping (the flat optimizer's state, cut into its slots): the
+        step loop cuts that value once (``tensor_split`` at ``bounds``: the same views as each SLICE's
+        ``narrow``), each SLICE takes its ``piece``; ``last``: the last of them in graph order (drops them)."""
+        g = self.graph
+        by: dict[tuple[int, int], list[OpNode]] = {}
+        for op in g.ops:
+            if op.kind == OpKind.SLICE:
+                by.setdefault((op.inputs[0], op.attrs[0]), []).append(op)
+        out: dict[int, tuple] = {}
+        for (i, axis), ops in by.items():
+            if len(ops) < 2:
+                continue
+            spans = sorted((op.attrs[1], op.attrs[1] + op.shape[axis]) for op in ops)
+            if any(end > nxt for (_, end), (nxt, _) in zip(spans, spans[1:])):
+                continue  # (overlapping slices: each its own narrow)
+            size = g.ops[i].shape[axis]
+            bounds = sorted({x for span in spans for x in span} - {0, size})
+            full = [0, *bounds, size]
+            for op in ops:
+                start = op.attrs[1]
+                out[op.id] = (axis, start, op.shape[axis], i, full.index(start), tuple(bounds), op is ops[-1])
+        return out
 
     def _fused_groups(self, plan: list[list], reductions) -> list[_FusedGroup]:
         """Chains of native FP32-exact ops (and SQRT) of one shape, run in one native pass by the fused
@@ -343,8 +380,8 @@ class StepExecutor:
                     for what, i in srcs]
             steps.append((code, regs[0], regs[1] if len(regs) > 1 else 0))
         outs = [m for m in ms if m == g.loss_op or any(u not in inner for u in users[m])]
-        chain = fp32_native.Chain(shape, kinds, steps, [reg[m] for m in outs])
-        return _FusedGroup(tuple(ms), tuple(ext), tuple(consts), tuple(outs), chain, shape)
+        chain = fp32_native.Chain(shape, kinds, steps, [reg[m] for m in outs], consts=tuple(consts))
+        return _FusedGroup(tuple(ms), tuple(ext), tuple(consts), tuple(outs), chain, shape, chain.numel * len(ms))
 
     def _plan_native(self, op: OpNode) -> tuple | None:
         if op.kind == OpKind.SQRT:
@@ -385,8 +422,9 @@ class StepExecutor:
         g = self.graph
         if len(state) != len(g.slots):
             raise VtrainError(f"state: expected {len(g.slots)} tensors, got {len(state)}")
+        f32 = torch.float32
         for i, (t, s) in enumerate(zip(state, g.slots, strict=False)):
-            if tuple(t.shape) != s.shape or t.dtype != torch.float32:
+            if t.shape != s.shape or t.dtype is not f32:  # (torch.Size is a tuple)
                 raise VtrainError(
                     f"state slot {i} ({s.name}): expected float32{s.shape}, got {t.dtype}{tuple(t.shape)}"
                 )
@@ -442,7 +480,10 @@ class StepExecutor:
         # native pass each (:meth:`_fused_groups`); a NaN/Inf there makes a deferred run's caller rerun
         # eagerly, and an eager run reruns that group op by op, which names the op.
         fused = views
-        for op, cls, inputs, frees, slot, nat, recycle, group, ffrees, frecycle in self._plan:
+        permute_planned = fp32_native.permute_planned
+        pooled, big = self.buffers.empty, self._big  # (large PERMUTE outputs from the buffer pool)
+        cuts: dict[int, tuple[torch.Tensor, ...]] = {}  # a value cut by its SLICEs: the pieces
+        for op, cls, inputs, frees, slot, nat, recycle, group, ffrees, frecycle, args in self._plan:
             if fused and group is not None:
                 if group is _FUSED_MEMBER:
                     continue
@@ -459,10 +500,31 @@ class StepExecutor:
             if cls == _PLAN_INPUT and op_hook is None and trace is None:
                 vals[op.id] = state[op.attrs[0]]
                 continue
-            if cls == _PLAN_RESHAPE and collective is None:
-                out = vals[inputs[0]].reshape(op.shape)
+            if cls in _INLINE_MOVES and collective is None:  # (inputs never recycled; nothing to catch)
+                a = vals[inputs[0]]
+                if cls == _PLAN_SAME and op_hook is None:  # (a hook's output may have any shape)
+                    out = a
+                elif cls == _PLAN_RESHAPE or cls == _PLAN_SAME:
+                    out = a.reshape(op.shape)
+                elif cls == _PLAN_SLICE:  # (_move's SLICE)
+                    if len(args) == 3 or op_hook is not None:
+                        out = a.narrow(*args[:3])
+                    else:  # (one of the SLICEs that cut one value: :meth:`_slice_splits`)
+                        axis, _, _, key, piece, bounds, last = args
+                        pieces = cuts.pop(key, None) if last else cuts.get(key)
+                        if pieces is None:
+                            pieces = a.tensor_split(bounds, dim=axis)
+                            if not last:
+                                cuts[key] = pieces
+                        out = pieces[piece]
+                    if not out.is_contiguous():
+                        out = out.contiguous()
+                else:
+                    out = None if nat is None else permute_planned(a, nat, pooled if a.numel() * 4 >= big else None)
+                    if out is None:
+                        out = _move(op, [vals[i] for i in inputs])
                 if op_hook is not None:
-                    out = op_hook(op, [vals[inputs[0]]], out, out_log)
+                    out = op_hook(op, [vals[i] for i in inputs], out, out_log)
                 vals[op.id] = out
                 if trace is not None:
                     trace.append(out)
@@ -478,16 +540,15 @@ class StepExecutor:
             try:
                 if cls == _PLAN_BROADCAST and views:
                     out = ins[0].expand(op.shape)
-                elif cls == _PLAN_MOVE or cls == _PLAN_RESHAPE or cls == _PLAN_BROADCAST:
-                    out = None if nat is None else fp32_native.permute_planned(ins[0], nat, self._empty_for(
-                        ins[0].numel(), 4))
-                    if out is None:
-                        out = _move(op, ins)
+                elif cls in _INLINE_MOVES or cls == _PLAN_BROADCAST:  # (a collective's: its inputs cut)
+                    out = _move(op, ins)
                 elif cls == _PLAN_CONCAT or (cls == _PLAN_PARTS and not parts):
                     out = concat_flat(_flat_parts(ins), self.buffers.empty)
                 elif cls == _PLAN_PARTS:
                     out = _flat_parts(ins)
-                elif (cls == _PLAN_MATMUL or cls == _PLAN_SUM) and log_in is None:
+                elif cls == _PLAN_MATMUL and log_in is None:
+                    out = self._rounded_matmul(op, ins, out_log, stats, *args)
+                elif cls == _PLAN_SUM and log_in is None:
                     out = self._rounded_sum(op, ins, out_log, stats, sums)
                 elif cls == _PLAN_EXACT and op.id not in logged:
                     out = self._exact_fp32(op, ins, nat, stats, sums, pool)
@@ -537,12 +598,12 @@ class StepExecutor:
         its members one by one (the same bits; their NaN/Inf probes into the step's ``sums``, or the
         first one raises naming its op as the unfused loop does)."""
         ins = [vals[i] for i in group.inputs]
-        got = group.chain([*ins, *group.consts], self._empty_for(group.chain.numel, 4))
+        got = group.chain(ins, self._empty_for(group.chain.numel, 4))  # (the scalars are bound to the chain)
         if got is not None:
             outs, finite = got
             if finite:
-                stats.values += group.chain.numel * len(group.members)
-                for i, t in zip(group.outputs, outs, strict=True):
+                stats.values += group.values
+                for i, t in zip(group.outputs, outs):
                     vals[i] = t
                 return
             if sums is not None:  # the caller's eager rerun names the op
@@ -741,15 +802,30 @@ class StepExecutor:
             self._log_entries(op, entries, out_log, stats)
         return out
 
-    def _canonical_matmul(self, op: OpNode, ins: list[torch.Tensor], what: str) -> tuple[torch.Tensor, OpLog, int]:
+    def _rounded_matmul(
+        self, op: OpNode, ins: list[torch.Tensor], out_log: StepLog, stats: RoundingStats,
+        plan: MatmulPlan | None = None,
+    ) -> torch.Tensor:
+        """:meth:`_rounded_sum` of a MATMUL (the plan's ``_PLAN_MATMUL`` in a step without ``log_in``;
+        ``plan``: :func:`matmul_plan` of its operands' shapes, where the plan has one)."""
+        out, entries, slow = self._canonical_matmul(op, ins, self._what[op.id], plan)
+        stats.values += out.numel()
+        stats.ambiguous_resolved += slow
+        if len(entries):
+            self._log_entries(op, entries, out_log, stats)
+        return out
+
+    def _canonical_matmul(
+        self, op: OpNode, ins: list[torch.Tensor], what: str, plan: MatmulPlan | None = None
+    ) -> tuple[torch.Tensor, OpLog, int]:
         """The canonical trainer's MATMUL under the norm bound: the FP64 products, then the bias add,
         norms, filter and decisions in one native call (:func:`round_canonical_matmul`) where it takes
         the tensors, else :func:`_norm_bound` and :func:`round_canonical` (the same bits)."""
-        x = [self._widen(t) for t in ins[:2]]
-        v = self._products(x[0], x[1])
-        got = round_canonical_matmul(self.graph, op, ins, v, what, self._empty_for(v.numel(), 4))
+        a, b = self._widen(ins[0]), self._widen(ins[1])
+        v = self._products(a, b)
+        got = round_canonical_matmul(self.graph, op, ins, v, what, plan, self._empty_for(v.numel(), 4))
         if got is None:
-            x.extend(t.double() for t in ins[2:])
+            x = [a, b, *(t.double() for t in ins[2:])]
             got = round_canonical(self.graph, op, ins, v, _norm_bound(x, v, True, ins), what)
         return got
 
@@ -989,6 +1065,8 @@ class _FusedGroup:
     outputs: tuple[int, ...]
     chain: fp32_native.Chain
     shape: tuple[int, ...]
+    values: int = 0
+    """The values the group rounds (each member's elements), for the step's stats."""
 
 
 _FUSED_MEMBER = _FusedGroup((), (), (), (), None, ())  # type: ignore[arg-type]
@@ -997,7 +1075,10 @@ _FUSED_MEMBER = _FusedGroup((), (), (), (), None, ())  # type: ignore[arg-type]
 
 class _PlanStep(NamedTuple):
     """What the step loop needs of one op (:meth:`StepExecutor._make_plan`). ``group``, ``ffrees``
-    and ``frecycle``: the fused loop's (its group, or :data:`_FUSED_MEMBER`; its frees and recycles)."""
+    and ``frecycle``: the fused loop's (its group, or :data:`_FUSED_MEMBER`; its frees and recycles);
+    ``args``: the op's arguments worked out once (a SLICE's ``(axis, start, length)``, with
+    :meth:`StepExecutor._slice_splits`' where it is one of several cutting a value; a MATMUL's
+    ``(canonical.matmul_plan,)`` on the CPU)."""
 
     op: OpNode
     cls: int
@@ -1009,6 +1090,7 @@ class _PlanStep(NamedTuple):
     group: _FusedGroup | None = None
     ffrees: tuple[int, ...] = ()
     frecycle: tuple[int, ...] = ()
+    args: tuple = ()
 
 
 _RECYCLE_MIN = 1 << 20
@@ -1016,47 +1098,54 @@ _RECYCLE_MIN = 1 << 20
 _NON_ALIASING = ROUNDING_KINDS
 """Consumers that never keep an input or a view of it (every rounding op writes a fresh tensor)."""
 (_PLAN_OP, _PLAN_MOVE, _PLAN_EXACT, _PLAN_CONCAT, _PLAN_PARTS, _PLAN_SQRT, _PLAN_RESHAPE, _PLAN_BROADCAST,
- _PLAN_INPUT, _PLAN_MATMUL, _PLAN_SUM) = range(11)
+ _PLAN_INPUT, _PLAN_MATMUL, _PLAN_SUM, _PLAN_SLICE, _PLAN_SAME) = range(13)
+_INLINE_MOVES = frozenset({_PLAN_SAME, _PLAN_RESHAPE, _PLAN_SLICE, _PLAN_MOVE})
+"""Plan classes run inline by the step loop (exact: no log, no NaN/Inf check, nothing recycled)."""
 
 
 def _flat_parts(ins: list) -> list[torch.Tensor]:
-    """A CONCAT's inputs as the flat pieces of its output, in order (an input may be the parts list
-    of an inner CONCAT)."""
+    """A CONCAT's inputs as the pieces of its output, in order (an input may be the parts list of an
+    inner CONCAT): tensors of any shape, each standing for its elements in order (:func:`concat_flat`)."""
     out: list[torch.Tensor] = []
     for t in ins:
         if isinstance(t, list):
             out.extend(t)
         else:
-            out.append(t.reshape(-1))
+            out.append(t)
     return out
 
 
 def concat_flat(parts: list[torch.Tensor], empty: fp32_native.Empty | None = None) -> torch.Tensor:
-    """``torch.cat`` of flat ``parts``, or, where they lie back to back in one buffer, that range of
-    the buffer as a view (the same values, no copy). The flat optimizer's state comes back from a
-    step as SLICE views of its update's flat outputs, so the next step's CONCATs of parameters and
-    state find their parts in order: three copies of the whole state a step saved (a CONCAT's output
-    is never recycled or written in place by the step loop, so the alias is only read). ``empty(shape,
-    dtype)`` makes the output of a copy (a buffer pool's) where the parts are CPU tensors of one dtype."""
+    """``torch.cat`` of the flattened ``parts`` (each stands for its elements in order), or, where they
+    lie back to back in one buffer, that range of the buffer as a view (the same values, no copy). The
+    flat optimizer's state comes back from a step as SLICE views of its update's flat outputs, so the
+    next step's CONCATs of parameters and state find their parts in order: three copies of the whole
+    state a step saved (a CONCAT's output is never recycled or written in place by the step loop, so
+    the alias is only read). Back to back: each part contiguous, of the first's dtype, starting where
+    the one before ends, the first and the last in one storage (so is every byte between them).
+    ``empty(shape, dtype)`` makes the output of a copy (a buffer pool's) where the parts are CPU
+    tensors of one dtype."""
     full = [t for t in parts if t.numel()]  # (an empty part has no address)
-    if len(full) > 1 and _back_to_back(full):
-        return full[0].as_strided((sum(t.numel() for t in full),), (1,))
-    if empty is not None and full and all(t.is_cpu and t.dtype == full[0].dtype for t in parts):
-        return torch.cat(parts, out=empty((sum(t.numel() for t in parts),), full[0].dtype))
-    return torch.cat(parts)
+    if len(full) > 1:
+        first, last = full[0], full[-1]
+        at, size, dtype = first.data_ptr(), first.element_size(), first.dtype
+        for t in full:
+            if t.data_ptr() != at or t.dtype != dtype or not t.is_contiguous():
+                return _cat(parts, empty)
+            at += t.numel() * size
+        if last.device != first.device or last.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
+            return _cat(parts, empty)
+        return first.as_strided(((at - first.data_ptr()) // size,), (1,))
+    return _cat(parts, empty)
 
 
-def _back_to_back(parts: list[torch.Tensor]) -> bool:
-    """Whether contiguous ``parts`` (none empty) of one dtype and device follow each other in one buffer."""
-    first = parts[0]
-    base = first.untyped_storage().data_ptr()
-    at, size = first.data_ptr(), first.element_size()
-    for t in parts:
-        if (t.data_ptr() != at or t.dtype != first.dtype or not t.is_contiguous() or t.device != first.device
-                or t.untyped_storage().data_ptr() != base):
-            return False
-        at += t.numel() * size
-    return True
+def _cat(parts: list[torch.Tensor], empty: fp32_native.Empty | None) -> torch.Tensor:
+    """``torch.cat`` of the flattened ``parts``, into ``empty``'s buffer where they are CPU tensors of one dtype."""
+    flat = [t.reshape(-1) for t in parts]
+    if empty is not None and flat and all(t.is_cpu and t.dtype == flat[0].dtype for t in flat):
+        return torch.cat(flat, out=empty((sum(t.numel() for t in flat),), flat[0].dtype))
+    return torch.cat(flat)
+
 
 
 # kind -> (vt_fp32_binary code, whether the scalar is the first operand)

@@ -188,6 +188,19 @@ _CHUNK = 1 << 15
 _BAND = CANDIDATE_BAND * (1.0 + 2.0**-30)
 
 
+def _no_entries() -> OpLog:
+    """An empty :class:`OpLog` whose arrays are read-only (shared: nothing appends to a log in place)."""
+    log = OpLog.empty()
+    for a in (log.index, log.code, log.value):
+        a.flags.writeable = False
+    return log
+
+
+_NO_ENTRIES = _no_entries()
+"""The log of an op without entries, returned by the trainer's hot paths instead of a fresh
+``OpLog.empty()`` (three arrays per op)."""
+
+
 def _candidates_np(vf: np.ndarray, df: np.ndarray, rf: np.ndarray) -> np.ndarray:
     """:func:`midpoint_candidates` in numpy on flat arrays: ``fl(fl(h - |v - r|) - reach) <= 0``."""
     return midpoint_candidates_np(vf, rf, df * _BAND)
@@ -235,9 +248,16 @@ def round_canonical_sum(
     if got is None:
         return None
     r, cand, finite = got
+    if r.shape != op.shape:  # (r: [..., 1], the op's shape where it keeps the summed axis)
+        r = r.reshape(op.shape)
     if not len(cand):  # (_round_canonical_at's first return: no candidate, every element finite)
-        return r.reshape(op.shape), OpLog.empty(), 0
-    return _round_canonical_at(graph, op, ins, None, r.reshape(op.shape), torch.from_numpy(cand), finite, what)
+        return r, _NO_ENTRIES, 0
+    at = torch.from_numpy(cand)
+    if finite:  # _round_canonical_at's common case (every candidate decided, none due an entry), first
+        if native_rows.decide_into(op.kind, ins, at, r.reshape(-1)) == 0:
+            return r, _NO_ENTRIES, 0
+    return _round_canonical_at(graph, op, ins, None, r, at, finite, what,
+                               into=False)  # (decide_into, where it applies, settled nothing: it wrote nothing)
 
 
 def sum_round_filter_np(x: np.ndarray, kind: OpKind) -> tuple[np.ndarray, np.ndarray]:
@@ -397,8 +417,58 @@ _MATMUL_CONSTS: dict[int, tuple[float, float, float]] = {}
 """``(sub, factor, coef)`` of :func:`round_canonical_matmul` by term count (a graph has a few)."""
 
 
+class MatmulPlan(NamedTuple):
+    """What :func:`round_canonical_matmul` works out for a MATMUL of fixed operand shapes, once
+    (:func:`matmul_plan`): ``native_rows.matmul_operands``' ``(batches, m, k, ncols)`` and the bound's
+    ``(sub, factor, coef)``."""
+
+    shape: tuple[int, int, int, int]
+    consts: tuple[float, float, float]
+
+
+def _matmul_consts(n: int) -> tuple[float, float, float]:
+    consts = _MATMUL_CONSTS.get(n)
+    if consts is None:
+        consts = _MATMUL_CONSTS[n] = (n * SUBNORMAL_F32, norm_bound_factor(n), TRAINER_BOUND_SLACK * gamma(n))
+    return consts
+
+
+def matmul_plan(shapes: list[tuple[int, ...]]) -> MatmulPlan | None:
+    """The :class:`MatmulPlan` of a MATMUL whose operands have ``shapes`` (``[..., M, K]``, ``[..., N, K]``,
+    optional bias ``[N]``): ``native_rows.matmul_operands``' conditions on the shapes (its products
+    ``v``, ``[..., M, N]``, follow from them); None where they fail or the kernels are not loaded."""
+    if len(shapes) not in (2, 3) or not native_rows.available():
+        return None
+    sa, sb = tuple(shapes[0]), tuple(shapes[1])
+    nd = len(sa)
+    if nd < 2 or len(sb) != nd or sa[:-2] != sb[:-2]:
+        return None
+    m, k, ncols = sa[-2], sa[-1], sb[-2]
+    batches = math.prod(sa[:-2])
+    if sb[-1] != k or k == 0 or batches * m * ncols == 0:
+        return None
+    if len(shapes) == 3 and tuple(shapes[2]) != (ncols,):
+        return None
+    return MatmulPlan((batches, m, k, ncols), _matmul_consts(k + (len(shapes) == 3)))
+
+
+def _as_planned(plan: MatmulPlan, ins: list[torch.Tensor], v: torch.Tensor) -> bool:
+    """Whether ``ins`` and ``v`` are what ``plan`` was made for, as far as the kernel reads them: FP32
+    CPU operands and FP64 C-contiguous CPU products of the planned sizes (their shapes are the
+    caller's: the planned ones)."""
+    f32 = torch.float32
+    for t in ins:
+        if t.dtype is not f32 or not t.is_cpu:
+            return False
+    if v.dtype is not torch.float64 or not v.is_cpu or not v.is_contiguous():
+        return False
+    batches, m, k, ncols = plan.shape
+    return (v.numel() == batches * m * ncols and ins[0].numel() == batches * m * k
+            and ins[1].numel() == batches * ncols * k and (len(ins) == 2 or ins[2].numel() == ncols))
+
+
 def round_canonical_matmul(
-    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str,
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str, plan: MatmulPlan | None = None,
     empty: fp32_native.Empty | None = None,
 ) -> tuple[torch.Tensor, OpLog, int] | None:
     """:func:`round_canonical` of a MATMUL under the trainer's norm bound (``executor._norm_bound``)
@@ -406,18 +476,19 @@ def round_canonical_matmul(
     ``v.add_(bias.double())`` would), the row norms, bias add, filter and decisions in one native call
     (``native_rows.matmul_round_norm``: the same kernels in the same order, so the same bits); the
     rest of :func:`_round_canonical_at` only where a candidate needs it. None where the kernel does
-    not take these tensors (``v`` untouched). ``empty(shape, dtype)`` makes the output buffer (None:
-    ``torch.empty``)."""
-    shape = native_rows.matmul_operands(ins, v)
-    if shape is None:
-        return None
-    n = shape[2] + (len(ins) == 3)
-    consts = _MATMUL_CONSTS.get(n)
-    if consts is None:
-        consts = _MATMUL_CONSTS[n] = (n * SUBNORMAL_F32, norm_bound_factor(n), TRAINER_BOUND_SLACK * gamma(n))
+    not take these tensors (``v`` untouched). ``plan``: :func:`matmul_plan` of the operands' shapes
+    where the caller has it (then only their dtypes, devices and sizes are checked here). ``empty(shape,
+    dtype)`` makes the output buffer (None: ``torch.empty``)."""
+    if plan is not None and _as_planned(plan, ins, v):
+        shape, consts = plan.shape, plan.consts
+    else:
+        operands = native_rows.matmul_operands(ins, v)
+        if operands is None:
+            return None
+        shape, consts = operands, _matmul_consts(operands[2] + (len(ins) == 3))
     got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2], empty)
     if not len(got.cand) or (got.finite and not got.attention):
-        return got.r, OpLog.empty(), 0
+        return got.r, _NO_ENTRIES, 0
     if got.finite and got.decided is not None and got.decided[3].all():
         return _decided_matmul(got)
     return _round_canonical_at(graph, op, ins, v, got.r, torch.from_numpy(got.cand), got.finite, what,
@@ -431,7 +502,7 @@ def _decided_matmul(got: native_rows.MatmulRound) -> tuple[torch.Tensor, OpLog, 
     kept, bits, codes, _ = got.decided  # type: ignore[misc]
     r = got.r
     if not len(kept):  # the tight re-filter cleared every candidate
-        return r, OpLog.empty(), 0
+        return r, _NO_ENTRIES, 0
     cand = kept if len(kept) < len(got.cand) else got.cand
     vals = bits.astype(np.uint32).view(np.float32) + np.float32(0.0)  # canonical zeros
     r.numpy().reshape(-1)[cand] = vals
@@ -441,12 +512,19 @@ def _decided_matmul(got: native_rows.MatmulRound) -> tuple[torch.Tensor, OpLog, 
 def _entries_of(cand: np.ndarray, vals: np.ndarray, codes: np.ndarray) -> OpLog:
     """The log entries of decided candidates (flat indices ``cand``, their FP32 values and codes):
     those with a code, an explicit one storing its value."""
-    keep = codes != int(Code.NONE)
+    keep = codes != _CODE_NONE
+    if keep.all():  # (the common case: every decided candidate has an entry; no selection to make)
+        code = codes.astype(np.uint8)
+        value = np.where(code == _CODE_EXPLICIT, vals, _ZERO32)
+        return OpLog(cand.astype(np.int64), code, value.astype(np.float32, copy=False))
     if not keep.any():
-        return OpLog.empty()
+        return _NO_ENTRIES
     code = codes[keep].astype(np.uint8)
-    value = np.where(code == int(Code.EXPLICIT), vals[keep], np.float32(0.0)).astype(np.float32)
+    value = np.where(code == _CODE_EXPLICIT, vals[keep], _ZERO32).astype(np.float32, copy=False)
     return OpLog(cand[keep].astype(np.int64), code, value)
+
+
+_CODE_NONE, _CODE_EXPLICIT, _ZERO32 = int(Code.NONE), int(Code.EXPLICIT), np.float32(0.0)
 
 
 def _round_canonical_at(
@@ -457,7 +535,7 @@ def _round_canonical_at(
     ``decided``: the candidates' native decisions where the caller has them (:func:`native_rows.decide`'s
     result); ``into`` False: the caller knows that :func:`native_rows.decide_into` would not settle them."""
     if cand.numel() == 0:  # also proves every element finite (a NaN/Inf margin is never > 0)
-        return r, OpLog.empty(), 0
+        return r, _NO_ENTRIES, 0
     overflow = _overflows_to_decide(op, v, r, cand, what) if not finite else None
     if overflow is not None:  # fail fast where the first one truly overflows (a diverged run: many do)
         _decide_exactly(graph, op, ins, overflow[:1], what)
@@ -466,11 +544,11 @@ def _round_canonical_at(
     if into and finite and op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN) and cand.device.type == "cpu":
         # the common case in one native call: every kept candidate decided, none due an entry
         if native_rows.decide_into(op.kind, ins, cand, out, tight=_tight_args(op, ins, v, out)) == 0:
-            return out.reshape(r.shape), OpLog.empty(), 0
+            return out.reshape(r.shape), _NO_ENTRIES, 0
     if op.kind in (OpKind.MATMUL, OpKind.SUM, OpKind.MEAN):
         got = _decide_candidates(op, ins, v, out, cand, decided)
         if got is None:  # the MATMUL tight bound cleared every candidate
-            return out.reshape(r.shape), OpLog.empty(), 0
+            return out.reshape(r.shape), _NO_ENTRIES, 0
         cand, bits, codes, undecided = got
         slow = np.flatnonzero(undecided)
     else:

@@ -252,11 +252,13 @@ class Chain:
     from a contiguous tensor of the source shape or from its broadcast view (``expand``) to ``shape``;
     then one register per step. ``steps``: ``(code, a, b)`` with ``code`` ADD/SUB/MUL/DIV/SQRT and
     ``a``, ``b`` register numbers (``b`` ignored by SQRT); ``outputs``: the step registers written to
-    fresh tensors of ``shape``."""
+    fresh tensors of ``shape``. ``consts``: tensors bound once to the last ``len(consts)`` input
+    registers (the ops' scalars: checked and addressed here, held by the chain), which calls then
+    leave out."""
 
     def __init__(
         self, shape: tuple[int, ...], inputs: list[tuple[tuple[int, ...], int, int]],
-        steps: list[tuple[int, int, int]], outputs: list[int],
+        steps: list[tuple[int, int, int]], outputs: list[int], consts: tuple[torch.Tensor, ...] = (),
     ) -> None:
         import numpy as np
 
@@ -266,7 +268,7 @@ class Chain:
         self.n_regs, self.n_steps, self.outputs = n_regs, len(steps), list(outputs)
         kinds = np.full(n_regs, -1, dtype=np.int32)  # scratch unless an input or an output
         params = np.zeros(n_regs, dtype=np.int64)
-        self._checks = []
+        checks = []
         for r, (src, kind, param) in enumerate(inputs):
             kinds[r], params[r] = kind, param
             strides, acc = [], 1
@@ -274,13 +276,24 @@ class Chain:
                 strides.append(acc)
                 acc *= d
             view = tuple(0 if d == 1 and m != 1 else st for d, m, st in zip(src, shape, reversed(strides)))
-            self._checks.append((math.prod(src), view if len(src) == len(shape) else None))
+            checks.append((math.prod(src), view if len(src) == len(shape) else None))
         for r in self.outputs:
             kinds[r] = FULL
         self._kinds, self._params = kinds, params
         self._ops = np.array([(c, n_inputs + k, a, b) for k, (c, a, b) in enumerate(steps)], dtype=np.int32)
         self._ptrs = np.zeros(n_regs, dtype=np.uint64)
         self._args = (self._ptrs.ctypes.data, kinds.ctypes.data, params.ctypes.data, self._ops.ctypes.data)
+        if len(consts) > n_inputs:
+            raise ValueError(f"fp32 chain: {len(consts)} constants for {n_inputs} inputs")
+        n_free = n_inputs - len(consts)
+        self._checks = checks[:n_free]
+        self._out_regs = [(r, self.shape) for r in self.outputs]
+        self.consts = tuple(consts)
+        self._bound = all(  # (else every call returns None: the caller runs the steps one by one)
+            _chain_operand(t, size, view, self.shape) for t, (size, view) in zip(self.consts, checks[n_free:])
+        )
+        for r, t in enumerate(self.consts, start=n_free):
+            self._ptrs[r] = t.data_ptr()
 
     def __call__(
         self, inputs: list[torch.Tensor], empty: Empty | None = None
@@ -288,25 +301,37 @@ class Chain:
         """``(outputs, all finite)``: the output tensors (in ``outputs`` order) and whether every
         step's values are finite; None when the kernel is not loaded or an input is neither a
         contiguous FP32 CPU tensor of its source's size nor its broadcast view (the caller runs the
-        steps one by one then). ``empty(shape, dtype)`` makes the output buffers (None: ``torch.empty``)."""
-        if _CHAIN is None:
+        steps one by one then). ``inputs``: one tensor per input register but the bound ``consts``.
+        ``empty(shape, dtype)`` makes the output buffers (None: ``torch.empty``)."""
+        if _CHAIN is None or not self._bound:
             return None
-        ptrs = self._ptrs
-        for r, (t, (size, view)) in enumerate(zip(inputs, self._checks, strict=True)):
-            if t.dtype is not torch.float32 or not t.is_cpu:
+        ptrs, shape = self._ptrs, self.shape
+        if len(inputs) != len(self._checks):
+            raise ValueError(f"fp32 chain: expected {len(self._checks)} inputs, got {len(inputs)}")
+        for r, (t, (size, view)) in enumerate(zip(inputs, self._checks)):
+            if t.dtype is not _F32 or not t.is_cpu:
                 return None
             if not ((t.numel() == size and t.is_contiguous()) or (view is not None and t.stride() == view
-                                                                   and tuple(t.shape) == self.shape)):
+                                                                   and t.shape == shape)):
                 return None
             ptrs[r] = t.data_ptr()
-        if empty is None:
-            outs = [torch.empty(self.shape, dtype=torch.float32) for _ in self.outputs]
-        else:
-            outs = [empty(self.shape, torch.float32) for _ in self.outputs]
-        for r, t in zip(self.outputs, outs, strict=True):
+        outs = []
+        for r, sh in self._out_regs:
+            t = torch.empty(sh, dtype=_F32) if empty is None else empty(sh, _F32)
             ptrs[r] = t.data_ptr()
+            outs.append(t)
         a = self._args
         ok = _CHAIN(self.numel, self.n_regs, a[0], a[1], a[2], self.n_steps, a[3])
         if ok < 0:
             raise ValueError(f"fp32 chain kernel: bad arguments or no memory ({self.n_steps} steps)")
         return outs, ok == 1
+
+
+_F32 = torch.float32
+
+
+def _chain_operand(t: torch.Tensor, size: int, view: tuple[int, ...] | None, shape: tuple[int, ...]) -> bool:
+    """Whether :class:`Chain` reads ``t`` for an input of ``size`` elements (broadcast strides ``view``)."""
+    if t.dtype is not _F32 or not t.is_cpu:
+        return False
+    return (t.numel() == size and t.is_contiguous()) or (view is not None and t.stride() == view and t.shape == shape)
