@@ -11,13 +11,17 @@ free when its storage's only owner is the pool (``torch._C._storage_Use_Count``)
 caller keeps (a state slot, a trace entry, a view of either) is never written to. No value depends
 on which buffer an op writes into. Buffers not taken again in a step are released at its end
 (:meth:`BufferPool.retire`), so the pool holds at most one step's working set beyond what the step
-itself holds.
+itself holds; the free ones it keeps are marked lazily freeable (Linux ``MADV_FREE``): under memory
+pressure the kernel takes their pages back (a later write faults in zeroed pages, as fresh memory
+would), otherwise the next step writes them without a fault.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -34,6 +38,35 @@ POOL_SLACK = 1.25
 _PAGE = 4096
 
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+_MADV_FREE = 8  # (Linux)
+_PAGE_MASK = _PAGE - 1
+
+
+def _madvise():
+    """libc's ``madvise`` on Linux, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        f = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return f
+
+
+_MADVISE = _madvise()
+
+
+def _lazy_free(owner: torch.Tensor, capacity: int) -> None:
+    """Mark the whole pages of a free buffer lazily freeable (its contents are never read again)."""
+    if _MADVISE is None:
+        return
+    start = owner.data_ptr()
+    lo, hi = (start + _PAGE_MASK) & ~_PAGE_MASK, (start + capacity) & ~_PAGE_MASK
+    if hi > lo:
+        _MADVISE(lo, hi - lo, _MADV_FREE)  # (a failure leaves the pages as they are: harmless)
 
 
 def _free(owner: torch.Tensor) -> bool:
@@ -89,9 +122,12 @@ class BufferPool:
         with self._lock:
             keep, released = [], 0
             for b in self._buffers:
-                if not b.taken and _free(b.owner):
+                free = _free(b.owner)
+                if not b.taken and free:
                     released += b.capacity
                     continue
+                if free:
+                    _lazy_free(b.owner, b.capacity)
                 b.taken = False
                 keep.append(b)
             self._buffers = keep
