@@ -18,6 +18,7 @@ cost of the certified step equal to plain FP32's (rounding, filter, log and opti
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -66,10 +67,15 @@ def measure(width: int, context: int, layers: int, heads: int, batch: int, vocab
     spec = TrainSpec(model="gpt", optimizer=AdamWConfig(), batch_size=batch, steps=steps + 3, mode="certified",
                      gpt=GPTConfig(vocab=vocab, n_layer=layers, d_model=width, n_head=heads, context=context))
     job = build_job(spec)
-    cert, plain = executor_for(job, "certified"), executor_for(job, "fp32")
+    cert = executor_for(job, "certified")
     state = cert.run(state_tensors(job.initial_state), batch_for(job, 1), step=1).state  # as a run hands it on
     data = batch_for(job, 2)
+    del cert  # (and its buffer pool: plain FP32 runs beside none of the certified executor's memory)
+    gc.collect()
+    plain = executor_for(job, "fp32")
     fp32 = cpu_median(lambda: plain.run(state, data, step=2), steps)
+    del plain
+    cert = executor_for(job, "certified")
     certified = cpu_median(lambda: cert.run(state, data, step=2), steps)
     g32, g64, n_mm = gemm_sums(job.graph, max(3, steps))
     return {"fp32": fp32, "certified": certified, "gemm32": g32, "gemm64": g64, "matmuls": n_mm,
