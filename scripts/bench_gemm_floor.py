@@ -74,7 +74,7 @@ def measure(width: int, context: int, layers: int, heads: int, batch: int, vocab
     gc.collect()
     plain = executor_for(job, "fp32")
     fp32 = cpu_median(lambda: plain.run(state, data, step=2), steps)
-    del plain
+    plain = None  # (released before the certified executor is made)
     cert = executor_for(job, "certified")
     certified = cpu_median(lambda: cert.run(state, data, step=2), steps)
     g32, g64, n_mm = gemm_sums(job.graph, max(3, steps))

@@ -643,6 +643,24 @@ def test_hoelder_row_norms_are_their_specification() -> None:
         lib.vt_norms_set_simd(1)
 
 
+def _peaked_matmul(rng, m: int, k: int, n: int, peaked: str) -> tuple:
+    """A softmax-gradient-like MATMUL's FP32 operands (rows of tiny values with one large one, against
+    wide dense rows; ``peaked``: which operand has the peaked rows), their FP64 copies, the products,
+    and the Cauchy-Schwarz and Hoelder reaches (``gamma(k)`` band) of every product."""
+    a = rng.random((m, k)) * 2.0**-20
+    a[np.arange(m), rng.integers(0, k, m)] = -1.0
+    b = rng.standard_normal((n, k)) * 0.02
+    if peaked == "b":
+        a, b = b[:m] * 1.0, np.concatenate([a, a[: n - m]])
+    ins = [torch.from_numpy(a.astype(np.float32)), torch.from_numpy(b.astype(np.float32))]
+    x = [t.double() for t in ins]
+    g = gamma(k) * C._BAND
+    cs = g * (x[0].norm(dim=1)[:, None] * x[1].norm(dim=1)[None, :])
+    hoelder = g * torch.minimum(x[0].abs().sum(1)[:, None] * x[1].abs().amax(1)[None, :],
+                                x[0].abs().amax(1)[:, None] * x[1].abs().sum(1)[None, :])
+    return ins, x, x[0] @ x[1].T, cs, hoelder
+
+
 @pytest.mark.parametrize("peaked", ["a", "b"])
 def test_matmul_filter_on_peaked_rows_is_tighter_and_misses_nothing(peaked: str, monkeypatch) -> None:
     """A softmax-gradient-like MATMUL (rows of tiny values with one large one, against wide dense
@@ -657,20 +675,8 @@ def test_matmul_filter_on_peaked_rows_is_tighter_and_misses_nothing(peaked: str,
     from vtrain.numerics import native_filter as NF
     from vtrain.numerics.rounding import midpoint_candidates_np
 
-    rng = np.random.default_rng(3)
     m, k, n = 24, 2048, 40
-    a = rng.random((m, k)) * 2.0**-20
-    a[np.arange(m), rng.integers(0, k, m)] = -1.0
-    b = rng.standard_normal((n, k)) * 0.02
-    if peaked == "b":
-        a, b = b[:m] * 1.0, np.concatenate([a, a[: n - m]])
-    ins = [torch.from_numpy(a.astype(np.float32)), torch.from_numpy(b.astype(np.float32))]
-    x = [t.double() for t in ins]
-    v = x[0] @ x[1].T
-    g = gamma(k) * C._BAND
-    cs = g * (x[0].norm(dim=1)[:, None] * x[1].norm(dim=1)[None, :])
-    hoelder = g * torch.minimum(x[0].abs().sum(1)[:, None] * x[1].abs().amax(1)[None, :],
-                                x[0].abs().amax(1)[:, None] * x[1].abs().sum(1)[None, :])
+    ins, x, v, cs, hoelder = _peaked_matmul(np.random.default_rng(3), m, k, n, peaked)
     assert bool((hoelder * 8 < cs).all())
     vf, out = v.reshape(-1), v.reshape(-1).float()
     mid = (out.double() + torch.nextafter(out, torch.tensor(np.inf)).double()) / 2
@@ -698,18 +704,8 @@ def test_few_cauchy_schwarz_candidates_skip_the_hoelder_norms_and_keep_the_same_
     from vtrain.graph.executor import _norm_bound
     from vtrain.numerics import native_filter as NF
 
-    rng = np.random.default_rng(4)
     m, k, n = 4, 2048, 2000
-    a = rng.random((m, k)) * 2.0**-20
-    a[np.arange(m), rng.integers(0, k, m)] = -1.0
-    b = rng.standard_normal((n, k)) * 0.02
-    ins = [torch.from_numpy(a.astype(np.float32)), torch.from_numpy(b.astype(np.float32))]
-    x = [t.double() for t in ins]
-    v = x[0] @ x[1].T
-    g = gamma(k) * C._BAND
-    cs = g * (x[0].norm(dim=1)[:, None] * x[1].norm(dim=1)[None, :])
-    hoelder = g * torch.minimum(x[0].abs().sum(1)[:, None] * x[1].abs().amax(1)[None, :],
-                                x[0].abs().amax(1)[:, None] * x[1].abs().sum(1)[None, :])
+    ins, x, v, cs, hoelder = _peaked_matmul(np.random.default_rng(4), m, k, n, "a")
     vf, out = v.reshape(-1), v.reshape(-1).float()
     mid = (out.double() + torch.nextafter(out, torch.tensor(np.inf)).double()) / 2
     between = (cs * hoelder).sqrt().reshape(-1)

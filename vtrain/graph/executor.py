@@ -796,6 +796,11 @@ class StepExecutor:
             if got is None:
                 return self._run_op(op, ins, None, None, None, out_log, stats, None, False, [], sums)
             out, entries, slow = got
+        return self._counted(op, out, entries, slow, out_log, stats)
+
+    def _counted(self, op: OpNode, out: torch.Tensor, entries: OpLog, slow: int, out_log: StepLog,
+                 stats: RoundingStats) -> torch.Tensor:
+        """``out``, its values, near-ties resolved and log ``entries`` counted into ``stats`` and ``out_log``."""
         stats.values += out.numel()
         stats.ambiguous_resolved += slow
         if len(entries):
@@ -809,11 +814,7 @@ class StepExecutor:
         """:meth:`_rounded_sum` of a MATMUL (the plan's ``_PLAN_MATMUL`` in a step without ``log_in``;
         ``plan``: :func:`matmul_plan` of its operands' shapes, where the plan has one)."""
         out, entries, slow = self._canonical_matmul(op, ins, self._what[op.id], plan)
-        stats.values += out.numel()
-        stats.ambiguous_resolved += slow
-        if len(entries):
-            self._log_entries(op, entries, out_log, stats)
-        return out
+        return self._counted(op, out, entries, slow, out_log, stats)
 
     def _canonical_matmul(
         self, op: OpNode, ins: list[torch.Tensor], what: str, plan: MatmulPlan | None = None
