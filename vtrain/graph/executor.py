@@ -1307,10 +1307,14 @@ def _compute_fp64(
     kernels are one kernel).
     """
     k = op.kind
-    if widen is not None and k in _UNARY64:
-        x0 = widen(ins[0])
-        v = exp64(x0, inplace=True) if k == OpKind.EXP else _UNARY64[k](x0)
-        c = (8.0 if k == OpKind.ERF else 4.0) * U
+    if k in _UNARY64:
+        if widen is not None:
+            x0 = widen(ins[0])
+            v = exp64(x0, inplace=True) if k == OpKind.EXP else _UNARY64[k](x0)
+        else:
+            v = {OpKind.EXP: exp64, OpKind.LOG: torch.log, OpKind.TANH: torch.tanh, OpKind.ERF: torch.erf}[k](
+                ins[0].double())
+        c = (8.0 if k == OpKind.ERF else 4.0) * U  # libm allowance (docs/numerics.md): erf 8u, the others 4u
         if lazy and native_filter.usable(v):
             return v, native_filter.RelativeBound(v, c)
         return v, c * v.abs()
@@ -1333,13 +1337,6 @@ def _compute_fp64(
         return _scalar(op) - x[0], None
     if k == OpKind.SQRT:
         return torch.sqrt(x[0]), None
-    if k in (OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.ERF):
-        fn = {OpKind.EXP: exp64, OpKind.LOG: torch.log, OpKind.TANH: torch.tanh, OpKind.ERF: torch.erf}[k]
-        v = fn(x[0])
-        c = (8.0 if k == OpKind.ERF else 4.0) * U  # libm allowance (docs/numerics.md): erf 8u, the others 4u
-        if lazy and native_filter.usable(v):
-            return v, native_filter.RelativeBound(v, c)
-        return v, c * v.abs()
     if k == OpKind.MATMUL:
         v = torch.matmul(x[0], x[1].transpose(-1, -2))
         if bound == "none":

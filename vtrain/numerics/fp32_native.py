@@ -309,10 +309,7 @@ class Chain:
         if len(inputs) != len(self._checks):
             raise ValueError(f"fp32 chain: expected {len(self._checks)} inputs, got {len(inputs)}")
         for r, (t, (size, view)) in enumerate(zip(inputs, self._checks)):
-            if t.dtype is not _F32 or not t.is_cpu:
-                return None
-            if not ((t.numel() == size and t.is_contiguous()) or (view is not None and t.stride() == view
-                                                                   and t.shape == shape)):
+            if not _chain_operand(t, size, view, shape):
                 return None
             ptrs[r] = t.data_ptr()
         outs = []
