@@ -380,12 +380,23 @@ def _specs():
 
 @pytest.mark.parametrize("name", ["mlp", "gpt", "gpt-wide-head"])
 def test_executor_steps_are_the_same_with_the_kernels_on_and_off(name: str, monkeypatch) -> None:
+    """Also where the MATMUL epilogue decides every candidate and hands back only the entries due
+    (``MatmulRound.entries``: its bits written, the entries compacted in C), which the GPTs reach."""
     spec = _specs()[name]
-    on = _steps(spec, spec.steps, True, monkeypatch, check=True)
+    epilogue, compacted = native_rows.matmul_round_norm, []
+
+    def spy(*args, **kwargs):
+        got = epilogue(*args, **kwargs)
+        compacted.append(got.entries is not None)
+        return got
+
+    monkeypatch.setattr(native_rows, "matmul_round_norm", spy)
+    on = _steps(spec, spec.steps, True, monkeypatch, check=True)  # (its undo() drops the spy too)
     off = _steps(spec, spec.steps, False, monkeypatch, check=True)
     assert on == off
     if name != "mlp":  # (the MLP's candidates are exact-grid ties: its logs are empty)
         assert sum(e[2] for e in on) > 0, "the steps log entries"
+        assert any(compacted), "some MATMUL hands back its entries alone"
     for roots, _, _, rep_roots, violations in on:  # the auditor's checked replay agrees and flags nothing
         assert rep_roots == roots and violations == 0
 

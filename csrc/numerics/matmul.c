@@ -45,7 +45,8 @@ int64_t vt_rows_decide(int32_t src, const float *a, const float *b, const float 
 
 enum { SRC_MATMUL = 0, KIND_MATMUL = 0, CODE_NONE = 0 };
 /* status[] slots */
-enum { ST_NONFINITE = 0, ST_KEPT = 1, ST_ATTENTION = 2, ST_SPILL = 3 };
+enum { ST_NONFINITE = 0, ST_KEPT = 1, ST_ATTENTION = 2, ST_SPILL = 3, ST_ENTRIES = 4 };
+enum { CODE_EXPLICIT = 3 };
 
 /* The decided rows' bits into r at their element indices (canonical zero), as vt_rows_decide_into. */
 static void write_decided(const int64_t *o, int64_t c, int64_t kept, float *r) {
@@ -55,6 +56,30 @@ static void write_decided(const int64_t *o, int64_t c, int64_t kept, float *r) {
         memcpy(&f, &bits, sizeof f);
         r[o[j]] = f + 0.0f;
     }
+}
+
+/* Where every kept row is decided: the rows due an entry (a code) moved to the front of the
+ * decisions as [index, value bits (the canonical-zero FP32 value of an explicit entry, else 0), code],
+ * in order, in place; returns their count. */
+static int64_t compact_entries(int64_t *o, int64_t c, int64_t kept) {
+    int64_t e = 0;
+    for (int64_t j = 0; j < kept; j++) {
+        const int64_t code = o[2 * c + j];
+        if (code == CODE_NONE) continue;
+        uint32_t bits = 0;
+        if (code == CODE_EXPLICIT) {
+            uint32_t raw = (uint32_t)o[c + j];
+            float f;
+            memcpy(&f, &raw, sizeof f);
+            f = f + 0.0f;
+            memcpy(&bits, &f, sizeof bits);
+        }
+        o[e] = o[j];
+        o[c + e] = bits;
+        o[2 * c + e] = code;
+        e++;
+    }
+    return e;
 }
 
 /* How many kept rows need the caller's full path: undecided, or due an entry. */
@@ -92,7 +117,9 @@ void vt_matmul_norms_bias(double *v, const float *a, const float *b, const float
  * (vt_rows_decide's layout: index, bits, code, decided) in o where count <= cap, else in a buffer
  * of this library's malloc whose address is status[ST_SPILL] (the caller copies it out and frees it
  * with vt_free), or -1 where they were not kept (not finite); status[ST_ATTENTION]: how many of them
- * need the full path (0: every decided bit is already in r, and nothing is spilled). */
+ * need the full path (0: every decided bit is already in r, and nothing is spilled); status[ST_ENTRIES]:
+ * where every kept row is decided and some are due an entry, their count (every decided bit is then in
+ * r too, and the decisions hold the entries alone, compact_entries' layout), else -1. */
 VT_EXPORT int64_t vt_matmul_round_norm(double *v, const float *a, const float *b, const float *bias,
                                        int64_t batches, int64_t m, int64_t k, int64_t ncols, int32_t add_bias,
                                        double sub, double factor, double band, double coef, float *r,
@@ -106,6 +133,7 @@ VT_EXPORT int64_t vt_matmul_round_norm(double *v, const float *a, const float *b
     status[ST_KEPT] = -1;
     status[ST_ATTENTION] = 0;
     status[ST_SPILL] = 0;
+    status[ST_ENTRIES] = -1;
     if (!norms || (bias && !bias64)) goto done;
     double *na = norms, *na1 = na + ra, *nai = na1 + ra, *nb = nai + ra, *nb1 = nb + rb, *nbi = nb1 + rb;
     vt_matmul_norms_bias(v, a, b, bias, batches, m, k, ncols, add_bias, na, nb, bias64);
@@ -130,7 +158,10 @@ VT_EXPORT int64_t vt_matmul_round_norm(double *v, const float *a, const float *b
         count = -1;
     } else {
         const int64_t attention = needing_attention(dec, count, kept);
-        if (!attention) write_decided(dec, count, kept, r);
+        int64_t undecided = 0;
+        for (int64_t j = 0; j < kept; j++) undecided += !dec[3 * count + j];
+        if (!undecided) write_decided(dec, count, kept, r);
+        if (!undecided && attention) status[ST_ENTRIES] = compact_entries(dec, count, kept);
         status[ST_KEPT] = kept;
         status[ST_ATTENTION] = attention;
         if (dec != o && attention) {

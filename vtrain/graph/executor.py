@@ -31,7 +31,7 @@ from vtrain.graph.step_graph import (
     OpNode,
     bits_f32,
 )
-from vtrain.numerics import fp32_native, native, native_filter, native_replay
+from vtrain.numerics import fp32_native, native, native_filter, native_gemm, native_replay
 from vtrain.numerics.canonical import (
     SUBNORMAL_F32,
     MatmulPlan,
@@ -65,6 +65,7 @@ from vtrain.numerics.rounding import (
     round_output,
     upholds_rn32_entries,
 )
+from vtrain.numerics.scratch import Scratch
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,9 @@ class StepExecutor:
         # across ops and steps instead of fresh pages each time (VTRAIN_BUFFER_POOL=0: torch.empty)
         self.buffers = BufferPool(enabled=self.device.type == "cpu" and os.environ.get("VTRAIN_BUFFER_POOL") != "0")
         self._big = self.buffers.min_bytes if self.buffers.enabled else math.inf  # (smaller: no pool, no overhead)
+        self._scratch = Scratch()  # the MATMUL and SUM kernels' index buffer, reused call after call
+        # a small MATMUL's FP64 products in one native call into reused buffers (valid until the next)
+        self._gemm = native_gemm.Products()
         self._last_use = self._compute_last_use()
         self._fp32_exact = FP32_EXACT_CPU_KINDS if self.device.type == "cpu" else FP32_EXACT_KINDS
         self._hooked = set(hooked_ops(graph)) if self.mode == Mode.PAPER else set()
@@ -717,7 +721,7 @@ class StepExecutor:
             bound_kind = "tight"
         what = f"{op.kind.name} op {op.id}"
         if bound_kind == "norm" and log_in is None and k in (OpKind.SUM, OpKind.MEAN) and self.mode == Mode.CERTIFIED:
-            got = round_canonical_sum(self.graph, op, ins, what)  # v, d and the filter in one native pass
+            got = round_canonical_sum(self.graph, op, ins, what, self._scratch)  # v, d and filter: one native pass
             if got is not None:
                 out, entries, slow = got
                 stats.values += out.numel()
@@ -792,7 +796,7 @@ class StepExecutor:
         if op.kind == OpKind.MATMUL:
             out, entries, slow = self._canonical_matmul(op, ins, what)
         else:
-            got = round_canonical_sum(self.graph, op, ins, what)  # v, d and the filter in one native pass
+            got = round_canonical_sum(self.graph, op, ins, what, self._scratch)  # v, d and filter: one native pass
             if got is None:
                 return self._run_op(op, ins, None, None, None, out_log, stats, None, False, [], sums)
             out, entries, slow = got
@@ -822,11 +826,12 @@ class StepExecutor:
         """The canonical trainer's MATMUL under the norm bound: the FP64 products, then the bias add,
         norms, filter and decisions in one native call (:func:`round_canonical_matmul`) where it takes
         the tensors, else :func:`_norm_bound` and :func:`round_canonical` (the same bits)."""
-        a, b = self._widen(ins[0]), self._widen(ins[1])
-        v = self._products(a, b)
-        got = round_canonical_matmul(self.graph, op, ins, v, what, plan, self._empty_for(v.numel(), 4))
+        v = self._gemm(ins[0], ins[1]) if ins[0].is_cpu else None
+        if v is None:
+            v = self._products(self._widen(ins[0]), self._widen(ins[1]))
+        got = round_canonical_matmul(self.graph, op, ins, v, what, plan, self._empty_for(v.numel(), 4), self._scratch)
         if got is None:
-            x = [a, b, *(t.double() for t in ins[2:])]
+            x = [t.double() for t in ins]
             got = round_canonical(self.graph, op, ins, v, _norm_bound(x, v, True, ins), what)
         return got
 
@@ -875,8 +880,9 @@ class StepExecutor:
         the resolver upholds those. ``tests/test_replay_bound.py``: honest replays flag nothing, a
         doctored entry where the norm bound is loose is flagged and overruled, the kernel's bits are the
         lazy path's."""
-        x = [self._widen(t) for t in ins[:2]]
-        v = self._products(x[0], x[1])
+        v = self._gemm(ins[0], ins[1]) if ins[0].is_cpu else None
+        if v is None:
+            v = self._products(self._widen(ins[0]), self._widen(ins[1]))
         got = replay_matmul_norm(ins, v, log_in.entries(op.id), mode)
         if got is None:
             return None

@@ -64,6 +64,7 @@ from vtrain.numerics.rounding import (
     midpoint_candidates,
     midpoint_candidates_np,
 )
+from vtrain.numerics.scratch import Scratch
 
 #: Candidates: elements whose FP64 value is within this many bounds ``d`` of a midpoint.
 CANDIDATE_BAND = 4.0
@@ -235,16 +236,16 @@ def sum_bound_factor(kind: OpKind, n: int) -> float:
 
 
 def round_canonical_sum(
-    graph: Graph, op: OpNode, ins: list[torch.Tensor], what: str
+    graph: Graph, op: OpNode, ins: list[torch.Tensor], what: str, scratch: Scratch | None = None
 ) -> tuple[torch.Tensor, OpLog, int] | None:
     """:func:`round_canonical` of a SUM/MEAN op from its FP32 input alone, its FP64 values, bound and
     candidates in one native pass (``native_filter.sum_round_filter``: pairwise FP64 sums, a valid
     evaluation within the bound, so the same outputs and log as from torch's ``v``); None where the
-    kernel does not apply."""
+    kernel does not apply. ``scratch``: the caller's reusable index buffer."""
     x = ins[0]
     if x.dim() == 0:
         return None
-    got = NF.sum_round_filter(x, op.kind == OpKind.MEAN, sum_bound_factor(op.kind, x.shape[-1]), _BAND)
+    got = NF.sum_round_filter(x, op.kind == OpKind.MEAN, sum_bound_factor(op.kind, x.shape[-1]), _BAND, scratch)
     if got is None:
         return None
     r, cand, finite = got
@@ -256,7 +257,7 @@ def round_canonical_sum(
     if finite:  # _round_canonical_at's common case (every candidate decided, none due an entry), first
         if native_rows.decide_into(op.kind, ins, at, r.reshape(-1)) == 0:
             return r, _NO_ENTRIES, 0
-    return _round_canonical_at(graph, op, ins, None, r, at, finite, what,
+    return _round_canonical_at(graph, op, ins, None, r, at.clone(), finite, what,
                                into=False)  # (decide_into, where it applies, settled nothing: it wrote nothing)
 
 
@@ -469,7 +470,7 @@ def _as_planned(plan: MatmulPlan, ins: list[torch.Tensor], v: torch.Tensor) -> b
 
 def round_canonical_matmul(
     graph: Graph, op: OpNode, ins: list[torch.Tensor], v: torch.Tensor, what: str, plan: MatmulPlan | None = None,
-    empty: fp32_native.Empty | None = None,
+    empty: fp32_native.Empty | None = None, scratch: Scratch | None = None,
 ) -> tuple[torch.Tensor, OpLog, int] | None:
     """:func:`round_canonical` of a MATMUL under the trainer's norm bound (``executor._norm_bound``)
     from its FP64 products ``v`` (C-contiguous, *without* the bias: it is added here, in place, as
@@ -478,7 +479,8 @@ def round_canonical_matmul(
     rest of :func:`_round_canonical_at` only where a candidate needs it. None where the kernel does
     not take these tensors (``v`` untouched). ``plan``: :func:`matmul_plan` of the operands' shapes
     where the caller has it (then only their dtypes, devices and sizes are checked here). ``empty(shape,
-    dtype)`` makes the output buffer (None: ``torch.empty``)."""
+    dtype)`` makes the output buffer (None: ``torch.empty``); ``scratch``: the caller's reusable
+    index buffer (:class:`~vtrain.numerics.scratch.Scratch`)."""
     if plan is not None and _as_planned(plan, ins, v):
         shape, consts = plan.shape, plan.consts
     else:
@@ -486,27 +488,13 @@ def round_canonical_matmul(
         if operands is None:
             return None
         shape, consts = operands, _matmul_consts(operands[2] + (len(ins) == 3))
-    got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2], empty)
+    got = native_rows.matmul_round_norm(ins, v, shape, True, consts[0], consts[1], _BAND, consts[2], empty, scratch)
     if not len(got.cand) or (got.finite and not got.attention):
         return got.r, _NO_ENTRIES, 0
-    if got.finite and got.decided is not None and got.decided[3].all():
-        return _decided_matmul(got)
+    if got.entries is not None:  # every candidate decided, their bits in r: the entries due
+        return got.r, got.entries, 0
     return _round_canonical_at(graph, op, ins, v, got.r, torch.from_numpy(got.cand), got.finite, what,
                                decided=got.decided if got.finite else None, into=False)
-
-
-def _decided_matmul(got: native_rows.MatmulRound) -> tuple[torch.Tensor, OpLog, int]:
-    """:func:`_round_canonical_at`'s result (``decided`` given, ``into`` False, every ``r`` finite)
-    where the kernel decided every candidate it kept, some with an entry due: their bits written into
-    ``r`` (fresh, C-contiguous), the entries logged; the same steps without its general cases."""
-    kept, bits, codes, _ = got.decided  # type: ignore[misc]
-    r = got.r
-    if not len(kept):  # the tight re-filter cleared every candidate
-        return r, _NO_ENTRIES, 0
-    cand = kept if len(kept) < len(got.cand) else got.cand
-    vals = bits.astype(np.uint32).view(np.float32) + np.float32(0.0)  # canonical zeros
-    r.numpy().reshape(-1)[cand] = vals
-    return r, _entries_of(cand, vals, codes), 0
 
 
 def _entries_of(cand: np.ndarray, vals: np.ndarray, codes: np.ndarray) -> OpLog:

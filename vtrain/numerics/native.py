@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 LIB_PATH = Path(__file__).with_name("_kernels.so")
 #: The library's ABI (csrc/numerics/abi.c): bumped with every kernel added or changed, so a stale
 #: build is refused whole (numpy, same bits) rather than missing a symbol at import.
-_ABI_VERSION = 7
+_ABI_VERSION = 8
 
 
 def _load() -> ctypes.CDLL | None:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from vtrain.numerics import native
+from vtrain.numerics.scratch import Scratch
 
 
 @dataclass(frozen=True)
@@ -245,28 +246,32 @@ def _sum_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:
 
 
 def sum_round_filter(
-    x: torch.Tensor, mean: bool, factor: float, scale: float
+    x: torch.Tensor, mean: bool, factor: float, scale: float, scratch: Scratch | None = None
 ) -> tuple[torch.Tensor, np.ndarray, bool] | None:
     """SUM (MEAN: ``mean``) over the last axis of an FP32 CPU ``x``, its bound and the filter in one
     pass: ``(r, candidates, finite)`` as :func:`round_filter` gives them for ``v`` = the rows' FP64
     sums (``/ n`` for MEAN) and ``d = (sum|x| + 0) * factor``, all sums numpy's pairwise ones
     (reference: ``canonical.sum_round_filter_np``); ``r`` has shape ``[..., 1]``. None where the
-    kernel does not apply (not loaded, another device or dtype, an empty row)."""
+    kernel does not apply (not loaded, another device or dtype, an empty row). ``scratch``: the
+    caller's reusable index buffer; the candidates are then a view into it, valid until its next use."""
     got = _sum_rows(x)
     if got is None:
         return None
     xc, rows, n = got
     r = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
-    # the candidates (pages touched only where they land), then the NaN/Inf flag: a zeroed int64 slot
-    # that the kernel's uint32 store makes nonzero iff the flag is (either byte order)
-    buf = torch.empty(rows + 1, dtype=torch.int64)
-    idx = buf.numpy()
-    idx[rows] = 0
-    at = buf.data_ptr()
-    k = _fn("vt_sum_round_filter")(xc.data_ptr(), rows, n, int(mean), factor, scale, r.data_ptr(), at, at + 8 * rows)
+    # the NaN/Inf flag (a zeroed int64 slot that the kernel's uint32 store makes nonzero iff the flag
+    # is, either byte order), then the candidates (fresh pages touched only where they land)
+    buf = None if scratch is None else scratch.take(rows + 1)
+    if buf is None:
+        t = torch.empty(rows + 1, dtype=torch.int64)
+        buf = t.numpy(), t.data_ptr()
+    idx, at = buf
+    idx[0] = 0
+    k = _fn("vt_sum_round_filter")(xc.data_ptr(), rows, n, int(mean), factor, scale, r.data_ptr(), at + 8, at)
     if k < 0:
         raise MemoryError("native filter: a SUM row could not be allocated")
-    return r, idx[:k].copy(), not idx[rows]
+    cand = idx[1 : 1 + k]
+    return r, (cand if scratch is not None else cand.copy()), not idx[0]
 
 
 def sum_values_filter(

@@ -21,7 +21,8 @@ import torch
 
 from vtrain.graph.step_graph import OpKind
 from vtrain.numerics import fp32_native, native
-from vtrain.numerics.rounding import Code
+from vtrain.numerics.rounding import Code, OpLog
+from vtrain.numerics.scratch import Scratch
 
 _KIND = {OpKind.MATMUL: 0, OpKind.SUM: 1, OpKind.MEAN: 2}
 _SRC_MATMUL, _SRC_ROWS32, _SRC_TERMS64 = 0, 1, 2
@@ -233,13 +234,16 @@ class MatmulRound(NamedTuple):
     written where no candidate needs more), the candidates (sorted flat int64 indices), whether every
     ``r`` is finite, ``decided`` (``(kept, bits, codes, decided)`` as :func:`decide` returns them, or
     None where the kernel did not keep them) and ``attention`` (how many kept candidates are
-    undecided or due an entry: 0 means ``r`` is final)."""
+    undecided or due an entry: 0 means ``r`` is final); ``entries``: where every kept candidate is
+    decided and some are due an entry, their log entries (their bits are in ``r``, which is final;
+    ``decided`` is then None), else None."""
 
     r: torch.Tensor
     cand: np.ndarray
     finite: bool
     decided: Decisions | None
     attention: int
+    entries: OpLog | None = None
 
 
 def matmul_operands(ins: list[torch.Tensor], v: torch.Tensor) -> tuple[int, int, int, int] | None:
@@ -262,9 +266,19 @@ def matmul_operands(ins: list[torch.Tensor], v: torch.Tensor) -> tuple[int, int,
     return v.numel() // (m * ncols), m, k, ncols
 
 
+def _decisions(dec: np.ndarray, kept: int, n_entries: int) -> tuple[Decisions | None, OpLog | None]:
+    """``(decided, entries)`` of :class:`MatmulRound` from the kernel's decisions ``dec`` ``[4, count]``
+    (copied out): the entries alone where it compacted them (``n_entries >= 0``), else the decisions."""
+    if n_entries >= 0:
+        return None, OpLog(dec[0, :n_entries].copy(), dec[2, :n_entries].astype(np.uint8),
+                           dec[1, :n_entries].astype(np.uint32).view(np.float32))
+    return (dec[0, :kept].copy(), dec[1, :kept].copy(), dec[2, :kept].copy(), dec[3, :kept] != 0), None
+
+
 def matmul_round_norm(
     ins: list[torch.Tensor], v: torch.Tensor, shape: tuple[int, int, int, int], add_bias: bool,
     sub: float, factor: float, band: float, coef: float, empty: fp32_native.Empty | None = None,
+    scratch: Scratch | None = None,
 ) -> MatmulRound:
     """A MATMUL's norm-bound rounding, filter and decisions in one C call (``csrc/numerics/matmul.c``):
     the row norms of ``ins[0]`` and ``ins[1]`` (:func:`native_filter.row_norms`,
@@ -274,7 +288,9 @@ def matmul_round_norm(
     into ``r`` where none needs more. ``shape``:
     :func:`matmul_operands` of ``ins`` and ``v``. Decisions of more than ``_KEEP_DECISIONS``
     candidates come back from the kernel's own buffer (copied, then freed) instead of being taken
-    again by the caller. ``empty(shape, dtype)`` makes ``r`` (a buffer pool's; None: ``torch.empty``)."""
+    again by the caller. ``empty(shape, dtype)`` makes ``r`` (a buffer pool's; None: ``torch.empty``).
+    ``scratch``: the caller's reusable index buffer; where ``r`` is final (no candidate, or every
+    one decided with none due an entry) ``cand`` is then a view into it, valid until its next use."""
     batches, m, k, ncols = shape
     a, b = ins[0], ins[1]
     a = a if a.is_contiguous() else a.contiguous()  # (the names hold the copies until the call returns)
@@ -285,27 +301,30 @@ def matmul_round_norm(
     n = v.numel()
     r = torch.empty(v.shape, dtype=torch.float32) if empty is None else empty(v.shape, torch.float32)
     cap = min(n, _KEEP_DECISIONS)
-    # one buffer: the candidates (n; pages are touched only where candidates land), the handed-back
-    # decisions (4 cap) and the kernel's status (4, every one written by the kernel)
-    buf = torch.empty(n + 4 * cap + 4, dtype=torch.int64)
-    at = buf.data_ptr()
+    # one buffer: the kernel's status (5, every one written by the kernel), the candidates (n; fresh
+    # pages are touched only where candidates land) and the handed-back decisions (4 cap)
+    got = None if scratch is None else scratch.take(5 + n + 4 * cap)
+    if got is None:
+        buf = torch.empty(5 + n + 4 * cap, dtype=torch.int64)
+        got = buf.numpy(), buf.data_ptr()
+    whole, at = got
     pbias = None if bias is None else bias.data_ptr()
     count = _LIB.vt_matmul_round_norm(v.data_ptr(), a.data_ptr(), b.data_ptr(), pbias, batches, m, k, ncols,
-                                      int(add_bias), sub, factor, band, coef, r.data_ptr(), at, cap, at + 8 * n,
-                                      at + 8 * (n + 4 * cap))
+                                      int(add_bias), sub, factor, band, coef, r.data_ptr(), at + 40, cap,
+                                      at + 8 * (5 + n), at)
     if count < 0:
         raise MemoryError("native rows: the MATMUL epilogue could not allocate its scratch rows")
-    whole = buf.numpy()
-    nonfinite, kept, attention, spill = whole[-4:].tolist()
-    cand = whole[:count].copy()
-    decided = None
+    nonfinite, kept, attention, spill, n_entries = whole[:5].tolist()
+    cand = whole[5 : 5 + count]
+    if scratch is None or nonfinite or (attention and n_entries < 0):
+        cand = cand.copy()
+    decided = entries = None
     if spill:  # more decisions than the buffer holds: in the kernel's own, handed over
         try:
             dec = np.ctypeslib.as_array((ctypes.c_int64 * (4 * count)).from_address(spill)).reshape(4, count)
-            decided = (dec[0, :kept].copy(), dec[1, :kept].copy(), dec[2, :kept].copy(), dec[3, :kept] != 0)
+            decided, entries = _decisions(dec, kept, n_entries)
         finally:
             _LIB.vt_free(spill)
     elif kept >= 0 and attention:
-        dec = whole[n : n + 4 * count].reshape(4, count)
-        decided = (dec[0, :kept].copy(), dec[1, :kept].copy(), dec[2, :kept].copy(), dec[3, :kept] != 0)
-    return MatmulRound(r, cand, not nonfinite, decided, attention)
+        decided, entries = _decisions(whole[5 + n : 5 + n + 4 * count].reshape(4, count), kept, n_entries)
+    return MatmulRound(r, cand, not nonfinite, decided, attention, entries)
