@@ -417,6 +417,42 @@ def test_sum_round_filter_is_its_numpy_reference(kind: OpKind) -> None:
             assert {1, 5} <= set(cand.tolist())
 
 
+@pytest.mark.parametrize("kind", [OpKind.SUM, OpKind.MEAN], ids=["SUM", "MEAN"])
+def test_sum_round_decide_is_the_filter_then_decide_into(kind: OpKind) -> None:
+    """``sum_round_decide`` (one C call) against ``sum_round_filter`` then ``native_rows.decide_into``:
+    the same ``r`` bits, candidates and finiteness, settled where ``decide_into`` settles (its bits
+    written) and untouched where it does not (a midpoint needs an entry), not decided where some ``r``
+    is not finite or there is no candidate; through a reused scratch as well."""
+    from vtrain.numerics import native_rows
+    from vtrain.numerics.canonical import sum_bound_factor
+    from vtrain.numerics.scratch import Scratch
+
+    rng = np.random.default_rng(11 + int(kind))
+    scratch = Scratch()
+    outcomes = set()
+    for n in (1, 8, 9, 64, 200):
+        for case in ("near", "tie", "inf", "plain"):
+            x = (rng.standard_normal((23, n)) * np.ldexp(1.0, rng.integers(-20, 20, (23, 1)))).astype(F32)
+            w = n if kind == OpKind.MEAN else 1
+            if n >= 3 and case != "plain":  # a value near 1 + 2^-24 (decided), or on it (an entry is due)
+                x[4], x[4, :3] = 0.0, (w, w * 2.0**-24, 0.0 if case == "tie" else w * 2.0**-60)
+            if n >= 3 and case == "inf":
+                x[7, 1] = np.inf
+            t = torch.from_numpy(x)
+            args = (t, kind == OpKind.MEAN, sum_bound_factor(kind, n), _BAND)
+            r, cand, finite = NF.sum_round_filter(*args)
+            want = None
+            if finite and len(cand):
+                want = native_rows.decide_into(kind, [t], torch.from_numpy(cand), r.reshape(-1))
+            for s in (None, scratch):
+                got_r, got_c, got_finite, attention = NF.sum_round_decide(*args, scratch=s)
+                assert np.array_equal(got_c, cand) and got_finite == finite
+                assert attention == (-1 if want is None else want), (n, case)
+                assert torch.equal(got_r.view(torch.int32), r.view(torch.int32)), (n, case)  # (r: after decide_into)
+            outcomes.add("settled" if want == 0 else "not decided" if want is None else "entry due")
+    assert outcomes == {"settled", "not decided", "entry due"}
+
+
 def test_sum_ops_of_the_canonical_trainer_match_the_fp64_path() -> None:
     """A SUM/MEAN op through the one-pass kernel (``round_canonical_sum``) and through ``_compute_fp64``
     with ``round_canonical``: the same outputs, entries and values, on rows with near-ties."""

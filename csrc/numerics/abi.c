@@ -12,5 +12,6 @@
  * of failing on a missing symbol. 2: vt_rows_decide_into. 3: vt_matmul_round_norm. 4: vt_replay_matmul_norm,
  * vt_replay_sum_values. 5: their entries and settled status (a checked replay's op in one call). 6: the
  * Hoelder norms in the MATMUL norm bound (vt_row_norms1inf32, vt_round_filter_norm3), vt_free. 7: threads
- * (vt_set_threads, parallel.c). 8: vt_matmul_products (gemm.c). */
+ * (vt_set_threads, parallel.c). 8: vt_matmul_products (gemm.c), vt_sum_round_decide
+ * (sums.c), the MATMUL epilogue's compacted entries (status[4]). */
 VT_EXPORT int vt_numerics_abi_version(void) { return 8; }

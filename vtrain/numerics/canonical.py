@@ -238,27 +238,25 @@ def sum_bound_factor(kind: OpKind, n: int) -> float:
 def round_canonical_sum(
     graph: Graph, op: OpNode, ins: list[torch.Tensor], what: str, scratch: Scratch | None = None
 ) -> tuple[torch.Tensor, OpLog, int] | None:
-    """:func:`round_canonical` of a SUM/MEAN op from its FP32 input alone, its FP64 values, bound and
-    candidates in one native pass (``native_filter.sum_round_filter``: pairwise FP64 sums, a valid
+    """:func:`round_canonical` of a SUM/MEAN op from its FP32 input alone, its FP64 values, bound,
+    candidates and their decisions in one native call (``native_filter.sum_round_decide``: pairwise FP64 sums, a valid
     evaluation within the bound, so the same outputs and log as from torch's ``v``); None where the
     kernel does not apply. ``scratch``: the caller's reusable index buffer."""
     x = ins[0]
     if x.dim() == 0:
         return None
-    got = NF.sum_round_filter(x, op.kind == OpKind.MEAN, sum_bound_factor(op.kind, x.shape[-1]), _BAND, scratch)
+    # the filter and, every r finite, _round_canonical_at's common case (every candidate decided, none
+    # due an entry: their bits written) in one native call
+    got = NF.sum_round_decide(x, op.kind == OpKind.MEAN, sum_bound_factor(op.kind, x.shape[-1]), _BAND, scratch)
     if got is None:
         return None
-    r, cand, finite = got
+    r, cand, finite, attention = got
     if r.shape != op.shape:  # (r: [..., 1], the op's shape where it keeps the summed axis)
         r = r.reshape(op.shape)
-    if not len(cand):  # (_round_canonical_at's first return: no candidate, every element finite)
+    if not len(cand) or attention == 0:  # (no candidate: every element finite)
         return r, _NO_ENTRIES, 0
-    at = torch.from_numpy(cand)
-    if finite:  # _round_canonical_at's common case (every candidate decided, none due an entry), first
-        if native_rows.decide_into(op.kind, ins, at, r.reshape(-1)) == 0:
-            return r, _NO_ENTRIES, 0
-    return _round_canonical_at(graph, op, ins, None, r, at.clone(), finite, what,
-                               into=False)  # (decide_into, where it applies, settled nothing: it wrote nothing)
+    return _round_canonical_at(graph, op, ins, None, r, torch.from_numpy(cand.copy()), finite, what,
+                               into=False)  # (the decisions, where taken, settled nothing: nothing written)
 
 
 def sum_round_filter_np(x: np.ndarray, kind: OpKind) -> tuple[np.ndarray, np.ndarray]:

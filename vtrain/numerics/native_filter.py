@@ -181,6 +181,7 @@ _SIGNATURES = {
     "vt_round_filter_norm3": (_I, [_P, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _D, _D, _D, _P, _P, _P]),
     "vt_sum_round_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P]),
     "vt_sum_values_filter": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P, _P, _P]),
+    "vt_sum_round_decide": (_I, [_P, _I, _I, ctypes.c_int32, _D, _D, _P, _P, _P]),
 }
 
 
@@ -254,24 +255,43 @@ def sum_round_filter(
     (reference: ``canonical.sum_round_filter_np``); ``r`` has shape ``[..., 1]``. None where the
     kernel does not apply (not loaded, another device or dtype, an empty row). ``scratch``: the
     caller's reusable index buffer; the candidates are then a view into it, valid until its next use."""
+    got = _sum_call("vt_sum_round_filter", x, mean, factor, scale, scratch)
+    return None if got is None else got[:3]
+
+
+def sum_round_decide(
+    x: torch.Tensor, mean: bool, factor: float, scale: float, scratch: Scratch | None = None
+) -> tuple[torch.Tensor, np.ndarray, bool, int] | None:
+    """:func:`sum_round_filter`, then (every ``r`` finite) ``native_rows.decide_into`` of its candidates,
+    in one C call (``csrc/numerics/sums.c``): ``(r, candidates, finite, attention)``, ``attention`` -1
+    where the candidates were not decided (none, or some ``r`` not finite), 0 where their decided bits
+    are in ``r`` (final), more where ``decide_into`` would have written nothing (neither does this)."""
+    return _sum_call("vt_sum_round_decide", x, mean, factor, scale, scratch)
+
+
+def _sum_call(kernel: str, x: torch.Tensor, mean: bool, factor: float, scale: float,
+              scratch: Scratch | None) -> tuple[torch.Tensor, np.ndarray, bool, int] | None:
+    """:func:`sum_round_filter` or :func:`sum_round_decide` through ``kernel`` (their C functions take
+    the same arguments; status: two int64 slots before the candidates, the second -1 for the filter)."""
     got = _sum_rows(x)
     if got is None:
         return None
     xc, rows, n = got
     r = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
-    # the NaN/Inf flag (a zeroed int64 slot that the kernel's uint32 store makes nonzero iff the flag
-    # is, either byte order), then the candidates (fresh pages touched only where they land)
-    buf = None if scratch is None else scratch.take(rows + 1)
+    # the status (the NaN/Inf flag: zeroed, as the filter's uint32 store makes it nonzero iff the flag
+    # is, in either byte order; the decisions' count), then the candidates (fresh pages touched only
+    # where they land)
+    buf = None if scratch is None else scratch.take(rows + 2)
     if buf is None:
-        t = torch.empty(rows + 1, dtype=torch.int64)
+        t = torch.empty(rows + 2, dtype=torch.int64)
         buf = t.numpy(), t.data_ptr()
     idx, at = buf
-    idx[0] = 0
-    k = _fn("vt_sum_round_filter")(xc.data_ptr(), rows, n, int(mean), factor, scale, r.data_ptr(), at + 8, at)
+    idx[0], idx[1] = 0, -1
+    k = _fn(kernel)(xc.data_ptr(), rows, n, int(mean), factor, scale, r.data_ptr(), at + 16, at)
     if k < 0:
         raise MemoryError("native filter: a SUM row could not be allocated")
-    cand = idx[1 : 1 + k]
-    return r, (cand if scratch is not None else cand.copy()), not idx[0]
+    cand = idx[2 : 2 + k]
+    return r, (cand if scratch is not None else cand.copy()), not idx[0], int(idx[1])
 
 
 def sum_values_filter(
