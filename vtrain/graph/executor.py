@@ -756,9 +756,16 @@ class StepExecutor:
                 return self._replay_op(op, ins, got_sum.v, got_sum.d, log_in, resolver_factory, check, violations,
                                        sums, bound_kind, filtered=got_sum.filtered, exact=got_sum.exact,
                                        near=got_sum.near)
-        # every consumer below takes a lazy bound; EXP/LOG/TANH/ERF in place in a pooled FP64 copy
-        v, d = _compute_fp64(op, ins, bound_kind, lazy=True,
-                             widen=self._widen if ins[0].is_cpu and ins[0].numel() * 8 >= self._big else None)
+        # a MATMUL whose bound is never read (a plain replay, round-nolog, paper): its FP64 products in one
+        # native call where small (read below within this op: the buffers are the next MATMUL's)
+        v = self._gemm(ins[0], ins[1]) if k == OpKind.MATMUL and bound_kind == "none" and ins[0].is_cpu else None
+        if v is not None:
+            d = None
+            if len(ins) == 3:
+                v.add_(ins[2].double())  # (_compute_fp64's bias add)
+        else:  # every consumer below takes a lazy bound; EXP/LOG/TANH/ERF in place in a pooled FP64 copy
+            v, d = _compute_fp64(op, ins, bound_kind, lazy=True,
+                                 widen=self._widen if ins[0].is_cpu and ins[0].numel() * 8 >= self._big else None)
         stats.values += v.numel()
         if self.mode == Mode.ROUND_NOLOG or (self.mode == Mode.PAPER and op.id not in self._hooked):
             # the paper does not log weight gradients or the optimizer
