@@ -118,42 +118,27 @@ def describe(spec: TrainSpec, job: Job) -> str:
 # --- (a) + (b): step time and log size, in process ------------------------------------------------
 def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: str = "cpu") -> dict[str, dict]:
     """Run ``warmup + steps`` steps in each mode from the initial state; time only ``ex.run``
-    (which returns the state on the CPU, so a GPU step is complete when it returns)."""
+    (which returns the state on the CPU, so a GPU step is complete when it returns). Each mode's steps
+    run back to back, as a trainer runs them; the certified steps' replays (plain, and the auditor's
+    checked one) run after them, in a loop of their own, from the states and logs the steps left."""
     out: dict[str, dict] = {}
     for mode in modes:
         ex = executor_for(job, mode, device)
         state = state_tensors(job.initial_state)
         times, cpu, log_bytes, raw_bytes, roots = [], [], [], [], []
-        rtimes, rcpu, rsame = [], [], True
-        atimes, acpu, asame = [], [], True
-        resolver = auditor_resolver(job) if mode == "certified" else None
+        replays = []  # (step, state before, data, log, roots after) of the timed certified steps
         values = logged = explicit = 0
         for s in range(1, warmup + steps + 1):
             data = batch_for(job, s)
             c0, t0 = time.process_time(), time.perf_counter()
             res = ex.run(state, data, step=s)
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
-            if mode == "certified":  # the auditor's step on the same state, with the trainer's log
-                c1, t1 = time.process_time(), time.perf_counter()
-                rep = ex.run(state, data, log_in=res.log, step=s)
-                rtimes.append(time.perf_counter() - t1)
-                rcpu.append(time.process_time() - c1)
-                rsame = rsame and component_roots(rep.state) == component_roots(res.state)
-                # the auditor's replay: checks on, every applied entry verified against RN32(e)
-                c2, t2 = time.process_time(), time.perf_counter()
-                aud = ex.run(state, data, log_in=res.log, step=s, check=True, resolver_factory=resolver)
-                atimes.append(time.perf_counter() - t2)
-                acpu.append(time.process_time() - c2)
-                asame = asame and component_roots(aud.state) == component_roots(res.state)
-            state = res.state
+            before, state = state, res.state
             roots.append(component_roots(state))
             if s <= warmup:
-                if rtimes:
-                    rtimes.pop()
-                    rcpu.pop()
-                    atimes.pop()
-                    acpu.pop()
                 continue
+            if mode == "certified":
+                replays.append((s, before, data, res.log, roots[-1]))
             times.append(dt)
             cpu.append(dc)
             values += res.stats.values
@@ -167,14 +152,36 @@ def measure_modes(job: Job, modes: list[str], warmup: int, steps: int, device: s
                      "cpu_median_s": statistics.median(cpu), "values": values,
                      "logged": logged, "explicit": explicit, "log_bytes": log_bytes,
                      "raw_bytes": raw_bytes, "roots": roots}
-        if rtimes:
-            out["certified replay" + ("" if rsame else " (DIVERGED)")] = {
-                "times": rtimes, "median_s": statistics.median(rtimes), "cpu": rcpu,
-                "cpu_median_s": statistics.median(rcpu)}
-            out["auditor replay (checked, exact)" + ("" if asame else " (DIVERGED)")] = {
-                "times": atimes, "median_s": statistics.median(atimes), "cpu": acpu,
-                "cpu_median_s": statistics.median(acpu)}
+        if replays:
+            out.update(measure_replays(job, ex, replays))
     return out
+
+
+def measure_replays(job: Job, ex: Any, replays: list[tuple]) -> dict[str, dict]:
+    """The certified steps' replays, each from the state and log its step left, in their own loop: the
+    plain replay, then the auditor's checked one (every applied entry verified against RN32(e))."""
+    resolver = auditor_resolver(job)
+    rtimes, rcpu, rsame = [], [], True
+    atimes, acpu, asame = [], [], True
+    for s, before, data, log_in, want in replays:
+        c1, t1 = time.process_time(), time.perf_counter()
+        rep = ex.run(before, data, log_in=log_in, step=s)
+        rtimes.append(time.perf_counter() - t1)
+        rcpu.append(time.process_time() - c1)
+        rsame = rsame and component_roots(rep.state) == want
+        c2, t2 = time.process_time(), time.perf_counter()
+        aud = ex.run(before, data, log_in=log_in, step=s, check=True, resolver_factory=resolver)
+        atimes.append(time.perf_counter() - t2)
+        acpu.append(time.process_time() - c2)
+        asame = asame and component_roots(aud.state) == want
+    return {
+        "certified replay" + ("" if rsame else " (DIVERGED)"): {
+            "times": rtimes, "median_s": statistics.median(rtimes), "cpu": rcpu,
+            "cpu_median_s": statistics.median(rcpu)},
+        "auditor replay (checked, exact)" + ("" if asame else " (DIVERGED)"): {
+            "times": atimes, "median_s": statistics.median(atimes), "cpu": acpu,
+            "cpu_median_s": statistics.median(acpu)},
+    }
 
 
 def auditor_resolver(job: Job):

@@ -248,6 +248,7 @@ def test_the_replays_sum_pass_gives_the_filters_bits_the_grid_rule_and_the_near_
         pytest.skip("native kernels not built")
     rng = np.random.default_rng(3 + (kind == OpKind.MEAN))
     op = SimpleNamespace(kind=kind)
+    seen_settled = 0
     for n in (1, 7, 32, 200):
         ints = rng.integers(-2**13, 2**13, (300, n)).astype(np.float32) * np.float32(2049.0)
         odd = ints.copy()
@@ -257,14 +258,20 @@ def test_the_replays_sum_pass_gives_the_filters_bits_the_grid_rule_and_the_near_
             x = torch.from_numpy(rows.reshape(30, 10, n))
             factor = canonical.sum_bound_factor(kind, n)
             mean = kind == OpKind.MEAN
-            v, d, r, cand, fin, grid, near, _ = native_replay.sum_values_grid(x, mean, factor, R.REPLAY_SCALE,
-                                                                            R._CMP_SLACK)
+            v, d, r, cand, fin, grid, near, settled = native_replay.sum_values_grid(
+                x, mean, factor, R.REPLAY_SCALE, R._CMP_SLACK, None, native_replay.OFF)  # (OFF: never settled)
+            assert not settled
             v0, d0, r0, cand0, fin0 = R.NF.sum_values_filter(x, mean, factor, R.REPLAY_SCALE)
+            quick = native_replay.sum_values_grid(x, mean, factor, R.REPLAY_SCALE, R._CMP_SLACK)
+            if quick.settled:  # (settled: the same r, and nothing else handed back)
+                assert torch.equal(quick.r, r) and not len(quick.cand) and not len(quick.grid)
+                seen_settled += 1
             assert torch.equal(v, v0) and torch.equal(d, d0) and torch.equal(r, r0)
             assert np.array_equal(cand, cand0) and fin == fin0
             assert np.array_equal(grid, canonical.grid_elements(op, [x], cand))
             vn, rn, dn = v.reshape(-1).numpy(), r.reshape(-1).numpy(), d.reshape(-1).numpy()
             assert np.array_equal(near, R._near_midpoint_np(vn[cand], rn[cand], 2.0 * dn[cand] * R._CMP_SLACK))
+    assert seen_settled, "some rows settle in the default mode"
 
 
 def test_a_doctored_entry_where_the_norm_bound_is_loose_is_flagged() -> None:

@@ -291,12 +291,14 @@ class ReplaySum(NamedTuple):
     """What :func:`replay_sum_values` gives: the op's FP64 ``v`` and dense ``d``, the filter's
     ``(r, candidates, finite)``, :func:`grid_elements` of the op (``exact``), the candidates' near-tie
     flags (None where the pass did not make them) and ``settled``: the pass settled the op with its
-    entries (``native_replay.sum_values_grid``'s; ``r`` is then the op's final output)."""
+    entries (``native_replay.sum_values_grid``'s; ``r`` is then the op's final output, and nothing else
+    is read: ``v`` and ``d`` keep the kernel's ``[..., 1]`` shape, ``exact`` is None, the candidates
+    and flags empty)."""
 
     v: torch.Tensor
     d: torch.Tensor
     filtered: ReplayFiltered
-    exact: Callable[[np.ndarray], np.ndarray]
+    exact: Callable[[np.ndarray], np.ndarray] | None
     near: np.ndarray | None
     settled: bool
 
@@ -324,6 +326,8 @@ def replay_sum_values(
     settled = False
     if got is not None:
         v, d, r, cand, finite, grid, near, settled = got
+        if settled:  # (r is the op's output: the checks read nothing)
+            return ReplaySum(v, d, (r.reshape(op.shape), cand, finite), None, near, True)
         exact: Callable[[np.ndarray], np.ndarray] = _GridAt(op, ins, cand, grid)
     else:
         fil = NF.sum_values_filter(x, op.kind == OpKind.MEAN, factor, REPLAY_SCALE)
@@ -370,9 +374,10 @@ def norm_bound_factor(n: int) -> float:
 class ReplayMatmul(NamedTuple):
     """What :func:`replay_matmul_norm` gives: the bound ``d`` the checks read, the filter's ``(r,
     candidates, finite)``, the candidates' near-tie flags (None where the kernel did not make them) and
-    ``settled``: the kernel settled the op with its entries (``r`` is then the op's final output)."""
+    ``settled``: the kernel settled the op with its entries (``r`` is then the op's final output, and
+    nothing else is read: ``d`` None, the candidates empty)."""
 
-    d: NF.PointBound | NF.NormBound
+    d: NF.PointBound | NF.NormBound | None
     filtered: ReplayFiltered
     near: np.ndarray | None
     settled: bool
@@ -398,12 +403,14 @@ def replay_matmul_norm(
         return None
     n = ins[0].shape[-1] + (len(ins) == 3)
     log = (entries.index, entries.code, entries.value) if len(entries) else None
-    got = native_replay.matmul_norm_filter(ins, v, shape, log, n * SUBNORMAL_F32, norm_bound_factor(n),
-                                           REPLAY_SCALE, TRAINER_BOUND_SLACK * gamma(n), n * 2.0**-149, _CMP_SLACK,
-                                           mode, FAR_REACH)
+    sub, factor, coef = _matmul_consts(n)  # (n SUBNORMAL_F32, norm_bound_factor(n), the tight bound's coefficient)
+    got = native_replay.matmul_norm_filter(ins, v, shape, log, sub, factor, REPLAY_SCALE, coef, n * 2.0**-149,
+                                           _CMP_SLACK, mode, FAR_REACH)
     if got is None:
         return None
     r, cand, finite, points, settled = got
+    if settled:  # (r is the op's output: the checks read nothing)
+        return ReplayMatmul(None, (r, cand, finite), None, True)
     if points is None:  # more points than the kernel keeps: the lazy norm bound (v has its bias now)
         x = [*ins[:2], *(t.double() for t in ins[2:])]  # the norms read ins; only the bias is read as FP64
         return ReplayMatmul(NF.norm_bound(x, v, norm_bound_factor(n), n * SUBNORMAL_F32, ins), (r, cand, finite),

@@ -281,11 +281,7 @@ def _sum_call(kernel: str, x: torch.Tensor, mean: bool, factor: float, scale: fl
     # the status (the NaN/Inf flag: zeroed, as the filter's uint32 store makes it nonzero iff the flag
     # is, in either byte order; the decisions' count), then the candidates (fresh pages touched only
     # where they land)
-    buf = None if scratch is None else scratch.take(rows + 2)
-    if buf is None:
-        t = torch.empty(rows + 2, dtype=torch.int64)
-        buf = t.numpy(), t.data_ptr()
-    idx, at = buf
+    idx, at = (scratch or Scratch()).get("sum", rows + 2)
     idx[0], idx[1] = 0, -1
     k = _fn(kernel)(xc.data_ptr(), rows, n, int(mean), factor, scale, r.data_ptr(), at + 16, at)
     if k < 0:

@@ -10,13 +10,13 @@ the caller runs numpy.
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from vtrain.numerics import native
+from vtrain.numerics.scratch import ThreadScratch
 
 
 def _bind(name: str, argtypes: list, restype):
@@ -117,31 +117,10 @@ def _entry_args(entries: Entries | None) -> tuple[int, int | None, int | None, i
     return len(keep[0]), keep[0].ctypes.data, keep[1].ctypes.data, keep[2].ctypes.data, keep
 
 
-#: Largest scratch buffer (elements) a thread keeps between calls (larger ones are made per call).
-_SCRATCH_KEEP = 1 << 22
-
-
-class _Scratch(threading.local):
-    """Per-thread output buffers of the replay kernels with their addresses, grown on demand: each
-    call copies its few results out, so none allocates them or looks their addresses up again
-    (``ndarray.ctypes.data``: about a microsecond each, ten arrays a call, two calls an op)."""
-
-    def __init__(self) -> None:
-        self.bufs: dict[str, tuple[np.ndarray, int]] = {}
-
-    def get(self, name: str, n: int, dtype: type) -> tuple[np.ndarray, int]:
-        """A buffer of at least ``n`` elements of ``dtype`` (contents undefined) and its address."""
-        got = self.bufs.get(name)
-        if got is not None and len(got[0]) >= n:
-            return got
-        a = np.empty(max(n, 1), dtype=dtype)
-        made = (a, a.ctypes.data)
-        if n <= _SCRATCH_KEEP:
-            self.bufs[name] = made
-        return made
-
-
-_scratch = _Scratch()
+_scratch = ThreadScratch()  # (each call copies its few results out)
+#: A settled op's candidates and flags: never read (read-only, shared).
+_NO_INDEX, _NO_FLAGS = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_)
+_NO_INDEX.flags.writeable = _NO_FLAGS.flags.writeable = False
 
 
 class MatmulFiltered(NamedTuple):
@@ -149,7 +128,8 @@ class MatmulFiltered(NamedTuple):
     ``settled``), the candidates (sorted flat int64), whether every ``r`` is finite, ``points``
     (``(d, grid, near)``: the bound and exact-grid rule at the candidates then the entries, the near-tie
     flags of the candidates; None above :data:`_POINTS_CAP`) and ``settled``: the pass settled the op
-    (no suspect, every entry applied and upheld as ``mode`` demands; ``r`` holds the entries' values)."""
+    (no suspect, every entry applied and upheld as ``mode`` demands; ``r`` holds the entries' values,
+    and nothing else is read: the candidates empty, no points)."""
 
     r: torch.Tensor
     cand: np.ndarray
@@ -192,6 +172,8 @@ def matmul_norm_filter(
                   d_p, grid_p, near_p, status_p)
     if count < 0:
         raise MemoryError("native replay: the MATMUL filter could not allocate its scratch rows")
+    if status[2]:  # settled: r is the op's output, and nothing else is read
+        return MatmulFiltered(r, _NO_INDEX, not status[0], None, True)
     p = count + n_ent
     points = (d_at[:p].copy(), grid[:p].copy(), near[:count].copy()) if status[1] else None
     return MatmulFiltered(r, idx[:count].copy(), not status[0], points, bool(status[2]))
@@ -205,7 +187,7 @@ _SUM = _bind("vt_replay_sum_values",
 class SumFiltered(NamedTuple):
     """What :func:`sum_values_grid` gives: ``v``, ``d``, ``r`` (``RN32(v)``, or the op's final output
     where ``settled``), the candidates, whether every ``r`` is finite, ``grid`` and ``near`` at the
-    candidates, and ``settled`` (:class:`MatmulFiltered`'s)."""
+    candidates (empty where ``settled``), and ``settled`` (:class:`MatmulFiltered`'s)."""
 
     v: torch.Tensor
     d: torch.Tensor
@@ -248,4 +230,6 @@ def sum_values_grid(
              idx_p, nonfinite_p, grid_p, near_p, ent, code, value, n_ent, mode, far_reach, settled_p)
     if k < 0:
         raise MemoryError("native replay: a SUM row could not be allocated")
-    return SumFiltered(v, d, r, idx[:k].copy(), not nonfinite[0], grid[:k].copy(), near[:k].copy(), bool(settled[0]))
+    if settled[0]:  # r is the op's output, and nothing else is read
+        return SumFiltered(v, d, r, _NO_INDEX, not nonfinite[0], _NO_FLAGS, _NO_FLAGS, True)
+    return SumFiltered(v, d, r, idx[:k].copy(), not nonfinite[0], grid[:k].copy(), near[:k].copy(), False)

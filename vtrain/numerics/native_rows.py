@@ -303,11 +303,7 @@ def matmul_round_norm(
     cap = min(n, _KEEP_DECISIONS)
     # one buffer: the kernel's status (5, every one written by the kernel), the candidates (n; fresh
     # pages are touched only where candidates land) and the handed-back decisions (4 cap)
-    got = None if scratch is None else scratch.take(5 + n + 4 * cap)
-    if got is None:
-        buf = torch.empty(5 + n + 4 * cap, dtype=torch.int64)
-        got = buf.numpy(), buf.data_ptr()
-    whole, at = got
+    whole, at = (scratch or Scratch()).get("matmul", 5 + n + 4 * cap)
     pbias = None if bias is None else bias.data_ptr()
     count = _LIB.vt_matmul_round_norm(v.data_ptr(), a.data_ptr(), b.data_ptr(), pbias, batches, m, k, ncols,
                                       int(add_bias), sub, factor, band, coef, r.data_ptr(), at + 40, cap,
