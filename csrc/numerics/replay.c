@@ -181,10 +181,13 @@ static void write_applied(float *r, const int64_t *ent, const float *applied, in
 
 /* The kernels composed below (filter.c, rows.c, matmul.c). */
 void vt_row_norms32(const float *x, int64_t rows, int64_t k, double *out);
-int64_t vt_round_filter_norm3(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
-                              const double *nb, const double *na1, const double *nai, const double *nb1,
-                              const double *nbi, const double *bias, double sub, double factor, double scale,
-                              float *r, int64_t *idx, uint32_t *nonfinite);
+int64_t vt_round_filter_norm(const double *v, int64_t rows, int64_t m, int64_t ncols, const double *na,
+                             const double *nb, const double *bias, double sub, double factor, double scale,
+                             float *r, int64_t *idx, uint32_t *nonfinite);
+int64_t vt_refine_norm3(const double *v, int64_t m, int64_t ncols, const double *na, const double *nb,
+                        const double *na1, const double *nai, const double *nb1, const double *nbi,
+                        const double *bias, double sub, double factor, double scale, float *r, int64_t *idx,
+                        int64_t count);
 void vt_row_norms1inf32(const float *x, int64_t rows, int64_t k, double *n1, double *ninf);
 int vt_grid_row(const double *t, int64_t n, double s_abs, int kind);
 void vt_matmul_norms_bias(double *v, const float *a, const float *b, const float *bias, int64_t batches,
@@ -197,7 +200,8 @@ void vt_matmul_norms_bias(double *v, const float *a, const float *b, const float
  *   vt_row_norms32 and vt_row_norms1inf32 of A [batches * m, k] and B [batches * ncols, k]
  *                                               (native_filter.norm_bound);
  *   v += bias with add_bias                     (executor._norm_bound's v.add_(bias.double()));
- *   vt_round_filter_norm3 at `scale`            (native_filter.round_filter of the NormBound);
+ *   vt_round_filter_norm3 at `scale`            (native_filter.round_filter of the NormBound: its list
+ *                                               as vt_round_filter_norm then vt_refine_norm3 give it);
  *   at the candidates idx[0..count) and then at the entries ent[0..n_ent) (the points the replay's
  *   checks read), d = np.minimum(NormBound.at, canonical.tight_bound_at):
  *       d_norm  = ((((s_ij) + |bias_j|) + sub) * factor)   (no bias: ((s_ij) + sub) * factor), s_ij the
@@ -235,11 +239,17 @@ VT_EXPORT int64_t vt_replay_matmul_norm(double *v, const float *a, const float *
     if (!norms || !t || !e || !applied || (bias && !bias64)) goto done;
     double *na = norms, *na1 = na + ra, *nai = na1 + ra, *nb = nai + ra, *nb1 = nb + rb, *nbi = nb1 + rb;
     vt_matmul_norms_bias(v, a, b, bias, batches, m, k, ncols, add_bias, na, nb, bias64);
-    vt_row_norms1inf32(a, rows, k, na1, nai);
-    vt_row_norms1inf32(b, brows, k, nb1, nbi);
     uint32_t nonfinite = 0;
-    count = vt_round_filter_norm3(v, rows, m, ncols, na, nb, na1, nai, nb1, nbi, bias64, sub, factor, scale, r, idx,
-                                  &nonfinite);
+    /* vt_round_filter_norm3's list as matmul.c takes it: the one-product filter, then the three-product
+     * re-test of its candidates (exactly that list, r the same), the Hoelder norms computed only where a
+     * point reads them */
+    count = vt_round_filter_norm(v, rows, m, ncols, na, nb, bias64, sub, factor, scale, r, idx, &nonfinite);
+    if (count + n_ent > 0) {
+        vt_row_norms1inf32(a, rows, k, na1, nai);
+        vt_row_norms1inf32(b, brows, k, nb1, nbi);
+        if (count > 0)
+            count = vt_refine_norm3(v, m, ncols, na, nb, na1, nai, nb1, nbi, bias64, sub, factor, scale, r, idx, count);
+    }
     status[0] = nonfinite;
     if (count + n_ent > cap) goto done;
     int settled = !nonfinite && entries_well_formed(mode, ent, code, n_ent, total);
