@@ -721,7 +721,7 @@ class StepExecutor:
             bound_kind = "tight"
         what = f"{op.kind.name} op {op.id}"
         if bound_kind == "norm" and log_in is None and k in (OpKind.SUM, OpKind.MEAN) and self.mode == Mode.CERTIFIED:
-            got = round_canonical_sum(self.graph, op, ins, what, self._scratch)  # v, d and filter: one native pass
+            got = round_canonical_sum(self.graph, op, ins, what, self._scratch)  # (one native call)
             if got is not None:
                 out, entries, slow = got
                 stats.values += out.numel()
@@ -803,7 +803,7 @@ class StepExecutor:
         if op.kind == OpKind.MATMUL:
             out, entries, slow = self._canonical_matmul(op, ins, what)
         else:
-            got = round_canonical_sum(self.graph, op, ins, what, self._scratch)  # v, d and filter: one native pass
+            got = round_canonical_sum(self.graph, op, ins, what, self._scratch)  # (one native call)
             if got is None:
                 return self._run_op(op, ins, None, None, None, out_log, stats, None, False, [], sums)
             out, entries, slow = got

@@ -253,7 +253,7 @@ def round_canonical_sum(
     r, cand, finite, attention = got
     if r.shape != op.shape:  # (r: [..., 1], the op's shape where it keeps the summed axis)
         r = r.reshape(op.shape)
-    if not len(cand) or attention == 0:  # (no candidate: every element finite)
+    if not len(cand) or attention == 0:  # (no candidate: every r finite; or every one decided, its bits in r)
         return r, _NO_ENTRIES, 0
     return _round_canonical_at(graph, op, ins, None, r, torch.from_numpy(cand.copy()), finite, what,
                                into=False)  # (the decisions, where taken, settled nothing: nothing written)
