@@ -49,6 +49,7 @@ from vtrain.numerics.canonical import (
 )
 from vtrain.numerics.paper import apply_paper, hooked_ops, round_paper
 from vtrain.numerics.rounding import (
+    NO_ENTRIES,
     TRAINER_BOUND_SLACK,
     DenseLog,
     LogViolation,
@@ -79,7 +80,7 @@ class StepLog:
     dense: dict[int, DenseLog] = field(default_factory=dict)
 
     def entries(self, op: int) -> OpLog:
-        return self.sparse.get(op) or OpLog.empty()
+        return self.sparse.get(op) or NO_ENTRIES  # (read-only, shared)
 
     @property
     def n_entries(self) -> int:
@@ -741,7 +742,7 @@ class StepExecutor:
                 v, (d_mm, filtered, near, settled) = got_mm
                 stats.values += v.numel()
                 if settled:
-                    return self._replay_clean(filtered[0], sums)
+                    return self._replay_clean(filtered[0])
                 kind = "points" if isinstance(d_mm, native_filter.PointBound) else "norm"
                 return self._replay_op(op, ins, v, d_mm, log_in, resolver_factory, check, violations, sums, kind,
                                        filtered=filtered, near=near)
@@ -752,7 +753,7 @@ class StepExecutor:
             if got_sum is not None:
                 stats.values += got_sum.v.numel()
                 if got_sum.settled:
-                    return self._replay_clean(got_sum.filtered[0], sums)
+                    return self._replay_clean(got_sum.filtered[0])
                 return self._replay_op(op, ins, got_sum.v, got_sum.d, log_in, resolver_factory, check, violations,
                                        sums, bound_kind, filtered=got_sum.filtered, exact=got_sum.exact,
                                        near=got_sum.near)
@@ -918,12 +919,11 @@ class StepExecutor:
         return native_replay.VERDICTS if upholds_rn32_entries(resolver_factory) else native_replay.CANDIDATES
 
     @staticmethod
-    def _replay_clean(r: torch.Tensor, sums: list | None) -> torch.Tensor:
+    def _replay_clean(r: torch.Tensor) -> torch.Tensor:
         """A checked replay's MATMUL/SUM/MEAN that its native pass settled (:meth:`_replay_mode`):
         :meth:`_replay_op` would return ``r`` as it is, so it is returned here without building the
-        resolver, the bound readers and the checks (most ops of an honest step)."""
-        if sums is not None:
-            sums.extend(finite_probe(r))
+        resolver, the bound readers and the checks (most ops of an honest step). A pass settles an op
+        only where every value of ``r`` is finite (``csrc/numerics/replay.c``): no NaN/Inf probe."""
         return r
 
     def _replay_op(
@@ -938,6 +938,10 @@ class StepExecutor:
         what = f"{op.kind.name} op {op.id}"
         eager = sums is None
         entries = log_in.entries(op.id)
+        if resolver_factory is None and not check and not len(entries) and native_filter.usable(v):
+            r, finite = native_filter.round_fp32(v)  # a plain replay's op without entries: apply_log's RN32(v)
+            if finite:  # (else apply_log again: it names the op, or a deferred run's probe catches it)
+                return r
         viol: list[LogViolation] | None = [] if check else None
         resolver = None
         if resolver_factory is not None:

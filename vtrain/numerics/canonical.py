@@ -53,6 +53,7 @@ from vtrain.numerics.rounding import (
     _CMP_SLACK,
     _SMALL,
     FAR_REACH,
+    NO_ENTRIES,
     REPLAY_SCALE,
     TRAINER_BOUND_SLACK,
     Code,
@@ -189,17 +190,7 @@ _CHUNK = 1 << 15
 _BAND = CANDIDATE_BAND * (1.0 + 2.0**-30)
 
 
-def _no_entries() -> OpLog:
-    """An empty :class:`OpLog` whose arrays are read-only (shared: nothing appends to a log in place)."""
-    log = OpLog.empty()
-    for a in (log.index, log.code, log.value):
-        a.flags.writeable = False
-    return log
-
-
-_NO_ENTRIES = _no_entries()
-"""The log of an op without entries, returned by the trainer's hot paths instead of a fresh
-``OpLog.empty()`` (three arrays per op)."""
+_NO_ENTRIES = NO_ENTRIES  # (the trainer's hot paths return it instead of a fresh OpLog.empty())
 
 
 def _candidates_np(vf: np.ndarray, df: np.ndarray, rf: np.ndarray) -> np.ndarray:

@@ -85,6 +85,18 @@ class OpLog:
         return OpLog(np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.float32))
 
 
+def _read_only_empty() -> OpLog:
+    log = OpLog.empty()
+    for a in (log.index, log.code, log.value):
+        a.flags.writeable = False
+    return log
+
+
+NO_ENTRIES = _read_only_empty()
+"""The log of an op without entries, shared (its arrays read-only: nothing appends to a log in place),
+returned by the hot paths instead of a fresh ``OpLog.empty()`` (three arrays per op)."""
+
+
 @dataclass
 class DenseLog:
     """The paper's log of one op: one trit per element, the paper's code (0 down, 1 none, 2 up);
