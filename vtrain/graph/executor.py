@@ -672,7 +672,7 @@ class StepExecutor:
         if len(entries):
             out_log.sparse[op.id] = entries
             stats.logged += len(entries)
-            stats.explicit += int((entries.code == 3).sum())
+            stats.explicit += _explicit_count(entries)
             stats.per_op[op.id] = len(entries)
 
     def _run_op(
@@ -695,7 +695,7 @@ class StepExecutor:
             if len(entries):
                 out_log.sparse[op.id] = entries
                 stats.logged += len(entries)
-                stats.explicit += int((entries.code == 3).sum())
+                stats.explicit += _explicit_count(entries)
                 stats.per_op[op.id] = len(entries)
             return out
         if k not in ROUNDING_KINDS:
@@ -960,6 +960,13 @@ class StepExecutor:
         if viol:
             violations.extend((op.id, x) for x in viol)
         return out
+
+
+def _explicit_count(entries: OpLog) -> int:
+    """How many of ``entries`` are explicit (code 3); one C-level count over the uint8 codes (a numpy
+    comparison and sum cost ten times more on the handful of entries an op has)."""
+    code = entries.code
+    return code.tobytes().count(3) if code.dtype == np.uint8 else int((code == 3).sum())
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
