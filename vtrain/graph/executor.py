@@ -834,9 +834,7 @@ class StepExecutor:
         """The canonical trainer's MATMUL under the norm bound: the FP64 products, then the bias add,
         norms, filter and decisions in one native call (:func:`round_canonical_matmul`) where it takes
         the tensors, else :func:`_norm_bound` and :func:`round_canonical` (the same bits)."""
-        v = self._gemm(ins[0], ins[1]) if ins[0].is_cpu else None
-        if v is None:
-            v = self._products(self._widen(ins[0]), self._widen(ins[1]))
+        v = self._products(ins)
         got = round_canonical_matmul(self.graph, op, ins, v, what, plan, self._empty_for(v.numel(), 4), self._scratch)
         if got is None:
             x = [t.double() for t in ins]
@@ -849,9 +847,15 @@ class StepExecutor:
             return t.double()
         return self.buffers.empty(t.shape, torch.float64).copy_(t)
 
-    def _products(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """``torch.matmul(a, b.transpose(-1, -2))`` of FP64 ``a`` ``[..., M, K]``, ``b`` ``[..., N, K]``,
-        into a pooled buffer where it is large (on the CPU)."""
+    def _products(self, ins: list[torch.Tensor]) -> torch.Tensor:
+        """A MATMUL's FP64 products ``A.double() @ B.double().transpose(-1, -2)`` of its FP32 operands
+        ``ins[:2]`` (``[..., M, K]``, ``[..., N, K]``): from one native call into reused buffers where
+        :class:`native_gemm.Products` takes them (small, on the CPU: valid until the next MATMUL), else
+        torch's, its FP64 copies and output from the buffer pool where they are large."""
+        v = self._gemm(ins[0], ins[1]) if ins[0].is_cpu else None
+        if v is not None:
+            return v
+        a, b = self._widen(ins[0]), self._widen(ins[1])
         if (a.numel() // a.shape[-1]) * b.shape[-2] * 8 < self._big or not a.is_cpu:  # (at least the output's size)
             return torch.matmul(a, b.transpose(-1, -2))
         shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-2])
@@ -888,9 +892,7 @@ class StepExecutor:
         the resolver upholds those. ``tests/test_replay_bound.py``: honest replays flag nothing, a
         doctored entry where the norm bound is loose is flagged and overruled, the kernel's bits are the
         lazy path's."""
-        v = self._gemm(ins[0], ins[1]) if ins[0].is_cpu else None
-        if v is None:
-            v = self._products(self._widen(ins[0]), self._widen(ins[1]))
+        v = self._products(ins)
         got = replay_matmul_norm(ins, v, log_in.entries(op.id), mode)
         if got is None:
             return None
